@@ -1,0 +1,210 @@
+"""Typed, frozen values that flow through the pipeline: observe -> estimate -> model -> decide.
+
+These are the contracts between `service/` (which builds `EngineSnapshot`/`GpuSnapshot` from I/O) and the pure
+`policies/` package. Units are in the field names (`_s` seconds, `_bytes`, `_ratio` for 0..1); times are Unix epoch
+seconds passed in by the caller, never read from a clock here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+
+
+class TargetState(StrEnum):
+    """Health of a target's recommendation. The wire values are part of the REST contract."""
+
+    OK = "ok"
+    INSUFFICIENT_DATA = "insufficient_data"
+    STALE = "stale"
+    ERROR = "error"
+
+
+class DraftMethod(StrEnum):
+    """How draft tokens are produced; decides the drafter's cost model."""
+
+    NGRAM = "ngram"
+    SUFFIX = "suffix"
+    EAGLE = "eagle"
+    EAGLE3 = "eagle3"
+    MTP = "mtp"
+    DRAFT_MODEL = "draft_model"
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Observe: raw readings at one instant (built by service/sources, consumed by policies/estimate)
+# --------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class HistogramReading:
+    """A cumulative Prometheus histogram at one instant, summed over engines.
+
+    `buckets` holds (upper bound `le`, cumulative count) pairs in ascending `le`, the last one `inf`.
+    """
+
+    sum: float
+    count: float
+    buckets: tuple[tuple[float, float], ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class SpecDecodeCounters:
+    """vLLM's four `spec_decode_*` counter families at one instant, summed over engines.
+
+    `accepted_per_position[i]` counts verifications in which at least i+1 drafts were accepted; its length is the
+    deployed k (vLLM creates every position series at start-up).
+    """
+
+    drafts: float
+    draft_tokens: float
+    accepted_tokens: float
+    accepted_per_position: tuple[float, ...]
+
+    @property
+    def deployed_k(self) -> int:
+        return len(self.accepted_per_position)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSnapshot:
+    """Everything read from one inference server's `/metrics` for one model at one instant.
+
+    `spec is None` means the speculative families were absent: speculation is off (not an error).
+    `created_s` is the earliest `*_created` timestamp of the counters read (the server's counter epoch); a change
+    means the server restarted and every counter has a new baseline.
+    Optional fields are None when the server does not export them (older vLLM, another engine).
+    """
+
+    taken_at_s: float
+    model_name: str
+    engines: int
+    spec: SpecDecodeCounters | None
+    num_requests_running: float
+    num_requests_waiting: float
+    created_s: float | None = None
+    kv_cache_usage_ratio: float | None = None
+    kv_cache_capacity_tokens: float | None = None
+    generation_tokens: float | None = None
+    prompt_tokens: float | None = None
+    inter_token_latency: HistogramReading | None = None
+    iteration_tokens: HistogramReading | None = None
+    estimated_flops: float | None = None
+    estimated_read_bytes: float | None = None
+    naming: str = "vllm-v1"
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSnapshot:
+    """GPU telemetry at one instant. `source` is "nvml", "dcgm" or "absent" (no local telemetry: not a failure).
+
+    Activity signals are ratios in 0..1. `gpu_util_ratio` (NVML utilization.gpu / DCGM_FI_DEV_GPU_UTIL) only says a
+    kernel was running; `tensor_active_ratio` and `dram_active_ratio` (GPM or DCGM PROF fields) measure saturation.
+    """
+
+    taken_at_s: float
+    source: str
+    device_name: str | None = None
+    device_count: int = 0
+    gpu_util_ratio: float | None = None
+    memory_used_bytes: float | None = None
+    memory_total_bytes: float | None = None
+    tensor_active_ratio: float | None = None
+    dram_active_ratio: float | None = None
+    sm_active_ratio: float | None = None
+    activity_source: str | None = None  # "gpm" or "dcgm" when the activity ratios are present
+    error: str | None = None
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Estimate: windowed evidence with uncertainty (built by policies/estimate)
+# --------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class AcceptanceEvidence:
+    """Acceptance measured over a window at the deployed k.
+
+    `per_position[i]` is r_{i+1} = P(at least i+1 drafts accepted) (monotone non-increasing), with a binomial
+    confidence interval (`per_position_low/high`). `mean_acceptance_length` = 1 + accepted/drafts (tokens emitted
+    per verification, bonus token included). `acceptance_rate` = accepted/draft_tokens (what vLLM users quote).
+    `cold_start` marks an estimate from lifetime counters (the first scrape) rather than a window delta.
+    """
+
+    per_position: tuple[float, ...]
+    per_position_low: tuple[float, ...]
+    per_position_high: tuple[float, ...]
+    drafts: float
+    draft_tokens: float
+    accepted_tokens: float
+    mean_acceptance_length: float
+    acceptance_rate: float
+    mean_proposed_length: float
+    window_s: float
+    cold_start: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Evidence:
+    """What the estimator concluded about one target at `at_s`; the decision's only view of the world."""
+
+    target: str
+    model: str
+    at_s: float
+    state: TargetState
+    speculation_on: bool
+    deployed_k: int
+    acceptance: AcceptanceEvidence | None
+    batch: float
+    waiting: float
+    kv_cache_usage_ratio: float | None = None
+    context_tokens_per_seq: float | None = None
+    step_time_s: float | None = None
+    step_samples: float = 0.0
+    generation_tokens_per_s: float | None = None
+    prompt_tokens_per_s: float | None = None
+    achieved_flops_per_s: float | None = None
+    achieved_read_bytes_per_s: float | None = None
+    gpu: GpuSnapshot | None = None
+    window_s: float = 0.0
+    reason: str = ""
+
+
+# --------------------------------------------------------------------------------------------------------------
+# Model and decide
+# --------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class CurvePoint:
+    """Predicted speedup at one gamma (gamma=0 is plain decoding, speedup 1.0 by definition).
+
+    `speedup_low/high` is the band from the acceptance uncertainty (and extrapolation beyond the deployed k);
+    `extrapolated` says the point rests on acceptance positions that were not measured.
+    """
+
+    gamma: int
+    speedup: float
+    speedup_low: float
+    speedup_high: float
+    expected_accepted_length: float
+    step_time_s: float
+    extrapolated: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    """The published recommendation for one target. Field names match the `/v1/recommendation` contract."""
+
+    target: str
+    model: str
+    state: TargetState
+    enabled: bool
+    num_speculative_tokens: int
+    expected_speedup: float
+    expected_speedup_low: float
+    expected_speedup_high: float
+    reason: str
+    evaluated_at_s: float
+    curve: tuple[CurvePoint, ...] = ()
+    changed_at_s: float | None = None
