@@ -1,0 +1,313 @@
+"""Decide: evidence x predicted speedup curve -> the published recommendation (DESIGN.md section 5).
+
+`decide` is a pure function that takes its state in and hands the next state out (STYLE.md habit 2); time is
+the caller's `now_s`. It is built from the helpers in `hysteresis.py`:
+
+1. gamma* = argmax over gamma in 1..gamma_max of the point speedup S(gamma) (ties -> the smaller gamma).
+2. Bounds: off -> on only when the low end of S(gamma*) >= 1 + margin; on -> off only when its high end < 1.
+3. Minimum change: while on, move gamma only for a predicted gain S(gamma*) - S(current) >= min gain.
+4. Dwell: the resulting (enabled, gamma) candidate must stay the candidate for `dwell_s` before it is
+   published.
+
+First decision (nothing published yet) with evidence state ok: the evidence's current deployment
+(speculation_on, deployed_k) is published at once as the baseline, then the rule runs against it. So the
+advisor never announces a change on its first tick: a first recommendation that differs from what runs waits
+out the dwell like any other.
+
+Evidence that is not ok (stale, error, insufficient_data) never flips anything: the last published decision
+stays visible with the new state and a reason, and any pending candidate is dropped, because a spell without
+good data must not count toward the dwell.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from policies.hysteresis import apply_dwell, clears_min_change, hysteresis_on
+from policies.types import CurvePoint, Decision, Evidence, TargetState
+
+# (enabled, gamma); gamma is 0 whenever enabled is False.
+_Key = tuple[bool, int]
+
+
+@dataclass(frozen=True, slots=True)
+class DecideConfig:
+    """The narrow policy config. Speedups are dimensionless ratios vs plain decoding; times are seconds."""
+
+    margin: float = 0.05  # switch on only when the LOW end of S(gamma*) >= 1 + margin
+    dwell_s: float = 120.0  # a changed recommendation must persist this long before it is published
+    gamma_max: int = 8
+    min_speedup_gain_to_change_gamma: float = 0.02  # don't move gamma for a predicted gain smaller than this
+
+
+@dataclass(frozen=True, slots=True)
+class DecideState:
+    """What `decide` carries between ticks: the published decision and the candidate waiting out the dwell."""
+
+    published: Decision | None = None  # what is currently published (enabled, gamma)
+    pending_enabled: bool | None = None  # candidate waiting out the dwell
+    pending_gamma: int | None = None
+    pending_since_s: float | None = None
+
+
+def best_point(curve: Sequence[CurvePoint], gamma_max: int) -> CurvePoint | None:
+    """The point with the highest point speedup among gamma in 1..gamma_max; ties go to the smaller gamma.
+
+    `curve` may be in any order and may be empty; returns None when no point has 1 <= gamma <= gamma_max. Ties
+    favour the smaller gamma because, at equal predicted speed, fewer drafts reserve fewer KV slots and waste
+    less work when acceptance drops.
+
+    Example: S(1)=1.20, S(2)=1.35, S(3)=1.35, S(4)=1.30 -> the gamma=2 point.
+    """
+    best: CurvePoint | None = None
+    for point in sorted(curve, key=lambda p: p.gamma):
+        if 1 <= point.gamma <= gamma_max and (best is None or point.speedup > best.speedup):
+            best = point
+    return best
+
+
+def point_at(curve: Sequence[CurvePoint], gamma: int) -> CurvePoint | None:
+    """The curve point for `gamma` (an int >= 0), or None when the curve has none.
+
+    Example: point_at(curve, 3) on a curve for gamma 0..8 returns the gamma=3 point; point_at(curve, 9) ->
+    None.
+    """
+    return next((p for p in curve if p.gamma == gamma), None)
+
+
+def decide(
+    evidence: Evidence,
+    curve: Sequence[CurvePoint],
+    config: DecideConfig,
+    state: DecideState,
+    now_s: float,
+) -> tuple[Decision, DecideState]:
+    """One decision tick: returns the Decision to publish and the state to pass to the next tick.
+
+    `curve` holds one point per gamma 0..gamma_max (speedups are ratios vs plain decoding, gamma 0 = 1.0);
+    `now_s` is epoch seconds from the caller's clock. The returned Decision's expected speedup band is that of
+    the published (enabled, gamma) on this curve (1.0 when disabled) and its reason names the numbers behind
+    it.
+
+    Example (margin 0.05, dwell 120 s): published off, S(3)=1.42 [1.31..1.55] is the best point. 1.31 >= 1.05,
+    so (on, 3) becomes the candidate at t=1000; ticks at t=1040 keep publishing off ("waiting 40s of 120s
+    dwell"); the tick at t=1120 publishes on, gamma 3, expected speedup 1.42 [1.31..1.55], changed_at_s=1120.
+    """
+    if evidence.state is not TargetState.OK:
+        return _hold(evidence, curve, state, now_s, kind=evidence.state, why=_why_not_ok(evidence))
+    star = best_point(curve, config.gamma_max)
+    if star is None:
+        why = f"no predicted speedup for any gamma in 1..{config.gamma_max} (curve has {len(curve)} points)"
+        return _hold(evidence, curve, state, now_s, kind=TargetState.ERROR, why=why)
+
+    prefix = ""
+    published = state.published
+    if published is None:
+        base = _deployment(evidence)
+        published = _decision(evidence, curve, base, reason="", now_s=now_s, changed_at_s=now_s)
+        prefix = f"first decision, baseline is the current deployment ({_describe(base)}); "
+
+    current = _key(published)
+    candidate, head = _candidate(current, star, curve, evidence, config)
+    pending = _pending(state)
+    outcome = apply_dwell(
+        published=current,
+        candidate=candidate,
+        pending=pending,
+        pending_since_s=state.pending_since_s,
+        now_s=now_s,
+        dwell_s=config.dwell_s,
+    )
+    if outcome.changed:
+        tail = f"; {config.dwell_s:.0f}s dwell served, {_transition(current, outcome.publish)}"
+    elif outcome.pending is not None:
+        tail = (
+            f"; waiting {outcome.waited_s:.0f}s of {config.dwell_s:.0f}s dwell before "
+            f"{_transition(current, outcome.pending)}"
+        )
+    elif pending is not None:
+        tail = f"; candidate {_describe(pending)} withdrawn, dwell cleared"
+    else:
+        tail = ""
+
+    changed_at_s = now_s if outcome.changed else published.changed_at_s
+    decision = _decision(
+        evidence, curve, outcome.publish, reason=prefix + head + tail, now_s=now_s, changed_at_s=changed_at_s
+    )
+    pend = outcome.pending
+    next_state = DecideState(
+        published=decision,
+        pending_enabled=None if pend is None else pend[0],
+        pending_gamma=None if pend is None else pend[1],
+        pending_since_s=outcome.pending_since_s,
+    )
+    return decision, next_state
+
+
+# ----------------------------------------------------------------------------------------------------------
+# The rule: which (enabled, gamma) this tick argues for, and the words for why
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _candidate(
+    current: _Key, star: CurvePoint, curve: Sequence[CurvePoint], evidence: Evidence, config: DecideConfig
+) -> tuple[_Key, str]:
+    on_next = hysteresis_on(
+        currently_on=current[0], low=star.speedup_low, high=star.speedup_high, margin=config.margin
+    )
+    mean_len = star.expected_accepted_length
+    seen = f"{_fmt_point(star)} at batch {evidence.batch:.1f}, E[L]({star.gamma})={mean_len:.2f}"
+    bar = f"1+margin={1.0 + config.margin:.2f}"
+    if not current[0]:
+        if on_next:
+            return (True, star.gamma), f"on: {seen}, low end {star.speedup_low:.2f} clears {bar}"
+        return (False, 0), f"off: {seen}, low end {star.speedup_low:.2f} < {bar}"
+    if not on_next:
+        return (False, 0), f"off: {seen}, high end {star.speedup_high:.2f} < 1"
+
+    head = f"on: {seen}, high end {star.speedup_high:.2f} >= 1"
+    if star.speedup_low < 1.0 + config.margin:
+        # Worth saying: the band straddles the bar, so it is the hysteresis, not confidence, that keeps it on.
+        head += f" (inside hysteresis band, low end {star.speedup_low:.2f} < {bar})"
+    if star.gamma == current[1]:
+        return current, head
+    here = point_at(curve, current[1])
+    if here is None:
+        # The running gamma is off the curve (e.g. deployed k > gamma_max): nothing to weigh the move against.
+        return (True, star.gamma), head + f"; S({current[1]}) not on the curve"
+    gain = star.speedup - here.speedup
+    gain_text = f"gain {gain:.2f} over {_fmt_point(here)}"
+    min_gain = config.min_speedup_gain_to_change_gamma
+    if clears_min_change(current=here.speedup, proposed=star.speedup, min_gain=min_gain):
+        return (True, star.gamma), head + f"; {gain_text} >= {min_gain:.2f}"
+    return current, head + f"; {gain_text} < {min_gain:.2f} keeps gamma {current[1]}"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Holding on without good evidence
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _hold(
+    evidence: Evidence,
+    curve: Sequence[CurvePoint],
+    state: DecideState,
+    now_s: float,
+    *,
+    kind: TargetState,
+    why: str,
+) -> tuple[Decision, DecideState]:
+    dropped = "" if _pending(state) is None else "; pending change dropped, dwell restarts"
+    published = state.published
+    if published is None:
+        shown = _deployment(evidence)
+        reason = (
+            f"{kind.value}: nothing published yet, showing the current deployment ({_describe(shown)}); {why}"
+        )
+        decision = Decision(
+            target=evidence.target,
+            model=evidence.model,
+            state=kind,
+            enabled=shown[0],
+            num_speculative_tokens=shown[1],
+            expected_speedup=1.0,
+            expected_speedup_low=1.0,
+            expected_speedup_high=1.0,
+            reason=reason + dropped,
+            evaluated_at_s=now_s,
+            curve=tuple(curve),
+            changed_at_s=None,
+        )
+        return decision, DecideState()
+    age_s = now_s - published.evaluated_at_s
+    kept = _describe(_key(published))
+    reason = f"{kind.value}: keeping {kept} from the last good decision {age_s:.0f}s ago; {why}"
+    # The last good decision's speedups and curve stay together: the band shown is the one it was decided on.
+    decision = replace(published, state=kind, reason=reason + dropped, evaluated_at_s=now_s)
+    return decision, DecideState(published=published)
+
+
+def _why_not_ok(evidence: Evidence) -> str:
+    told = _one_line(evidence.reason)
+    if told:
+        return told
+    if evidence.state is TargetState.INSUFFICIENT_DATA:
+        drafts = 0.0 if evidence.acceptance is None else evidence.acceptance.drafts
+        return f"{drafts:.0f} drafts seen in the window"
+    return f"evidence state {evidence.state.value}"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Small conversions and formatting
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _deployment(evidence: Evidence) -> _Key:
+    # "On with 0 drafts" is not a state the engine can be in for our purposes: normalise to off.
+    if evidence.speculation_on and evidence.deployed_k >= 1:
+        return True, evidence.deployed_k
+    return False, 0
+
+
+def _key(decision: Decision) -> _Key:
+    return decision.enabled, decision.num_speculative_tokens if decision.enabled else 0
+
+
+def _pending(state: DecideState) -> _Key | None:
+    if state.pending_enabled is None or state.pending_gamma is None or state.pending_since_s is None:
+        return None
+    return state.pending_enabled, state.pending_gamma if state.pending_enabled else 0
+
+
+def _decision(
+    evidence: Evidence,
+    curve: Sequence[CurvePoint],
+    key: _Key,
+    *,
+    reason: str,
+    now_s: float,
+    changed_at_s: float | None,
+) -> Decision:
+    enabled, gamma = key
+    point = point_at(curve, gamma) if enabled else None
+    # Disabled is plain decoding: 1.0 by definition. Enabled but off the curve: no prediction, claim no gain.
+    speedups = (
+        (point.speedup, point.speedup_low, point.speedup_high) if point is not None else (1.0, 1.0, 1.0)
+    )
+    return Decision(
+        target=evidence.target,
+        model=evidence.model,
+        state=TargetState.OK,
+        enabled=enabled,
+        num_speculative_tokens=gamma,
+        expected_speedup=speedups[0],
+        expected_speedup_low=speedups[1],
+        expected_speedup_high=speedups[2],
+        reason=reason,
+        evaluated_at_s=now_s,
+        curve=tuple(curve),
+        changed_at_s=changed_at_s,
+    )
+
+
+def _fmt_point(point: CurvePoint) -> str:
+    extrapolated = " extrapolated" if point.extrapolated else ""
+    band = f"[{point.speedup_low:.2f}..{point.speedup_high:.2f}]"
+    return f"S({point.gamma})={point.speedup:.2f} {band}{extrapolated}"
+
+
+def _describe(key: _Key) -> str:
+    return f"on, gamma {key[1]}" if key[0] else "off"
+
+
+def _transition(before: _Key, after: _Key) -> str:
+    if before[0] and after[0]:
+        return f"switching gamma {before[1]}->{after[1]}"
+    if after[0]:
+        return f"switching on at gamma {after[1]}"
+    return f"switching off (from gamma {before[1]})"
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
