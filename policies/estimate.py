@@ -1,0 +1,388 @@
+"""Estimate: a sliding window of engine snapshots -> Evidence with uncertainty (DESIGN.md section 3).
+
+Two pure functions, with the window carried in an explicit state value:
+
+- `observe(state, snapshot, config)` appends a scrape, trims the window and starts a new baseline when the
+  server's counters were reset or its speculation config changed, so no delta ever spans two counter epochs.
+- `estimate(state, target=..., config=..., now_s=...)` turns the counter deltas between the oldest kept
+  snapshot and the newest into acceptance per position (with Wilson intervals), mean accepted length, batch,
+  context per sequence, step time and throughput rates.
+
+Choices worth knowing:
+- Per-position acceptance is repaired to be non-increasing with the pool-adjacent-violators algorithm on the
+  counts. All positions share one denominator (drafts), so this is the least-squares (and binomial
+  maximum-likelihood) non-increasing fit: a violating pair is replaced by its average instead of pulling every
+  later position down to the smallest value, as a running minimum would. vLLM's counters are nested by
+  construction (per_pos[i] <= per_pos[i-1] <= drafts), so a violation only comes from scrape skew or summing
+  engines, and is small.
+- Cold start: with a single snapshot (first scrape, or first after a reset) the lifetime counters are a valid
+  window from the server's `created_s` to the scrape; the acceptance is flagged `cold_start=True`.
+- Speculation off (`spec is None`) is state OK with `acceptance=None`: nothing is wrong, there is just nothing
+  to measure. The decision layer decides what "no acceptance measured" means (e.g. a remembered profile).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from policies.intervals import wilson_interval
+from policies.types import (
+    AcceptanceEvidence,
+    EngineSnapshot,
+    Evidence,
+    GpuSnapshot,
+    HistogramReading,
+    TargetState,
+)
+
+# Below half a running request the "context per sequence" division is dominated by noise (and idle servers
+# report 0 running with a few KV blocks still cached).
+_MIN_BATCH_FOR_CONTEXT = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class EstimatorConfig:
+    """How the estimator windows and judges its evidence.
+
+    `window_s` (s, > 0): sliding window for counter deltas. `min_drafts` (>= 0): drafts needed in the window
+    before the acceptance is trusted; below it the state is INSUFFICIENT_DATA. `z` (> 0): normal quantile of
+    the two-sided interval (1.96 ~ 95 %). `stale_after_s` (s, > 0): the newest snapshot older than this is
+    STALE.
+    """
+
+    window_s: float = 60.0
+    min_drafts: int = 200
+    z: float = 1.96
+    stale_after_s: float = 30.0
+
+    def __post_init__(self) -> None:
+        if not self.window_s > 0:
+            raise ValueError(f"window_s must be > 0, got {self.window_s}")
+        if self.min_drafts < 0:
+            raise ValueError(f"min_drafts must be >= 0, got {self.min_drafts}")
+        if not self.z > 0:
+            raise ValueError(f"z must be > 0, got {self.z}")
+        if not self.stale_after_s > 0:
+            raise ValueError(f"stale_after_s must be > 0, got {self.stale_after_s}")
+
+
+@dataclass(frozen=True, slots=True)
+class EstimatorState:
+    """The snapshots of one target still inside the window, oldest first, all from one counter epoch."""
+
+    snapshots: tuple[EngineSnapshot, ...] = ()
+
+
+# ------------------------------------------------------------------------------------------------------------
+# observe
+# ------------------------------------------------------------------------------------------------------------
+
+
+def observe(state: EstimatorState, snapshot: EngineSnapshot, config: EstimatorConfig) -> EstimatorState:
+    """Add one scrape to the window; start a new baseline when the counters cannot be differenced.
+
+    Units: `snapshot.taken_at_s` is Unix seconds; the window ends at the newest snapshot's time (observe has
+    no clock). A new baseline (history = just `snapshot`) starts when the model, the engine count, `created_s`
+    (when both are known), the deployed k or speculation on/off changed, or any counter used by `estimate`
+    decreased. A snapshot not newer than the newest kept one (duplicate or out-of-order scrape) is ignored.
+    Snapshots older than `now - window_s` are dropped, except the newest of them, kept as the base so the
+    deltas cover the whole window.
+
+    Worked example (window 60 s): snapshots at t = 0, 30, 60, then 90 arrives. Cutoff = 90 - 60 = 30; the
+    newest snapshot at or before 30 is t = 30, so t = 0 is dropped and the window is (30, 60, 90), covering
+    60 s. If the t = 90 scrape shows drafts = 12 after drafts = 540 at t = 60, the server restarted: the state
+    becomes just (90,) and the next estimate is a cold start.
+    """
+    if not state.snapshots:
+        return EstimatorState(snapshots=(snapshot,))
+    newest = state.snapshots[-1]
+    if snapshot.taken_at_s <= newest.taken_at_s:
+        return state
+    if _baseline_break(newest, snapshot) is not None:
+        return EstimatorState(snapshots=(snapshot,))
+    history = (*state.snapshots, snapshot)
+    cutoff_s = snapshot.taken_at_s - config.window_s
+    base_index = 0
+    for index, kept in enumerate(history):
+        if kept.taken_at_s <= cutoff_s:
+            base_index = index
+    return EstimatorState(snapshots=history[base_index:])
+
+
+def _baseline_break(previous: EngineSnapshot, current: EngineSnapshot) -> str | None:
+    """Why `current` cannot be differenced against `previous`, or None when it can."""
+    if current.model_name != previous.model_name:
+        return f"model changed {previous.model_name!r} -> {current.model_name!r}"
+    if current.engines != previous.engines:
+        return f"engine count changed {previous.engines} -> {current.engines}"
+    # A missing created_s (an exporter without *_created) is not evidence of a restart; the decrease check
+    # below still catches restarts that happen between scrapes.
+    known = previous.created_s is not None and current.created_s is not None
+    if known and current.created_s != previous.created_s:
+        return "counters re-created (server restart)"
+    if (previous.spec is None) != (current.spec is None):
+        return "speculation turned " + ("on" if current.spec is not None else "off")
+    if (
+        previous.spec is not None
+        and current.spec is not None
+        and previous.spec.deployed_k != current.spec.deployed_k
+    ):
+        return f"deployed k changed {previous.spec.deployed_k} -> {current.spec.deployed_k}"
+    before = _counters(previous)
+    after = _counters(current)
+    for name, value in after.items():
+        if name in before and value < before[name]:
+            return f"counter {name} decreased {before[name]:g} -> {value:g}"
+    return None
+
+
+def _counters(snapshot: EngineSnapshot) -> dict[str, float]:
+    """Every monotone counter `estimate` differences, by a stable name."""
+    values: dict[str, float] = {}
+    if snapshot.spec is not None:
+        values["drafts"] = snapshot.spec.drafts
+        values["draft_tokens"] = snapshot.spec.draft_tokens
+        values["accepted_tokens"] = snapshot.spec.accepted_tokens
+        for position, count in enumerate(snapshot.spec.accepted_per_position):
+            values[f"accepted_per_position[{position}]"] = count
+    scalars = {
+        "generation_tokens": snapshot.generation_tokens,
+        "prompt_tokens": snapshot.prompt_tokens,
+        "estimated_flops": snapshot.estimated_flops,
+        "estimated_read_bytes": snapshot.estimated_read_bytes,
+    }
+    values.update({name: value for name, value in scalars.items() if value is not None})
+    histograms = {
+        "inter_token_latency": snapshot.inter_token_latency,
+        "iteration_tokens": snapshot.iteration_tokens,
+    }
+    for name, histogram in histograms.items():
+        if histogram is not None:
+            values[f"{name}.sum"] = histogram.sum
+            values[f"{name}.count"] = histogram.count
+    return values
+
+
+# ------------------------------------------------------------------------------------------------------------
+# estimate
+# ------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Span:
+    """The two ends the deltas are taken between. `base is None` is a cold start: counters count from zero at
+    the server's `created_s`, so the newest value is itself the delta."""
+
+    base: EngineSnapshot | None
+    newest: EngineSnapshot
+    elapsed_s: float | None
+
+    def delta(self, read: Callable[[EngineSnapshot], float | None]) -> float | None:
+        end = read(self.newest)
+        if end is None:
+            return None
+        if self.base is None:
+            return max(0.0, end)
+        start = read(self.base)
+        if start is None:
+            return None
+        return max(0.0, end - start)
+
+    def rate(self, read: Callable[[EngineSnapshot], float | None]) -> float | None:
+        change = self.delta(read)
+        if change is None or self.elapsed_s is None or self.elapsed_s <= 0:
+            return None
+        return change / self.elapsed_s
+
+
+def estimate(
+    state: EstimatorState,
+    *,
+    target: str,
+    config: EstimatorConfig,
+    now_s: float,
+    gpu: GpuSnapshot | None = None,
+) -> Evidence:
+    """Evidence for one target from the window in `state`, judged at `now_s` (Unix seconds).
+
+    Deltas run from the oldest kept snapshot to the newest (a single snapshot is a cold start from lifetime
+    counters). Outputs and units: `acceptance.per_position[i]` = r_{i+1} = Δper_pos[i] / Δdrafts in [0, 1],
+    non-increasing, with Wilson intervals at `config.z`; `mean_acceptance_length` = 1 + Δaccepted / Δdrafts
+    (tokens per verification, in [1, k+1]); `acceptance_rate` = Δaccepted / Δdraft_tokens in [0, 1];
+    `mean_proposed_length` = Δdraft_tokens / Δdrafts (<= k). `batch`, `waiting`: mean over the window's
+    snapshots (requests). `context_tokens_per_seq` = KV usage ratio x KV capacity (tokens) / running requests,
+    all from the newest snapshot. `step_time_s` = ITL Δsum / Δcount (s). Rates are Δcounter / Δt (per
+    second). State: STALE when there is no snapshot or the newest is older than `stale_after_s`; else
+    INSUFFICIENT_DATA when speculation is on with fewer than `min_drafts` drafts; else OK (speculation off is
+    OK, with acceptance None).
+
+    Worked example (vLLM 0.32 CPU n-gram k=3, one scrape 100 s after start): drafts = 540, draft_tokens =
+    1505, accepted = 1415, per_pos = (515, 465, 435). Cold start over 100 s: r = (515/540, 465/540, 435/540) =
+    (0.9537, 0.8611, 0.8056); E[L] = 1 + 1415/540 = 3.620; acceptance rate = 1415/1505 = 0.9402;
+    mean proposed = 1505/540 = 2.787; 540 >= 200 drafts, so state OK with `cold_start=True`.
+    """
+    if not state.snapshots:
+        return Evidence(
+            target=target,
+            model="",
+            at_s=now_s,
+            state=TargetState.STALE,
+            speculation_on=False,
+            deployed_k=0,
+            acceptance=None,
+            batch=0.0,
+            waiting=0.0,
+            gpu=gpu,
+            reason="no snapshot yet",
+        )
+    span, window = _span(state.snapshots)
+    newest = span.newest
+    acceptance = _acceptance(span, z=config.z)
+    itl_count = span.delta(_itl_count)
+    itl_sum = span.delta(_itl_sum)
+    step_time_s = itl_sum / itl_count if itl_sum is not None and itl_count else None
+    evidence_state, reason = _judge(newest, acceptance, span=span, config=config, now_s=now_s)
+    return Evidence(
+        target=target,
+        model=newest.model_name,
+        at_s=now_s,
+        state=evidence_state,
+        speculation_on=newest.spec is not None,
+        deployed_k=newest.spec.deployed_k if newest.spec is not None else 0,
+        acceptance=acceptance,
+        batch=sum(s.num_requests_running for s in window) / len(window),
+        waiting=sum(s.num_requests_waiting for s in window) / len(window),
+        kv_cache_usage_ratio=newest.kv_cache_usage_ratio,
+        context_tokens_per_seq=_context_per_seq(newest),
+        step_time_s=step_time_s,
+        step_samples=itl_count or 0.0,
+        generation_tokens_per_s=span.rate(lambda s: s.generation_tokens),
+        prompt_tokens_per_s=span.rate(lambda s: s.prompt_tokens),
+        achieved_flops_per_s=span.rate(lambda s: s.estimated_flops),
+        achieved_read_bytes_per_s=span.rate(lambda s: s.estimated_read_bytes),
+        gpu=gpu,
+        window_s=span.elapsed_s or 0.0,
+        reason=reason,
+    )
+
+
+def _span(snapshots: tuple[EngineSnapshot, ...]) -> tuple[_Span, tuple[EngineSnapshot, ...]]:
+    """The delta ends and the snapshots between them. A state not built by `observe` may hold a reset; then
+    only the newest snapshot is trusted (cold start), as `observe` would have done."""
+    newest = snapshots[-1]
+    base = snapshots[0]
+    if len(snapshots) > 1 and _baseline_break(base, newest) is None:
+        return _Span(base=base, newest=newest, elapsed_s=newest.taken_at_s - base.taken_at_s), snapshots
+    lifetime_s = newest.taken_at_s - newest.created_s if newest.created_s is not None else None
+    return _Span(base=None, newest=newest, elapsed_s=lifetime_s), (newest,)
+
+
+def _acceptance(span: _Span, *, z: float) -> AcceptanceEvidence | None:
+    end = span.newest.spec
+    if end is None:
+        return None
+    k = end.deployed_k  # `_span` guarantees the base, if any, has the same k
+
+    def delta(read: Callable[[EngineSnapshot], float | None]) -> float:
+        change = span.delta(read)
+        return change if change is not None else 0.0
+
+    drafts = delta(lambda s: s.spec.drafts if s.spec else None)
+    if drafts <= 0:
+        return None
+    draft_tokens = delta(lambda s: s.spec.draft_tokens if s.spec else None)
+    accepted = delta(lambda s: s.spec.accepted_tokens if s.spec else None)
+    counts = [min(delta(_position_reader(i)), drafts) for i in range(k)]
+    repaired = _non_increasing(counts)
+    bounds = [wilson_interval(count, drafts, z=z) for count in repaired]
+    return AcceptanceEvidence(
+        per_position=tuple(count / drafts for count in repaired),
+        per_position_low=tuple(low for low, _ in bounds),
+        per_position_high=tuple(high for _, high in bounds),
+        drafts=drafts,
+        draft_tokens=draft_tokens,
+        accepted_tokens=accepted,
+        mean_acceptance_length=1.0 + accepted / drafts,
+        # accepted <= draft_tokens by construction; clip so scrape skew cannot report more than 100 %.
+        acceptance_rate=min(1.0, accepted / draft_tokens) if draft_tokens > 0 else 0.0,
+        mean_proposed_length=draft_tokens / drafts,
+        window_s=span.elapsed_s or 0.0,
+        cold_start=span.base is None,
+    )
+
+
+def _position_reader(position: int) -> Callable[[EngineSnapshot], float | None]:
+    def read(snapshot: EngineSnapshot) -> float | None:
+        return snapshot.spec.accepted_per_position[position] if snapshot.spec is not None else None
+
+    return read
+
+
+def _non_increasing(values: list[float]) -> list[float]:
+    """Pool adjacent violators: the least-squares non-increasing fit with equal weights.
+
+    (515, 470, 480) -> (515, 475, 475): the violating pair is pooled to its mean, the sum is preserved.
+    """
+    blocks: list[tuple[float, int]] = []  # (sum, length) of each pooled run
+    for value in values:
+        total, length = value, 1
+        while blocks and blocks[-1][0] / blocks[-1][1] < total / length:
+            previous_total, previous_length = blocks.pop()
+            total, length = total + previous_total, length + previous_length
+        blocks.append((total, length))
+    return [total / length for total, length in blocks for _ in range(length)]
+
+
+def _itl(snapshot: EngineSnapshot) -> HistogramReading | None:
+    return snapshot.inter_token_latency
+
+
+def _itl_sum(snapshot: EngineSnapshot) -> float | None:
+    histogram = _itl(snapshot)
+    return histogram.sum if histogram is not None else None
+
+
+def _itl_count(snapshot: EngineSnapshot) -> float | None:
+    histogram = _itl(snapshot)
+    return histogram.count if histogram is not None else None
+
+
+def _context_per_seq(snapshot: EngineSnapshot) -> float | None:
+    """KV tokens in use per running request, all read at one instant (mixing the window's mean batch with an
+    instantaneous KV reading would divide quantities from different moments)."""
+    usage = snapshot.kv_cache_usage_ratio
+    capacity = snapshot.kv_cache_capacity_tokens
+    running = snapshot.num_requests_running
+    if usage is None or capacity is None or running < _MIN_BATCH_FOR_CONTEXT:
+        return None
+    return usage * capacity / running
+
+
+def _judge(
+    newest: EngineSnapshot,
+    acceptance: AcceptanceEvidence | None,
+    *,
+    span: _Span,
+    config: EstimatorConfig,
+    now_s: float,
+) -> tuple[TargetState, str]:
+    """State and a short reason naming the numbers. Staleness outranks all: old data is not evidence."""
+    age_s = now_s - newest.taken_at_s
+    if age_s > config.stale_after_s:
+        return TargetState.STALE, f"newest snapshot {age_s:.0f}s old (stale after {config.stale_after_s:g}s)"
+    if newest.spec is None:
+        return TargetState.OK, "speculation off: no acceptance measured"
+    window = f"{span.elapsed_s:.0f}s" if span.elapsed_s is not None else "unknown time"
+    source = " (lifetime counters, cold start)" if span.base is None else ""
+    drafts = acceptance.drafts if acceptance is not None else 0.0
+    if acceptance is None or drafts < config.min_drafts:
+        return (
+            TargetState.INSUFFICIENT_DATA,
+            f"{drafts:.0f} drafts in {window}, need {config.min_drafts}{source}",
+        )
+    return (
+        TargetState.OK,
+        f"{drafts:.0f} drafts in {window}: E[L]={acceptance.mean_acceptance_length:.2f} "
+        f"at k={newest.spec.deployed_k}, acceptance rate {acceptance.acceptance_rate:.1%}{source}",
+    )
