@@ -1,0 +1,238 @@
+"""The hardware and model catalogs: numbers transcribed from their sources, no logic.
+
+Nothing here is read from disk at run time: the rows are copied from their sources (named on each row) so the
+package works in any container. `policies/profiles.py` turns these rows into `HardwareProfile` / `ModelProfile`
+values (models go through the same `model_from_hf_config` an operator's own `config.json` would).
+
+Hardware: vendor peak dense tensor throughput (no 2:4 sparsity) and HBM bandwidth per GPU, copied from
+`shared/data/hardware.csv` ("Sources: NVIDIA A100/H100/H200/L4/L40S datasheets, AMD MI300X datasheet"). Units here
+are the datasheet's (TFLOP/s, GB/s, GB, decimal); profiles.py converts to base units. Interconnect figures
+(NVLink / PCIe / Infinity Fabric, per direction) come from the same vendors' datasheets and are not in that CSV.
+
+Models: the architecture fields of each model's Hugging Face `config.json` (values as published on the model
+repository named in `source`). Parameter counts are derived from these by `model_from_hf_config`; the published
+totals are in `published_params` so the derivation can be checked against an independent number.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import NotRequired, TypedDict
+
+HARDWARE_CSV_SOURCE = (
+    "shared/data/hardware.csv: vendor datasheets (NVIDIA A100/H100/H200/L4/L40S, AMD MI300X), peak dense tensor "
+    "throughput without sparsity; sustained HBM bandwidth typically 80-90% of peak"
+)
+
+
+class HardwareRow(TypedDict):
+    """One accelerator as its datasheet states it (decimal units: TFLOP/s, GB/s, GB)."""
+
+    name: str
+    bf16_dense_tflops: float
+    fp8_dense_tflops: float | None
+    mem_bandwidth_gbps: float
+    memory_gb: float
+    nvml_name_contains: str | None
+    interconnect_gbps_per_direction: float
+    interconnect_source: str
+    source: str
+    # Optional overrides of the HardwareProfile efficiency / overhead defaults (see profiles.py for their sources).
+    bandwidth_efficiency: NotRequired[float]
+    flops_efficiency: NotRequired[float]
+    step_fixed_s: NotRequired[float]
+    per_request_step_s: NotRequired[float]
+    spec_step_overhead_s: NotRequired[float]
+    spec_per_request_overhead_s: NotRequired[float]
+    draft_step_fixed_s: NotRequired[float]
+    allreduce_latency_s: NotRequired[float]
+    efficiency_source: NotRequired[str]
+
+
+_NVLINK3 = "NVIDIA A100 datasheet: NVLink 600 GB/s bidirectional -> 300 GB/s per direction"
+_NVLINK4 = "NVIDIA H100/H200 datasheets: NVLink 900 GB/s bidirectional -> 450 GB/s per direction"
+_PCIE4 = "PCIe Gen4 x16: 64 GB/s bidirectional -> 32 GB/s per direction (no NVLink on this card)"
+_IF_MI300X = "AMD MI300X datasheet: Infinity Fabric 896 GB/s peak aggregate -> ~448 GB/s per direction"
+
+HARDWARE_ROWS: tuple[HardwareRow, ...] = (
+    {
+        "name": "a100-80gb-sxm", "bf16_dense_tflops": 312.0, "fp8_dense_tflops": None,
+        "mem_bandwidth_gbps": 2039.0, "memory_gb": 80.0, "nvml_name_contains": "A100-SXM4-80GB",
+        "interconnect_gbps_per_direction": 300.0, "interconnect_source": _NVLINK3, "source": HARDWARE_CSV_SOURCE,
+    },
+    {
+        "name": "a100-80gb-pcie", "bf16_dense_tflops": 312.0, "fp8_dense_tflops": None,
+        "mem_bandwidth_gbps": 1935.0, "memory_gb": 80.0, "nvml_name_contains": "A100 80GB PCIe",
+        "interconnect_gbps_per_direction": 32.0, "interconnect_source": _PCIE4, "source": HARDWARE_CSV_SOURCE,
+    },
+    {
+        "name": "h100-sxm", "bf16_dense_tflops": 989.4, "fp8_dense_tflops": 1978.9,
+        "mem_bandwidth_gbps": 3350.0, "memory_gb": 80.0, "nvml_name_contains": "H100 80GB HBM3",
+        "interconnect_gbps_per_direction": 450.0, "interconnect_source": _NVLINK4, "source": HARDWARE_CSV_SOURCE,
+    },
+    {
+        "name": "h200", "bf16_dense_tflops": 989.0, "fp8_dense_tflops": 1979.0,
+        "mem_bandwidth_gbps": 4800.0, "memory_gb": 141.0, "nvml_name_contains": "H200",
+        "interconnect_gbps_per_direction": 450.0, "interconnect_source": _NVLINK4, "source": HARDWARE_CSV_SOURCE,
+    },
+    {
+        "name": "l4", "bf16_dense_tflops": 121.0, "fp8_dense_tflops": 242.0,
+        "mem_bandwidth_gbps": 300.0, "memory_gb": 24.0, "nvml_name_contains": "L4",
+        "interconnect_gbps_per_direction": 32.0, "interconnect_source": _PCIE4, "source": HARDWARE_CSV_SOURCE,
+    },
+    {
+        "name": "l40s", "bf16_dense_tflops": 362.0, "fp8_dense_tflops": 733.0,
+        "mem_bandwidth_gbps": 864.0, "memory_gb": 48.0, "nvml_name_contains": "L40S",
+        "interconnect_gbps_per_direction": 32.0, "interconnect_source": _PCIE4, "source": HARDWARE_CSV_SOURCE,
+    },
+    {
+        # No NVML name: AMD GPUs are not seen through NVML; configure by name.
+        "name": "mi300x", "bf16_dense_tflops": 1307.4, "fp8_dense_tflops": 2614.9,
+        "mem_bandwidth_gbps": 5300.0, "memory_gb": 192.0, "nvml_name_contains": None,
+        "interconnect_gbps_per_direction": 448.0, "interconnect_source": _IF_MI300X, "source": HARDWARE_CSV_SOURCE,
+    },
+    {
+        # The CI / test box: no GPU, vLLM's CPU backend on 2 cores. An assumption, not a datasheet:
+        # 2 cores x 3.0 GHz x 32 FLOP/cycle (AVX2: 2 FMA ports x 8 fp32 lanes x 2) = 192 GFLOP/s (bf16 is
+        # widened to fp32 on AVX2, so no faster); ~20 GB/s of DRAM bandwidth reachable from 2 cores of a shared
+        # DDR4/DDR5 host; 8 GB memory. Host overheads are sized from the real vLLM 0.32 CPU capture
+        # (tests/fixtures/vllm/vllm-0.32.0-cpu-ngram-k3-after-30-requests.txt): mean inter-token latency
+        # 1.2031 s / 550 = 2.19 ms per step for a 590k-parameter model whose roofline time is ~0.1 ms, so the step
+        # is ~95% fixed overhead: 1.5 ms plain step + 0.5 ms speculative bookkeeping + n-gram host time ~ 2.1 ms.
+        "name": "cpu", "bf16_dense_tflops": 0.192, "fp8_dense_tflops": None,
+        "mem_bandwidth_gbps": 20.0, "memory_gb": 8.0, "nvml_name_contains": None,
+        "interconnect_gbps_per_direction": 10.0,
+        "interconnect_source": "assumption: shared-memory copy between processes on one host",
+        "source": "assumption: generic 2-core x86-64 (AVX2) host, no accelerator",
+        "bandwidth_efficiency": 0.7, "flops_efficiency": 0.5,
+        "step_fixed_s": 1.5e-3, "per_request_step_s": 50e-6,
+        "spec_step_overhead_s": 0.5e-3, "spec_per_request_overhead_s": 50e-6,
+        "draft_step_fixed_s": 1.0e-3, "allreduce_latency_s": 50e-6,
+        "efficiency_source": (
+            "assumption for a CPU backend; overheads sized from the vLLM 0.32 CPU capture (2.19 ms mean step); "
+            "online calibration replaces them"
+        ),
+    },
+)
+
+# Short names people type: `--hardware h100`.
+HARDWARE_ALIASES: Mapping[str, str] = {
+    "a100": "a100-80gb-sxm",
+    "a100-sxm": "a100-80gb-sxm",
+    "a100-pcie": "a100-80gb-pcie",
+    "h100": "h100-sxm",
+    "h100-80gb": "h100-sxm",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class ModelEntry:
+    """A catalog model: its `config.json` architecture fields, where they come from, and the published size."""
+
+    name: str
+    config: Mapping[str, object]
+    source: str
+    hf_ids: tuple[str, ...]
+    published_params: float
+    published_active_params: float | None = None
+
+
+MODEL_ENTRIES: tuple[ModelEntry, ...] = (
+    ModelEntry(
+        name="llama-3.1-8b",
+        config={
+            "architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
+            "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+            "vocab_size": 128256, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        },
+        source="huggingface.co/meta-llama/Llama-3.1-8B-Instruct config.json",
+        hf_ids=("meta-llama/Llama-3.1-8B-Instruct", "meta-llama/Llama-3.1-8B", "meta-llama/Meta-Llama-3.1-8B-Instruct"),
+        published_params=8.03e9,
+    ),
+    ModelEntry(
+        name="llama-3.1-70b",
+        config={
+            "architectures": ["LlamaForCausalLM"], "hidden_size": 8192, "intermediate_size": 28672,
+            "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128,
+            "vocab_size": 128256, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        },
+        source="huggingface.co/meta-llama/Llama-3.1-70B-Instruct config.json",
+        hf_ids=("meta-llama/Llama-3.1-70B-Instruct", "meta-llama/Llama-3.1-70B", "meta-llama/Llama-3.3-70B-Instruct"),
+        published_params=70.6e9,
+    ),
+    ModelEntry(
+        name="llama-3.2-1b",
+        config={
+            "architectures": ["LlamaForCausalLM"], "hidden_size": 2048, "intermediate_size": 8192,
+            "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 64,
+            "vocab_size": 128256, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+        },
+        source="huggingface.co/meta-llama/Llama-3.2-1B-Instruct config.json (a common draft model for Llama-3.1)",
+        hf_ids=("meta-llama/Llama-3.2-1B-Instruct", "meta-llama/Llama-3.2-1B"),
+        published_params=1.24e9,
+    ),
+    ModelEntry(
+        name="qwen3-8b",
+        config={
+            "architectures": ["Qwen3ForCausalLM"], "hidden_size": 4096, "intermediate_size": 12288,
+            "num_hidden_layers": 36, "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128,
+            "vocab_size": 151936, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        },
+        source="huggingface.co/Qwen/Qwen3-8B config.json",
+        hf_ids=("Qwen/Qwen3-8B",),
+        published_params=8.2e9,
+    ),
+    ModelEntry(
+        name="qwen3-30b-a3b",
+        config={
+            "architectures": ["Qwen3MoeForCausalLM"], "hidden_size": 2048, "intermediate_size": 6144,
+            "moe_intermediate_size": 768, "num_experts": 128, "num_experts_per_tok": 8,
+            "num_hidden_layers": 48, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128,
+            "vocab_size": 151936, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        },
+        source="huggingface.co/Qwen/Qwen3-30B-A3B config.json",
+        hf_ids=("Qwen/Qwen3-30B-A3B", "Qwen/Qwen3-30B-A3B-Instruct-2507"),
+        published_params=30.5e9,
+        published_active_params=3.3e9,
+    ),
+    ModelEntry(
+        name="mixtral-8x7b",
+        config={
+            "architectures": ["MixtralForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
+            "num_local_experts": 8, "num_experts_per_tok": 2,
+            "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+            "vocab_size": 32000, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        },
+        source="huggingface.co/mistralai/Mixtral-8x7B-Instruct-v0.1 config.json",
+        hf_ids=("mistralai/Mixtral-8x7B-Instruct-v0.1", "mistralai/Mixtral-8x7B-v0.1"),
+        published_params=46.7e9,
+        published_active_params=12.9e9,
+    ),
+    ModelEntry(
+        name="gemma-2-9b",
+        config={
+            "architectures": ["Gemma2ForCausalLM"], "hidden_size": 3584, "intermediate_size": 14336,
+            "num_hidden_layers": 42, "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 256,
+            "vocab_size": 256000, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+        },
+        source="huggingface.co/google/gemma-2-9b-it config.json (sliding-window layers modelled as full attention)",
+        hf_ids=("google/gemma-2-9b-it", "google/gemma-2-9b"),
+        published_params=9.24e9,
+    ),
+    ModelEntry(
+        name="tiny-llama",
+        config={
+            "architectures": ["LlamaForCausalLM"], "hidden_size": 128, "intermediate_size": 256,
+            "num_hidden_layers": 2, "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 64,
+            "vocab_size": 2048, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+        },
+        source=(
+            "the random-weight test model served as 'tiny' by the real-vLLM CPU test (header of "
+            "tests/fixtures/vllm/vllm-0.32.0-cpu-ngram-k3-after-30-requests.txt: 2 layers, hidden 128, 2 heads x "
+            "head_dim 64, vocab 2048, bf16, 590k params)"
+        ),
+        hf_ids=("tiny",),
+        published_params=590e3,
+    ),
+)

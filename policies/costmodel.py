@@ -1,0 +1,238 @@
+"""Evidence x profiles -> the speedup curve S(gamma), calibrated to the step time the server reports.
+
+    S(gamma) = (E[L](gamma) / (T_draft(gamma) + T_target(B, q = gamma + 1))) / (1 / T_target(B, q = 1))
+
+the ratio of tokens per second per sequence with gamma drafts to plain decoding at the same batch B (so it is also
+the inverse ratio of inter-token latencies). E[L] comes from policies/acceptance.py, T_target and T_draft from
+policies/roofline.py. The band uses the E[L] band with the same step times.
+
+Operating point: B = max(evidence.batch, 1) running sequences; ctx = evidence.context_tokens_per_seq, or
+DEFAULT_CONTEXT_TOKENS = 1024 when unknown (a typical chat turn: a few hundred prompt tokens plus history).
+
+Calibration (one observation, no history: a robust online fit over many points is a later step). When the
+server reports its mean step time T_obs (ITL histogram), predict the step at the operating point the server is
+running: q_obs = 1 + mean_proposed_length and k drafting steps when speculation is on, q_obs = 1 and no drafting
+when off. Split the prediction into host overhead O (fixed + per-request + speculative bookkeeping + draft-step
+launches) and physics P (roofline + all-reduce), then
+
+    overhead_scale s = clamp((T_obs - P) / O, 0.1, 10)     -- first: overheads are the uncertain part
+    roofline_scale e = clamp((T_obs - s O) / P, 0.25, 4)   -- only if s alone cannot explain T_obs
+
+Why overhead first: roofline terms are bounded by datasheet peaks and known to ~15%, while host overhead varies
+several-fold between engine versions, CPUs and deployments; on the CPU test box (a 590k-parameter model on
+2 cores) it is ~95% of the step. A uniform scale of the whole step would be useless: S is a ratio, and only the
+split between fixed and roofline time moves it. The clamps keep one bad reading (a prefill burst, a stall) from
+producing absurd constants; `Calibration.relative_error` reports what the clamps left unexplained.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from policies.acceptance import AcceptancePoint, acceptance_curve
+from policies.profiles import DrafterProfile, HardwareProfile, ModelProfile
+from policies.roofline import CostScales, drafting_time, target_step_time
+from policies.types import CurvePoint, Evidence
+
+DEFAULT_CONTEXT_TOKENS = 1024.0
+OVERHEAD_SCALE_RANGE = (0.1, 10.0)
+ROOFLINE_SCALE_RANGE = (0.25, 4.0)
+
+
+@dataclass(frozen=True, slots=True)
+class ModelContext:
+    """The profiles a cost evaluation needs: target hardware (per GPU), target model, drafter, and TP degree."""
+
+    hardware: HardwareProfile
+    model: ModelProfile
+    drafter: DrafterProfile
+    tensor_parallel: int = 1
+
+    def __post_init__(self) -> None:
+        if self.tensor_parallel < 1:
+            raise ValueError(f"tensor_parallel must be >= 1, got {self.tensor_parallel}")
+
+
+@dataclass(frozen=True, slots=True)
+class OperatingPoint:
+    """Where the server runs now: `batch` (>= 1) sequences at `context_tokens` each, verifying `tokens_per_seq`
+    tokens per step after `draft_steps` drafting steps (0 and 1.0 when speculation is off)."""
+
+    batch: float
+    context_tokens: float
+    tokens_per_seq: float
+    draft_steps: int
+
+
+@dataclass(frozen=True, slots=True)
+class Calibration:
+    """The fitted cost scales and how well they explain the observed step (seconds).
+
+    `predicted_step_s` is the uncalibrated model at the operating point, `calibrated_step_s` after scaling;
+    `observed_step_s` None means nothing was observed and the scales are 1.
+    """
+
+    scales: CostScales
+    point: OperatingPoint
+    predicted_step_s: float
+    calibrated_step_s: float
+    observed_step_s: float | None
+
+    @property
+    def calibrated(self) -> bool:
+        return self.observed_step_s is not None
+
+    @property
+    def relative_error(self) -> float | None:
+        """calibrated / observed - 1 (0 when the clamps did not bind); None without an observation."""
+        if self.observed_step_s is None:
+            return None
+        return self.calibrated_step_s / self.observed_step_s - 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class CostModelResult:
+    """A full evaluation: the curve, the calibration behind it, and the plain-decoding step time it divides by."""
+
+    curve: tuple[CurvePoint, ...]
+    calibration: Calibration
+    baseline_step_s: float
+
+
+def operating_point(evidence: Evidence) -> OperatingPoint:
+    """The (B, ctx, q, draft steps) the evidence describes; see the module docstring for defaults.
+
+    Example: batch 0.4, no context, speculation on at k=3 proposing 2.79 tokens per draft ->
+    OperatingPoint(batch=1.0, context_tokens=1024.0, tokens_per_seq=3.79, draft_steps=3).
+    """
+    batch = evidence.batch if math.isfinite(evidence.batch) else 1.0
+    batch = max(batch, 1.0)
+    context = evidence.context_tokens_per_seq
+    if context is None or not math.isfinite(context) or context <= 0:
+        context = DEFAULT_CONTEXT_TOKENS
+    if not evidence.speculation_on or evidence.deployed_k <= 0:
+        return OperatingPoint(batch=batch, context_tokens=context, tokens_per_seq=1.0, draft_steps=0)
+    proposed = float(evidence.deployed_k)
+    if evidence.acceptance is not None and evidence.acceptance.drafts > 0:
+        proposed = min(max(evidence.acceptance.mean_proposed_length, 0.0), float(evidence.deployed_k))
+    return OperatingPoint(
+        batch=batch, context_tokens=context, tokens_per_seq=1.0 + proposed, draft_steps=evidence.deployed_k
+    )
+
+
+def _step_parts(ctx: ModelContext, point: OperatingPoint) -> tuple[float, float]:
+    target = target_step_time(
+        ctx.hardware, ctx.model, batch=point.batch, tokens_per_seq=point.tokens_per_seq,
+        context_tokens=point.context_tokens, tensor_parallel=ctx.tensor_parallel,
+    )
+    draft = drafting_time(
+        ctx.hardware, ctx.drafter, gamma=point.draft_steps, batch=point.batch,
+        context_tokens=point.context_tokens, tensor_parallel=ctx.tensor_parallel,
+    )
+    return target.overhead_s + draft.overhead_s, target.physics_s + draft.physics_s
+
+
+def _clamp(value: float, bounds: tuple[float, float]) -> float:
+    return min(max(value, bounds[0]), bounds[1])
+
+
+def calibrate(evidence: Evidence, ctx: ModelContext) -> Calibration:
+    """Fit the overhead (then, if needed, roofline) scale so the model reproduces `evidence.step_time_s`.
+
+    Uses the step time only when it is a finite positive number of seconds; otherwise returns scales (1, 1).
+    Formulas and clamps in the module docstring.
+
+    Example: tiny-llama on the `cpu` profile, speculation off, B=1, ctx 1024: predicted O = 1.5 + 0.05 ms,
+    P = (1.18 MB weights + 1.05 MB KV) / 14 GB/s = 0.16 ms; observed 3.2 ms -> s = (3.2 - 0.16) / 1.55 = 1.96,
+    e = 1, calibrated step = 3.2 ms.
+    """
+    point = operating_point(evidence)
+    overhead, physics = _step_parts(ctx, point)
+    predicted = overhead + physics
+    observed = evidence.step_time_s
+    if observed is None or not math.isfinite(observed) or observed <= 0:
+        return Calibration(CostScales(), point, predicted, predicted, None)
+    wanted = (observed - physics) / overhead if overhead > 0 else math.inf
+    s = _clamp(wanted, OVERHEAD_SCALE_RANGE) if overhead > 0 else 1.0
+    e = 1.0
+    if s != wanted and physics > 0:  # the overhead clamp bound: let the physics absorb the rest
+        e = _clamp((observed - s * overhead) / physics, ROOFLINE_SCALE_RANGE)
+    return Calibration(CostScales(overhead=s, roofline=e), point, predicted, s * overhead + e * physics, observed)
+
+
+def curve_for(
+    ctx: ModelContext,
+    acceptance: Sequence[AcceptancePoint],
+    *,
+    batch: float,
+    context_tokens: float,
+    scales: CostScales | None = None,
+) -> tuple[tuple[CurvePoint, ...], float]:
+    """S(gamma) for each acceptance point at an explicit operating point (what-if: another batch or context with
+    the scales calibrated elsewhere). Returns (curve, plain-decoding step seconds). `acceptance` must start at
+    gamma 0 and be contiguous; `batch` >= 1; `context_tokens` >= 0.
+
+    Example: E[L](3) = 2.79, T_target(q=1) = 6.82 ms, T_draft(3) = 3.2 ms, T_target(q=4) = 6.85 ms ->
+    S(3) = 2.79 x 6.82 / (3.2 + 6.85) = 1.89.
+    """
+    scales = scales or CostScales()
+    base = target_step_time(
+        ctx.hardware, ctx.model, batch=batch, tokens_per_seq=1.0, context_tokens=context_tokens,
+        tensor_parallel=ctx.tensor_parallel, scales=scales,
+    ).total_s
+    points: list[CurvePoint] = []
+    for index, acc in enumerate(acceptance):
+        if acc.gamma != index:
+            raise ValueError("acceptance points must be gamma 0, 1, 2, ... in order")
+        if acc.gamma == 0:
+            points.append(CurvePoint(0, 1.0, 1.0, 1.0, 1.0, base, extrapolated=False))
+            continue
+        draft = drafting_time(
+            ctx.hardware, ctx.drafter, gamma=acc.gamma, batch=batch, context_tokens=context_tokens,
+            tensor_parallel=ctx.tensor_parallel, scales=scales,
+        )
+        verify = target_step_time(
+            ctx.hardware, ctx.model, batch=batch, tokens_per_seq=acc.gamma + 1.0, context_tokens=context_tokens,
+            tensor_parallel=ctx.tensor_parallel, scales=scales,
+        )
+        step = draft.total_s + verify.total_s
+        points.append(
+            CurvePoint(
+                gamma=acc.gamma,
+                speedup=acc.expected_length * base / step,
+                speedup_low=acc.expected_length_low * base / step,
+                speedup_high=acc.expected_length_high * base / step,
+                expected_accepted_length=acc.expected_length,
+                step_time_s=step,
+                extrapolated=acc.extrapolated,
+            )
+        )
+    return tuple(points), base
+
+
+def evaluate(evidence: Evidence, ctx: ModelContext, *, gamma_max: int) -> CostModelResult:
+    """Calibrate to the evidence, then price gamma = 0..gamma_max (>= 0; ValueError when negative).
+
+    Example: see `speedup_curve`; this also returns the calibration (scales, error) and the baseline step.
+    """
+    calibration = calibrate(evidence, ctx)
+    acceptance = acceptance_curve(evidence.acceptance, method=ctx.drafter.method, gamma_max=gamma_max)
+    curve, base = curve_for(
+        ctx, acceptance, batch=calibration.point.batch, context_tokens=calibration.point.context_tokens,
+        scales=calibration.scales,
+    )
+    return CostModelResult(curve=curve, calibration=calibration, baseline_step_s=base)
+
+
+def speedup_curve(evidence: Evidence, ctx: ModelContext, *, gamma_max: int) -> tuple[CurvePoint, ...]:
+    """S(gamma) for gamma = 0..gamma_max (>= 0): one CurvePoint each, gamma 0 exactly 1.0 with step_time_s the
+    plain-decoding step. Speedups are ratios of tokens/s per sequence (> 0, typically 0.3..4); bands come from
+    the acceptance interval, `extrapolated` marks gammas beyond the measured k (or a prior).
+
+    Example: H100 SXM, Llama-3.1-8B, EAGLE-3 head, B=1, ctx 512, r = (0.78, 0.58, 0.43) (E[L](3) = 2.79),
+    no step-time observation: T_target(q=1) = 6.82 ms, T_draft(3) + T_target(q=4) ~ 10.0 ms ->
+    S(3) = 2.79 x 6.82 / 10.0 ~ 1.90 (vLLM measured 7.07 / 4.09 = 1.73x, vllm-eagle-k-sweep-bs1.csv).
+    """
+    return evaluate(evidence, ctx, gamma_max=gamma_max).curve

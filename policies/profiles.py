@@ -1,0 +1,490 @@
+"""Hardware, target-model and drafter profiles: the physical constants the cost model needs.
+
+Units are base SI: FLOP/s, bytes/s, bytes, seconds; parameter counts are plain counts. Profiles come from the
+catalog (`policies/catalog.py`, transcribed from datasheets and `config.json` files), from a model's own
+`config.json` (`model_from_hf_config`, pure: the caller reads the file), or are configured by the operator.
+
+Efficiency and overhead defaults on `HardwareProfile` (each one is calibrated online, see `policies/costmodel.py`):
+- `bandwidth_efficiency` 0.85: shared/data/hardware.csv notes sustained HBM bandwidth is typically 80-90% of peak.
+- `flops_efficiency` 0.60: the same note says achieved GEMM throughput is lower still; 0.6 of dense peak is the
+  stated assumption for serving-sized GEMMs (large-shape cuBLAS runs reach ~0.7, decode shapes less).
+- `step_fixed_s` 1.5 ms: per-step host/launch cost of a vLLM V1 decode step (scheduler, input preparation,
+  sampler, output processing). Derivation: Llama-3.1-8B bs1 on H100 streams 7.5e9 params x 2 B = 15.0 GB per step,
+  15.0e9 / (3.35e12 x 0.85) = 5.3 ms, while the measured plain TPOT is 7.07 ms
+  (shared/data/published/vllm-eagle-k-sweep-bs1.csv): ~1.7 ms is not weight streaming; 1.5 ms is kept for it.
+- `per_request_step_s` 20 us: host-side per-sequence work per step (assumption, order of 10-30 us in vLLM V1).
+- `spec_step_overhead_s` 0.775 ms and `spec_per_request_overhead_s` 84 us: the speculative machinery's own cost
+  per step (rejection sampling, draft bookkeeping), from shared/data/published/dynamic-sd-k0-overhead.csv (vLLM
+  Dynamic SD at K=0 vs off, H100 NVL): TPOT +0.943 ms at concurrency 2 and +16.656 ms at 189, solved as
+  a + 2 b = 0.943, a + 189 b = 16.656 -> b = 15.713 / 187 = 0.084 ms per request, a = 0.775 ms per step.
+  Cross-check: the eagle3 k-sweep's step time (TPOT x AL) extrapolates to ~7.9 ms at k=0 vs 7.07 ms plain, i.e.
+  ~0.85 ms at batch 1 = 0.775 + 0.084.
+- `draft_step_fixed_s` 0.5 ms: launch + sampling cost of one sequential draft step (EAGLE/MTP head or draft
+  model). Bounded by the eagle3 k-sweep: each extra draft position costs ~1.1 ms of step time, of which ~0.3 ms is
+  the head's own weight streaming; 0.5 ms is the middle of the remaining 0.3-0.8 ms (assumption).
+- `allreduce_latency_s` 8 us per all-reduce (vLLM custom all-reduce on NVLink; assumption).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+
+from policies.catalog import HARDWARE_ALIASES, HARDWARE_ROWS, MODEL_ENTRIES, HardwareRow, ModelEntry
+from policies.types import DraftMethod
+
+DEFAULT_EFFICIENCY_SOURCE = (
+    "bandwidth 0.85 and GEMM 0.60 of peak (shared/data/hardware.csv note); step overhead 1.5 ms "
+    "(vllm-eagle-k-sweep-bs1.csv plain TPOT minus weight streaming); speculative overhead 0.775 ms + 84 us/request "
+    "(dynamic-sd-k0-overhead.csv); see policies/profiles.py"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class HardwareProfile:
+    """One accelerator (per GPU). Peaks are vendor datasheet figures; the efficiency fields scale them to what a
+    serving engine sustains, the overhead fields are the engine's per-step host costs (all calibrated online).
+
+    `peak_flops_per_s`: dense bf16 tensor FLOP/s; `peak_fp8_flops_per_s`: dense fp8 (None where unsupported);
+    `mem_bandwidth_bytes_per_s`: HBM peak; `memory_bytes`: HBM size; `interconnect_bytes_per_s`: GPU-to-GPU link
+    bandwidth per direction (tensor-parallel all-reduce). Efficiencies are in (0, 1].
+    """
+
+    name: str
+    peak_flops_per_s: float
+    peak_fp8_flops_per_s: float | None
+    mem_bandwidth_bytes_per_s: float
+    memory_bytes: float
+    nvml_name_contains: str | None
+    source: str
+    interconnect_bytes_per_s: float = 32e9
+    bandwidth_efficiency: float = 0.85
+    flops_efficiency: float = 0.60
+    step_fixed_s: float = 1.5e-3
+    per_request_step_s: float = 20e-6
+    spec_step_overhead_s: float = 0.775e-3
+    spec_per_request_overhead_s: float = 84e-6
+    draft_step_fixed_s: float = 0.5e-3
+    allreduce_latency_s: float = 8e-6
+    efficiency_source: str = DEFAULT_EFFICIENCY_SOURCE
+
+    def __post_init__(self) -> None:
+        if self.peak_flops_per_s <= 0 or self.mem_bandwidth_bytes_per_s <= 0:
+            raise ValueError(f"hardware {self.name!r}: peak FLOP/s and bandwidth must be > 0")
+        if not (0 < self.bandwidth_efficiency <= 1 and 0 < self.flops_efficiency <= 1):
+            raise ValueError(f"hardware {self.name!r}: efficiencies must be in (0, 1]")
+
+    def flops_for_dtype(self, dtype_bytes: float) -> float:
+        """Dense peak FLOP/s for weights of `dtype_bytes` per parameter: fp8 (1 byte) uses the fp8 tensor peak
+        where the GPU has one; everything else (bf16, and 4-bit weights that are dequantised to bf16) the bf16 peak.
+
+        Example: H100 SXM, dtype_bytes=1 -> 1978.9e12; dtype_bytes=2 -> 989.4e12.
+        """
+        if dtype_bytes == 1 and self.peak_fp8_flops_per_s is not None:
+            return self.peak_fp8_flops_per_s
+        return self.peak_flops_per_s
+
+
+@dataclass(frozen=True, slots=True)
+class ModelProfile:
+    """A target (or draft) transformer's architecture, enough for a decode-step roofline.
+
+    `params`: total parameter count (embeddings included, the number model cards quote); `active_params`: those
+    used per token (MoE: shared weights + `experts_per_token` routed experts per layer). `dtype_bytes`: bytes per
+    weight (bf16 2, fp8 1, 4-bit 0.5); `kv_dtype_bytes`: bytes per KV-cache element. MoE: `num_experts` routed
+    experts per MoE layer (0 = dense model), `experts_per_token` routed per token, `expert_params` the parameters
+    of ONE routed expert in ONE layer, `moe_layers` how many layers are MoE.
+    """
+
+    name: str
+    params: float
+    active_params: float
+    layers: int
+    hidden: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    dtype_bytes: float
+    kv_dtype_bytes: float
+    source: str
+    intermediate_size: int = 0
+    vocab_size: int = 0
+    tied_embeddings: bool = False
+    num_experts: int = 0
+    experts_per_token: int = 0
+    expert_params: float = 0.0
+    moe_layers: int = 0
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0 and self.experts_per_token > 0
+
+    @property
+    def input_embedding_params(self) -> float:
+        """Parameters of an untied input-embedding table: a decode step reads only B rows of it, not the table, so
+        it is left out of weight streaming and of matmul FLOPs. 0 when tied (the table is the lm_head, read whole).
+        """
+        return 0.0 if self.tied_embeddings else float(self.vocab_size * self.hidden)
+
+    @property
+    def routed_expert_params(self) -> float:
+        """All routed-expert parameters, every MoE layer: moe_layers x num_experts x expert_params."""
+        return float(self.moe_layers * self.num_experts) * self.expert_params
+
+    @property
+    def kv_bytes_per_token(self) -> float:
+        """KV-cache bytes per token of context: 2 (K and V) x layers x kv_heads x head_dim x kv_dtype_bytes.
+
+        Example: Llama-3.1-8B bf16: 2 x 32 x 8 x 128 x 2 = 131072 bytes (128 KiB) per token.
+        """
+        return 2.0 * self.layers * self.num_kv_heads * self.head_dim * self.kv_dtype_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class DrafterProfile:
+    """What produces the draft tokens and what one draft step costs.
+
+    `params`: weights a draft step streams (EAGLE/MTP head incl. the lm_head it evaluates; a draft model's whole
+    weights); 0 for host-side n-gram/suffix lookup. `layers`, `num_heads`, `num_kv_heads`, `head_dim`: the
+    drafter's own attention (its KV cache); `host_time_per_request_s`: CPU time per request per step (n-gram).
+    """
+
+    method: DraftMethod
+    params: float = 0.0
+    layers: int = 0
+    hidden: int = 0
+    num_heads: int = 0
+    num_kv_heads: int = 0
+    head_dim: int = 0
+    dtype_bytes: float = 2.0
+    kv_dtype_bytes: float = 2.0
+    host_time_per_request_s: float = 0.0
+    source: str = ""
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# config.json -> ModelProfile
+# ----------------------------------------------------------------------------------------------------------------
+
+_DTYPE_BYTES: Mapping[str, float] = {
+    "float32": 4.0, "fp32": 4.0, "float": 4.0,
+    "bfloat16": 2.0, "bf16": 2.0, "float16": 2.0, "fp16": 2.0, "half": 2.0,
+    "float8_e4m3fn": 1.0, "float8_e5m2": 1.0, "fp8": 1.0,
+}
+
+
+def _section(config: Mapping[str, object]) -> Mapping[str, object]:
+    # Multimodal wrappers (Gemma 3, Llama 4, Qwen-VL) nest the language model's fields under text_config.
+    text = config.get("text_config")
+    if isinstance(text, Mapping) and "hidden_size" not in config:
+        return {**config, **{str(k): v for k, v in text.items()}}
+    return config
+
+
+def _number(config: Mapping[str, object], *keys: str, default: float | None = None) -> float:
+    for key in keys:
+        value = config.get(key)
+        if isinstance(value, bool):
+            continue
+        if isinstance(value, int | float):
+            return float(value)
+    if default is None:
+        raise ValueError(f"config.json lacks a numeric {' / '.join(keys)}")
+    return default
+
+
+def _weight_dtype_bytes(config: Mapping[str, object]) -> float:
+    quant = config.get("quantization_config")
+    if isinstance(quant, Mapping):
+        method = str(quant.get("quant_method", "")).lower()
+        if method in {"fp8", "fbgemm_fp8"} or "fp8" in str(quant.get("quant_algo", "")).lower():
+            return 1.0
+        if method == "mxfp4":
+            return 0.5
+        bits = quant.get("bits", quant.get("w_bit"))
+        if isinstance(bits, int) and not isinstance(bits, bool):
+            return bits / 8.0
+        groups = quant.get("config_groups")
+        if isinstance(groups, Mapping):
+            for group in groups.values():
+                weights = group.get("weights") if isinstance(group, Mapping) else None
+                nbits = weights.get("num_bits") if isinstance(weights, Mapping) else None
+                if isinstance(nbits, int) and not isinstance(nbits, bool):
+                    return nbits / 8.0
+    dtype = config.get("torch_dtype", config.get("dtype"))
+    return _DTYPE_BYTES.get(str(dtype).lower(), 2.0) if dtype is not None else 2.0
+
+
+def model_from_hf_config(
+    config: Mapping[str, object],
+    *,
+    name: str,
+    source: str | None = None,
+    kv_dtype_bytes: float | None = None,
+) -> ModelProfile:
+    """Build a ModelProfile from a Hugging Face `config.json` (already parsed; this function does no I/O).
+
+    Counts, for a gated-MLP decoder (Llama, Qwen, Mistral, Gemma, Mixtral):
+      attention/layer = hidden x (heads x head_dim) [q] + 2 x hidden x (kv_heads x head_dim) [k, v]
+                        + (heads x head_dim) x hidden [o]
+      dense MLP/layer = 3 x hidden x intermediate_size            (gate, up, down)
+      expert/layer    = 3 x hidden x moe_intermediate_size (or intermediate_size: Mixtral); router hidden x E
+      embeddings      = vocab x hidden, twice unless tie_word_embeddings; norms 2 x hidden per layer + hidden.
+    `active_params` swaps the E routed experts of every MoE layer for `num_experts_per_tok` of them.
+    Weight bytes from `quantization_config` (fp8 -> 1, N-bit -> N/8) else `torch_dtype`/`dtype` (default bf16).
+    `kv_dtype_bytes` defaults to the weight dtype, or 2 (bf16) for quantized weights: the KV-cache dtype is a
+    serving flag (`--kv-cache-dtype`), not part of config.json, so pass it when known.
+    Limits: MLA attention (DeepSeek's kv_lora_rank) and sliding-window layers are modelled as plain GQA.
+
+    Raises ValueError when a required field (hidden_size, num_hidden_layers, num_attention_heads, vocab_size,
+    intermediate_size for dense models) is missing.
+
+    Example: Llama-3.1-8B (hidden 4096, intermediate 14336, 32 layers, 32 heads, 8 KV heads, head_dim 128, vocab
+    128256, untied): attention 41.94M + MLP 176.16M + norms 8192 = 218.1M per layer, x 32 = 6.979e9, + 2 x 525.3M
+    embeddings + 4096 = 8.03e9 params (the model card says 8.03B).
+    """
+    cfg = _section(config)
+    hidden = int(_number(cfg, "hidden_size", "d_model", "n_embd"))
+    layers = int(_number(cfg, "num_hidden_layers", "n_layer", "num_layers"))
+    heads = int(_number(cfg, "num_attention_heads", "n_head"))
+    kv_heads = int(_number(cfg, "num_key_value_heads", "num_kv_heads", default=float(heads)))
+    head_dim = int(_number(cfg, "head_dim", default=float(hidden // heads)))
+    vocab = int(_number(cfg, "vocab_size"))
+    tied = bool(cfg.get("tie_word_embeddings", False))
+    num_experts = int(_number(cfg, "num_local_experts", "num_experts", "n_routed_experts", default=0.0))
+    experts_per_token = int(_number(cfg, "num_experts_per_tok", "moe_topk", default=0.0)) if num_experts else 0
+    moe = num_experts > 0 and experts_per_token > 0
+    intermediate = int(_number(cfg, "intermediate_size", "ffn_dim", default=0.0 if moe else None))
+    dtype_bytes = _weight_dtype_bytes(cfg)
+    if kv_dtype_bytes is None:
+        kv_dtype_bytes = dtype_bytes if dtype_bytes >= 2 else 2.0
+
+    attention = hidden * heads * head_dim * 2 + 2 * hidden * kv_heads * head_dim
+    norms = 2 * hidden
+    dense_mlp = 3 * hidden * intermediate
+    expert = 0.0
+    moe_layers = 0
+    total_layers = 0.0
+    active_layers = 0.0
+    if moe:
+        moe_inter = int(_number(cfg, "moe_intermediate_size", default=float(intermediate)))
+        expert = 3.0 * hidden * moe_inter
+        shared = 3.0 * hidden * _number(cfg, "shared_expert_intermediate_size", default=0.0)
+        shared += 3.0 * hidden * moe_inter * _number(cfg, "n_shared_experts", default=0.0)
+        router = hidden * num_experts
+        dense_first = min(int(_number(cfg, "first_k_dense_replace", default=0.0)), layers)
+        moe_layers = layers - dense_first
+        total_layers = dense_first * (attention + dense_mlp + norms) + moe_layers * (
+            attention + norms + router + shared + num_experts * expert
+        )
+        active_layers = total_layers - moe_layers * (num_experts - experts_per_token) * expert
+    else:
+        total_layers = layers * float(attention + dense_mlp + norms)
+        active_layers = total_layers
+    embeddings = vocab * hidden * (1 if tied else 2)
+    params = total_layers + embeddings + hidden
+    active = active_layers + embeddings + hidden
+    return ModelProfile(
+        name=name,
+        params=params,
+        active_params=active,
+        layers=layers,
+        hidden=hidden,
+        num_heads=heads,
+        num_kv_heads=kv_heads,
+        head_dim=head_dim,
+        dtype_bytes=dtype_bytes,
+        kv_dtype_bytes=kv_dtype_bytes,
+        source=source or f"config.json of {name}",
+        intermediate_size=intermediate,
+        vocab_size=vocab,
+        tied_embeddings=tied,
+        num_experts=num_experts if moe else 0,
+        experts_per_token=experts_per_token,
+        expert_params=expert,
+        moe_layers=moe_layers,
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Drafters
+# ----------------------------------------------------------------------------------------------------------------
+
+# EAGLE-3 heads predict over a reduced draft vocabulary (yuhuili/EAGLE3-LLaMA3.1-Instruct-8B config.json:
+# draft_vocab_size 32000), EAGLE-1/MTP heads evaluate the target's full lm_head.
+_EAGLE3_DRAFT_VOCAB = 32000
+# n-gram / suffix proposers run on the host per request (vLLM: numba KMP over the request's tokens). Assumption:
+# ~20 us per request per step at typical context lengths.
+_HOST_LOOKUP_PER_REQUEST_S = 20e-6
+
+
+def drafter_for(
+    method: DraftMethod,
+    target: ModelProfile,
+    *,
+    draft_model: ModelProfile | None = None,
+) -> DrafterProfile:
+    """The default drafter of `method` for `target`: the sizes a head or lookup of that kind has.
+
+    - ngram / suffix: no weights, 20 us host time per request per step (assumption).
+    - eagle: one decoder layer shaped like the target's (attention + dense MLP of `intermediate_size`), an
+      fc 2h -> h fusing embedding and hidden state, and the target's full lm_head (vocab x hidden), read per step.
+    - eagle3: the same layer, an fc 3h -> h fusing three hidden states, and a 32000-entry draft vocabulary.
+    - mtp: one decoder layer + fc 2h -> h + the target's lm_head (DeepSeek-V3-style MTP module).
+    - draft_model: the separate model `draft_model` (required), all of its weights per step, its own KV cache.
+    Raises ValueError for draft_model without `draft_model`.
+
+    Example: eagle3 for Llama-3.1-8B: layer 218.1M + fc 3 x 4096 x 4096 = 50.3M + lm_head 32000 x 4096 = 131.1M
+    -> params ~ 3.995e8 (0.8 GB of bf16 streamed per draft step).
+    """
+    h = target.hidden
+    layer = (
+        h * target.num_heads * target.head_dim * 2
+        + 2 * h * target.num_kv_heads * target.head_dim
+        + 3 * h * max(target.intermediate_size, 1)
+        + 2 * h
+    )
+    if method in (DraftMethod.NGRAM, DraftMethod.SUFFIX):
+        return DrafterProfile(
+            method=method,
+            host_time_per_request_s=_HOST_LOOKUP_PER_REQUEST_S,
+            source="host-side lookup, no weights; 20 us per request per step (assumption)",
+        )
+    if method == DraftMethod.EAGLE3:
+        params = layer + 3 * h * h + min(target.vocab_size, _EAGLE3_DRAFT_VOCAB) * h
+        return DrafterProfile(
+            method=method, params=float(params), layers=1, hidden=h, num_heads=target.num_heads,
+            num_kv_heads=target.num_kv_heads, head_dim=target.head_dim, dtype_bytes=target.dtype_bytes,
+            kv_dtype_bytes=target.kv_dtype_bytes,
+            source=f"EAGLE-3 head shaped like {target.name}: 1 layer + fc 3h->h + 32000-token draft lm_head",
+        )
+    if method in (DraftMethod.EAGLE, DraftMethod.MTP):
+        params = layer + 2 * h * h + target.vocab_size * h
+        return DrafterProfile(
+            method=method, params=float(params), layers=1, hidden=h, num_heads=target.num_heads,
+            num_kv_heads=target.num_kv_heads, head_dim=target.head_dim, dtype_bytes=target.dtype_bytes,
+            kv_dtype_bytes=target.kv_dtype_bytes,
+            source=f"{method.value} head shaped like {target.name}: 1 layer + fc 2h->h + the target lm_head",
+        )
+    if draft_model is None:
+        raise ValueError("draft_model drafter needs the draft model's profile (draft_model=...)")
+    return DrafterProfile(
+        method=method,
+        params=draft_model.params - draft_model.input_embedding_params,
+        layers=draft_model.layers,
+        hidden=draft_model.hidden,
+        num_heads=draft_model.num_heads,
+        num_kv_heads=draft_model.num_kv_heads,
+        head_dim=draft_model.head_dim,
+        dtype_bytes=draft_model.dtype_bytes,
+        kv_dtype_bytes=draft_model.kv_dtype_bytes,
+        source=f"draft model {draft_model.name} ({draft_model.source})",
+    )
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Catalog lookups
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _hardware_from_row(row: HardwareRow) -> HardwareProfile:
+    base = HardwareProfile(
+        name=row["name"],
+        peak_flops_per_s=row["bf16_dense_tflops"] * 1e12,
+        peak_fp8_flops_per_s=None if row["fp8_dense_tflops"] is None else row["fp8_dense_tflops"] * 1e12,
+        mem_bandwidth_bytes_per_s=row["mem_bandwidth_gbps"] * 1e9,
+        memory_bytes=row["memory_gb"] * 1e9,
+        nvml_name_contains=row["nvml_name_contains"],
+        source=f"{row['source']}; interconnect: {row['interconnect_source']}",
+        interconnect_bytes_per_s=row["interconnect_gbps_per_direction"] * 1e9,
+    )
+    return replace(
+        base,
+        bandwidth_efficiency=row.get("bandwidth_efficiency", base.bandwidth_efficiency),
+        flops_efficiency=row.get("flops_efficiency", base.flops_efficiency),
+        step_fixed_s=row.get("step_fixed_s", base.step_fixed_s),
+        per_request_step_s=row.get("per_request_step_s", base.per_request_step_s),
+        spec_step_overhead_s=row.get("spec_step_overhead_s", base.spec_step_overhead_s),
+        spec_per_request_overhead_s=row.get("spec_per_request_overhead_s", base.spec_per_request_overhead_s),
+        draft_step_fixed_s=row.get("draft_step_fixed_s", base.draft_step_fixed_s),
+        allreduce_latency_s=row.get("allreduce_latency_s", base.allreduce_latency_s),
+        efficiency_source=row.get("efficiency_source", base.efficiency_source),
+    )
+
+
+def _model_from_entry(entry: ModelEntry) -> ModelProfile:
+    return model_from_hf_config(entry.config, name=entry.name, source=entry.source)
+
+
+HARDWARE: tuple[HardwareProfile, ...] = tuple(_hardware_from_row(row) for row in HARDWARE_ROWS)
+MODELS: tuple[ModelProfile, ...] = tuple(_model_from_entry(entry) for entry in MODEL_ENTRIES)
+
+
+def hardware_for_device_name(name: str) -> HardwareProfile | None:
+    """The catalog profile whose `nvml_name_contains` occurs in an NVML / DCGM device name, or None.
+
+    Matching is case-insensitive on whole tokens (so "L4" does not match "NVIDIA L40S", "H200" not "GH200"); the
+    longest matching needle wins.
+
+    Example: "NVIDIA H100 80GB HBM3" -> h100-sxm; "NVIDIA L40S" -> l40s; "NVIDIA H100 PCIe" -> None.
+    """
+    best: HardwareProfile | None = None
+    for profile in HARDWARE:
+        needle = profile.nvml_name_contains
+        if not needle:
+            continue
+        pattern = r"(?<![A-Za-z0-9])" + re.escape(needle) + r"(?![A-Za-z0-9])"
+        if re.search(pattern, name, flags=re.IGNORECASE) and (
+            best is None or len(needle) > len(best.nvml_name_contains or "")
+        ):
+            best = profile
+    return best
+
+
+def hardware_by_name(name: str) -> HardwareProfile:
+    """The catalog hardware profile called `name` (case-insensitive; aliases like "h100" -> "h100-sxm").
+
+    Raises ValueError naming the known profiles. Example: hardware_by_name("H100").mem_bandwidth_bytes_per_s
+    = 3.35e12.
+    """
+    key = name.strip().lower()
+    key = HARDWARE_ALIASES.get(key, key)
+    for profile in HARDWARE:
+        if profile.name == key:
+            return profile
+    known = ", ".join(p.name for p in HARDWARE)
+    raise ValueError(f"unknown hardware {name!r}; known: {known} (aliases: {', '.join(HARDWARE_ALIASES)})")
+
+
+def model_by_name(name: str) -> ModelProfile:
+    """The catalog model called `name`: its catalog name or a Hugging Face id, case-insensitive.
+
+    Raises ValueError naming the known models. Example: model_by_name("meta-llama/Llama-3.1-8B-Instruct").params
+    ~ 8.03e9.
+    """
+    key = name.strip().lower()
+    for entry, profile in zip(MODEL_ENTRIES, MODELS, strict=True):
+        if key == entry.name or key in (hf.lower() for hf in entry.hf_ids):
+            return profile
+    known = ", ".join(entry.name for entry in MODEL_ENTRIES)
+    raise ValueError(f"unknown model {name!r}; known: {known} (or their Hugging Face ids)")
+
+
+def model_for_served_name(name: str) -> ModelProfile | None:
+    """Best-effort catalog match for a served model name (vLLM's `model_name` label), or None.
+
+    Tries an exact catalog/HF-id match, then the name without its organisation and an "-instruct"/"-it"/"-chat"
+    suffix. Example: "meta-llama/Llama-3.1-8B-Instruct" -> llama-3.1-8b; "my-finetune" -> None.
+    """
+    try:
+        return model_by_name(name)
+    except ValueError:
+        pass
+    base = name.strip().lower().rsplit("/", 1)[-1]
+    base = re.sub(r"-(instruct|it|chat)(-v?[0-9.]+)?$", "", base)
+    base = base.removeprefix("meta-")
+    for entry, profile in zip(MODEL_ENTRIES, MODELS, strict=True):
+        if base == entry.name:
+            return profile
+    return None

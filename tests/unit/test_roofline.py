@@ -1,0 +1,176 @@
+"""Roofline step time: the physics shape (memory- vs compute-bound, context, MoE, TP) with the arithmetic spelt out.
+
+Shared numbers, H100 SXM + Llama-3.1-8B (bf16): streamed weights = 8.030e9 - 128256 x 4096 (untied input table)
+= 7.505e9 params x 2 B = 15.01 GB; effective bandwidth 3.35e12 x 0.85 = 2.8475e12 B/s; effective compute
+989.4e12 x 0.6 = 5.936e14 FLOP/s; KV 131072 B per token of context.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+
+from policies.profiles import drafter_for, hardware_by_name, model_by_name
+from policies.roofline import (
+    CostScales,
+    crossover_batch,
+    drafting_time,
+    expected_experts_touched,
+    smooth_max,
+    target_step_time,
+)
+from policies.types import DraftMethod
+
+H100 = hardware_by_name("h100-sxm")
+LLAMA8B = model_by_name("llama-3.1-8b")
+
+
+def test_smooth_max_bounds() -> None:
+    # (3^4 + 4^4)^(1/4) = 337^(1/4) = 4.2846.
+    assert smooth_max(3.0, 4.0) == pytest.approx(337 ** 0.25)
+    assert smooth_max(5.0, 0.0) == 5.0
+    assert smooth_max(0.0, 0.0) == 0.0
+    # At the crossover it is 2^(1/4) x the max; with one term twice the other, within 1.6%.
+    assert smooth_max(1.0, 1.0) == pytest.approx(2 ** 0.25)
+    assert smooth_max(2.0, 1.0) < 2.0 * 1.016
+    assert math.isfinite(smooth_max(1e200, 1e200))
+
+
+def test_batch1_step_is_weight_streaming() -> None:
+    step = target_step_time(H100, LLAMA8B, batch=1, tokens_per_seq=1, context_tokens=512)
+    # Weights 15.01 GB + KV 131072 x 512 = 67.1 MB -> 15.077e9 / 2.8475e12 = 5.295 ms.
+    assert step.memory_s == pytest.approx(15.077e9 / 2.8475e12, rel=0.002)
+    # 2 x 7.505e9 FLOPs + attention 4 x 32 x 32 x 128 x 512 = 2.68e8 -> 1.528e10 / 5.936e14 = 0.026 ms.
+    assert step.compute_s == pytest.approx(1.528e10 / 5.936e14, rel=0.01)
+    assert step.memory_bound
+    # + 1.5 ms fixed + 20 us per request = 6.815 ms (vLLM measured 7.07 ms, vllm-eagle-k-sweep-bs1.csv).
+    assert step.total_s == pytest.approx(6.815e-3, rel=0.002)
+
+
+def test_verifying_4_tokens_at_batch1_costs_barely_more_than_1() -> None:
+    one = target_step_time(H100, LLAMA8B, batch=1, tokens_per_seq=1, context_tokens=512)
+    four = target_step_time(H100, LLAMA8B, batch=1, tokens_per_seq=4, context_tokens=512)
+    # Bytes are the same; compute grows 0.026 -> 0.103 ms, still 50x below the 5.3 ms of memory time, so the
+    # 4-norm smooth max moves by (1 + (0.103/5.3)^4)^(1/4) - 1 ~ 4e-8.
+    assert four.weight_bytes == one.weight_bytes
+    assert four.total_s / one.total_s < 1.01
+
+
+def test_verifying_4_tokens_at_batch256_costs_about_4x() -> None:
+    one = target_step_time(H100, LLAMA8B, batch=256, tokens_per_seq=1, context_tokens=64)
+    four = target_step_time(H100, LLAMA8B, batch=256, tokens_per_seq=4, context_tokens=64)
+    # q=1: compute 2 x 7.505e9 x 256 = 3.84e12 FLOPs / 5.936e14 = 6.5 ms vs memory (15.01 GB + 256 x 64 x
+    # 131072 = 2.15 GB) / 2.8475e12 = 6.0 ms: near the ridge. q=4: compute 25.9 ms >> 6.0 ms memory.
+    # Physics ratio ~ 25.9 / smooth_max(6.0, 6.5) = 25.9 / 7.6 = 3.4 (the smooth max inflates the ridge point).
+    assert not four.memory_bound
+    assert 3.0 < four.physics_s / one.physics_s < 4.0
+    assert four.compute_s / one.compute_s == pytest.approx(4.0, rel=0.01)
+
+
+def test_long_context_keeps_the_step_memory_bound_longer() -> None:
+    # Per sequence, memory grows 46 ns x ctx (131072 B / 2.8475e12) and compute 25.3 us + 0.88 ns x ctx:
+    # crossover B* = 5.27 ms / (compute slope - memory slope): ctx 128 -> 5.27 / (25.4 - 5.9) us ~ 270;
+    # ctx 256 -> 5.27 / (25.5 - 11.8) ~ 385; ctx 512 -> 5.27 / (25.7 - 23.6) ~ 2450;
+    # ctx 1024: 47 us of memory per sequence > 26 us of compute: never compute-bound.
+    b128 = crossover_batch(H100, LLAMA8B, context_tokens=128)
+    b256 = crossover_batch(H100, LLAMA8B, context_tokens=256)
+    b512 = crossover_batch(H100, LLAMA8B, context_tokens=512)
+    assert b128 is not None and b256 is not None and b512 is not None
+    assert 200 < b128 < b256 < b512
+    assert crossover_batch(H100, LLAMA8B, context_tokens=1024) is None
+    # Verifying 4 tokens per sequence reaches the ridge ~4x sooner: 270 / 4 ~ 70.
+    b128_q4 = crossover_batch(H100, LLAMA8B, context_tokens=128, tokens_per_seq=4)
+    assert b128_q4 is not None and 50 < b128_q4 < 90
+
+
+def test_expected_experts_touched() -> None:
+    # E=128, k=8: one token hits exactly 8; 4 tokens 128 (1 - (120/128)^4) = 28.6; many tokens -> all 128.
+    assert expected_experts_touched(128, 8, 1) == pytest.approx(8.0)
+    assert expected_experts_touched(128, 8, 4) == pytest.approx(128 * (1 - (120 / 128) ** 4))
+    assert expected_experts_touched(128, 8, 2000) == pytest.approx(128.0)
+    assert expected_experts_touched(0, 0, 100) == 0.0
+
+
+def test_moe_weight_bytes_grow_with_batch() -> None:
+    moe = model_by_name("qwen3-30b-a3b")
+    sizes = [
+        target_step_time(H100, moe, batch=b, tokens_per_seq=1, context_tokens=0).weight_bytes
+        for b in (1, 4, 16, 64, 4096)
+    ]
+    assert sizes == sorted(sizes) and sizes[0] < sizes[-1] / 5
+    # Batch 1: only the 8 active experts -> (active - untied input table) x 2 bytes.
+    assert sizes[0] == pytest.approx((moe.active_params - moe.input_embedding_params) * 2.0)
+    # Batch 4096: every expert -> (params - input table) x 2 bytes.
+    assert sizes[-1] == pytest.approx((moe.params - moe.input_embedding_params) * 2.0, rel=1e-6)
+    # Dense weight bytes do not depend on batch.
+    dense = {target_step_time(H100, LLAMA8B, batch=b, tokens_per_seq=1, context_tokens=0).weight_bytes
+             for b in (1, 64)}
+    assert len(dense) == 1
+
+
+def test_tensor_parallel_shards_bytes_and_adds_allreduce() -> None:
+    llama70 = model_by_name("llama-3.1-70b")
+    tp1 = target_step_time(H100, llama70, batch=1, tokens_per_seq=1, context_tokens=1024)
+    tp4 = target_step_time(H100, llama70, batch=1, tokens_per_seq=1, context_tokens=1024, tensor_parallel=4)
+    assert tp4.weight_bytes == pytest.approx(tp1.weight_bytes / 4)
+    assert tp4.kv_bytes == pytest.approx(tp1.kv_bytes / 4)  # 8 KV heads over 4 GPUs: 2 each
+    # All-reduce: 2 x 80 layers x (8 us + 2 x 3/4 x 8192 x 2 B / 450e9) = 160 x 8.055 us = 1.29 ms.
+    allreduce = tp4.physics_s - smooth_max(tp4.memory_s, tp4.compute_s)
+    assert allreduce == pytest.approx(160 * (8e-6 + 1.5 * 8192 * 2 / 450e9), rel=1e-6)
+    # With more GPUs than KV heads the heads are replicated, not split below one per GPU.
+    tp16 = target_step_time(H100, llama70, batch=1, tokens_per_seq=1, context_tokens=1024, tensor_parallel=16)
+    assert tp16.kv_bytes == pytest.approx(tp1.kv_bytes / 8)
+
+
+def test_fp8_weights_halve_bytes_and_use_the_fp8_peak() -> None:
+    fp8 = replace(LLAMA8B, dtype_bytes=1.0)
+    b16 = target_step_time(H100, LLAMA8B, batch=512, tokens_per_seq=1, context_tokens=0)
+    b8 = target_step_time(H100, fp8, batch=512, tokens_per_seq=1, context_tokens=0)
+    assert b8.weight_bytes == pytest.approx(b16.weight_bytes / 2)
+    # Same FLOPs on a 1978.9 vs 989.4 TFLOP/s peak.
+    assert b8.compute_s == pytest.approx(b16.compute_s * 989.4 / 1978.9)
+
+
+def test_cost_scales_multiply_their_parts() -> None:
+    base = target_step_time(H100, LLAMA8B, batch=8, tokens_per_seq=2, context_tokens=256)
+    scaled = target_step_time(
+        H100, LLAMA8B, batch=8, tokens_per_seq=2, context_tokens=256, scales=CostScales(overhead=3, roofline=0.5)
+    )
+    assert scaled.overhead_s == pytest.approx(3 * base.overhead_s)
+    assert scaled.physics_s == pytest.approx(0.5 * base.physics_s)
+
+
+def test_drafting_cost_by_method() -> None:
+    eagle3 = drafter_for(DraftMethod.EAGLE3, LLAMA8B)
+    ngram = drafter_for(DraftMethod.NGRAM, LLAMA8B)
+    assert drafting_time(H100, eagle3, gamma=0, batch=4, context_tokens=512).total_s == 0.0
+    one = drafting_time(H100, eagle3, gamma=1, batch=1, context_tokens=512)
+    three = drafting_time(H100, eagle3, gamma=3, batch=1, context_tokens=512)
+    # Per head step: 0.5 ms launch + (3.995e8 x 2 B + 1 layer KV 2 x 8 x 128 x 2 x 512 = 2.1 MB) / 2.8475e12
+    # = 0.281 ms; plus one speculative overhead 0.775 + 0.084 ms. Three steps add 2 x 0.781 ms.
+    assert one.total_s == pytest.approx(0.5e-3 + 0.281e-3 + 0.859e-3, rel=0.01)
+    assert three.total_s - one.total_s == pytest.approx(2 * 0.781e-3, rel=0.01)
+    # n-gram: host lookup 20 us per request, independent of gamma; + overhead 0.775 + 0.084 x 4 ms at B=4.
+    ng1 = drafting_time(H100, ngram, gamma=1, batch=4, context_tokens=512)
+    ng5 = drafting_time(H100, ngram, gamma=5, batch=4, context_tokens=512)
+    assert ng1.total_s == ng5.total_s == pytest.approx(4 * 20e-6 + 0.775e-3 + 4 * 84e-6)
+
+
+def test_draft_model_pays_its_own_kv() -> None:
+    draft = drafter_for(DraftMethod.DRAFT_MODEL, LLAMA8B, draft_model=model_by_name("llama-3.2-1b"))
+    short = drafting_time(H100, draft, gamma=2, batch=16, context_tokens=128)
+    long = drafting_time(H100, draft, gamma=2, batch=16, context_tokens=8192)
+    # KV per step: 2 x 16 layers x 8 heads x 64 x 2 B = 32768 B per token x 16 seqs x ctx, two steps.
+    assert long.kv_bytes - short.kv_bytes == pytest.approx(2 * 32768 * 16 * (8192 - 128))
+    assert long.total_s > short.total_s
+
+
+@pytest.mark.parametrize(
+    ("batch", "tokens_per_seq", "context_tokens"),
+    [(0.5, 1.0, 0.0), (1.0, 0.0, 0.0), (1.0, 1.0, -1.0), (float("nan"), 1.0, 0.0)],
+)
+def test_invalid_operating_points_raise(batch: float, tokens_per_seq: float, context_tokens: float) -> None:
+    with pytest.raises(ValueError):
+        target_step_time(H100, LLAMA8B, batch=batch, tokens_per_seq=tokens_per_seq, context_tokens=context_tokens)
