@@ -1,0 +1,28 @@
+"""Why a scrape failed, as a small closed set: the values are Prometheus label values on the scrape-error counter."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ScrapeErrorReason(StrEnum):
+    """Failure classes of one scrape. Values are lowercase snake case (used as a metric label)."""
+
+    TIMEOUT = "timeout"  # no complete answer within the scrape timeout
+    CONNECT = "connect"  # could not reach the peer (refused, DNS, bad URL)
+    PROTOCOL = "protocol"  # the peer broke HTTP mid-answer (closed early, short body vs Content-Length)
+    HTTP_STATUS = "http_status"  # an answer that is not 2xx
+    BODY_TOO_LARGE = "body_too_large"  # more bytes than max_body_bytes (counted after content decoding)
+    PARSE = "parse"  # not Prometheus text: undecodable bytes, a malformed or truncated line
+    INVALID_VALUE = "invalid_value"  # NaN, Inf or negative where a count or ratio is expected; bad label values
+    MISSING_FAMILY = "missing_family"  # a required series, or part of a family we need, is absent
+    MODEL_MISSING = "model_missing"  # a well-formed page that carries no vLLM engine series at all
+
+
+class ScrapeError(Exception):
+    """A scrape that produced no usable snapshot. `detail` is for humans (logs, the REST evidence)."""
+
+    def __init__(self, reason: ScrapeErrorReason, detail: str) -> None:
+        super().__init__(f"{reason.value}: {detail}")
+        self.reason = reason
+        self.detail = detail

@@ -1,0 +1,494 @@
+"""Read a vLLM `/metrics` page into one `EngineSnapshot` per served model, and fetch that page over HTTP.
+
+Parsing is `prometheus_client.parser`, but only on the sample lines we use: a real page is ~50 KB (~700 lines) of
+which ~55 lines matter, and the library parser costs ~6-12 ms for the whole page. A cheap line pre-filter (a string
+prefix test and one set lookup per line) keeps the cost linear in page size and the parser's share small. Lines of
+other families are not validated: a malformed line there is the server's business, not a reason to drop our
+reading.
+
+Failure policy (every failure is a `ScrapeError`, nothing else escapes):
+- PARSE: undecodable bytes, a line the parser rejects, or a body that does not end in a newline (a truncated page;
+  the exposition format ends every line with one), or garbage with no vLLM line at all.
+- INVALID_VALUE: NaN, Inf or a negative number in a field we use, an unusable `position`/`le` label, a gap in
+  positions, duplicate series, a histogram that is not cumulative.
+- MISSING_FAMILY: a model without `vllm:num_requests_running`/`waiting`, some but not all four spec-decode
+  families (e.g. a V0 page that lacks `num_drafts`: acceptance per position cannot be estimated from it, and
+  calling that "speculation off" would be a lie), a histogram with buckets but no `_sum`/`_count`.
+- MODEL_MISSING: a well-formed Prometheus page without any vLLM engine series (wrong target, other server).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import math
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import NoReturn
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
+
+from policies.types import EngineSnapshot, HistogramReading, SpecDecodeCounters
+from service.sources import names
+from service.sources.errors import ScrapeError, ScrapeErrorReason
+
+_WANTED = names.wanted_sample_names()
+# Every wanted name starts with one of these (e.g. "vllm:"): a C-level startswith rejects the other ~95% of lines.
+_PREFIXES: tuple[str, ...] = tuple(sorted({n.split(":", 1)[0] + ":" if ":" in n else n for n in _WANTED}))
+# What prometheus_client's parser raises on malformed input (it has no exception type of its own).
+_PARSER_ERRORS = (ValueError, IndexError, KeyError, TypeError, AttributeError)
+# On a page with none of our lines, validate this much of it to tell garbage (PARSE) from another server's metrics.
+_SNIFF_CHARS = 64 * 1024
+
+
+def parse_vllm_metrics(text: str, *, taken_at_s: float) -> dict[str, EngineSnapshot]:
+    """Parse one vLLM `/metrics` page into snapshots keyed by `model_name`.
+
+    Series of several engines (data parallelism, label `engine`) are summed per model; `engines` counts the
+    distinct `engine` values. Raises `ScrapeError` (see the module docstring for which reason when).
+    """
+    if text and not text.endswith("\n"):
+        raise ScrapeError(ScrapeErrorReason.PARSE, "body does not end with a newline (truncated page)")
+    lines = _select_lines(text)
+    if not lines:
+        _raise_no_vllm_lines(text)
+    index = _index_samples(_parse_lines(lines))
+    return _build_snapshots(index, taken_at_s=taken_at_s)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Text -> samples
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _select_lines(text: str) -> list[str]:
+    """The sample lines of wanted names, in page order.
+
+    HELP/TYPE lines are dropped: without them each sample reaches us under its exposed name, which is what the
+    name mapping is written against, and they would cost as much parser time as the samples themselves.
+    """
+    kept: list[str] = []
+    for line in text.split("\n"):
+        if line.startswith(_PREFIXES):
+            name = line.partition("{")[0].split(None, 1)
+            if name and name[0] in _WANTED:
+                kept.append(line)
+    return kept
+
+
+def _parse_lines(lines: list[str]) -> list[Sample]:
+    try:
+        return [s for family in text_string_to_metric_families("\n".join(lines) + "\n") for s in family.samples]
+    except _PARSER_ERRORS as exc:
+        raise ScrapeError(ScrapeErrorReason.PARSE, f"malformed metric line: {exc}") from exc
+
+
+def _raise_no_vllm_lines(text: str) -> NoReturn:
+    """Tell a page that is not Prometheus text (PARSE) from a well-formed page of another server (MODEL_MISSING)."""
+    head = text[:_SNIFF_CHARS]
+    if len(text) > _SNIFF_CHARS:
+        head = head[: head.rfind("\n") + 1]
+    try:
+        for _ in text_string_to_metric_families(head):
+            pass
+    except _PARSER_ERRORS as exc:
+        raise ScrapeError(ScrapeErrorReason.PARSE, f"not Prometheus text: {exc}") from exc
+    raise ScrapeError(ScrapeErrorReason.MODEL_MISSING, "no vLLM engine series on the page")
+
+
+def _index_samples(samples: Iterable[Sample]) -> dict[str, list[Sample]]:
+    index: dict[str, list[Sample]] = defaultdict(list)
+    seen: set[tuple[str, frozenset[tuple[str, str]]]] = set()
+    for s in samples:
+        key = (s.name, frozenset(s.labels.items()))
+        if key in seen:
+            # Summing over engines would count it twice.
+            raise ScrapeError(ScrapeErrorReason.INVALID_VALUE, f"duplicate series {s.name}{s.labels}")
+        seen.add(key)
+        index[s.name].append(s)
+    return index
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Samples -> snapshots
+# ------------------------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class _Resolved:
+    """The candidate name chosen for one canonical field on this page."""
+
+    base: str
+    legacy: bool  # not the preferred (newest) name
+
+
+@dataclass(slots=True)
+class _ModelSamples:
+    """One model's samples by sample name, and the engines they came from."""
+
+    by_name: dict[str, list[Sample]] = field(default_factory=lambda: defaultdict(list))
+    engines: set[str] = field(default_factory=set)
+
+
+def _resolve(index: Mapping[str, list[Sample]]) -> dict[str, _Resolved]:
+    resolved: dict[str, _Resolved] = {}
+    for field_name, family in names.VLLM_FAMILIES.items():
+        for rank, base in enumerate(family.candidates):
+            if any(n in index for n in family.value_names(base)):
+                resolved[field_name] = _Resolved(base=base, legacy=rank > 0)
+                break
+    return resolved
+
+
+def _group_by_model(
+    index: Mapping[str, list[Sample]], resolved: Mapping[str, _Resolved]
+) -> tuple[dict[str, _ModelSamples], list[Sample]]:
+    """Per-model samples of the resolved names, plus cache-config series that carry no model (apply to all)."""
+    models: dict[str, _ModelSamples] = defaultdict(_ModelSamples)
+    unowned_config: list[Sample] = []
+    for field_name, res in resolved.items():
+        family = names.VLLM_FAMILIES[field_name]
+        for sample_name in (*family.value_names(res.base), res.base + names.CREATED_SUFFIX):
+            for s in index.get(sample_name, ()):
+                model = s.labels.get(names.MODEL_LABEL)
+                if model is None:
+                    if family.kind is names.Kind.INFO:
+                        unowned_config.append(s)
+                        continue
+                    raise ScrapeError(ScrapeErrorReason.INVALID_VALUE, f"{s.name} has no {names.MODEL_LABEL} label")
+                group = models[model]
+                group.by_name[sample_name].append(s)
+                if family.kind is not names.Kind.INFO:
+                    group.engines.add(s.labels.get(names.ENGINE_LABEL, ""))
+    return models, unowned_config
+
+
+def _build_snapshots(index: Mapping[str, list[Sample]], *, taken_at_s: float) -> dict[str, EngineSnapshot]:
+    resolved = _resolve(index)
+    models, unowned_config = _group_by_model(index, resolved)
+    models = {m: g for m, g in models.items() if g.engines}  # a model seen only in cache_config is no engine
+    if not models:
+        raise ScrapeError(ScrapeErrorReason.MODEL_MISSING, "no vLLM engine series on the page")
+    legacy = sorted(r.base.removeprefix("vllm:") for r in resolved.values() if r.legacy)
+    naming = names.NAMING_LEGACY_PREFIX + ",".join(legacy) if legacy else names.NAMING_CURRENT
+    return {
+        model: _ModelReader(model, group, resolved, unowned_config).snapshot(taken_at_s=taken_at_s, naming=naming)
+        for model, group in sorted(models.items())
+    }
+
+
+def _checked(sample: Sample) -> float:
+    value = float(sample.value)
+    if not math.isfinite(value) or value < 0:
+        raise ScrapeError(ScrapeErrorReason.INVALID_VALUE, f"{sample.name}{sample.labels} = {value}")
+    return value
+
+
+def _engine(sample: Sample) -> str:
+    return sample.labels.get(names.ENGINE_LABEL, "")
+
+
+class _ModelReader:
+    """Turns one model's samples into an `EngineSnapshot`; every value is validated where it is read."""
+
+    def __init__(
+        self,
+        model: str,
+        group: _ModelSamples,
+        resolved: Mapping[str, _Resolved],
+        unowned_config: list[Sample],
+    ) -> None:
+        self._model = model
+        self._group = group
+        self._resolved = resolved
+        self._unowned_config = unowned_config
+        # Earliest `_created` per engine: the engine's counter epoch.
+        self._created_by_engine: dict[str, float] = {}
+
+    def snapshot(self, *, taken_at_s: float, naming: str) -> EngineSnapshot:
+        running = self._gauge_total(names.NUM_REQUESTS_RUNNING)
+        waiting = self._gauge_total(names.NUM_REQUESTS_WAITING)
+        if running is None or waiting is None:
+            raise ScrapeError(
+                ScrapeErrorReason.MISSING_FAMILY,
+                f"model {self._model!r} lacks vllm:num_requests_running or vllm:num_requests_waiting",
+            )
+        capacity_by_engine = self._kv_capacity_by_engine()
+        spec = self._spec()
+        generation = self._counter(names.GENERATION_TOKENS)
+        prompt = self._counter(names.PROMPT_TOKENS)
+        itl = self._histogram(names.INTER_TOKEN_LATENCY)
+        iteration = self._histogram(names.ITERATION_TOKENS)
+        flops = self._counter(names.ESTIMATED_FLOPS)
+        read_bytes = self._counter(names.ESTIMATED_READ_BYTES)
+        return EngineSnapshot(
+            taken_at_s=taken_at_s,
+            model_name=self._model,
+            # Series without an `engine` label (older pages) are whole-server series, not an extra engine.
+            engines=max(1, len(self._group.engines - {""})),
+            spec=spec,
+            num_requests_running=running,
+            num_requests_waiting=waiting,
+            kv_cache_usage_ratio=self._kv_usage(capacity_by_engine),
+            kv_cache_capacity_tokens=sum(capacity_by_engine.values()) if capacity_by_engine is not None else None,
+            generation_tokens=generation,
+            prompt_tokens=prompt,
+            inter_token_latency=itl,
+            iteration_tokens=iteration,
+            estimated_flops=flops,
+            estimated_read_bytes=read_bytes,
+            created_s=self._created_s(),  # after every counter read: each one notes its `_created`
+            naming=naming,
+        )
+
+    def _created_s(self) -> float | None:
+        """The latest engine epoch: a restart of any one engine (data parallelism) moves it, and with one engine
+        it is simply the earliest `_created` read."""
+        by_engine = dict(self._created_by_engine)
+        unlabelled = by_engine.pop("", None)  # series without `engine` (older pages) belong to every engine
+        if unlabelled is not None:
+            by_engine = {e: min(c, unlabelled) for e, c in by_engine.items()} or {"": unlabelled}
+        return max(by_engine.values()) if by_engine else None
+
+    # -- generic readers ----------------------------------------------------------------------------------------
+
+    def _samples(self, sample_name: str) -> list[Sample]:
+        return self._group.by_name.get(sample_name, [])
+
+    def _base(self, field_name: str) -> str | None:
+        res = self._resolved.get(field_name)
+        return res.base if res is not None else None
+
+    def _note_created(self, base: str) -> None:
+        for s in self._samples(base + names.CREATED_SUFFIX):
+            created = _checked(s)
+            engine = _engine(s)
+            self._created_by_engine[engine] = min(created, self._created_by_engine.get(engine, math.inf))
+
+    def _counter_samples(self, field_name: str) -> list[Sample]:
+        base = self._base(field_name)
+        if base is None:
+            return []
+        samples = self._samples(base + "_total") or self._samples(base)
+        if samples:
+            self._note_created(base)
+        return samples
+
+    def _counter(self, field_name: str) -> float | None:
+        samples = self._counter_samples(field_name)
+        return sum(_checked(s) for s in samples) if samples else None
+
+    def _gauge_by_engine(self, field_name: str) -> dict[str, float]:
+        base = self._base(field_name)
+        if base is None:
+            return {}
+        by_engine: dict[str, float] = defaultdict(float)
+        for s in self._samples(base):
+            by_engine[_engine(s)] += _checked(s)
+        return by_engine
+
+    def _gauge_total(self, field_name: str) -> float | None:
+        by_engine = self._gauge_by_engine(field_name)
+        return sum(by_engine.values()) if by_engine else None
+
+    # -- speculative decoding -----------------------------------------------------------------------------------
+
+    def _spec(self) -> SpecDecodeCounters | None:
+        present = {f: self._counter_samples(f) for f in names.SPEC_FIELDS}
+        missing = [f for f, samples in present.items() if not samples]
+        if len(missing) == len(names.SPEC_FIELDS):
+            return None  # speculation is off: vLLM registers these families only when it is on
+        if missing:
+            raise ScrapeError(
+                ScrapeErrorReason.MISSING_FAMILY,
+                f"model {self._model!r} has some spec_decode families but not {missing}",
+            )
+        return SpecDecodeCounters(
+            drafts=sum(_checked(s) for s in present[names.SPEC_DRAFTS]),
+            draft_tokens=sum(_checked(s) for s in present[names.SPEC_DRAFT_TOKENS]),
+            accepted_tokens=sum(_checked(s) for s in present[names.SPEC_ACCEPTED_TOKENS]),
+            accepted_per_position=self._per_position(present[names.SPEC_ACCEPTED_PER_POS]),
+        )
+
+    def _per_position(self, samples: list[Sample]) -> tuple[float, ...]:
+        totals: dict[int, float] = defaultdict(float)
+        for s in samples:
+            label = s.labels.get(names.POSITION_LABEL)
+            position = _int_label(label)
+            if position is None:
+                raise ScrapeError(ScrapeErrorReason.INVALID_VALUE, f"{s.name} has position={label!r}")
+            totals[position] += _checked(s)
+        # A trailing position may vanish (the estimator copes), but a hole would shift every later position.
+        if sorted(totals) != list(range(len(totals))):
+            raise ScrapeError(
+                ScrapeErrorReason.INVALID_VALUE,
+                f"model {self._model!r}: spec_decode positions {sorted(totals)} are not 0..{len(totals) - 1}",
+            )
+        return tuple(totals[i] for i in range(len(totals)))
+
+    # -- KV cache -----------------------------------------------------------------------------------------------
+
+    def _kv_capacity_by_engine(self) -> dict[str, float] | None:
+        """KV capacity in tokens per engine from `vllm:cache_config_info`; None when any series cannot say."""
+        base = self._base(names.CACHE_CONFIG)
+        if base is None:
+            return None
+        series = self._samples(base) + self._unowned_config
+        if not series:
+            return None
+        capacity: dict[str, float] = {}
+        for s in series:
+            tokens = _label_number(s, names.KV_SIZE_TOKENS_LABEL)
+            if tokens is None:
+                blocks = _label_number(s, names.NUM_GPU_BLOCKS_LABEL)
+                block_size = _label_number(s, names.BLOCK_SIZE_LABEL)
+                if blocks is None or block_size is None:
+                    return None
+                tokens = blocks * block_size
+            capacity[_engine(s)] = tokens
+        return capacity
+
+    def _kv_usage(self, capacity_by_engine: Mapping[str, float] | None) -> float | None:
+        usage = self._gauge_by_engine(names.KV_CACHE_USAGE)
+        if not usage:
+            return None
+        # Engines have separate KV pools: weight each engine's ratio by its capacity when every one is known.
+        if capacity_by_engine is not None and usage.keys() <= capacity_by_engine.keys():
+            total_capacity = sum(capacity_by_engine[e] for e in usage)
+            if total_capacity > 0:
+                return sum(u * capacity_by_engine[e] for e, u in usage.items()) / total_capacity
+        return sum(usage.values()) / len(usage)
+
+    # -- histograms ---------------------------------------------------------------------------------------------
+
+    def _histogram(self, field_name: str) -> HistogramReading | None:
+        base = self._base(field_name)
+        if base is None:
+            return None
+        sums, counts, buckets = (self._samples(base + suffix) for suffix in ("_sum", "_count", "_bucket"))
+        if not (sums or counts or buckets):
+            return None
+        if not sums or not counts:
+            raise ScrapeError(
+                ScrapeErrorReason.MISSING_FAMILY, f"histogram {base} for {self._model!r} lacks _sum or _count"
+            )
+        self._note_created(base)
+        by_le: dict[float, float] = defaultdict(float)
+        for s in buckets:
+            by_le[_le(s)] += _checked(s)
+        cumulative = tuple(sorted(by_le.items()))
+        if cumulative and not math.isinf(cumulative[-1][0]):
+            raise ScrapeError(ScrapeErrorReason.INVALID_VALUE, f"histogram {base} has no +Inf bucket")
+        if any(later[1] < earlier[1] for earlier, later in itertools.pairwise(cumulative)):
+            raise ScrapeError(ScrapeErrorReason.INVALID_VALUE, f"histogram {base} buckets are not cumulative")
+        return HistogramReading(
+            sum=sum(_checked(s) for s in sums), count=sum(_checked(s) for s in counts), buckets=cumulative
+        )
+
+
+def _int_label(label: str | None) -> int | None:
+    if label is None or not (label.isascii() and label.isdigit()):
+        return None
+    return int(label)
+
+
+def _le(sample: Sample) -> float:
+    label = sample.labels.get("le", "")
+    try:
+        bound = float(label)
+    except ValueError:
+        bound = math.nan
+    if math.isnan(bound):
+        raise ScrapeError(ScrapeErrorReason.INVALID_VALUE, f"{sample.name} has le={label!r}")
+    return bound
+
+
+def _label_number(sample: Sample, label: str) -> float | None:
+    """A numeric label of an info series; None when absent or not a number (vLLM writes "None" when unset)."""
+    raw = sample.labels.get(label)
+    if raw is None:
+        return None
+    try:
+        value = float(raw)
+    except ValueError:
+        return None
+    if not math.isfinite(value) or value < 0:
+        raise ScrapeError(ScrapeErrorReason.INVALID_VALUE, f"{sample.name} has {label}={raw!r}")
+    return value
+
+
+# ------------------------------------------------------------------------------------------------------------
+# HTTP
+# ------------------------------------------------------------------------------------------------------------
+
+
+class VllmScraper:
+    """GETs one vLLM `/metrics` URL and parses it. The HTTP client is injected (one pool per process).
+
+    `timeout_s` bounds the whole exchange, not only each socket read: a server that drips bytes cannot hold the
+    loop. The body is streamed and abandoned past `max_body_bytes` (counted after content decoding, so a gzip bomb
+    is stopped too).
+    """
+
+    def __init__(
+        self,
+        client: httpx.AsyncClient,
+        url: str,
+        *,
+        timeout_s: float = 5.0,
+        max_body_bytes: int = 8 * 1024 * 1024,
+    ) -> None:
+        self._client = client
+        self._url = url
+        self._timeout_s = timeout_s
+        self._max_body_bytes = max_body_bytes
+
+    async def scrape(self, now_s: float) -> dict[str, EngineSnapshot]:
+        """One GET + parse; `now_s` becomes `taken_at_s` of every snapshot. Raises `ScrapeError` only."""
+        body = await fetch_text(self._client, self._url, timeout_s=self._timeout_s, max_body_bytes=self._max_body_bytes)
+        return parse_vllm_metrics(body, taken_at_s=now_s)
+
+
+async def fetch_text(client: httpx.AsyncClient, url: str, *, timeout_s: float, max_body_bytes: int) -> str:
+    """GET a Prometheus text page as str, mapping every transport failure to a `ScrapeError`."""
+    try:
+        async with asyncio.timeout(timeout_s):
+            body = await _read_capped(client, url, timeout_s=timeout_s, max_body_bytes=max_body_bytes)
+    except TimeoutError as exc:  # asyncio.timeout's overall deadline
+        raise ScrapeError(ScrapeErrorReason.TIMEOUT, f"{url}: no complete answer within {timeout_s} s") from exc
+    except httpx.TimeoutException as exc:
+        raise ScrapeError(ScrapeErrorReason.TIMEOUT, f"{url}: {type(exc).__name__}") from exc
+    except (httpx.ConnectError, httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
+        raise ScrapeError(ScrapeErrorReason.CONNECT, f"{url}: {exc}") from exc
+    except httpx.HTTPError as exc:  # RemoteProtocolError, ReadError, DecodingError...: broke mid-answer
+        raise ScrapeError(ScrapeErrorReason.PROTOCOL, f"{url}: {type(exc).__name__}: {exc}") from exc
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ScrapeError(ScrapeErrorReason.PARSE, f"{url}: body is not UTF-8: {exc}") from exc
+
+
+async def _read_capped(client: httpx.AsyncClient, url: str, *, timeout_s: float, max_body_bytes: int) -> bytes:
+    # Plain text exposition: the parser does not read OpenMetrics.
+    headers = {"Accept": "text/plain;version=0.0.4;q=1.0, */*;q=0.1"}
+    async with client.stream("GET", url, headers=headers, timeout=timeout_s) as response:
+        if not response.is_success:
+            raise ScrapeError(
+                ScrapeErrorReason.HTTP_STATUS, f"{url}: HTTP {response.status_code} {response.reason_phrase}"
+            )
+        declared = response.headers.get("content-length", "")
+        if declared.isdigit() and int(declared) > max_body_bytes:
+            raise ScrapeError(
+                ScrapeErrorReason.BODY_TOO_LARGE, f"{url}: Content-Length {declared} > {max_body_bytes} bytes"
+            )
+        chunks: list[bytes] = []
+        received = 0
+        async for chunk in response.aiter_bytes():
+            received += len(chunk)
+            if received > max_body_bytes:
+                raise ScrapeError(ScrapeErrorReason.BODY_TOO_LARGE, f"{url}: body exceeds {max_body_bytes} bytes")
+            chunks.append(chunk)
+    return b"".join(chunks)
