@@ -1,0 +1,700 @@
+"""The simulated world: one vLLM engine doing continuous batching with speculative decoding, in simulated time.
+
+This is the ground truth the advisor is graded against, so it keeps its own physics (see `scenario.HardwareTruth`)
+and imports nothing of the advisor's. What it models:
+
+- Poisson arrivals with a periodic piecewise-linear rate (thinning), a FIFO waiting queue, admission up to
+  `max_num_seqs` and the KV cache (draft tokens reserve KV slots), recompute preemption when the cache overflows,
+  chunked prefill sharing each step's token budget with decode.
+- Per engine step every decoding request is verified once: the drafter proposes up to k tokens (n-gram/suffix
+  lookups may propose fewer, or nothing), a prefix of them is accepted position by position with the scenario's
+  conditional probabilities, and the request emits accepted + 1 tokens.
+- Step time from the hardware truth at the step's token count and context, plus the drafter's own cost, with jitter.
+
+Speed: steps are simulated in groups of up to `simulation.quantum_s` during which the batch is fixed (admission
+and preemption happen at group boundaries); per group the acceptance counts are drawn in aggregate (a chain of
+binomials), so the cost per group is O(batch + steps + k) and a simulated hour takes seconds.
+
+Determinism: the state depends only on the scenario, the seed and the times of `set_speculation` calls, never on
+how `advance_to` calls partition time: a group is planned once at its start and committed only when the clock has
+passed its end, and arrivals come from their own random stream.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import random
+from collections import deque
+from dataclasses import dataclass
+
+from service.sim.exposition import CacheConfig, EngineGauges, EngineMetrics, render_exposition
+from service.sim.scenario import (
+    LOOKUP_METHODS,
+    MAX_SPECULATIVE_TOKENS,
+    DrafterTruth,
+    FixedLength,
+    LengthDistribution,
+    LogNormalLength,
+    Scenario,
+)
+
+
+class EngineUnavailableError(RuntimeError):
+    """The engine is restarting (speculation was reconfigured): it serves nothing until `serving_at_s`."""
+
+    def __init__(self, serving_at_s: float) -> None:
+        super().__init__(f"engine restarting; serving again at t={serving_at_s:.3f}s")
+        self.serving_at_s = serving_at_s
+
+
+@dataclass(frozen=True, slots=True)
+class LifetimeStats:
+    """Totals across restarts (the exposed counters reset; these do not). For benchmarks and the live view."""
+
+    completed_requests: int
+    generated_tokens: int
+    lost_requests: int
+    preemptions: int
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Physics of the truth (pure functions of the scenario; also what an oracle would consult)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _blend(a: float, b: float, p: float) -> float:
+    """p-norm of two non-negative times: a smooth max that lets memory and compute partly overlap."""
+    hi, lo = (a, b) if a >= b else (b, a)
+    if hi <= 0.0:
+        return 0.0
+    return float(hi * (1.0 + (lo / hi) ** p) ** (1.0 / p))
+
+
+def _flops_ratio(scenario: Scenario, tokens: float) -> float:
+    hw = scenario.hardware
+    small = hw.achieved_flops_ratio if hw.small_step_flops_ratio is None else hw.small_step_flops_ratio
+    return small + (hw.achieved_flops_ratio - small) * tokens / (tokens + hw.flops_ratio_half_tokens)
+
+
+def target_step_time_s(scenario: Scenario, *, tokens: int, kv_tokens_read: float, attention_pairs: float) -> float:
+    """Jitter-free time of one target-model forward over `tokens` tokens reading `kv_tokens_read` cached tokens.
+
+    `attention_pairs` is the sum over query tokens of the context each attends to.
+    """
+    hw, model = scenario.hardware, scenario.model
+    bandwidth = hw.memory_bandwidth_bytes_per_s * hw.achieved_bandwidth_ratio
+    flops_rate = hw.dense_flops_per_s * _flops_ratio(scenario, tokens)
+    memory_s = (model.weight_bytes + model.kv_bytes_per_token * kv_tokens_read) / bandwidth
+    padded = math.ceil(tokens / hw.compute_tile_tokens) * hw.compute_tile_tokens
+    flops = 2.0 * model.active_params * padded + model.attention_flops_per_token_ctx * attention_pairs
+    compute_s = flops / flops_rate
+    return hw.step_overhead_s + hw.overhead_per_token_s * tokens + _blend(memory_s, compute_s, hw.overlap_exponent)
+
+
+def draft_time_s(scenario: Scenario, *, num_seqs: int, num_speculative_tokens: int) -> float:
+    """Jitter-free drafting cost of one step: host work per request plus k sequential draft passes."""
+    if num_speculative_tokens == 0 or num_seqs == 0:
+        return 0.0
+    hw, d = scenario.hardware, scenario.drafter
+    per_pass = d.draft_step_overhead_s
+    if d.draft_weight_bytes > 0 or d.draft_active_params > 0:
+        memory_s = d.draft_weight_bytes / (hw.memory_bandwidth_bytes_per_s * hw.achieved_bandwidth_ratio)
+        compute_s = 2.0 * d.draft_active_params * num_seqs / (hw.dense_flops_per_s * _flops_ratio(scenario, num_seqs))
+        per_pass += _blend(memory_s, compute_s, hw.overlap_exponent)
+    return d.host_s_per_request * num_seqs + num_speculative_tokens * per_pass
+
+
+def _reach_ratios(drafter: DrafterTruth, k: int) -> list[float]:
+    """P(a verification proposes at least i+1 tokens), i = 0..k-1."""
+    if drafter.method not in LOOKUP_METHODS:
+        return [1.0] * k
+    match, full = drafter.lookup_match_ratio, drafter.lookup_full_length_ratio
+    # Short proposals are uniform over 1..k-1, so P(L >= i+1 | short) = (k-1-i)/(k-1) for i >= 1.
+    return [match * (1.0 if i == 0 else full + (1.0 - full) * (k - 1 - i) / (k - 1)) for i in range(k)]
+
+
+def expected_tokens_per_verification(drafter: DrafterTruth, k: int, acceptance: tuple[float, ...]) -> float:
+    """Mean tokens a decoding request emits per step: 1 + E[accepted drafts] (1.0 when k = 0)."""
+    total, alive = 1.0, 1.0
+    reach = _reach_ratios(drafter, k)
+    for i in range(k):
+        alive *= acceptance[i]
+        total += reach[i] * alive
+    return total
+
+
+def expected_proposed_tokens(drafter: DrafterTruth, k: int) -> float:
+    """Mean draft tokens proposed per decoding request per step."""
+    return sum(_reach_ratios(drafter, k))
+
+
+def acceptance_at(scenario: Scenario, elapsed_s: float, k: int) -> tuple[float, ...]:
+    """The true conditional acceptance of positions 0..k-1 at `elapsed_s` seconds since the world's start."""
+    d = scenario.drafter
+
+    def pad(profile: tuple[float, ...]) -> list[float]:
+        return [profile[min(i, len(profile) - 1)] for i in range(k)]
+
+    start = pad(d.conditional_acceptance)
+    if d.conditional_acceptance_drift_to is None:
+        return tuple(start)
+    end = pad(d.conditional_acceptance_drift_to)
+    if elapsed_s <= d.drift_start_s:
+        w = 0.0
+    elif elapsed_s >= d.drift_end_s:
+        w = 1.0
+    else:
+        w = (elapsed_s - d.drift_start_s) / (d.drift_end_s - d.drift_start_s)
+    return tuple(a + (b - a) * w for a, b in zip(start, end, strict=True))
+
+
+def arrival_rate_at(scenario: Scenario, elapsed_s: float) -> float:
+    """Arrival rate (requests/s) at `elapsed_s` seconds since the world's start (periodic, piecewise linear)."""
+    w = scenario.workload
+    phase = elapsed_s % w.period_s
+    points = w.arrival_rate
+    times = [p.t_s for p in points]
+    i = bisect.bisect_right(times, phase) - 1
+    t0, r0 = points[i].t_s, points[i].requests_per_s
+    if i + 1 < len(points):
+        t1, r1 = points[i + 1].t_s, points[i + 1].requests_per_s
+    else:  # after the last knot the rate heads back to the first knot's, reached at period_s
+        t1, r1 = w.period_s, points[0].requests_per_s
+    return r0 + (r1 - r0) * (phase - t0) / (t1 - t0)
+
+
+def expected_step_time_s(
+    scenario: Scenario, *, num_seqs: int, num_speculative_tokens: int, mean_context_tokens: float
+) -> float:
+    """Jitter-free step time of a steady decode batch (no prefill): the truth an oracle would optimise against."""
+    q = 1.0 + expected_proposed_tokens(scenario.drafter, num_speculative_tokens)
+    tokens = round(num_seqs * q)
+    kv = num_seqs * mean_context_tokens
+    return target_step_time_s(
+        scenario, tokens=tokens, kv_tokens_read=kv, attention_pairs=tokens * mean_context_tokens
+    ) + draft_time_s(scenario, num_seqs=num_seqs, num_speculative_tokens=num_speculative_tokens)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Sampling helpers
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _binomial(rng: random.Random, n: int, p: float) -> int:
+    """A Binomial(n, p) draw: exact for small means (geometric skips), normal approximation otherwise."""
+    if n <= 0 or p <= 0.0:
+        return 0
+    if p >= 1.0:
+        return n
+    if p > 0.5:
+        return n - _binomial(rng, n, 1.0 - p)
+    mean = n * p
+    if mean < 12.0:
+        # Count successes by jumping over runs of failures: O(successes) draws instead of O(n).
+        log_q = math.log1p(-p)
+        successes, position = 0, 0
+        while True:
+            position += int(math.log(1.0 - rng.random()) / log_q) + 1
+            if position > n:
+                return successes
+            successes += 1
+    draw = round(rng.gauss(mean, math.sqrt(mean * (1.0 - p))))
+    return min(n, max(0, draw))
+
+
+def _draw_length(rng: random.Random, dist: LengthDistribution) -> int:
+    if isinstance(dist, FixedLength):
+        return dist.tokens
+    if isinstance(dist, LogNormalLength):
+        value = round(dist.median_tokens * math.exp(rng.gauss(0.0, dist.sigma)))
+        return min(dist.max_tokens, max(dist.min_tokens, value))
+    return rng.randint(dist.min_tokens, dist.max_tokens)
+
+
+@dataclass(slots=True)
+class _Request:
+    arrival_s: float
+    prompt_tokens: int
+    max_tokens: int
+    prefill_left: int  # tokens still to compute before decoding (the whole context again after a preemption)
+    generated: int = 0
+    scheduled_s: float = -1.0
+    first_token_s: float = -1.0
+    preemptions: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _GroupPlan:
+    start_s: float
+    step_s: tuple[float, ...]
+    decode: tuple[_Request, ...]
+    prefill: tuple[_Request, ...]
+    prefill_per_step: tuple[int, ...]
+    kv_tokens_read: float  # cached tokens every step reads
+    decode_ctx: float  # mean context of a decoding request
+    prefill_ctx: float  # mean context a prefill token attends to
+
+    @property
+    def end_s(self) -> float:
+        return self.start_s + sum(self.step_s)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The world
+# ----------------------------------------------------------------------------------------------------------------
+
+
+class World:
+    """A simulated vLLM engine and its clients, advanced lazily in simulated time."""
+
+    def __init__(self, scenario: Scenario, *, seed: int = 0, start_s: float) -> None:
+        self._scenario = scenario
+        self._start_s = start_s
+        self._now_s = start_s
+        self._t_engine = start_s
+        self._engine_rng = random.Random(f"sim-engine/{scenario.seed}/{seed}")
+        self._arrival_rng = random.Random(f"sim-arrivals/{scenario.seed}/{seed}")
+        self._rate_max = max(p.requests_per_s for p in scenario.workload.arrival_rate)
+        self._next_arrival_s = start_s
+        self._draw_next_arrival()
+        limits = scenario.engine
+        self._num_blocks = limits.kv_capacity_tokens // limits.block_size
+        self._cache = CacheConfig(
+            block_size=limits.block_size,
+            num_gpu_blocks=self._num_blocks,
+            kv_cache_memory_bytes=round(self._num_blocks * limits.block_size * scenario.model.kv_bytes_per_token),
+            max_model_len=limits.max_model_len,
+        )
+        self._k = scenario.drafter.num_speculative_tokens
+        self._metrics = EngineMetrics.fresh(
+            created_s=start_s, num_speculative_tokens=self._k, max_model_len=limits.max_model_len
+        )
+        self._running: list[_Request] = []
+        self._waiting: deque[_Request] = deque()
+        self._plan: _GroupPlan | None = None
+        self._last_steps = 1
+        self._kv_usage = 0.0
+        self._down_until_s: float | None = None
+        self._completed = 0
+        self._generated = 0
+        self._lost = 0
+        self._preemptions = 0
+
+    # -- read-only views --------------------------------------------------------------------------------------
+
+    @property
+    def model_name(self) -> str:
+        return self._scenario.model_name
+
+    @property
+    def scenario(self) -> Scenario:
+        return self._scenario
+
+    @property
+    def now_s(self) -> float:
+        """The simulated time the world has been advanced to."""
+        return self._now_s
+
+    @property
+    def num_speculative_tokens(self) -> int:
+        """Configured k (0 = off); after set_speculation, the new k even while the restart is under way."""
+        return self._k
+
+    @property
+    def serving(self) -> bool:
+        return self._down_until_s is None
+
+    @property
+    def restart_remaining_s(self) -> float:
+        return 0.0 if self._down_until_s is None else max(0.0, self._down_until_s - self._now_s)
+
+    @property
+    def arrival_rate_per_s(self) -> float:
+        return arrival_rate_at(self._scenario, self._now_s - self._start_s)
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
+
+    @property
+    def num_waiting(self) -> int:
+        return len(self._waiting)
+
+    @property
+    def kv_cache_usage_ratio(self) -> float:
+        return self._kv_usage
+
+    @property
+    def conditional_acceptance(self) -> tuple[float, ...]:
+        """True conditional acceptance per position now, for positions 0..max(k, profile length)-1."""
+        d = self._scenario.drafter
+        width = max(self._k, len(d.conditional_acceptance), len(d.conditional_acceptance_drift_to or ()))
+        return acceptance_at(self._scenario, self._now_s - self._start_s, width)
+
+    @property
+    def lifetime(self) -> LifetimeStats:
+        return LifetimeStats(
+            completed_requests=self._completed,
+            generated_tokens=self._generated,
+            lost_requests=self._lost,
+            preemptions=self._preemptions,
+        )
+
+    def exposition(self) -> str:
+        """The engine's `/metrics` page (vLLM 0.32 format) at the current time; raises while restarting."""
+        if self._down_until_s is not None:
+            raise EngineUnavailableError(self._down_until_s)
+        gauges = EngineGauges(
+            num_running=len(self._running), num_waiting=len(self._waiting), kv_cache_usage_ratio=self._kv_usage
+        )
+        return render_exposition(self._metrics, gauges, model_name=self.model_name, cache=self._cache)
+
+    # -- control ----------------------------------------------------------------------------------------------
+
+    def set_speculation(self, k: int, *, now_s: float) -> None:
+        """Reconfigure to k draft tokens (0 = off) at `now_s`: a restart that drops in-flight requests, serves
+        nothing for the scenario's `restart_delay_s`, then starts with zeroed counters. Asking for the k already
+        configured does nothing (no restart, and a restart under way is not prolonged)."""
+        if not 0 <= k <= MAX_SPECULATIVE_TOKENS:
+            raise ValueError(f"num_speculative_tokens must be in 0..{MAX_SPECULATIVE_TOKENS}, got {k}")
+        self.advance_to(now_s)
+        if k == self._k:
+            return  # already running it, or a restart to it is already under way (a retried rollout)
+        self._lost += len(self._running) + len(self._waiting)
+        self._running.clear()
+        self._waiting.clear()
+        self._plan = None
+        self._kv_usage = 0.0
+        self._k = k
+        self._down_until_s = self._now_s + self._scenario.engine.restart_delay_s
+        self.advance_to(self._now_s)
+
+    def advance_to(self, t_s: float) -> None:
+        """Run the world up to simulated time `t_s` (earlier times are ignored: time only moves forward)."""
+        self._now_s = max(self._now_s, t_s)
+        t_s = self._now_s
+        while True:
+            if self._down_until_s is not None:
+                up_at = self._down_until_s
+                self._drop_arrivals_until(min(up_at, t_s))
+                if up_at > t_s:
+                    return
+                self._come_up(up_at)
+                continue
+            if self._plan is None:
+                self._enqueue_arrivals_until(self._t_engine)
+                if not self._running and not self._waiting:
+                    if self._next_arrival_s > t_s:
+                        return
+                    self._t_engine = self._next_arrival_s
+                    continue
+                self._plan = self._plan_group(self._t_engine)
+            if self._plan.end_s > t_s:
+                return
+            self._commit(self._plan)
+            self._t_engine = self._plan.end_s
+            self._plan = None
+
+    # -- arrivals ---------------------------------------------------------------------------------------------
+
+    def _draw_next_arrival(self) -> None:
+        if self._rate_max <= 0.0:
+            self._next_arrival_s = math.inf
+            return
+        rng, t = self._arrival_rng, self._next_arrival_s
+        while True:  # thinning: candidates at the peak rate, kept with probability rate(t)/peak
+            t += rng.expovariate(self._rate_max)
+            if rng.random() * self._rate_max < arrival_rate_at(self._scenario, t - self._start_s):
+                self._next_arrival_s = t
+                return
+
+    def _pop_arrival(self) -> _Request:
+        w = self._scenario.workload
+        prompt = _draw_length(self._arrival_rng, w.prompt_tokens)
+        request = _Request(
+            arrival_s=self._next_arrival_s,
+            prompt_tokens=prompt,
+            max_tokens=_draw_length(self._arrival_rng, w.output_tokens),
+            prefill_left=prompt,
+        )
+        self._draw_next_arrival()
+        return request
+
+    def _enqueue_arrivals_until(self, t_s: float) -> None:
+        while self._next_arrival_s <= t_s:
+            self._waiting.append(self._pop_arrival())
+
+    def _drop_arrivals_until(self, t_s: float) -> None:
+        # Clients of a restarting server get connection errors: those requests are lost, not queued.
+        while self._next_arrival_s <= t_s:
+            self._pop_arrival()
+            self._lost += 1
+
+    def _come_up(self, up_at: float) -> None:
+        self._down_until_s = None
+        self._t_engine = up_at
+        self._last_steps = 1
+        self._metrics = EngineMetrics.fresh(
+            created_s=up_at, num_speculative_tokens=self._k, max_model_len=self._scenario.engine.max_model_len
+        )
+
+    # -- scheduling -------------------------------------------------------------------------------------------
+
+    def _preempt(self, request: _Request) -> None:
+        # vLLM V1 preempts by recompute: the KV is freed and the whole context is prefilled again later.
+        request.prefill_left = request.prompt_tokens + request.generated
+        request.preemptions += 1
+        self._metrics.num_preemptions += 1
+        self._preemptions += 1
+        self._waiting.appendleft(request)
+
+    def _schedule(self, t0: float) -> None:
+        limits, k, bs = self._scenario.engine, self._k, self._scenario.engine.block_size
+        acceptance = acceptance_at(self._scenario, t0 - self._start_s, k)
+        # Like vLLM: admit on the blocks a request needs now (its context plus k lookahead slots), and preempt the
+        # newest requests when the running ones would outgrow the cache during the coming group.
+        growth = math.ceil(self._last_steps * expected_tokens_per_verification(self._scenario.drafter, k, acceptance))
+        projected = [(r.prompt_tokens + r.generated + growth + k + bs - 1) // bs for r in self._running]
+        total = sum(projected)
+        while total > self._num_blocks and len(self._running) > 1:
+            total -= projected.pop()
+            self._preempt(self._running.pop())
+        used = sum((r.prompt_tokens + r.generated + k + bs - 1) // bs for r in self._running)
+        pending = sum(r.prefill_left for r in self._running)
+        budget = limits.max_num_batched_tokens * self._last_steps
+        while self._waiting and len(self._running) < limits.max_num_seqs and pending < budget:
+            candidate = self._waiting[0]
+            blocks = (candidate.prompt_tokens + candidate.generated + k + bs - 1) // bs
+            if used + blocks > self._num_blocks:
+                break
+            self._waiting.popleft()
+            self._running.append(candidate)
+            used += blocks
+            pending += candidate.prefill_left
+            if candidate.scheduled_s < 0:
+                candidate.scheduled_s = t0
+
+    def _plan_group(self, t0: float) -> _GroupPlan:
+        self._schedule(t0)
+        s, k, rng = self._scenario, self._k, self._engine_rng
+        decode_list: list[_Request] = []
+        prefill_list: list[_Request] = []
+        decode_kv = prefill_kv = prefill_full = pending = 0
+        for r in self._running:
+            if r.prefill_left == 0:
+                decode_list.append(r)
+                decode_kv += r.prompt_tokens + r.generated
+            else:
+                prefill_list.append(r)
+                prefill_kv += r.prompt_tokens + r.generated - r.prefill_left
+                prefill_full += r.prompt_tokens + r.generated
+                pending += r.prefill_left
+        decode, prefill = tuple(decode_list), tuple(prefill_list)
+        decode_tokens = len(decode) * (1.0 + expected_proposed_tokens(s.drafter, k))
+        kv_read = float(decode_kv + prefill_kv)
+        decode_ctx = decode_kv / len(decode) if decode else 0.0
+        # A prefill token attends on average to about half of its request's full context.
+        prefill_ctx = prefill_full / (2 * len(prefill)) if prefill else 0.0
+        spare = max(s.engine.max_num_batched_tokens - round(decode_tokens), s.engine.block_size)
+        draft_s = draft_time_s(s, num_seqs=len(decode), num_speculative_tokens=k)
+
+        def step_time(prefill_tokens: int) -> float:
+            tokens = round(decode_tokens) + prefill_tokens
+            pairs = decode_tokens * decode_ctx + prefill_tokens * prefill_ctx
+            return target_step_time_s(s, tokens=tokens, kv_tokens_read=kv_read, attention_pairs=pairs) + draft_s
+
+        first = min(pending, spare)
+        n = max(1, min(s.simulation.max_steps_per_group, int(s.simulation.quantum_s / step_time(first))))
+        chunks: list[int] = []
+        times: list[float] = []
+        sigma = s.hardware.jitter_ratio
+        for _ in range(n):
+            chunk = min(pending, spare)
+            pending -= chunk
+            chunks.append(chunk)
+            jitter = math.exp(rng.gauss(-0.5 * sigma * sigma, sigma)) if sigma > 0 else 1.0
+            times.append(step_time(chunk) * jitter)
+        return _GroupPlan(
+            start_s=t0,
+            step_s=tuple(times),
+            decode=decode,
+            prefill=prefill,
+            prefill_per_step=tuple(chunks),
+            kv_tokens_read=kv_read,
+            decode_ctx=decode_ctx,
+            prefill_ctx=prefill_ctx,
+        )
+
+    # -- executing a group ------------------------------------------------------------------------------------
+
+    def _commit(self, plan: _GroupPlan) -> None:
+        s, k = self._scenario, self._k
+        n = len(plan.step_s)
+        ends: list[float] = []
+        t = plan.start_s
+        for dt in plan.step_s:
+            t += dt
+            ends.append(t)
+        acceptance = acceptance_at(s, (plan.start_s + t) / 2 - self._start_s, k)
+        rate = expected_tokens_per_verification(s.drafter, k, acceptance)
+
+        # Requests progress at the expected rate (to place their finishing step); the acceptance counters are
+        # drawn in aggregate over all verifications and the steady requests share what the finishers did not use.
+        finished: list[tuple[_Request, float]] = []
+        finishing_at = [0] * n
+        steady: list[_Request] = []
+        verifications = emitted = used_by_finishers = 0
+        for r in plan.decode:
+            remaining = r.max_tokens - r.generated
+            steps = max(1, math.ceil(remaining / rate))
+            if steps <= n:
+                verifications += steps
+                used_by_finishers += max(0, remaining - steps)
+                finishing_at[steps - 1] += 1
+                emitted += remaining
+                r.generated = r.max_tokens
+                finished.append((r, ends[steps - 1]))
+            else:
+                verifications += n
+                steady.append(r)
+        accepted = self._count_verifications(verifications, acceptance)
+        emitted += self._emit_steady(steady, n, max(0, accepted - used_by_finishers))
+        self._observe_steps(plan, finishing_at)
+        emitted += self._run_prefill(plan, ends, finished)
+
+        self._metrics.generation_tokens += emitted
+        self._generated += emitted
+        for r, done_s in finished:
+            self._finish(r, done_s)
+        if finished:
+            gone = {id(r) for r, _ in finished}
+            self._running = [r for r in self._running if id(r) not in gone]
+        self._last_steps = n
+        bs = s.engine.block_size
+        held = sum(
+            (r.prompt_tokens + r.generated - r.prefill_left + (k if r.prefill_left == 0 else 0) + bs - 1) // bs
+            for r in self._running
+        )
+        self._kv_usage = min(1.0, held / self._num_blocks)
+
+    def _count_verifications(self, verifications: int, acceptance: tuple[float, ...]) -> int:
+        """Draw the spec-decode counters for `verifications` request-verifications; return accepted drafts."""
+        k, m, rng, d = self._k, self._metrics, self._engine_rng, self._scenario.drafter
+        if k == 0 or verifications == 0:
+            return 0
+        lookup = d.method in LOOKUP_METHODS
+        # A lookup that finds nothing proposes no drafts, and vLLM does not count it as a draft.
+        drafts = _binomial(rng, verifications, d.lookup_match_ratio) if lookup else verifications
+        reach = [drafts] * k  # reach[i] = drafts proposing at least i+1 tokens
+        if lookup and k > 1:
+            full = _binomial(rng, drafts, d.lookup_full_length_ratio)
+            short = drafts - full
+            by_length = [0] * (k + 1)
+            for length in range(1, k):  # short proposals: uniform over lengths 1..k-1
+                take = short if length == k - 1 else _binomial(rng, short, 1.0 / (k - length))
+                by_length[length] = take
+                short -= take
+            by_length[k] = full
+            tail = 0
+            for i in range(k - 1, -1, -1):
+                tail += by_length[i + 1]
+                reach[i] = tail
+        m.spec_drafts += drafts
+        m.spec_draft_tokens += sum(reach)
+        alive = drafts  # drafts whose positions 0..i-1 were all accepted
+        accepted = 0
+        for i in range(k):
+            if alive == 0:
+                break
+            # Of the drafts still alive, those that proposed a token at position i (lengths are independent
+            # of acceptance); each of those accepts it with the conditional probability.
+            eligible = alive if i == 0 or reach[i - 1] == 0 else _binomial(rng, alive, reach[i] / reach[i - 1])
+            alive = _binomial(rng, eligible, acceptance[i])
+            m.spec_accepted_per_pos[i] += alive
+            accepted += alive
+        m.spec_accepted_tokens += accepted
+        return accepted
+
+    def _emit_steady(self, steady: list[_Request], steps: int, accepted: int) -> int:
+        if not steady:
+            return 0
+        share, extra = divmod(accepted, len(steady))
+        offset = self._engine_rng.randrange(len(steady)) if extra else 0
+        total = 0
+        for i, r in enumerate(steady):
+            bonus = 1 if (i - offset) % len(steady) < extra else 0
+            # Never finish here: a request that the expected rate says runs on stays running this group.
+            tokens = min(steps + share + bonus, r.max_tokens - r.generated - 1)
+            r.generated += tokens
+            total += tokens
+        return total
+
+    def _observe_steps(self, plan: _GroupPlan, finishing_at: list[int]) -> None:
+        s, m = self._scenario, self._metrics
+        itl = m.histogram("vllm:inter_token_latency_seconds")
+        iteration = m.histogram("vllm:iteration_tokens_total")
+        q = 1.0 + expected_proposed_tokens(s.drafter, self._k)
+        weights, kv_bytes = s.model.weight_bytes, s.model.kv_bytes_per_token
+        active = len(plan.decode)
+        for j, step_s in enumerate(plan.step_s):
+            # One inter-token observation per decoding request per step, as vLLM records it.
+            itl.observe(step_s, active)
+            chunk = plan.prefill_per_step[j]
+            tokens = round(active * q) + chunk
+            if tokens > 0:
+                iteration.observe(tokens)
+            pairs = active * q * plan.decode_ctx + chunk * plan.prefill_ctx
+            m.estimated_flops += 2.0 * s.model.active_params * tokens + s.model.attention_flops_per_token_ctx * pairs
+            m.estimated_read_bytes += weights + kv_bytes * plan.kv_tokens_read
+            m.estimated_write_bytes += kv_bytes * tokens
+            active -= finishing_at[j]
+
+    def _run_prefill(self, plan: _GroupPlan, ends: list[float], finished: list[tuple[_Request, float]]) -> int:
+        """Process prefill chunks in admission order; a completed prefill emits that request's next token."""
+        capacity: list[int] = []
+        total = 0
+        for chunk in plan.prefill_per_step:
+            total += chunk
+            capacity.append(total)
+        consumed = emitted = 0
+        m = self._metrics
+        for r in plan.prefill:
+            if consumed >= total:
+                break
+            start = consumed
+            consumed += r.prefill_left
+            if consumed > total:
+                r.prefill_left -= total - start
+                break
+            done_s = ends[bisect.bisect_left(capacity, consumed)]
+            r.prefill_left = 0
+            if r.first_token_s < 0:
+                r.first_token_s = done_s
+                m.prompt_tokens += r.prompt_tokens
+                m.histogram("vllm:time_to_first_token_seconds").observe(done_s - r.arrival_s)
+            r.generated += 1
+            emitted += 1
+            if r.generated >= r.max_tokens:
+                finished.append((r, done_s))
+        return emitted
+
+    def _finish(self, r: _Request, done_s: float) -> None:
+        m = self._metrics
+        h = m.histogram
+        m.success_by_reason["length"] += 1
+        h("vllm:e2e_request_latency_seconds").observe(done_s - r.arrival_s)
+        h("vllm:request_queue_time_seconds").observe(r.scheduled_s - r.arrival_s)
+        h("vllm:request_inference_time_seconds").observe(done_s - r.scheduled_s)
+        h("vllm:request_prefill_time_seconds").observe(r.first_token_s - r.scheduled_s)
+        h("vllm:request_decode_time_seconds").observe(done_s - r.first_token_s)
+        if r.generated > 1:
+            h("vllm:request_time_per_output_token_seconds").observe((done_s - r.first_token_s) / (r.generated - 1))
+        h("vllm:request_prompt_tokens").observe(r.prompt_tokens)
+        h("vllm:request_generation_tokens").observe(r.generated)
+        h("vllm:request_max_num_generation_tokens").observe(r.max_tokens)
+        h("vllm:request_params_max_tokens").observe(r.max_tokens)
+        h("vllm:request_params_n").observe(1)
+        h("vllm:request_num_preemptions").observe(r.preemptions)
+        h("vllm:request_prefill_kv_computed_tokens").observe(r.prompt_tokens)
+        self._completed += 1
