@@ -1,7 +1,9 @@
 """The simulated world: one vLLM engine doing continuous batching with speculative decoding, in simulated time.
 
-This is the ground truth the advisor is graded against, so it keeps its own physics (see `scenario.HardwareTruth`)
-and imports nothing of the advisor's. What it models:
+This is the ground truth the advisor is graded against, so it imports nothing of the advisor's. This module is
+the batching state machine; what things cost and how the random processes behave (step and draft times, the
+acceptance process, the arrival rate, request lengths) are pure functions of the scenario in `physics.py`, which
+it delegates to. What it models:
 
 - Poisson arrivals with a periodic piecewise-linear rate (thinning), a FIFO waiting queue, admission up to
   `max_num_seqs` and the KV cache (draft tokens reserve KV slots), recompute preemption when the cache overflows,
@@ -29,15 +31,38 @@ from collections import deque
 from dataclasses import dataclass
 
 from service.sim.exposition import CacheConfig, EngineGauges, EngineMetrics, render_exposition
-from service.sim.scenario import (
-    LOOKUP_METHODS,
-    MAX_SPECULATIVE_TOKENS,
-    DrafterTruth,
-    FixedLength,
-    LengthDistribution,
-    LogNormalLength,
-    Scenario,
+from service.sim.physics import (
+    acceptance_at,
+    arrival_rate_at,
+    draft_time_s,
+    draw_length,
+    draw_verifications,
+    expected_proposed_tokens,
+    expected_step_time_s,
+    expected_tokens_per_verification,
+    forward_flops,
+    forward_read_bytes,
+    mixed_step_time_s,
+    peak_arrival_rate,
+    step_jitter,
+    target_step_time_s,
+    verified_tokens_per_request,
 )
+from service.sim.scenario import MAX_SPECULATIVE_TOKENS, Scenario
+
+# The physics functions were first defined here; callers import them from either module.
+__all__ = [
+    "EngineUnavailableError",
+    "LifetimeStats",
+    "World",
+    "acceptance_at",
+    "arrival_rate_at",
+    "draft_time_s",
+    "expected_proposed_tokens",
+    "expected_step_time_s",
+    "expected_tokens_per_verification",
+    "target_step_time_s",
+]
 
 
 class EngineUnavailableError(RuntimeError):
@@ -56,160 +81,6 @@ class LifetimeStats:
     generated_tokens: int
     lost_requests: int
     preemptions: int
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Physics of the truth (pure functions of the scenario; also what an oracle would consult)
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def _blend(a: float, b: float, p: float) -> float:
-    """p-norm of two non-negative times: a smooth max that lets memory and compute partly overlap."""
-    hi, lo = (a, b) if a >= b else (b, a)
-    if hi <= 0.0:
-        return 0.0
-    return float(hi * (1.0 + (lo / hi) ** p) ** (1.0 / p))
-
-
-def _flops_ratio(scenario: Scenario, tokens: float) -> float:
-    hw = scenario.hardware
-    small = hw.achieved_flops_ratio if hw.small_step_flops_ratio is None else hw.small_step_flops_ratio
-    return small + (hw.achieved_flops_ratio - small) * tokens / (tokens + hw.flops_ratio_half_tokens)
-
-
-def target_step_time_s(scenario: Scenario, *, tokens: int, kv_tokens_read: float, attention_pairs: float) -> float:
-    """Jitter-free time of one target-model forward over `tokens` tokens reading `kv_tokens_read` cached tokens.
-
-    `attention_pairs` is the sum over query tokens of the context each attends to.
-    """
-    hw, model = scenario.hardware, scenario.model
-    bandwidth = hw.memory_bandwidth_bytes_per_s * hw.achieved_bandwidth_ratio
-    flops_rate = hw.dense_flops_per_s * _flops_ratio(scenario, tokens)
-    memory_s = (model.weight_bytes + model.kv_bytes_per_token * kv_tokens_read) / bandwidth
-    padded = math.ceil(tokens / hw.compute_tile_tokens) * hw.compute_tile_tokens
-    flops = 2.0 * model.active_params * padded + model.attention_flops_per_token_ctx * attention_pairs
-    compute_s = flops / flops_rate
-    return hw.step_overhead_s + hw.overhead_per_token_s * tokens + _blend(memory_s, compute_s, hw.overlap_exponent)
-
-
-def draft_time_s(scenario: Scenario, *, num_seqs: int, num_speculative_tokens: int) -> float:
-    """Jitter-free drafting cost of one step: host work per request plus k sequential draft passes."""
-    if num_speculative_tokens == 0 or num_seqs == 0:
-        return 0.0
-    hw, d = scenario.hardware, scenario.drafter
-    per_pass = d.draft_step_overhead_s
-    if d.draft_weight_bytes > 0 or d.draft_active_params > 0:
-        memory_s = d.draft_weight_bytes / (hw.memory_bandwidth_bytes_per_s * hw.achieved_bandwidth_ratio)
-        compute_s = 2.0 * d.draft_active_params * num_seqs / (hw.dense_flops_per_s * _flops_ratio(scenario, num_seqs))
-        per_pass += _blend(memory_s, compute_s, hw.overlap_exponent)
-    return d.host_s_per_request * num_seqs + num_speculative_tokens * per_pass
-
-
-def _reach_ratios(drafter: DrafterTruth, k: int) -> list[float]:
-    """P(a verification proposes at least i+1 tokens), i = 0..k-1."""
-    if drafter.method not in LOOKUP_METHODS:
-        return [1.0] * k
-    match, full = drafter.lookup_match_ratio, drafter.lookup_full_length_ratio
-    # Short proposals are uniform over 1..k-1, so P(L >= i+1 | short) = (k-1-i)/(k-1) for i >= 1.
-    return [match * (1.0 if i == 0 else full + (1.0 - full) * (k - 1 - i) / (k - 1)) for i in range(k)]
-
-
-def expected_tokens_per_verification(drafter: DrafterTruth, k: int, acceptance: tuple[float, ...]) -> float:
-    """Mean tokens a decoding request emits per step: 1 + E[accepted drafts] (1.0 when k = 0)."""
-    total, alive = 1.0, 1.0
-    reach = _reach_ratios(drafter, k)
-    for i in range(k):
-        alive *= acceptance[i]
-        total += reach[i] * alive
-    return total
-
-
-def expected_proposed_tokens(drafter: DrafterTruth, k: int) -> float:
-    """Mean draft tokens proposed per decoding request per step."""
-    return sum(_reach_ratios(drafter, k))
-
-
-def acceptance_at(scenario: Scenario, elapsed_s: float, k: int) -> tuple[float, ...]:
-    """The true conditional acceptance of positions 0..k-1 at `elapsed_s` seconds since the world's start."""
-    d = scenario.drafter
-
-    def pad(profile: tuple[float, ...]) -> list[float]:
-        return [profile[min(i, len(profile) - 1)] for i in range(k)]
-
-    start = pad(d.conditional_acceptance)
-    if d.conditional_acceptance_drift_to is None:
-        return tuple(start)
-    end = pad(d.conditional_acceptance_drift_to)
-    if elapsed_s <= d.drift_start_s:
-        w = 0.0
-    elif elapsed_s >= d.drift_end_s:
-        w = 1.0
-    else:
-        w = (elapsed_s - d.drift_start_s) / (d.drift_end_s - d.drift_start_s)
-    return tuple(a + (b - a) * w for a, b in zip(start, end, strict=True))
-
-
-def arrival_rate_at(scenario: Scenario, elapsed_s: float) -> float:
-    """Arrival rate (requests/s) at `elapsed_s` seconds since the world's start (periodic, piecewise linear)."""
-    w = scenario.workload
-    phase = elapsed_s % w.period_s
-    points = w.arrival_rate
-    times = [p.t_s for p in points]
-    i = bisect.bisect_right(times, phase) - 1
-    t0, r0 = points[i].t_s, points[i].requests_per_s
-    if i + 1 < len(points):
-        t1, r1 = points[i + 1].t_s, points[i + 1].requests_per_s
-    else:  # after the last knot the rate heads back to the first knot's, reached at period_s
-        t1, r1 = w.period_s, points[0].requests_per_s
-    return r0 + (r1 - r0) * (phase - t0) / (t1 - t0)
-
-
-def expected_step_time_s(
-    scenario: Scenario, *, num_seqs: int, num_speculative_tokens: int, mean_context_tokens: float
-) -> float:
-    """Jitter-free step time of a steady decode batch (no prefill): the truth an oracle would optimise against."""
-    q = 1.0 + expected_proposed_tokens(scenario.drafter, num_speculative_tokens)
-    tokens = round(num_seqs * q)
-    kv = num_seqs * mean_context_tokens
-    return target_step_time_s(
-        scenario, tokens=tokens, kv_tokens_read=kv, attention_pairs=tokens * mean_context_tokens
-    ) + draft_time_s(scenario, num_seqs=num_seqs, num_speculative_tokens=num_speculative_tokens)
-
-
-# ----------------------------------------------------------------------------------------------------------------
-# Sampling helpers
-# ----------------------------------------------------------------------------------------------------------------
-
-
-def _binomial(rng: random.Random, n: int, p: float) -> int:
-    """A Binomial(n, p) draw: exact for small means (geometric skips), normal approximation otherwise."""
-    if n <= 0 or p <= 0.0:
-        return 0
-    if p >= 1.0:
-        return n
-    if p > 0.5:
-        return n - _binomial(rng, n, 1.0 - p)
-    mean = n * p
-    if mean < 12.0:
-        # Count successes by jumping over runs of failures: O(successes) draws instead of O(n).
-        log_q = math.log1p(-p)
-        successes, position = 0, 0
-        while True:
-            position += int(math.log(1.0 - rng.random()) / log_q) + 1
-            if position > n:
-                return successes
-            successes += 1
-    draw = round(rng.gauss(mean, math.sqrt(mean * (1.0 - p))))
-    return min(n, max(0, draw))
-
-
-def _draw_length(rng: random.Random, dist: LengthDistribution) -> int:
-    if isinstance(dist, FixedLength):
-        return dist.tokens
-    if isinstance(dist, LogNormalLength):
-        value = round(dist.median_tokens * math.exp(rng.gauss(0.0, dist.sigma)))
-        return min(dist.max_tokens, max(dist.min_tokens, value))
-    return rng.randint(dist.min_tokens, dist.max_tokens)
 
 
 @dataclass(slots=True)
@@ -255,7 +126,7 @@ class World:
         self._t_engine = start_s
         self._engine_rng = random.Random(f"sim-engine/{scenario.seed}/{seed}")
         self._arrival_rng = random.Random(f"sim-arrivals/{scenario.seed}/{seed}")
-        self._rate_max = max(p.requests_per_s for p in scenario.workload.arrival_rate)
+        self._rate_max = peak_arrival_rate(scenario)
         self._next_arrival_s = start_s
         self._draw_next_arrival()
         limits = scenario.engine
@@ -411,11 +282,11 @@ class World:
 
     def _pop_arrival(self) -> _Request:
         w = self._scenario.workload
-        prompt = _draw_length(self._arrival_rng, w.prompt_tokens)
+        prompt = draw_length(self._arrival_rng, w.prompt_tokens)
         request = _Request(
             arrival_s=self._next_arrival_s,
             prompt_tokens=prompt,
-            max_tokens=_draw_length(self._arrival_rng, w.output_tokens),
+            max_tokens=draw_length(self._arrival_rng, w.output_tokens),
             prefill_left=prompt,
         )
         self._draw_next_arrival()
@@ -491,7 +362,7 @@ class World:
                 prefill_full += r.prompt_tokens + r.generated
                 pending += r.prefill_left
         decode, prefill = tuple(decode_list), tuple(prefill_list)
-        decode_tokens = len(decode) * (1.0 + expected_proposed_tokens(s.drafter, k))
+        decode_tokens = len(decode) * verified_tokens_per_request(s.drafter, k)
         kv_read = float(decode_kv + prefill_kv)
         decode_ctx = decode_kv / len(decode) if decode else 0.0
         # A prefill token attends on average to about half of its request's full context.
@@ -500,9 +371,15 @@ class World:
         draft_s = draft_time_s(s, num_seqs=len(decode), num_speculative_tokens=k)
 
         def step_time(prefill_tokens: int) -> float:
-            tokens = round(decode_tokens) + prefill_tokens
-            pairs = decode_tokens * decode_ctx + prefill_tokens * prefill_ctx
-            return target_step_time_s(s, tokens=tokens, kv_tokens_read=kv_read, attention_pairs=pairs) + draft_s
+            target_s = mixed_step_time_s(
+                s,
+                decode_tokens=decode_tokens,
+                decode_ctx=decode_ctx,
+                prefill_tokens=prefill_tokens,
+                prefill_ctx=prefill_ctx,
+                kv_tokens_read=kv_read,
+            )
+            return target_s + draft_s
 
         first = min(pending, spare)
         n = max(1, min(s.simulation.max_steps_per_group, int(s.simulation.quantum_s / step_time(first))))
@@ -513,8 +390,7 @@ class World:
             chunk = min(pending, spare)
             pending -= chunk
             chunks.append(chunk)
-            jitter = math.exp(rng.gauss(-0.5 * sigma * sigma, sigma)) if sigma > 0 else 1.0
-            times.append(step_time(chunk) * jitter)
+            times.append(step_time(chunk) * step_jitter(rng, sigma))
         return _GroupPlan(
             start_s=t0,
             step_s=tuple(times),
@@ -580,41 +456,18 @@ class World:
 
     def _count_verifications(self, verifications: int, acceptance: tuple[float, ...]) -> int:
         """Draw the spec-decode counters for `verifications` request-verifications; return accepted drafts."""
-        k, m, rng, d = self._k, self._metrics, self._engine_rng, self._scenario.drafter
+        k, m = self._k, self._metrics
         if k == 0 or verifications == 0:
             return 0
-        lookup = d.method in LOOKUP_METHODS
-        # A lookup that finds nothing proposes no drafts, and vLLM does not count it as a draft.
-        drafts = _binomial(rng, verifications, d.lookup_match_ratio) if lookup else verifications
-        reach = [drafts] * k  # reach[i] = drafts proposing at least i+1 tokens
-        if lookup and k > 1:
-            full = _binomial(rng, drafts, d.lookup_full_length_ratio)
-            short = drafts - full
-            by_length = [0] * (k + 1)
-            for length in range(1, k):  # short proposals: uniform over lengths 1..k-1
-                take = short if length == k - 1 else _binomial(rng, short, 1.0 / (k - length))
-                by_length[length] = take
-                short -= take
-            by_length[k] = full
-            tail = 0
-            for i in range(k - 1, -1, -1):
-                tail += by_length[i + 1]
-                reach[i] = tail
-        m.spec_drafts += drafts
-        m.spec_draft_tokens += sum(reach)
-        alive = drafts  # drafts whose positions 0..i-1 were all accepted
-        accepted = 0
-        for i in range(k):
-            if alive == 0:
-                break
-            # Of the drafts still alive, those that proposed a token at position i (lengths are independent
-            # of acceptance); each of those accepts it with the conditional probability.
-            eligible = alive if i == 0 or reach[i - 1] == 0 else _binomial(rng, alive, reach[i] / reach[i - 1])
-            alive = _binomial(rng, eligible, acceptance[i])
-            m.spec_accepted_per_pos[i] += alive
-            accepted += alive
-        m.spec_accepted_tokens += accepted
-        return accepted
+        draw = draw_verifications(
+            self._engine_rng, self._scenario.drafter, k=k, verifications=verifications, acceptance=acceptance
+        )
+        m.spec_drafts += draw.drafts
+        m.spec_draft_tokens += draw.draft_tokens
+        for i, count in enumerate(draw.accepted_per_pos):
+            m.spec_accepted_per_pos[i] += count
+        m.spec_accepted_tokens += draw.accepted
+        return draw.accepted
 
     def _emit_steady(self, steady: list[_Request], steps: int, accepted: int) -> int:
         if not steady:
@@ -634,8 +487,8 @@ class World:
         s, m = self._scenario, self._metrics
         itl = m.histogram("vllm:inter_token_latency_seconds")
         iteration = m.histogram("vllm:iteration_tokens_total")
-        q = 1.0 + expected_proposed_tokens(s.drafter, self._k)
-        weights, kv_bytes = s.model.weight_bytes, s.model.kv_bytes_per_token
+        q = verified_tokens_per_request(s.drafter, self._k)
+        kv_bytes = s.model.kv_bytes_per_token
         active = len(plan.decode)
         for j, step_s in enumerate(plan.step_s):
             # One inter-token observation per decoding request per step, as vLLM records it.
@@ -645,8 +498,8 @@ class World:
             if tokens > 0:
                 iteration.observe(tokens)
             pairs = active * q * plan.decode_ctx + chunk * plan.prefill_ctx
-            m.estimated_flops += 2.0 * s.model.active_params * tokens + s.model.attention_flops_per_token_ctx * pairs
-            m.estimated_read_bytes += weights + kv_bytes * plan.kv_tokens_read
+            m.estimated_flops += forward_flops(s, tokens=tokens, attention_pairs=pairs)
+            m.estimated_read_bytes += forward_read_bytes(s, kv_tokens_read=plan.kv_tokens_read)
             m.estimated_write_bytes += kv_bytes * tokens
             active -= finishing_at[j]
 

@@ -1,15 +1,18 @@
 """The simulated world: determinism, conservation of the spec-decode counters, acceptance truth, load physics,
-restarts, and that its /metrics page has the shape of a real vLLM 0.32 page."""
+restarts, that its /metrics page has the shape of a real vLLM 0.32 page, and the pure physics it delegates to."""
 
 from __future__ import annotations
 
 import copy
+import random
 from pathlib import Path
 from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from service.sim import physics
+from service.sim import world as world_module
 from service.sim.scenario import Scenario, scenario_from_mapping
 from service.sim.world import EngineUnavailableError, World, expected_step_time_s
 
@@ -371,3 +374,63 @@ def test_cache_config_info_reports_the_kv_geometry() -> None:
     assert labels["block_size"] == "16"
     assert labels["num_gpu_blocks"] == "12500"
     assert labels["kv_cache_size_tokens"] == "200000"
+
+
+# -- physics (pure functions of the scenario, delegated to by the world) ----------------------------------------
+
+
+def test_world_still_exports_the_physics_it_delegates_to() -> None:
+    # Callers import these from service.sim.world; they must be the very functions the world runs on.
+    for name in (
+        "expected_step_time_s",
+        "target_step_time_s",
+        "draft_time_s",
+        "acceptance_at",
+        "arrival_rate_at",
+        "expected_tokens_per_verification",
+        "expected_proposed_tokens",
+    ):
+        assert getattr(world_module, name) is getattr(physics, name), name
+
+
+def test_expected_tokens_per_verification_is_one_plus_the_chained_acceptance() -> None:
+    drafter = make_scenario().drafter  # EAGLE proposes all k tokens every time
+    # 1 + 0.8 + 0.8 x 0.6 + 0.8 x 0.6 x 0.5 = 1 + 0.8 + 0.48 + 0.24 = 2.52
+    assert physics.expected_tokens_per_verification(drafter, 3, (0.8, 0.6, 0.5)) == pytest.approx(2.52)
+    assert physics.expected_tokens_per_verification(drafter, 0, ()) == 1.0
+
+
+def test_lookup_drafter_proposes_on_a_match_only_and_sometimes_short() -> None:
+    drafter = make_scenario(
+        drafter={
+            "method": "ngram",
+            "num_speculative_tokens": 4,
+            "lookup_match_ratio": 0.6,
+            "lookup_full_length_ratio": 0.5,
+        }
+    ).drafter
+    # On a match (0.6): all 4 with 0.5, else 1..3 uniformly (mean 2), so 0.5 x 4 + 0.5 x 2 = 3; 0.6 x 3 = 1.8.
+    assert physics.expected_proposed_tokens(drafter, 4) == pytest.approx(1.8)
+    # Every proposal is verified along with the request's own token: 1 + 1.8.
+    assert physics.verified_tokens_per_request(drafter, 4) == pytest.approx(2.8)
+
+
+def test_drawn_verifications_keep_the_counter_invariants_and_the_profile() -> None:
+    drafter = make_scenario().drafter
+    draw = physics.draw_verifications(random.Random(1), drafter, k=3, verifications=200_000, acceptance=(0.8, 0.6, 0.5))
+    # EAGLE: every verification is a draft of all 3 tokens.
+    assert (draw.drafts, draw.draft_tokens) == (200_000, 600_000)
+    assert draw.accepted == sum(draw.accepted_per_pos)
+    # P(at least i+1 accepted): 0.8, 0.8 x 0.6 = 0.48, 0.48 x 0.5 = 0.24.
+    assert [n / draw.drafts for n in draw.accepted_per_pos] == pytest.approx([0.8, 0.48, 0.24], abs=0.005)
+    none = physics.draw_verifications(random.Random(1), drafter, k=3, verifications=0, acceptance=(0.8, 0.6, 0.5))
+    assert (none.drafts, none.draft_tokens, none.accepted_per_pos) == (0, 0, (0, 0, 0))
+
+
+def test_step_time_is_the_slower_of_memory_and_compute_plus_overheads() -> None:
+    scenario = make_scenario()
+    # One token, no KV: memory = 8e9 B / (2e12 B/s x 0.8) = 5 ms; compute = 2 x 4e9 FLOP / (4e14 x 0.5 FLOP/s)
+    # = 0.04 ms. The p-norm (p = 3) of 5 and 0.04 is 5 x (1 + 0.008^3)^(1/3) ~ 5 ms, plus 3 ms step overhead = 8 ms.
+    one = physics.target_step_time_s(scenario, tokens=1, kv_tokens_read=0.0, attention_pairs=0.0)
+    assert one == pytest.approx(0.008, rel=1e-3)
+    assert physics.draft_time_s(scenario, num_seqs=8, num_speculative_tokens=0) == 0.0
