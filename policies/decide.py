@@ -6,8 +6,27 @@ the caller's `now_s`. It is built from the helpers in `hysteresis.py`:
 1. gamma* = argmax over gamma in 1..gamma_max of the point speedup S(gamma) (ties -> the smaller gamma).
 2. Bounds: off -> on only when the low end of S(gamma*) >= 1 + margin; on -> off only when its high end < 1.
 3. Minimum change: while on, move gamma only for a predicted gain S(gamma*) - S(current) >= min gain.
-4. Dwell: the resulting (enabled, gamma) candidate must stay the candidate for `dwell_s` before it is
-   published.
+4. Dwell: the resulting (enabled, gamma) candidate, if it differs from what is published, becomes the pending
+   change, which must persist for `dwell_s` before it is published.
+
+How the dwell and the gamma choice share one clock. Near the optimum S(gamma) is flat, so the best gamma can
+alternate between neighbours whose speedups differ by noise (S(3)=1.42, S(4)=1.43, then 1.43 and 1.42). Were
+the dwell to time the exact (enabled, gamma) pair, each alternation would restart it and a clearly warranted
+switch would never publish. So the dwell clock times the on/off state, and the gamma it will publish follows
+the minimum-change rule against the pending gamma:
+
+- a candidate whose on/off state differs from the pending one (on vs off) restarts the clock: that is a
+  different change, not noise;
+- a candidate back at the published (enabled, gamma) withdraws the pending change and clears the clock;
+- a candidate with the pending on/off state but another gamma restarts the clock (and becomes the pending
+  change) only when its S beats the pending gamma's S by at least `min_speedup_gain_to_change_gamma` on this
+  tick's curve (or the pending gamma has no point on it). Within that gain the pending change keeps its clock,
+  and keeps its gamma unless, while on, the pending gamma no longer clears the minimum change over the running
+  gamma (which the candidate does): then the candidate's gamma takes its place, still without a restart, since
+  the two are equal within the noise floor.
+
+What is published when the dwell is served is the pending change, so a published gamma has been the choice,
+up to the minimum-change gain, for a whole dwell.
 
 First decision (nothing published yet) with evidence state ok: the evidence's current deployment
 (speculation_on, deployed_k) is published at once as the baseline, then the rule runs against it. So the
@@ -46,9 +65,9 @@ class DecideState:
     """What `decide` carries between ticks: the published decision and the candidate waiting out the dwell."""
 
     published: Decision | None = None  # what is currently published (enabled, gamma)
-    pending_enabled: bool | None = None  # candidate waiting out the dwell
-    pending_gamma: int | None = None
-    pending_since_s: float | None = None
+    pending_enabled: bool | None = None  # the change waiting out the dwell
+    pending_gamma: int | None = None  # may move within the minimum-change gain without restarting the clock
+    pending_since_s: float | None = None  # when the pending change (its on/off state) was first the candidate
 
 
 def best_point(curve: Sequence[CurvePoint], gamma_max: int) -> CurvePoint | None:
@@ -90,9 +109,11 @@ def decide(
     the published (enabled, gamma) on this curve (1.0 when disabled) and its reason names the numbers behind
     it.
 
-    Example (margin 0.05, dwell 120 s): published off, S(3)=1.42 [1.31..1.55] is the best point. 1.31 >= 1.05,
-    so (on, 3) becomes the candidate at t=1000; ticks at t=1040 keep publishing off ("waiting 40s of 120s
-    dwell"); the tick at t=1120 publishes on, gamma 3, expected speedup 1.42 [1.31..1.55], changed_at_s=1120.
+    Example (margin 0.05, dwell 120 s, min gamma gain 0.02): published off, S(3)=1.42 [1.31..1.55] is the best
+    point. 1.31 >= 1.05, so (on, 3) becomes the pending change at t=1000; ticks at t=1040 keep publishing off
+    ("waiting 40s of 120s dwell"); a tick at t=1080 whose best point is S(4)=1.43 (1.43 - 1.42 = 0.01 < 0.02)
+    keeps (on, 3) pending since t=1000; the tick at t=1120 publishes on, gamma 3, expected speedup 1.42
+    [1.31..1.55], changed_at_s=1120.
     """
     if evidence.state is not TargetState.OK:
         return _hold(evidence, curve, state, now_s, kind=evidence.state, why=_why_not_ok(evidence))
@@ -111,10 +132,13 @@ def decide(
     current = _key(published)
     candidate, head = _candidate(current, star, curve, evidence, config)
     pending = _pending(state)
+    candidate, continues, note = _against_pending(candidate, pending, current, curve, config)
+    head += note
     outcome = apply_dwell(
         published=current,
         candidate=candidate,
-        pending=pending,
+        # The same change with its gamma moved within the noise floor keeps the clock it started.
+        pending=candidate if continues else pending,
         pending_since_s=state.pending_since_s,
         now_s=now_s,
         dwell_s=config.dwell_s,
@@ -182,6 +206,34 @@ def _candidate(
     if clears_min_change(current=here.speedup, proposed=star.speedup, min_gain=min_gain):
         return (True, star.gamma), head + f"; {gain_text} >= {min_gain:.2f}"
     return current, head + f"; {gain_text} < {min_gain:.2f} keeps gamma {current[1]}"
+
+
+def _against_pending(
+    candidate: _Key, pending: _Key | None, published: _Key, curve: Sequence[CurvePoint], config: DecideConfig
+) -> tuple[_Key, bool, str]:
+    """The change to dwell on this tick, whether it continues the pending one's clock, and a note for the reason.
+
+    The minimum-change rule applied against the pending change (see the module docstring).
+    """
+    if pending is None or candidate in (pending, published) or candidate[0] != pending[0]:
+        return candidate, False, ""
+    # Both on, at different gammas: is the new gamma a different change, or the pending one seen through noise?
+    was, now = point_at(curve, pending[1]), point_at(curve, candidate[1])
+    if was is None or now is None:
+        return candidate, False, f"; pending gamma {pending[1]} not comparable on this curve, dwell restarts"
+    min_gain = config.min_speedup_gain_to_change_gamma
+    gain = now.speedup - was.speedup
+    if clears_min_change(current=was.speedup, proposed=now.speedup, min_gain=min_gain):
+        return candidate, False, f"; beats pending S({pending[1]})={was.speedup:.2f} by {gain:.2f}, dwell restarts"
+    within = f"; within {min_gain:.2f} of pending S({pending[1]})={was.speedup:.2f}"
+    running = point_at(curve, published[1]) if published[0] else None
+    if running is not None and not clears_min_change(
+        current=running.speedup, proposed=was.speedup, min_gain=min_gain
+    ):
+        # The pending gamma alone would now be churn over the running one; the candidate's gamma is not, and
+        # the two are equal within the noise floor, so it is the same change.
+        return candidate, True, within + f", which no longer clears {min_gain:.2f} over the running gamma"
+    return pending, True, within + f", keeping gamma {pending[1]}"
 
 
 # ----------------------------------------------------------------------------------------------------------

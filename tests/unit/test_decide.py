@@ -94,14 +94,81 @@ def test_flip_flopping_candidate_never_publishes() -> None:
         assert (d.enabled, d.num_speculative_tokens) == (False, 0), i
 
 
-def test_flip_flopping_gamma_restarts_the_dwell() -> None:
-    # both clear the bar, but the best gamma alternates 3 / 4: each new candidate restarts the clock
+def test_flip_flopping_between_clearly_different_gammas_restarts_the_dwell() -> None:
+    # both clear the bar, but the best gamma alternates 3 / 4 and each beats the pending one by far more than the
+    # minimum change (GOOD: 1.42 - 1.35 = 0.07; four: 1.44 - 1.35 = 0.09, both >= 0.02): each restarts the clock
     four = make_curve(1.10, 1.30, 1.35, (1.32, 1.44, 1.56))
     s = DecideState()
     for i in range(10):
         d, s = tick(s, T0 + 100.0 * i, GOOD if i % 2 == 0 else four)
         assert d.enabled is False, i
         assert s.pending_since_s == T0 + 100.0 * i
+
+
+# Near-equal neighbours: S(3) and S(4) swap places by 0.01, less than the 0.02 minimum change.
+NEAR3 = make_curve(1.10, 1.30, (1.31, 1.42, 1.55), (1.30, 1.41, 1.54))  # gamma* = 3
+NEAR4 = make_curve(1.10, 1.30, (1.30, 1.41, 1.54), (1.31, 1.42, 1.55))  # gamma* = 4
+
+
+def test_alternating_near_equal_gammas_switch_on_after_one_dwell() -> None:
+    s = DecideState()
+    for i in range(4):  # T0, +30, +60, +90: the best gamma alternates 3, 4, 3, 4
+        d, s = tick(s, T0 + 30.0 * i, NEAR3 if i % 2 == 0 else NEAR4)
+        assert d.enabled is False, i
+        # S(4) beats the pending S(3) by only 1.42 - 1.41 = 0.01 < 0.02: the same change, the clock from T0 runs on
+        assert (s.pending_enabled, s.pending_gamma, s.pending_since_s) == (True, 3, T0), i
+    assert "within 0.02 of pending S(3)=1.41, keeping gamma 3" in d.reason
+    assert "waiting 90s of 120s dwell before switching on at gamma 3" in d.reason
+    d, s = tick(s, T0 + 120.0, NEAR3)  # 120 s since T0
+    assert (d.enabled, d.num_speculative_tokens, d.expected_speedup, d.changed_at_s) == (True, 3, 1.42, T0 + 120.0)
+    # Once on at 3, the alternation is below the minimum change over the running gamma: no further churn.
+    for i in range(5, 11):
+        d, s = tick(s, T0 + 30.0 * i, NEAR3 if i % 2 == 0 else NEAR4)
+        assert (d.enabled, d.num_speculative_tokens, s.pending_enabled) == (True, 3, None), i
+
+
+def test_a_gamma_that_beats_the_pending_one_by_the_minimum_change_restarts_the_dwell() -> None:
+    five = make_curve(1.10, 1.30, (1.31, 1.42, 1.55), 1.35, (1.40, 1.50, 1.60))  # gamma* = 5
+    _, s = tick(DecideState(), T0, GOOD)  # (on, 3) pending since T0
+    d, s = tick(s, T0 + 60.0, five)
+    # 1.50 - 1.42 = 0.08 >= 0.02: a different change, waiting from T0+60
+    assert (s.pending_enabled, s.pending_gamma, s.pending_since_s) == (True, 5, T0 + 60.0)
+    assert "beats pending S(3)=1.42 by 0.08, dwell restarts" in d.reason
+    d, s = tick(s, T0 + 120.0, five)  # 60 s < 120 s
+    assert d.enabled is False
+    d, s = tick(s, T0 + 180.0, five)  # 180 - 60 = 120 s
+    assert (d.enabled, d.num_speculative_tokens) == (True, 5)
+
+
+def test_on_versus_off_candidates_still_restart_the_dwell() -> None:
+    s = _published_on_gamma_2()
+    _, s = tick(s, T0 + 10.0, BAD, ON2)  # off pending since T0+10
+    assert (s.pending_enabled, s.pending_since_s) == (False, T0 + 10.0)
+    # GOOD while on at 2: gamma 3 gains 1.42 - 1.30 = 0.12 >= 0.02, so the candidate is (on, 3): not off any more
+    _, s = tick(s, T0 + 60.0, GOOD, ON2)
+    assert (s.pending_enabled, s.pending_gamma, s.pending_since_s) == (True, 3, T0 + 60.0)
+    # and back to off at T0+130: had the clock from T0+10 survived, 130 - 10 = 120 s would publish off now
+    d, s = tick(s, T0 + 130.0, BAD, ON2)
+    assert (d.enabled, d.num_speculative_tokens) == (True, 2)
+    assert (s.pending_enabled, s.pending_since_s) == (False, T0 + 130.0)
+
+
+def test_alternating_near_equal_gammas_move_the_running_gamma_after_one_dwell() -> None:
+    s = _published_on_gamma_2()
+    # Running gamma 2 at S(2)=1.40. On X the best is S(4)=1.43 (gain 0.03 >= 0.02), on Y it is S(3)=1.43; the
+    # other of 3 / 4 sits 0.015 lower: within 0.02 of each other, but only 0.015 above S(2), too little to move to.
+    x = make_curve(1.10, 1.40, 1.415, 1.43)
+    y = make_curve(1.10, 1.40, 1.43, 1.415)
+    expected_gammas = (4, 3, 4, 3)
+    for i, gamma in enumerate(expected_gammas):  # T0+10, +40, +70, +100
+        d, s = tick(s, T0 + 10.0 + 30.0 * i, x if i % 2 == 0 else y, ON2)
+        assert (d.enabled, d.num_speculative_tokens) == (True, 2), i
+        # the pending gamma follows the one that clears the minimum change, on a clock that started at T0+10
+        assert (s.pending_enabled, s.pending_gamma, s.pending_since_s) == (True, gamma, T0 + 10.0), i
+    assert "no longer clears 0.02 over the running gamma" in d.reason
+    d, s = tick(s, T0 + 130.0, x, ON2)  # 130 - 10 = 120 s
+    assert (d.enabled, d.num_speculative_tokens, d.expected_speedup) == (True, 4, 1.43)
+    assert d.changed_at_s == T0 + 130.0
 
 
 def test_candidate_returning_to_published_clears_the_dwell() -> None:
