@@ -1,0 +1,340 @@
+"""The REST API: the Board as JSON, liveness/readiness, and the sidecar's own /metrics. OpenAPI at /docs.
+
+Times on the wire are RFC 3339 UTC strings (`evaluated_at`) or ages in seconds (`age_s`). A target that has not
+been evaluated yet is listed with null values and a reason rather than left out, so `?target=` answers 200 for
+every configured target and 404 only for names that are not configured.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
+from datetime import UTC, datetime
+from typing import Annotated
+
+from fastapi import FastAPI, HTTPException, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from prometheus_client.registry import CollectorRegistry
+from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from policies.types import AcceptanceEvidence, CurvePoint, GpuSnapshot, TargetState
+from service.board import Board, TargetStatus
+
+TargetQuery = Annotated[
+    str | None,
+    Query(min_length=1, max_length=64, description="Only this target (its configured name)."),
+]
+
+
+class ErrorBody(BaseModel):
+    error: str = Field(description="Machine-readable error code.")
+    detail: str | list[dict[str, object]] = Field(description="What was wrong with the request.")
+
+
+class CurvePointOut(BaseModel):
+    gamma: int
+    speedup: float
+    speedup_low: float
+    speedup_high: float
+    extrapolated: bool
+
+
+class RecommendationOut(BaseModel):
+    target: str
+    model: str | None
+    state: TargetState
+    enabled: bool | None = Field(description="Should speculative decoding be on; null before the first evaluation.")
+    num_speculative_tokens: int | None
+    expected_speedup: float | None
+    expected_speedup_low: float | None
+    expected_speedup_high: float | None
+    reason: str
+    evaluated_at: str | None = Field(description="RFC 3339 UTC time of this evaluation.")
+    curve: list[CurvePointOut]
+    age_s: float | None = Field(description="Seconds since the recommendation last rested on a good scrape.")
+
+
+class RecommendationsOut(BaseModel):
+    targets: list[RecommendationOut]
+
+
+class AcceptanceOut(BaseModel):
+    per_position: list[float]
+    per_position_low: list[float]
+    per_position_high: list[float]
+    mean_acceptance_length: float
+    acceptance_rate: float
+    drafts: float
+    mean_proposed_length: float
+    cold_start: bool
+
+
+class GpuOut(BaseModel):
+    source: str
+    device_name: str | None
+    device_count: int
+    gpu_util_ratio: float | None
+    tensor_active_ratio: float | None
+    dram_active_ratio: float | None
+    sm_active_ratio: float | None
+    memory_used_bytes: float | None
+    memory_total_bytes: float | None
+    activity_source: str | None
+    error: str | None
+
+
+class EvidenceOut(BaseModel):
+    target: str
+    model: str | None
+    state: TargetState
+    reason: str
+    speculation_on: bool | None
+    deployed_k: int | None
+    acceptance: AcceptanceOut | None
+    batch: float | None
+    waiting: float | None
+    kv_cache_usage_ratio: float | None
+    context_tokens_per_seq: float | None
+    step_time_s: float | None
+    window_s: float | None
+    gpu: GpuOut | None
+    engine_activity: dict[str, float] = Field(
+        description="Saturation 0..1 from vLLM's estimated_flops/read_bytes_per_gpu counters over the hardware peaks."
+    )
+    profiles: dict[str, str] = Field(description="Cost-model profiles in use (hardware, model, drafter, TP).")
+    last_good_scrape_at: str | None
+    last_error: str | None
+    scrape_errors: dict[str, int]
+
+
+class EvidencesOut(BaseModel):
+    targets: list[EvidenceOut]
+
+
+class HealthOut(BaseModel):
+    status: str
+    detail: str
+
+
+def create_api(
+    board: Board,
+    *,
+    registry: CollectorRegistry,
+    clock: Callable[[], float],
+    stall_after_s: float,
+    version: str,
+    lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] | None = None,
+) -> FastAPI:
+    """The FastAPI app over `board`. `clock` gives Unix seconds for ages and the liveness check."""
+    app = FastAPI(
+        title="spec-advisor",
+        version=version,
+        description="Should speculative decoding be on, and with how many draft tokens.",
+        lifespan=lifespan,
+    )
+    _install_error_handlers(app)
+
+    def selected(target: str | None) -> Sequence[TargetStatus]:
+        if target is None:
+            return board.statuses()
+        status = board.get(target)
+        if status is None:
+            known = ", ".join(board.target_names)
+            raise HTTPException(status_code=404, detail=f"unknown target '{target}' (configured: {known})")
+        return (status,)
+
+    @app.get(
+        "/v1/recommendation",
+        response_model=RecommendationsOut,
+        responses={404: {"model": ErrorBody}, 422: {"model": ErrorBody}},
+    )
+    async def recommendation(target: TargetQuery = None) -> RecommendationsOut:
+        """The latest recommendation per target, with its predicted speedup curve."""
+        now_s = clock()
+        return RecommendationsOut(targets=[_recommendation(status, now_s) for status in selected(target)])
+
+    @app.get(
+        "/v1/evidence", response_model=EvidencesOut, responses={404: {"model": ErrorBody}, 422: {"model": ErrorBody}}
+    )
+    async def evidence(target: TargetQuery = None) -> EvidencesOut:
+        """What was measured per target: acceptance, batch, step time, GPU, freshness."""
+        return EvidencesOut(targets=[_evidence(status) for status in selected(target)])
+
+    @app.get("/healthz", response_model=HealthOut, responses={503: {"model": HealthOut}})
+    async def healthz() -> Response:
+        """200 while the loop makes progress; 503 when no iteration finished within the stall limit."""
+        now_s = clock()
+        last = board.last_iteration_s
+        if board.is_live(now_s, stall_after_s=stall_after_s):
+            detail = "no iteration yet" if last is None else f"last iteration {now_s - last:.1f} s ago"
+            return _json(200, HealthOut(status="ok", detail=detail))
+        since = "start-up" if last is None else "the last iteration"
+        detail = f"no iteration finished for {stall_after_s:g} s since {since}"
+        return _json(503, HealthOut(status="stalled", detail=detail))
+
+    @app.get("/readyz", response_model=HealthOut, responses={503: {"model": HealthOut}})
+    async def readyz() -> Response:
+        """200 once any target had a good scrape (one dead target does not take the others' advice offline)."""
+        if board.is_ready():
+            return _json(200, HealthOut(status="ready", detail="at least one target scraped"))
+        return _json(503, HealthOut(status="not_ready", detail="no target has been scraped successfully yet"))
+
+    @app.get("/metrics", response_class=Response, include_in_schema=True)
+    async def metrics() -> Response:
+        """The sidecar's own metrics in the Prometheus text format."""
+        return Response(content=generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+
+    return app
+
+
+def rfc3339(epoch_s: float) -> str:
+    """Unix seconds -> '2024-05-01T12:00:00.250Z' (UTC, millisecond precision)."""
+    return datetime.fromtimestamp(epoch_s, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _recommendation(status: TargetStatus, now_s: float) -> RecommendationOut:
+    decision = status.decision
+    if decision is None:
+        return RecommendationOut(
+            target=status.target,
+            model=status.model,
+            state=TargetState.INSUFFICIENT_DATA,
+            enabled=None,
+            num_speculative_tokens=None,
+            expected_speedup=None,
+            expected_speedup_low=None,
+            expected_speedup_high=None,
+            reason=status.last_error or "not evaluated yet",
+            evaluated_at=None,
+            curve=[],
+            age_s=None,
+        )
+    last_good = status.last_good_decision_s
+    return RecommendationOut(
+        target=status.target,
+        model=decision.model or status.model,
+        state=decision.state,
+        enabled=decision.enabled,
+        num_speculative_tokens=decision.num_speculative_tokens,
+        expected_speedup=decision.expected_speedup,
+        expected_speedup_low=decision.expected_speedup_low,
+        expected_speedup_high=decision.expected_speedup_high,
+        reason=decision.reason,
+        evaluated_at=rfc3339(decision.evaluated_at_s),
+        curve=[_point(point) for point in decision.curve],
+        age_s=None if last_good is None else max(0.0, now_s - last_good),
+    )
+
+
+def _point(point: CurvePoint) -> CurvePointOut:
+    return CurvePointOut(
+        gamma=point.gamma,
+        speedup=point.speedup,
+        speedup_low=point.speedup_low,
+        speedup_high=point.speedup_high,
+        extrapolated=point.extrapolated,
+    )
+
+
+def _acceptance(acceptance: AcceptanceEvidence) -> AcceptanceOut:
+    return AcceptanceOut(
+        per_position=list(acceptance.per_position),
+        per_position_low=list(acceptance.per_position_low),
+        per_position_high=list(acceptance.per_position_high),
+        mean_acceptance_length=acceptance.mean_acceptance_length,
+        acceptance_rate=acceptance.acceptance_rate,
+        drafts=acceptance.drafts,
+        mean_proposed_length=acceptance.mean_proposed_length,
+        cold_start=acceptance.cold_start,
+    )
+
+
+def _gpu(gpu: GpuSnapshot) -> GpuOut:
+    return GpuOut(
+        source=gpu.source,
+        device_name=gpu.device_name,
+        device_count=gpu.device_count,
+        gpu_util_ratio=gpu.gpu_util_ratio,
+        tensor_active_ratio=gpu.tensor_active_ratio,
+        dram_active_ratio=gpu.dram_active_ratio,
+        sm_active_ratio=gpu.sm_active_ratio,
+        memory_used_bytes=gpu.memory_used_bytes,
+        memory_total_bytes=gpu.memory_total_bytes,
+        activity_source=gpu.activity_source,
+        error=gpu.error,
+    )
+
+
+def _evidence(status: TargetStatus) -> EvidenceOut:
+    evidence = status.evidence
+    last_good = None if status.last_good_scrape_s is None else rfc3339(status.last_good_scrape_s)
+    if evidence is None:
+        return EvidenceOut(
+            target=status.target,
+            model=status.model,
+            state=TargetState.INSUFFICIENT_DATA,
+            reason=status.last_error or "not evaluated yet",
+            speculation_on=None,
+            deployed_k=None,
+            acceptance=None,
+            batch=None,
+            waiting=None,
+            kv_cache_usage_ratio=None,
+            context_tokens_per_seq=None,
+            step_time_s=None,
+            window_s=None,
+            gpu=None,
+            engine_activity={},
+            profiles=dict(status.profiles),
+            last_good_scrape_at=last_good,
+            last_error=status.last_error,
+            scrape_errors=dict(status.scrape_errors),
+        )
+    return EvidenceOut(
+        target=status.target,
+        model=evidence.model or status.model,
+        state=evidence.state,
+        reason=evidence.reason,
+        speculation_on=evidence.speculation_on,
+        deployed_k=evidence.deployed_k,
+        acceptance=None if evidence.acceptance is None else _acceptance(evidence.acceptance),
+        batch=evidence.batch,
+        waiting=evidence.waiting,
+        kv_cache_usage_ratio=evidence.kv_cache_usage_ratio,
+        context_tokens_per_seq=evidence.context_tokens_per_seq,
+        step_time_s=evidence.step_time_s,
+        window_s=evidence.window_s,
+        gpu=None if evidence.gpu is None else _gpu(evidence.gpu),
+        engine_activity=dict(status.engine_activity),
+        profiles=dict(status.profiles),
+        last_good_scrape_at=last_good,
+        last_error=status.last_error,
+        scrape_errors=dict(status.scrape_errors),
+    )
+
+
+def _json(status_code: int, body: BaseModel) -> Response:
+    return JSONResponse(status_code=status_code, content=body.model_dump(mode="json"))
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    # Every client error is JSON with the same two keys, including 404s for unknown paths and 405s.
+    async def http_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, StarletteHTTPException)
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        body = ErrorBody(error=code, detail=str(exc.detail))
+        return JSONResponse(status_code=exc.status_code, content=body.model_dump(mode="json"), headers=exc.headers)
+
+    async def validation_error(request: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RequestValidationError)
+        problems: list[dict[str, object]] = [
+            {"loc": list(error.get("loc", ())), "msg": str(error.get("msg", ""))} for error in exc.errors()
+        ]
+        body = ErrorBody(error="invalid_request", detail=problems)
+        return JSONResponse(status_code=422, content=body.model_dump(mode="json"))
+
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(RequestValidationError, validation_error)

@@ -1,0 +1,258 @@
+"""The one composition root: settings -> HTTP client, sources, profiles, loop, board, registry, FastAPI app.
+
+Nothing else in the sidecar constructs an I/O dependency. The FastAPI lifespan owns the HTTP client, the GPU
+source and the loop task: it starts them with the server and stops them when uvicorn shuts down (SIGTERM/SIGINT
+are handled by uvicorn, which runs the lifespan's exit: the loop task is cancelled between steps and the client
+closed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import time
+from collections.abc import AsyncIterator, Callable, Iterator
+from dataclasses import dataclass
+from importlib import metadata
+from typing import Any
+
+import httpx
+from fastapi import FastAPI
+from prometheus_client.registry import CollectorRegistry
+
+from policies.costmodel import ModelContext
+from policies.decide import DecideConfig
+from policies.estimate import EstimatorConfig
+from policies.profiles import (
+    HardwareProfile,
+    ModelProfile,
+    drafter_for,
+    hardware_by_name,
+    hardware_for_device_name,
+    model_by_name,
+    model_for_served_name,
+    model_from_hf_config,
+)
+from policies.types import GpuSnapshot
+from service.api import create_api
+from service.board import Board
+from service.exporter import build_registry
+from service.logs import fields, get_logger
+from service.loop import AdvisorLoop, ContextResolver, ContextUnavailableError, GpuReader, TargetSpec
+from service.settings import GpuSettings, Settings, SettingsError, TargetSettings
+from service.sources.dcgm import DcgmSource
+from service.sources.gpu import NoGpuSource
+from service.sources.nvml import NvmlSource
+from service.sources.vllm import VllmScraper
+
+_log = get_logger("app")
+
+
+def package_version() -> str:
+    try:
+        return metadata.version("spec-advisor")
+    except metadata.PackageNotFoundError:  # running from a source tree that was never installed
+        return "0+unknown"
+
+
+@dataclass(frozen=True, slots=True)
+class Sidecar:
+    """What the CLI needs after composition: the ASGI app, and the board the live view reads."""
+
+    app: FastAPI
+    board: Board
+    registry: CollectorRegistry
+    settings: Settings
+
+
+def estimator_config(settings: Settings) -> EstimatorConfig:
+    s = settings.estimator
+    return EstimatorConfig(window_s=s.window_s, min_drafts=s.min_drafts, z=s.z, stale_after_s=s.stale_after_s)
+
+
+def decide_config(settings: Settings) -> DecideConfig:
+    s = settings.decide
+    return DecideConfig(
+        margin=s.margin,
+        dwell_s=s.dwell_s,
+        gamma_max=s.gamma_max,
+        min_speedup_gain_to_change_gamma=s.min_speedup_gain_to_change_gamma,
+    )
+
+
+def build_sidecar(
+    settings: Settings,
+    *,
+    clock: Callable[[], float] = time.time,
+    gpu_source: GpuReader | None = None,
+    transport: httpx.AsyncBaseTransport | None = None,
+) -> Sidecar:
+    """Compose the sidecar. `gpu_source`/`transport` replace the configured GPU source / the HTTP transport
+    (tests and the demo); everything else comes from `settings`. Raises SettingsError for profiles that do not
+    exist, before anything starts.
+    """
+    resolvers = {target.name: _context_resolver(target, fallback_hardware=settings.fallback_hardware)
+                 for target in settings.targets}
+    board = Board(((t.name, t.model) for t in settings.targets), started_at_s=clock())
+    version = package_version()
+    registry = build_registry(board, clock=clock, version=version)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        limits = httpx.Limits(max_connections=max(4, 2 * len(settings.targets)))
+        async with contextlib.AsyncExitStack() as stack:
+            client = await stack.enter_async_context(
+                httpx.AsyncClient(transport=transport, limits=limits, follow_redirects=False)
+            )
+            gpu = gpu_source if gpu_source is not None else stack.enter_context(_gpu_source(settings.gpu, client))
+            targets = [
+                TargetSpec(
+                    name=t.name,
+                    model=t.model,
+                    scraper=VllmScraper(
+                        client,
+                        t.metrics_url,
+                        timeout_s=settings.scrape_timeout_s,
+                        max_body_bytes=settings.max_body_bytes,
+                    ),
+                    resolve_context=resolvers[t.name],
+                )
+                for t in settings.targets
+            ]
+            loop = AdvisorLoop(
+                targets,
+                gpu=gpu,
+                board=board,
+                estimator_config=estimator_config(settings),
+                decide_config=decide_config(settings),
+                interval_s=settings.scrape_interval_s,
+            )
+            task = asyncio.create_task(loop.run_forever(clock), name="spec-advisor-loop")
+            task.add_done_callback(_report_loop_exit)
+            _log.info(
+                "advisor started",
+                extra=fields(targets=[t.name for t in settings.targets], interval_s=settings.scrape_interval_s),
+            )
+            try:
+                yield
+            finally:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+                _log.info("advisor stopped", extra=fields(iterations=board.iterations))
+
+    app = create_api(
+        board,
+        registry=registry,
+        clock=clock,
+        stall_after_s=settings.stall_after_intervals * settings.scrape_interval_s,
+        version=version,
+        lifespan=lifespan,
+    )
+    return Sidecar(app=app, board=board, registry=registry, settings=settings)
+
+
+def _report_loop_exit(task: asyncio.Task[None]) -> None:
+    # The loop only ends by cancellation; anything else is a bug that /healthz will also show as a stall.
+    if task.cancelled():
+        return
+    exc = task.exception()
+    if exc is not None:
+        _log.critical("advisor loop died; /healthz will fail", exc_info=exc)
+
+
+@contextlib.contextmanager
+def _gpu_source(settings: GpuSettings, client: httpx.AsyncClient) -> Iterator[GpuReader]:
+    if settings.telemetry == "dcgm":
+        assert settings.dcgm_url is not None  # enforced by GpuSettings
+        yield DcgmSource(client, settings.dcgm_url, timeout_s=settings.timeout_s)
+    elif settings.telemetry == "nvml":
+        nvml = NvmlSource()
+        try:
+            yield nvml
+        finally:
+            nvml.close()  # frees GPM buffers; a no-op when NVML never initialised
+    else:
+        yield NoGpuSource()
+
+
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Profiles: resolved per target when the served model name is first known
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _context_resolver(target: TargetSettings, *, fallback_hardware: str) -> ContextResolver:
+    """Check what can be checked now (named profiles exist, config.json parses), defer what needs the server."""
+    fixed_hardware = (
+        None if target.hardware == "auto" else _named_hardware(target.hardware, f"target {target.name}: hardware")
+    )
+    fallback = _named_hardware(fallback_hardware, "fallback_hardware")
+    fixed_model = _fixed_model(target)
+    draft_model = _draft_model(target)
+
+    def resolve(model_name: str, gpu: GpuSnapshot) -> ModelContext:
+        hardware = fixed_hardware or _auto_hardware(gpu, fallback)
+        model = fixed_model or model_for_served_name(model_name)
+        if model is None:
+            raise ContextUnavailableError(
+                f"model '{model_name}' is not in the catalog; set the target's model_profile or model_config_path"
+            )
+        drafter = drafter_for(target.drafter.method, model, draft_model=draft_model)
+        return ModelContext(hardware=hardware, model=model, drafter=drafter, tensor_parallel=target.tensor_parallel)
+
+    return resolve
+
+
+def _named_hardware(name: str, where: str) -> HardwareProfile:
+    try:
+        return hardware_by_name(name)
+    except ValueError as exc:
+        raise SettingsError(f"{where}: {exc}") from None
+
+
+def _auto_hardware(gpu: GpuSnapshot, fallback: HardwareProfile) -> HardwareProfile:
+    if gpu.device_name:
+        detected = hardware_for_device_name(gpu.device_name)
+        if detected is not None:
+            return detected
+    # Resolved once per (model, device name), so this is logged once, not every tick.
+    seen = f"GPU '{gpu.device_name}' is not in the catalog" if gpu.device_name else f"no GPU name ({gpu.source})"
+    _log.warning(
+        "hardware 'auto' falls back",
+        extra=fields(hardware=fallback.name, why=seen, fix="set the target's hardware to a catalog name"),
+    )
+    return fallback
+
+
+def _fixed_model(target: TargetSettings) -> ModelProfile | None:
+    if target.model_profile:
+        try:
+            return model_by_name(target.model_profile)
+        except ValueError as exc:
+            raise SettingsError(f"target {target.name}: model_profile: {exc}") from None
+    if target.model_config_path is not None:
+        path = target.model_config_path
+        try:
+            config: Any = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError) as exc:
+            raise SettingsError(f"target {target.name}: model_config_path: cannot read {path}: {exc}") from None
+        if not isinstance(config, dict):
+            raise SettingsError(f"target {target.name}: model_config_path: {path} is not a JSON object")
+        try:
+            return model_from_hf_config(config, name=target.model or path.parent.name or "custom")
+        except (KeyError, ValueError, TypeError) as exc:
+            raise SettingsError(f"target {target.name}: model_config_path: {path}: {exc}") from None
+    return None
+
+
+def _draft_model(target: TargetSettings) -> ModelProfile | None:
+    name = target.drafter.draft_model_profile
+    if name is None:
+        return None
+    try:
+        return model_by_name(name)
+    except ValueError as exc:
+        raise SettingsError(f"target {target.name}: drafter.draft_model_profile: {exc}") from None

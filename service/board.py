@@ -1,0 +1,137 @@
+"""The latest results per target: written by the loop, read by the REST API, the exporter and the live view.
+
+Everything runs on one asyncio event loop, and each target's entry is an immutable `TargetStatus` replaced whole,
+so a reader never sees half an update.
+"""
+
+from __future__ import annotations
+
+import bisect
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+
+from policies.types import Decision, Evidence
+
+# Seconds; spans a sub-millisecond estimate to a scrape that hits its timeout.
+STEP_DURATION_BUCKETS_S: tuple[float, ...] = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+                                              2.5, 5.0, 10.0)
+
+_EMPTY_COUNTS: Mapping[str, int] = MappingProxyType({})
+_EMPTY_COUNTS_F: Mapping[str, float] = MappingProxyType({})
+_EMPTY_PROFILES: Mapping[str, str] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class TargetStatus:
+    """One target's latest state. `decision` is the latest published one (a stale/error decision keeps the last
+    recommendation's enabled/gamma visible); `last_good_decision_s` is when a decision last rested on fresh data.
+    """
+
+    target: str
+    model: str | None
+    evidence: Evidence | None = None
+    decision: Decision | None = None
+    last_good_scrape_s: float | None = None
+    last_good_decision_s: float | None = None
+    last_error: str | None = None
+    # Saturation from the engine's own roofline counters (vLLM estimated_*_per_gpu) over the hardware peaks:
+    # {"tensor_active": achieved FLOP/s / peak, "dram_active": achieved bytes/s / peak bandwidth}.
+    engine_activity: Mapping[str, float] = field(default_factory=lambda: _EMPTY_COUNTS_F)
+    # The cost model's profiles in use: {"hardware": ..., "model": ..., "drafter": ..., "tensor_parallel": ...}.
+    profiles: Mapping[str, str] = field(default_factory=lambda: _EMPTY_PROFILES)
+    scrape_errors: Mapping[str, int] = field(default_factory=lambda: _EMPTY_COUNTS)
+
+
+@dataclass(slots=True)
+class StepTimings:
+    """A cumulative histogram per loop step (gpu, scrape, estimate, advise, publish), for the exporter."""
+
+    buckets_s: tuple[float, ...] = STEP_DURATION_BUCKETS_S
+    counts: dict[str, list[int]] = field(default_factory=dict)
+    sums_s: dict[str, float] = field(default_factory=dict)
+
+    def observe(self, step: str, duration_s: float) -> None:
+        counts = self.counts.setdefault(step, [0] * (len(self.buckets_s) + 1))
+        # Non-cumulative bucket counts; the last slot is +Inf. Cumulated when read.
+        counts[bisect.bisect_left(self.buckets_s, duration_s)] += 1
+        self.sums_s[step] = self.sums_s.get(step, 0.0) + duration_s
+
+    def cumulative(self, step: str) -> list[tuple[str, float]]:
+        counts = self.counts.get(step, [0] * (len(self.buckets_s) + 1))
+        result: list[tuple[str, float]] = []
+        running = 0
+        for bound, count in zip((*self.buckets_s, float("inf")), counts, strict=True):
+            running += count
+            result.append(("+Inf" if bound == float("inf") else repr(bound), float(running)))
+        return result
+
+
+class Board:
+    """Latest results per target, plus loop progress (for /healthz) and step timings (for the exporter)."""
+
+    def __init__(self, targets: Iterable[tuple[str, str | None]], *, started_at_s: float) -> None:
+        self._status: dict[str, TargetStatus] = {
+            name: TargetStatus(target=name, model=model) for name, model in targets
+        }
+        self.started_at_s = started_at_s
+        self.last_iteration_s: float | None = None
+        self.iterations = 0
+        self.timings = StepTimings()
+
+    @property
+    def target_names(self) -> tuple[str, ...]:
+        return tuple(self._status)
+
+    def get(self, target: str) -> TargetStatus | None:
+        return self._status.get(target)
+
+    def statuses(self) -> tuple[TargetStatus, ...]:
+        return tuple(self._status.values())
+
+    def publish(
+        self,
+        target: str,
+        *,
+        evidence: Evidence,
+        decision: Decision,
+        good_scrape_s: float | None,
+        engine_activity: Mapping[str, float] | None = None,
+        profiles: Mapping[str, str] | None = None,
+    ) -> None:
+        """Record a finished evaluation; `good_scrape_s` is the time of this tick's scrape when it succeeded."""
+        status = self._status[target]
+        fresh = good_scrape_s is not None
+        activity = status.engine_activity if engine_activity is None else MappingProxyType(dict(engine_activity))
+        self._status[target] = replace(
+            status,
+            model=decision.model or evidence.model or status.model,
+            evidence=evidence,
+            decision=decision,
+            last_good_scrape_s=good_scrape_s if fresh else status.last_good_scrape_s,
+            last_good_decision_s=decision.evaluated_at_s if fresh else status.last_good_decision_s,
+            last_error=None if fresh else status.last_error,
+            engine_activity=activity,
+            profiles=status.profiles if profiles is None else MappingProxyType(dict(profiles)),
+        )
+
+    def record_error(self, target: str, reason: str, detail: str) -> None:
+        status = self._status[target]
+        counts = dict(status.scrape_errors)
+        counts[reason] = counts.get(reason, 0) + 1
+        self._status[target] = replace(
+            status, scrape_errors=MappingProxyType(counts), last_error=f"{reason}: {detail}"
+        )
+
+    def finish_iteration(self, now_s: float) -> None:
+        self.last_iteration_s = now_s
+        self.iterations += 1
+
+    def is_ready(self) -> bool:
+        """Ready once any target had a good scrape: one dead target must not take the others' advice offline."""
+        return any(status.last_good_scrape_s is not None for status in self._status.values())
+
+    def is_live(self, now_s: float, *, stall_after_s: float) -> bool:
+        """Live while an iteration finished within `stall_after_s` (counted from start-up before the first one)."""
+        last = self.last_iteration_s if self.last_iteration_s is not None else self.started_at_s
+        return now_s - last <= stall_after_s

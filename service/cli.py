@@ -1,0 +1,275 @@
+"""`spec-advisor`: serve the sidecar, run the demo against the simulator, or run the simulator alone.
+
+Exit codes: 0 normal end, 2 bad usage or invalid settings (one clear message, no traceback), 130 interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from service.app import Sidecar, build_sidecar, package_version
+from service.logs import configure_logging, fields, get_logger
+from service.settings import Settings, SettingsError, load_settings, target_name_for_url
+from service.sim.scenario import Scenario, ScenarioError, default_scenario, load_scenario
+from service.sim.server import SimServer
+from service.sim.world import World
+from service.view import run_view
+
+EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130
+
+# The demo compresses time so that the simulated load rises and falls within minutes, and shortens the dwell
+# (production default 120 s) so a change of recommendation is visible soon after the load changes.
+DEMO_TIME_SCALE = 2.0
+DEMO_DWELL_S = 10.0
+DEMO_WINDOW_S = 10.0
+DEMO_INTERVAL_S = 1.0
+
+_log = get_logger("cli")
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {text}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="spec-advisor",
+        description="Tells vLLM operators whether speculative decoding should be on, and with how many draft tokens.",
+    )
+    parser.add_argument("--version", action="version", version=f"spec-advisor {package_version()}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    serve = commands.add_parser("serve", help="run the sidecar against one or more inference servers")
+    serve.add_argument("--config", type=Path, metavar="FILE", help="YAML settings file (env SPEC_ADVISOR_* overrides)")
+    serve.add_argument(
+        "--target", action="append", default=[], metavar="URL",
+        help="inference server base URL or /metrics URL; repeat for several (replaces the file's targets)",
+    )
+    serve.add_argument("--host", help="listen address (default 127.0.0.1)")
+    serve.add_argument("--port", type=int, help="listen port (default 8321; 0 = any free port)")
+    serve.add_argument("--log-format", choices=("text", "json"))
+    serve.add_argument("--log-level", choices=("debug", "info", "warning", "error"))
+
+    demo = commands.add_parser("demo", help="simulated vLLM server + the sidecar + a live terminal view")
+    demo.add_argument("--host", default="127.0.0.1", help="listen address of the API and the simulator")
+    demo.add_argument("--port", type=int, default=8321, help="sidecar API port (0 = any free port)")
+    demo.add_argument("--sim-port", type=int, default=0, help="simulated server port (default: any free port)")
+    demo.add_argument(
+        "--time-scale", type=_positive_float, default=DEMO_TIME_SCALE,
+        help=f"simulated seconds per wall second (default {DEMO_TIME_SCALE:g}: the 240 s demo load cycle takes 2 min)",
+    )
+    demo.add_argument("--scenario", type=Path, metavar="FILE", help="scenario YAML/JSON (default: the packaged demo)")
+    demo.add_argument("--seed", type=int, default=0)
+    demo.add_argument("--duration-s", type=_positive_float, help="stop by itself after this many seconds")
+    demo.add_argument("--no-view", action="store_true", help="no live view; log decision changes instead")
+    demo.add_argument(
+        "--model-profile", default="llama-3.1-8b", help="advisor's model profile for the simulated model (catalog name)"
+    )
+    demo.add_argument("--hardware", default="h100-sxm", help="advisor's hardware profile for the simulated GPU")
+    demo.add_argument("--scrape-interval-s", type=float, default=DEMO_INTERVAL_S, help="advisor tick (default 1 s)")
+    demo.add_argument(
+        "--window-s", type=float, default=DEMO_WINDOW_S, help=f"estimator window (default {DEMO_WINDOW_S:g} s)"
+    )
+    demo.add_argument(
+        "--dwell-s", type=float, default=DEMO_DWELL_S,
+        help=f"decision dwell (default {DEMO_DWELL_S:g} s; production default 120 s)",
+    )
+
+    simulate = commands.add_parser("simulate", help="run only the simulated vLLM server (vLLM-format /metrics)")
+    simulate.add_argument("--host", default="127.0.0.1")
+    simulate.add_argument("--port", type=int, default=8000, help="listen port (default 8000, like vLLM)")
+    simulate.add_argument("--scenario", type=Path, metavar="FILE")
+    simulate.add_argument("--time-scale", type=_positive_float, default=1.0)
+    simulate.add_argument("--seed", type=int, default=0)
+    simulate.add_argument("--duration-s", type=_positive_float, help="stop by itself after this many seconds")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        if args.command == "serve":
+            settings = _serve_settings(args)
+            configure_logging(log_format=settings.log_format, level=settings.log_level)
+            sidecar = build_sidecar(settings)
+            return asyncio.run(_serve(sidecar, duration_s=None))
+        if args.command == "demo":
+            return asyncio.run(_demo(args))
+        return asyncio.run(_simulate(args))
+    except (SettingsError, ScenarioError) as exc:
+        print(f"spec-advisor: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        return EXIT_INTERRUPTED
+
+
+def _serve_settings(args: argparse.Namespace) -> Settings:
+    overrides: dict[str, Any] = {}
+    if args.target:
+        overrides["targets"] = [{"name": target_name_for_url(url), "url": url} for url in args.target]
+    for flag in ("host", "port", "log_format", "log_level"):
+        value = getattr(args, flag)
+        if value is not None:
+            overrides[flag] = value
+    return load_settings(args.config, overrides=overrides)
+
+
+async def _serve(sidecar: Sidecar, *, duration_s: float | None) -> int:
+    """Run uvicorn until SIGTERM/SIGINT (handled by uvicorn: graceful, runs the lifespan exit) or `duration_s`."""
+    server, task, url = await _start_api(sidecar)
+    if url is None:
+        return 1
+    print(f"spec-advisor API on {url} (recommendation: {url}/v1/recommendation, docs: {url}/docs)", flush=True)
+    await _run_api(server, task, duration_s=duration_s)
+    return 0
+
+
+async def _start_api(sidecar: Sidecar) -> tuple[uvicorn.Server, asyncio.Task[None], str | None]:
+    settings = sidecar.settings
+    config = uvicorn.Config(
+        sidecar.app, host=settings.host, port=settings.port, log_config=None, access_log=False, lifespan="on"
+    )
+    server = uvicorn.Server(config)
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            return server, task, None  # uvicorn failed to start (port in use...): it logged why
+        await asyncio.sleep(0.05)
+    host, port = settings.host, settings.port
+    for listener in server.servers:
+        for sock in listener.sockets:
+            host, port = sock.getsockname()[:2]
+    return server, task, f"http://{host}:{port}"
+
+
+async def _run_api(server: uvicorn.Server, task: asyncio.Task[None], *, duration_s: float | None) -> None:
+    if duration_s is not None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(task), timeout=duration_s)
+        server.should_exit = True
+    await task
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# demo and simulate
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _scenario(path: Path | None) -> Scenario:
+    return load_scenario(path) if path is not None else default_scenario()
+
+
+def demo_settings(*, sim_url: str, scenario: Scenario, args: argparse.Namespace) -> Settings:
+    """The sidecar's settings for the demo: one target (the simulator), fast ticks, short window and dwell."""
+    target: dict[str, Any] = {
+        "name": "sim",
+        "url": sim_url,
+        "model": scenario.model_name,
+        "model_profile": args.model_profile,
+        "hardware": args.hardware,
+        "drafter": {"method": scenario.drafter.method},
+    }
+    return load_settings(
+        None,
+        overrides={
+            "targets": [target],
+            "host": args.host,
+            "port": args.port,
+            "scrape_interval_s": args.scrape_interval_s,
+            "scrape_timeout_s": args.scrape_interval_s,
+            "gpu": {"telemetry": "none"},
+            "estimator": {"window_s": args.window_s, "stale_after_s": 5 * args.scrape_interval_s},
+            "decide": {"dwell_s": args.dwell_s},
+        },
+    )
+
+
+async def _demo(args: argparse.Namespace) -> int:
+    scenario = _scenario(args.scenario)
+    configure_logging(log_format="text", level="warning" if not args.no_view else "info")
+    world = World(scenario, seed=args.seed, start_s=time.time())
+    sim = SimServer(world, host=args.host, port=args.sim_port, time_scale=args.time_scale)
+    await sim.start()
+    view: asyncio.Task[None] | None = None
+    try:
+        settings = demo_settings(sim_url=sim.url, scenario=scenario, args=args)
+        sidecar = build_sidecar(settings)
+        server, task, url = await _start_api(sidecar)
+        if url is None:
+            return 1
+        if args.no_view:
+            print(f"simulated vLLM server on {sim.url}/metrics", flush=True)
+            print(f"spec-advisor API on {url} (recommendation: {url}/v1/recommendation)", flush=True)
+        else:
+            lines = _demo_header(sim_url=sim.url, api_url=url, settings=settings, args=args, scenario=scenario)
+            view = asyncio.create_task(
+                run_view(sidecar.board, clock=time.time, header=lambda: [*lines, _world_line(world)], stream=sys.stdout)
+            )
+        await _run_api(server, task, duration_s=args.duration_s)
+        return 0
+    finally:
+        if view is not None:
+            view.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await view
+        await sim.stop()
+
+
+def _demo_header(
+    *, sim_url: str, api_url: str, settings: Settings, args: argparse.Namespace, scenario: Scenario
+) -> list[str]:
+    return [
+        "spec-advisor demo  (Ctrl-C to stop)",
+        f"simulated vLLM: {sim_url}/metrics   model {scenario.model_name} on '{scenario.hardware.name}'   "
+        f"simulated time runs x{args.time_scale:g}",
+        f"API: {api_url}/v1/recommendation   {api_url}/v1/evidence   {api_url}/metrics   {api_url}/docs",
+        f"demo settings: dwell {settings.decide.dwell_s:g} s (production default 120 s), window "
+        f"{settings.estimator.window_s:g} s, scrape every {settings.scrape_interval_s:g} s; advisor profiles "
+        f"{args.model_profile} on {args.hardware}",
+    ]
+
+
+def _world_line(world: World) -> str:
+    # The simulator's ground truth, for comparison with what the advisor measured below.
+    return (
+        f"simulated load now: {world.arrival_rate_per_s:.1f} requests/s arriving, {world.num_running} running, "
+        f"{world.num_waiting} waiting; engine runs k={world.num_speculative_tokens}"
+    )
+
+
+async def _simulate(args: argparse.Namespace) -> int:
+    scenario = _scenario(args.scenario)
+    configure_logging(log_format="text", level="info")
+    world = World(scenario, seed=args.seed, start_s=time.time())
+    sim = SimServer(world, host=args.host, port=args.port, time_scale=args.time_scale)
+    await sim.start()
+    print(f"simulated vLLM server for '{scenario.model_name}' on {sim.url}/metrics (Ctrl-C to stop)", flush=True)
+    _log.info("simulator started", extra=fields(url=sim.url, time_scale=args.time_scale))
+    try:
+        if args.duration_s is not None:
+            await asyncio.sleep(args.duration_s)
+        else:
+            await asyncio.Event().wait()
+    finally:
+        await sim.stop()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

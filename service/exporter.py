@@ -1,0 +1,206 @@
+"""Prometheus exposition of the Board: a collector that builds fresh families at scrape time on the sidecar's own
+`CollectorRegistry` (never the global one, so tests build a fresh registry and nothing leaks between them).
+
+Naming: one prefix `specadvisor_`, base units in the name, `_ratio` for 0..1 values, `_total` only on counters.
+Speedups are plain dimensionless multipliers (they exceed 1), so they carry no unit suffix. Per-target families are
+labelled `target` and `model`; the build info and loop timings are the sidecar's own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from policies.types import TargetState
+from service.board import Board, TargetStatus
+
+PREFIX = "specadvisor"
+_TARGET_LABELS = ("target", "model")
+
+
+class AdvisorCollector(Collector):
+    """Reads the Board on every scrape; holds no metric state of its own."""
+
+    def __init__(self, board: Board, *, clock: Callable[[], float], version: str) -> None:
+        self._board = board
+        self._clock = clock
+        self._version = version
+
+    def describe(self) -> Iterable[Metric]:
+        # Nothing to pre-declare: families are built at scrape time, and an empty describe keeps registration
+        # from running a collection.
+        return ()
+
+    def collect(self) -> Iterator[Metric]:
+        now_s = self._clock()
+        statuses = self._board.statuses()
+        yield from _build_info(self._version)
+        yield from _recommendation(statuses)
+        yield from _acceptance(statuses)
+        yield from _engine(statuses)
+        yield from _gpu(statuses)
+        yield from _freshness(statuses, now_s)
+        yield from _loop(self._board)
+
+
+def build_registry(board: Board, *, clock: Callable[[], float], version: str) -> CollectorRegistry:
+    """A new registry holding only the advisor's collector (no process/platform collectors: the pod has those)."""
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(AdvisorCollector(board, clock=clock, version=version))
+    return registry
+
+
+def _gauge(name: str, documentation: str, labels: Iterable[str] = _TARGET_LABELS) -> GaugeMetricFamily:
+    return GaugeMetricFamily(f"{PREFIX}_{name}", documentation, labels=list(labels))
+
+
+def _ids(status: TargetStatus) -> list[str]:
+    return [status.target, status.model or ""]
+
+
+def _build_info(version: str) -> Iterator[Metric]:
+    info = _gauge("build_info", "Always 1; the sidecar's version as a label.", labels=("version",))
+    info.add_metric([version], 1.0)
+    yield info
+
+
+def _recommendation(statuses: Iterable[TargetStatus]) -> Iterator[Metric]:
+    enabled = _gauge("recommended_enabled", "1 when speculative decoding is recommended on, else 0.")
+    gamma = _gauge(
+        "recommended_num_speculative_tokens", "Recommended number of draft tokens per step (0 when off)."
+    )
+    speedup = _gauge("expected_speedup", "Predicted throughput multiplier of the recommendation vs plain decoding.")
+    speedup_low = _gauge("expected_speedup_low", "Low end of the predicted speedup band.")
+    speedup_high = _gauge("expected_speedup_high", "High end of the predicted speedup band.")
+    curve = _gauge(
+        "predicted_speedup",
+        "Predicted speedup vs plain decoding at each gamma (the curve the decision was made on).",
+        labels=(*_TARGET_LABELS, "gamma"),
+    )
+    state = _gauge(
+        "decision_state",
+        "1 for the recommendation's current state, 0 for the others.",
+        labels=(*_TARGET_LABELS, "state"),
+    )
+    for status in statuses:
+        ids = _ids(status)
+        decision = status.decision
+        current = decision.state if decision is not None else None
+        for candidate in TargetState:
+            state.add_metric([*ids, candidate.value], 1.0 if candidate == current else 0.0)
+        if decision is None:
+            continue
+        enabled.add_metric(ids, 1.0 if decision.enabled else 0.0)
+        gamma.add_metric(ids, float(decision.num_speculative_tokens if decision.enabled else 0))
+        speedup.add_metric(ids, decision.expected_speedup)
+        speedup_low.add_metric(ids, decision.expected_speedup_low)
+        speedup_high.add_metric(ids, decision.expected_speedup_high)
+        for point in decision.curve:
+            curve.add_metric([*ids, str(point.gamma)], point.speedup)
+    yield from (enabled, gamma, speedup, speedup_low, speedup_high, curve, state)
+
+
+def _acceptance(statuses: Iterable[TargetStatus]) -> Iterator[Metric]:
+    per_position = _gauge(
+        "acceptance_per_position_ratio",
+        "P(at least position+1 drafts accepted) per verification over the window; position is 0-based as in vLLM.",
+        labels=(*_TARGET_LABELS, "position"),
+    )
+    mean_length = _gauge(
+        "mean_acceptance_length_tokens", "Tokens emitted per verification (1 + accepted drafts), over the window."
+    )
+    rate = _gauge("acceptance_rate_ratio", "Accepted draft tokens / proposed draft tokens over the window.")
+    for status in statuses:
+        acceptance = status.evidence.acceptance if status.evidence is not None else None
+        if acceptance is None:
+            continue
+        ids = _ids(status)
+        for position, value in enumerate(acceptance.per_position):
+            per_position.add_metric([*ids, str(position)], value)
+        mean_length.add_metric(ids, acceptance.mean_acceptance_length)
+        rate.add_metric(ids, acceptance.acceptance_rate)
+    yield from (per_position, mean_length, rate)
+
+
+def _engine(statuses: Iterable[TargetStatus]) -> Iterator[Metric]:
+    batch = _gauge("batch_requests", "Running requests (continuous batch size), mean over the window.")
+    waiting = _gauge("waiting_requests", "Queued requests, mean over the window.")
+    deployed_enabled = _gauge("deployed_speculation_enabled", "1 when the engine runs speculative decoding now.")
+    deployed_k = _gauge("deployed_num_speculative_tokens", "Draft tokens per step the engine runs now (0 when off).")
+    step_time = _gauge("step_time_seconds", "Engine step time (mean inter-token latency) over the window.")
+    for status in statuses:
+        evidence = status.evidence
+        if evidence is None or not evidence.model:
+            continue  # nothing measured yet: absent beats a misleading 0
+        ids = _ids(status)
+        batch.add_metric(ids, evidence.batch)
+        waiting.add_metric(ids, evidence.waiting)
+        deployed_enabled.add_metric(ids, 1.0 if evidence.speculation_on else 0.0)
+        deployed_k.add_metric(ids, float(evidence.deployed_k if evidence.speculation_on else 0))
+        if evidence.step_time_s is not None:
+            step_time.add_metric(ids, evidence.step_time_s)
+    yield from (batch, waiting, deployed_enabled, deployed_k, step_time)
+
+
+def _gpu(statuses: Iterable[TargetStatus]) -> Iterator[Metric]:
+    utilization = _gauge(
+        "gpu_utilization_ratio",
+        "GPU activity 0..1 by signal; gpu_util only says a kernel ran, tensor/dram/sm_active measure saturation.",
+        labels=(*_TARGET_LABELS, "signal", "source"),
+    )
+    for status in statuses:
+        gpu = status.evidence.gpu if status.evidence is not None else None
+        if gpu is None or gpu.source == "absent":
+            continue  # the engine's own estimate below still applies
+        ids = _ids(status)
+        if gpu.gpu_util_ratio is not None:
+            utilization.add_metric([*ids, "gpu_util", gpu.source], gpu.gpu_util_ratio)
+        activity_source = gpu.activity_source or gpu.source
+        for signal, value in (
+            ("tensor_active", gpu.tensor_active_ratio),
+            ("dram_active", gpu.dram_active_ratio),
+            ("sm_active", gpu.sm_active_ratio),
+        ):
+            if value is not None:
+                utilization.add_metric([*ids, signal, activity_source], value)
+    for status in statuses:
+        for signal, value in sorted(status.engine_activity.items()):
+            utilization.add_metric([*_ids(status), signal, "engine"], value)
+    yield utilization
+
+
+def _freshness(statuses: Iterable[TargetStatus], now_s: float) -> Iterator[Metric]:
+    last_good = _gauge("last_good_scrape_timestamp_seconds", "Unix time of the target's last good scrape.")
+    age = _gauge("last_good_scrape_age_seconds", "Seconds since the target's last good scrape.")
+    errors = CounterMetricFamily(
+        f"{PREFIX}_scrape_errors",
+        "Failed scrapes by reason (internal = a bug of ours).",
+        labels=[*_TARGET_LABELS, "reason"],
+    )
+    for status in statuses:
+        ids = _ids(status)
+        if status.last_good_scrape_s is not None:
+            last_good.add_metric(ids, status.last_good_scrape_s)
+            age.add_metric(ids, max(0.0, now_s - status.last_good_scrape_s))
+        for reason, count in sorted(status.scrape_errors.items()):
+            errors.add_metric([*ids, reason], float(count))
+    yield from (last_good, age, errors)
+
+
+def _loop(board: Board) -> Iterator[Metric]:
+    iterations = CounterMetricFamily(f"{PREFIX}_loop_iterations", "Finished loop iterations.", labels=[])
+    iterations.add_metric([], float(board.iterations))
+    yield iterations
+    if board.last_iteration_s is not None:
+        last = _gauge("last_iteration_timestamp_seconds", "Unix time the last loop iteration finished.", labels=())
+        last.add_metric([], board.last_iteration_s)
+        yield last
+    steps = HistogramMetricFamily(
+        f"{PREFIX}_loop_step_duration_seconds", "Duration of each loop step.", labels=["step"]
+    )
+    timings = board.timings
+    for step in sorted(timings.counts):
+        steps.add_metric([step], buckets=timings.cumulative(step), sum_value=timings.sums_s.get(step, 0.0))
+    yield steps

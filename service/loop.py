@@ -1,0 +1,309 @@
+"""The advisor's iteration: `run_once(now)` = read GPU, then per target (concurrently) scrape -> estimate -> advise
+-> publish to the Board. `run_forever` only sleeps around it. Time comes in as an argument; nothing here reads the
+wall clock (a monotonic timer, injected, only measures step durations).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Protocol, TypeVar
+
+from policies.advise import advise
+from policies.costmodel import ModelContext
+from policies.decide import DecideConfig, DecideState
+from policies.estimate import EstimatorConfig, EstimatorState, estimate, observe
+from policies.types import Decision, EngineSnapshot, Evidence, GpuSnapshot, TargetState
+from service.board import Board
+from service.logs import fields, get_logger
+from service.sources.errors import ScrapeError, ScrapeErrorReason
+
+INTERNAL_ERROR_REASON = "internal"  # a bug in our code for one target, counted beside the scrape reasons
+
+_T = TypeVar("_T")
+
+
+class Scraper(Protocol):
+    """One inference server's /metrics reader (VllmScraper). Raises only `ScrapeError`."""
+
+    async def scrape(self, now_s: float) -> dict[str, EngineSnapshot]: ...
+
+
+class GpuReader(Protocol):
+    """GPU telemetry (NvmlSource, DcgmSource, NoGpuSource). Never raises: failures come back in the snapshot."""
+
+    async def read(self, now_s: float) -> GpuSnapshot: ...
+
+
+class ContextUnavailableError(Exception):
+    """The cost model cannot be set up for a target (unknown model or hardware profile); the message says why."""
+
+
+# (served model name, this tick's GPU snapshot) -> the cost model's context; raises ContextUnavailableError.
+ContextResolver = Callable[[str, GpuSnapshot], ModelContext]
+
+
+@dataclass(frozen=True, slots=True)
+class TargetSpec:
+    """What the loop needs to know about one target; built by the composition root from the settings."""
+
+    name: str
+    model: str | None  # the vLLM model_name to follow; None = the only one served
+    scraper: Scraper
+    resolve_context: ContextResolver
+
+
+@dataclass(slots=True)
+class _TargetRuntime:
+    # The per-target state threaded through the pure policy functions between ticks.
+    spec: TargetSpec
+    estimator_state: EstimatorState
+    decide_state: DecideState
+    context: ModelContext | None = None
+    context_key: tuple[str, str | None] | None = None  # (served model, GPU device name) it was resolved for
+    context_error: str | None = None
+
+
+class AdvisorLoop:
+    """Runs the pipeline for every target and publishes to `board`. Safe to call `run_once` directly in tests."""
+
+    def __init__(
+        self,
+        targets: Sequence[TargetSpec],
+        *,
+        gpu: GpuReader,
+        board: Board,
+        estimator_config: EstimatorConfig,
+        decide_config: DecideConfig,
+        interval_s: float,
+        timer: Callable[[], float] = time.perf_counter,
+        logger: logging.Logger | None = None,
+    ) -> None:
+        self._targets = [
+            _TargetRuntime(spec=spec, estimator_state=EstimatorState(), decide_state=DecideState()) for spec in targets
+        ]
+        self._gpu = gpu
+        self._board = board
+        self._estimator_config = estimator_config
+        self._decide_config = decide_config
+        self._interval_s = interval_s
+        self._timer = timer
+        self._log = logger if logger is not None else get_logger("loop")
+
+    async def run_once(self, now_s: float) -> None:
+        """One iteration at `now_s` (Unix seconds). A failing target never stops the others or the loop."""
+        gpu = await self._timed("gpu", self._gpu.read(now_s))
+        results = await asyncio.gather(
+            *(self._run_target(runtime, now_s, gpu) for runtime in self._targets), return_exceptions=True
+        )
+        for runtime, result in zip(self._targets, results, strict=True):
+            if isinstance(result, BaseException):
+                if not isinstance(result, Exception):
+                    raise result  # cancellation and interpreter exits are not ours to swallow
+                self._internal_error(runtime, result, now_s)
+        self._board.finish_iteration(now_s)
+
+    async def run_forever(
+        self,
+        clock: Callable[[], float],
+        *,
+        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    ) -> None:
+        """Call `run_once(clock())` every `interval_s` until cancelled; a slow iteration shortens the next sleep."""
+        while True:
+            started_s = clock()
+            await self.run_once(started_s)
+            await sleep(max(0.0, started_s + self._interval_s - clock()))
+
+    # ---------------------------------------------------------------------------------------------------------
+
+    async def _run_target(self, runtime: _TargetRuntime, now_s: float, gpu: GpuSnapshot) -> None:
+        name = runtime.spec.name
+        try:
+            snapshots = await self._timed("scrape", runtime.spec.scraper.scrape(now_s))
+            snapshot = _pick_model(snapshots, runtime.spec.model)
+        except ScrapeError as exc:
+            self._scrape_failed(runtime, exc, now_s)
+            evidence = self._estimate(runtime, now_s, gpu, snapshot=None, failure=exc)
+            good_scrape_s: float | None = None
+        else:
+            self._recovered(runtime)
+            evidence = self._estimate(runtime, now_s, gpu, snapshot=snapshot, failure=None)
+            good_scrape_s = now_s
+
+        started = self._timer()
+        context = self._context_for(runtime, evidence, gpu)
+        if context is None and evidence.state == TargetState.OK:
+            evidence = replace(evidence, state=TargetState.ERROR, reason=runtime.context_error or "no cost model")
+        decision, runtime.decide_state = advise(evidence, context, self._decide_config, runtime.decide_state, now_s)
+        self._board.timings.observe("advise", self._timer() - started)
+
+        started = self._timer()
+        previous = self._board.get(name)
+        self._log_change(previous.decision if previous else None, decision)
+        self._board.publish(
+            name,
+            evidence=evidence,
+            decision=decision,
+            good_scrape_s=good_scrape_s,
+            engine_activity=engine_activity(evidence, context) if good_scrape_s is not None else None,
+            profiles=_profiles(context) if context is not None else None,
+        )
+        self._board.timings.observe("publish", self._timer() - started)
+
+    def _estimate(
+        self,
+        runtime: _TargetRuntime,
+        now_s: float,
+        gpu: GpuSnapshot,
+        *,
+        snapshot: EngineSnapshot | None,
+        failure: ScrapeError | None,
+    ) -> Evidence:
+        started = self._timer()
+        if snapshot is not None:
+            runtime.estimator_state = observe(runtime.estimator_state, snapshot, self._estimator_config)
+        evidence = estimate(
+            runtime.estimator_state, target=runtime.spec.name, config=self._estimator_config, now_s=now_s, gpu=gpu
+        )
+        if failure is not None:
+            evidence = self._failed_evidence(runtime, evidence, failure, now_s)
+        self._board.timings.observe("estimate", self._timer() - started)
+        return evidence
+
+    def _failed_evidence(
+        self, runtime: _TargetRuntime, evidence: Evidence, failure: ScrapeError, now_s: float
+    ) -> Evidence:
+        # Recent good data -> stale (the numbers are still shown, just not fresh); none or old -> error.
+        status = self._board.get(runtime.spec.name)
+        last_good_s = status.last_good_scrape_s if status else None
+        what = f"scrape failed ({failure.reason.value}): {failure.detail}"
+        if last_good_s is not None and now_s - last_good_s <= self._estimator_config.stale_after_s:
+            return replace(
+                evidence, state=TargetState.STALE, reason=f"{what}; last good scrape {now_s - last_good_s:.0f} s ago"
+            )
+        age = "never" if last_good_s is None else f"{now_s - last_good_s:.0f} s ago"
+        return replace(evidence, state=TargetState.ERROR, reason=f"{what}; last good scrape {age}")
+
+    def _context_for(self, runtime: _TargetRuntime, evidence: Evidence, gpu: GpuSnapshot) -> ModelContext | None:
+        model = evidence.model
+        if not model:
+            return runtime.context
+        # Re-resolve when the model or the GPU changes: hardware "auto" follows the device name.
+        key = (model, gpu.device_name)
+        if runtime.context is not None and runtime.context_key == key:
+            return runtime.context
+        try:
+            runtime.context = runtime.spec.resolve_context(model, gpu)
+        except ContextUnavailableError as exc:
+            if runtime.context_error != str(exc):
+                self._log.warning(
+                    "cost model unavailable", extra=fields(target=runtime.spec.name, model=model, reason=str(exc))
+                )
+            runtime.context, runtime.context_error = None, str(exc)
+            return None
+        runtime.context_key, runtime.context_error = key, None
+        return runtime.context
+
+    def _scrape_failed(self, runtime: _TargetRuntime, exc: ScrapeError, now_s: float) -> None:
+        name = runtime.spec.name
+        status = self._board.get(name)
+        first = status is None or status.last_error is None
+        self._board.record_error(name, exc.reason.value, exc.detail)
+        # Warn once per outage, not every interval; the counter carries the rate.
+        log = self._log.warning if first else self._log.debug
+        log("scrape failed", extra=fields(target=name, reason=exc.reason.value, detail=exc.detail, now_s=now_s))
+
+    def _recovered(self, runtime: _TargetRuntime) -> None:
+        status = self._board.get(runtime.spec.name)
+        if status is not None and status.last_error is not None:
+            self._log.info("scrape recovered", extra=fields(target=runtime.spec.name, after=status.last_error))
+
+    def _internal_error(self, runtime: _TargetRuntime, exc: Exception, now_s: float) -> None:
+        name = runtime.spec.name
+        self._log.error(
+            "internal error while evaluating target", exc_info=exc, extra=fields(target=name, now_s=now_s)
+        )
+        self._board.record_error(name, INTERNAL_ERROR_REASON, f"{type(exc).__name__}: {exc}")
+        status = self._board.get(name)
+        if status is not None and status.decision is not None and status.evidence is not None:
+            # Keep the last recommendation visible, marked as an error with its original evaluation time.
+            reason = f"internal error: {type(exc).__name__}: {exc}"
+            self._board.publish(
+                name,
+                evidence=replace(status.evidence, state=TargetState.ERROR, reason=reason),
+                decision=replace(status.decision, state=TargetState.ERROR, reason=reason),
+                good_scrape_s=None,
+            )
+
+    def _log_change(self, previous: Decision | None, current: Decision) -> None:
+        before = (previous.state, previous.enabled, previous.num_speculative_tokens) if previous else None
+        after = (current.state, current.enabled, current.num_speculative_tokens)
+        if before == after:
+            return
+        self._log.info(
+            "recommendation changed",
+            extra=fields(
+                target=current.target,
+                model=current.model,
+                state=current.state.value,
+                enabled=current.enabled,
+                num_speculative_tokens=current.num_speculative_tokens,
+                previous_state=previous.state.value if previous else None,
+                previous_enabled=previous.enabled if previous else None,
+                previous_num_speculative_tokens=previous.num_speculative_tokens if previous else None,
+                reason=current.reason,
+            ),
+        )
+
+    async def _timed(self, step: str, awaitable: Awaitable[_T]) -> _T:
+        started = self._timer()
+        try:
+            return await awaitable
+        finally:
+            self._board.timings.observe(step, self._timer() - started)
+
+
+def engine_activity(evidence: Evidence, context: ModelContext | None) -> dict[str, float]:
+    """Saturation ratios from vLLM's own per-GPU roofline counters over the hardware's peaks (empty without them).
+
+    Example: 395e12 FLOP/s achieved on an H100 SXM (989.4e12 bf16 peak) -> tensor_active 0.40.
+    """
+    if context is None:
+        return {}
+    hardware = context.hardware
+    activity: dict[str, float] = {}
+    if evidence.achieved_flops_per_s is not None:
+        peak = hardware.flops_for_dtype(context.model.dtype_bytes)
+        activity["tensor_active"] = evidence.achieved_flops_per_s / peak
+    if evidence.achieved_read_bytes_per_s is not None:
+        activity["dram_active"] = evidence.achieved_read_bytes_per_s / hardware.mem_bandwidth_bytes_per_s
+    return activity
+
+
+def _profiles(context: ModelContext) -> dict[str, str]:
+    return {
+        "hardware": context.hardware.name,
+        "model": context.model.name,
+        "drafter": context.drafter.method.value,
+        "tensor_parallel": str(context.tensor_parallel),
+    }
+
+
+def _pick_model(snapshots: Mapping[str, EngineSnapshot], wanted: str | None) -> EngineSnapshot:
+    served = ", ".join(sorted(snapshots)) or "none"
+    if wanted is not None:
+        snapshot = snapshots.get(wanted)
+        if snapshot is None:
+            raise ScrapeError(ScrapeErrorReason.MODEL_MISSING, f"model '{wanted}' is not served (served: {served})")
+        return snapshot
+    if len(snapshots) == 1:
+        return next(iter(snapshots.values()))
+    if not snapshots:
+        raise ScrapeError(ScrapeErrorReason.MODEL_MISSING, "the page carries no vLLM engine series")
+    raise ScrapeError(
+        ScrapeErrorReason.MODEL_MISSING, f"the server serves several models ({served}); set the target's model"
+    )

@@ -1,0 +1,328 @@
+"""The sidecar's one validated settings object: YAML file (``--config FILE``) < env vars < command-line flags.
+
+Env vars use the prefix ``SPEC_ADVISOR_`` and ``__`` for nesting, e.g. ``SPEC_ADVISOR_SCRAPE_INTERVAL_S=10`` or
+``SPEC_ADVISOR_DECIDE__DWELL_S=300``. Lists (``targets``) are given as JSON in env vars. Every field carries its
+unit in its name and says why its default is what it is. Invalid settings fail at start-up with
+`SettingsError`, whose message names each offending field (the CLI prints it and exits 2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal, Self
+from urllib.parse import urlsplit, urlunsplit
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, InitSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
+
+from policies.types import DraftMethod
+
+TargetName = Annotated[
+    str,
+    Field(
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:-]{0,62}$",
+        description="Identity of the target in the API, logs and metric labels; keep it short and stable.",
+    ),
+]
+
+
+class SettingsError(Exception):
+    """Settings that cannot run the sidecar; the message is meant for a human at a terminal."""
+
+
+class _Section(BaseModel):
+    # Unknown keys are typos (`dwell` for `dwell_s`): reject them instead of silently using a default.
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DrafterSettings(_Section):
+    method: DraftMethod = Field(
+        default=DraftMethod.NGRAM,
+        description="How drafts are made. Default ngram: the one method that needs no extra model, so the cheapest "
+        "to turn on; set the method you would deploy.",
+    )
+    draft_model_profile: str | None = Field(
+        default=None,
+        description="Catalog name of the draft model; required for method draft_model (its cost is its own roofline).",
+    )
+
+    @model_validator(mode="after")
+    def _draft_model_needs_profile(self) -> Self:
+        if self.method == DraftMethod.DRAFT_MODEL and not self.draft_model_profile:
+            raise ValueError("drafter.method 'draft_model' needs drafter.draft_model_profile (a catalog name)")
+        return self
+
+
+class TargetSettings(_Section):
+    name: TargetName
+    url: str = Field(
+        description="The inference server's base URL (http://host:8000) or its full /metrics URL; the base URL gets "
+        "'/metrics' appended."
+    )
+    model: str | None = Field(
+        default=None,
+        description="vLLM model_name label to advise on. Optional when the server serves exactly one model "
+        "(the usual case); required when it serves several.",
+    )
+    hardware: str = Field(
+        default="auto",
+        description="Hardware profile name, or 'auto': from the GPU device name reported by the GPU telemetry; when "
+        "that is absent or unknown, `fallback_hardware` is used (and the evidence says so).",
+    )
+    model_profile: str | None = Field(
+        default=None,
+        description="Model catalog name. When neither this nor model_config_path is set, the served model name is "
+        "looked up in the catalog.",
+    )
+    model_config_path: Path | None = Field(
+        default=None,
+        description="A Hugging Face config.json describing the target model (for models not in the catalog).",
+    )
+    drafter: DrafterSettings = Field(default_factory=DrafterSettings)
+    tensor_parallel: int = Field(
+        default=1, ge=1, le=64, description="GPUs one model replica is sharded over (vLLM --tensor-parallel-size)."
+    )
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"'{value}' is not an http(s) URL with a host")
+        try:
+            _ = parts.port  # raises for a non-numeric or out-of-range port
+        except ValueError as exc:
+            raise ValueError(f"'{value}' has an invalid port") from exc
+        return value
+
+    @model_validator(mode="after")
+    def _one_model_source(self) -> Self:
+        if self.model_profile and self.model_config_path:
+            raise ValueError("set model_profile or model_config_path, not both")
+        if self.model_config_path is not None and not self.model_config_path.is_file():
+            raise ValueError(f"model_config_path '{self.model_config_path}' is not a readable file")
+        return self
+
+    @property
+    def metrics_url(self) -> str:
+        parts = urlsplit(self.url)
+        path = parts.path.rstrip("/")
+        if not path.endswith("/metrics"):
+            path = f"{path}/metrics"
+        return urlunsplit((parts.scheme, parts.netloc, path, parts.query, ""))
+
+
+class GpuSettings(_Section):
+    telemetry: Literal["none", "nvml", "dcgm"] = Field(
+        default="nvml",
+        description="Where GPU telemetry comes from. Default nvml: local and cheap; on a machine without a GPU or "
+        "driver it reports 'absent' and the advisor works from the engine's metrics alone.",
+    )
+    dcgm_url: str | None = Field(default=None, description="dcgm-exporter /metrics URL; required for telemetry 'dcgm'.")
+    timeout_s: float = Field(
+        default=2.0,
+        gt=0,
+        le=60,
+        description="DCGM scrape timeout; small because GPU data is optional, never worth a stall.",
+    )
+
+    @model_validator(mode="after")
+    def _dcgm_needs_url(self) -> Self:
+        if self.telemetry == "dcgm" and not self.dcgm_url:
+            raise ValueError("gpu.telemetry 'dcgm' needs gpu.dcgm_url (the dcgm-exporter /metrics URL)")
+        return self
+
+
+class EstimatorSettings(_Section):
+    window_s: float = Field(
+        default=60.0,
+        gt=0,
+        le=3600,
+        description="Sliding window for counter deltas. 60 s holds thousands of drafts on a busy server yet follows "
+        "a workload change within a minute.",
+    )
+    min_drafts: int = Field(
+        default=200,
+        ge=1,
+        description="Below this many drafts in the window the state is insufficient_data: at 200 the binomial 95% "
+        "interval on a 0.5 acceptance is about +-0.07.",
+    )
+    z: float = Field(default=1.96, gt=0, le=5, description="Normal quantile of the acceptance intervals; 1.96 = 95%.")
+    stale_after_s: float = Field(
+        default=30.0,
+        gt=0,
+        description="No good scrape for this long makes the target stale: 6 missed scrapes at the 5 s default.",
+    )
+
+
+class DecideSettings(_Section):
+    margin: float = Field(
+        default=0.05,
+        ge=0,
+        le=1,
+        description="Switch on only when the low end of the speedup clears 1 + margin: 5% pays for the risk of "
+        "the model being wrong.",
+    )
+    dwell_s: float = Field(
+        default=120.0,
+        ge=0,
+        description="A change must persist this long before it is published: two windows, so one burst does not "
+        "flip the recommendation.",
+    )
+    gamma_max: int = Field(
+        default=8,
+        ge=1,
+        le=32,
+        description="Largest gamma evaluated; past 8 drafts acceptance is rarely worth the cost.",
+    )
+    min_speedup_gain_to_change_gamma: float = Field(
+        default=0.02,
+        ge=0,
+        le=1,
+        description="While on, move gamma only for a predicted gain at least this large: a 2% gain is within the "
+        "model's error and not worth a restart.",
+    )
+
+
+class Settings(BaseSettings):
+    """Everything the sidecar needs to run; built once by `load_settings` and never mutated."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="SPEC_ADVISOR_", env_nested_delimiter="__", extra="forbid", frozen=True, populate_by_name=True
+    )
+
+    targets: list[TargetSettings] = Field(min_length=1, description="Inference servers to advise on.")
+    scrape_interval_s: float = Field(
+        default=5.0,
+        gt=0,
+        le=600,
+        description="Time between iterations. 5 s gives 12 samples per 60 s window at a negligible cost to vLLM.",
+    )
+    scrape_timeout_s: float = Field(
+        default=4.0, gt=0, le=600, description="Per-scrape timeout; below the interval so a slow target cannot pile up."
+    )
+    max_body_bytes: int = Field(
+        default=8 * 1024 * 1024,
+        ge=1024,
+        description="Largest /metrics body read; real vLLM pages are ~100 KB, 8 MiB bounds memory on a wrong URL.",
+    )
+    stall_after_intervals: int = Field(
+        default=3, ge=2, le=100, description="/healthz fails after this many intervals without a finished iteration."
+    )
+    host: str = Field(
+        default="127.0.0.1",
+        description="Listen address. Loopback by default (safe); a pod needs 0.0.0.0 for Prometheus to reach it.",
+    )
+    port: int = Field(default=8321, ge=0, le=65535, description="Listen port; 8321 avoids vLLM's 8000 in the same pod.")
+    fallback_hardware: str = Field(
+        default="h100-sxm",
+        description="Hardware profile used by targets with hardware 'auto' when no GPU name is known: the most "
+        "common serving GPU, so the cost model is in the right ballpark until configured.",
+    )
+    log_format: Literal["text", "json"] = Field(default="text", description="json for log collectors, text for people.")
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    gpu: GpuSettings = Field(default_factory=GpuSettings)
+    estimator: EstimatorSettings = Field(default_factory=EstimatorSettings)
+    decide: DecideSettings = Field(default_factory=DecideSettings)
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> Self:
+        if self.estimator.window_s < 2 * self.scrape_interval_s:
+            raise ValueError(
+                f"estimator.window_s ({self.estimator.window_s:g}) must be at least 2 x scrape_interval_s "
+                f"({self.scrape_interval_s:g}): a window needs two scrapes to hold a delta"
+            )
+        if self.scrape_timeout_s > self.scrape_interval_s:
+            raise ValueError(
+                f"scrape_timeout_s ({self.scrape_timeout_s:g}) must not exceed scrape_interval_s "
+                f"({self.scrape_interval_s:g})"
+            )
+        if self.estimator.stale_after_s <= self.scrape_interval_s:
+            raise ValueError(
+                f"estimator.stale_after_s ({self.estimator.stale_after_s:g}) must exceed scrape_interval_s "
+                f"({self.scrape_interval_s:g}), or every scrape would look stale"
+            )
+        names = [target.name for target in self.targets]
+        duplicates = sorted({name for name in names if names.count(name) > 1})
+        if duplicates:
+            raise ValueError(f"target names must be unique; repeated: {', '.join(duplicates)}")
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        # Flags (init) beat env, env beats the file (added by load_settings); no .env or secrets dir magic.
+        return (init_settings, env_settings)
+
+
+def target_name_for_url(url: str) -> str:
+    """A stable target name for a bare `--target URL`: host and port ('127.0.0.1:8000')."""
+    parts = urlsplit(url)
+    host = parts.hostname or "target"
+    try:
+        port = parts.port
+    except ValueError:
+        port = None
+    return f"{host}:{port}" if port else host
+
+
+def load_settings(config_file: Path | None = None, *, overrides: Mapping[str, Any] | None = None) -> Settings:
+    """Build the settings from an optional YAML file, the environment and `overrides` (highest priority).
+
+    Raises `SettingsError` with one line per problem; never a traceback-worthy exception for bad input.
+    """
+    file_values = _read_yaml(config_file) if config_file is not None else {}
+
+    class _FromFile(Settings):
+        @classmethod
+        def settings_customise_sources(
+            cls,
+            settings_cls: type[BaseSettings],
+            init_settings: PydanticBaseSettingsSource,
+            env_settings: PydanticBaseSettingsSource,
+            dotenv_settings: PydanticBaseSettingsSource,
+            file_secret_settings: PydanticBaseSettingsSource,
+        ) -> tuple[PydanticBaseSettingsSource, ...]:
+            return (init_settings, env_settings, InitSettingsSource(settings_cls, init_kwargs=file_values))
+
+    try:
+        loaded = _FromFile(**dict(overrides or {}))
+    except ValidationError as exc:
+        raise SettingsError(format_validation_error(exc, config_file)) from None
+    # Hand out the plain class so nothing downstream sees the loader's subclass.
+    return Settings.model_construct(**{name: getattr(loaded, name) for name in Settings.model_fields})
+
+
+def format_validation_error(exc: ValidationError, config_file: Path | None = None) -> str:
+    sources = "env SPEC_ADVISOR_*, flags"
+    where = f" (config file {config_file}, {sources})" if config_file else f" ({sources})"
+    lines = [f"invalid settings{where}:"]
+    for error in exc.errors(include_url=False):
+        location = ".".join(str(part) for part in error["loc"]) or "settings"
+        message = str(error["msg"]).removeprefix("Value error, ")  # pydantic's prefix for our own ValueErrors
+        lines.append(f"  {location}: {message}")
+    return "\n".join(lines)
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SettingsError(f"cannot read config file {path}: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise SettingsError(f"config file {path} is not valid YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise SettingsError(f"config file {path} must hold a mapping of settings at the top level")
+    return data

@@ -1,0 +1,211 @@
+"""The exporter: families built from the Board at scrape time, on a fresh private registry per test."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from prometheus_client import REGISTRY, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from policies.types import (
+    AcceptanceEvidence,
+    CurvePoint,
+    Decision,
+    Evidence,
+    GpuSnapshot,
+    TargetState,
+)
+from service.board import Board
+from service.exporter import build_registry
+
+NOW_S = 1_800_000_000.0
+MODEL = "meta-llama/Llama-3.1-8B-Instruct"
+IDS = {"target": "llama", "model": MODEL}
+
+
+def make_evidence(**overrides: object) -> Evidence:
+    base = Evidence(
+        target="llama",
+        model=MODEL,
+        at_s=NOW_S,
+        state=TargetState.OK,
+        speculation_on=True,
+        deployed_k=3,
+        acceptance=AcceptanceEvidence(
+            per_position=(0.8, 0.6, 0.4),
+            per_position_low=(0.78, 0.57, 0.37),
+            per_position_high=(0.82, 0.63, 0.43),
+            drafts=1000.0,
+            draft_tokens=3000.0,
+            accepted_tokens=1800.0,
+            mean_acceptance_length=2.8,
+            acceptance_rate=0.6,
+            mean_proposed_length=3.0,
+            window_s=60.0,
+        ),
+        batch=12.0,
+        waiting=2.0,
+        step_time_s=0.025,
+        gpu=GpuSnapshot(
+            taken_at_s=NOW_S,
+            source="nvml",
+            device_name="NVIDIA H100 80GB HBM3",
+            device_count=1,
+            gpu_util_ratio=0.97,
+            tensor_active_ratio=0.31,
+            dram_active_ratio=0.72,
+            activity_source="gpm",
+        ),
+    )
+    return replace(base, **overrides)  # type: ignore[arg-type]
+
+
+def make_decision(**overrides: object) -> Decision:
+    base = Decision(
+        target="llama",
+        model=MODEL,
+        state=TargetState.OK,
+        enabled=True,
+        num_speculative_tokens=3,
+        expected_speedup=1.42,
+        expected_speedup_low=1.31,
+        expected_speedup_high=1.55,
+        reason="on",
+        evaluated_at_s=NOW_S,
+        curve=(
+            CurvePoint(gamma=0, speedup=1.0, speedup_low=1.0, speedup_high=1.0, expected_accepted_length=1.0,
+                       step_time_s=0.02),
+            CurvePoint(gamma=3, speedup=1.42, speedup_low=1.31, speedup_high=1.55, expected_accepted_length=2.8,
+                       step_time_s=0.03),
+        ),
+    )
+    return replace(base, **overrides)  # type: ignore[arg-type]
+
+
+def published_board() -> Board:
+    board = Board([("llama", None)], started_at_s=NOW_S - 100)
+    board.publish("llama", evidence=make_evidence(), decision=make_decision(), good_scrape_s=NOW_S - 10)
+    return board
+
+
+def test_recommendation_and_acceptance_families() -> None:
+    registry = build_registry(published_board(), clock=lambda: NOW_S, version="1.2.3")
+    value = registry.get_sample_value
+
+    assert value("specadvisor_recommended_enabled", IDS) == 1.0
+    assert value("specadvisor_recommended_num_speculative_tokens", IDS) == 3.0
+    assert value("specadvisor_expected_speedup", IDS) == 1.42
+    assert value("specadvisor_expected_speedup_low", IDS) == 1.31
+    assert value("specadvisor_expected_speedup_high", IDS) == 1.55
+    assert value("specadvisor_predicted_speedup", {**IDS, "gamma": "3"}) == 1.42
+    assert value("specadvisor_acceptance_per_position_ratio", {**IDS, "position": "0"}) == 0.8
+    assert value("specadvisor_acceptance_per_position_ratio", {**IDS, "position": "2"}) == 0.4
+    assert value("specadvisor_mean_acceptance_length_tokens", IDS) == 2.8
+    assert value("specadvisor_acceptance_rate_ratio", IDS) == 0.6
+    assert value("specadvisor_batch_requests", IDS) == 12.0
+    assert value("specadvisor_waiting_requests", IDS) == 2.0
+    assert value("specadvisor_deployed_num_speculative_tokens", IDS) == 3.0
+    assert value("specadvisor_step_time_seconds", IDS) == 0.025
+    assert value("specadvisor_build_info", {"version": "1.2.3"}) == 1.0
+
+
+def test_decision_state_is_one_hot() -> None:
+    registry = build_registry(published_board(), clock=lambda: NOW_S, version="x")
+    states = {s.value: registry.get_sample_value("specadvisor_decision_state", {**IDS, "state": s.value})
+              for s in TargetState}
+    assert states == {"ok": 1.0, "insufficient_data": 0.0, "stale": 0.0, "error": 0.0}
+
+
+def test_gpu_signals_keep_their_source() -> None:
+    registry = build_registry(published_board(), clock=lambda: NOW_S, version="x")
+    value = registry.get_sample_value
+    assert value("specadvisor_gpu_utilization_ratio", {**IDS, "signal": "gpu_util", "source": "nvml"}) == 0.97
+    assert value("specadvisor_gpu_utilization_ratio", {**IDS, "signal": "tensor_active", "source": "gpm"}) == 0.31
+    assert value("specadvisor_gpu_utilization_ratio", {**IDS, "signal": "dram_active", "source": "gpm"}) == 0.72
+    # sm_active was not measured: absent, not 0.
+    assert value("specadvisor_gpu_utilization_ratio", {**IDS, "signal": "sm_active", "source": "gpm"}) is None
+
+
+def test_engine_estimated_saturation_has_source_engine() -> None:
+    board = Board([("llama", None)], started_at_s=NOW_S)
+    board.publish(
+        "llama",
+        evidence=make_evidence(gpu=None),
+        decision=make_decision(),
+        good_scrape_s=NOW_S,
+        engine_activity={"tensor_active": 0.4, "dram_active": 0.7},
+    )
+    registry = build_registry(board, clock=lambda: NOW_S, version="x")
+    value = registry.get_sample_value
+    assert value("specadvisor_gpu_utilization_ratio", {**IDS, "signal": "tensor_active", "source": "engine"}) == 0.4
+    assert value("specadvisor_gpu_utilization_ratio", {**IDS, "signal": "dram_active", "source": "engine"}) == 0.7
+
+
+def test_freshness_and_error_counter() -> None:
+    board = published_board()
+    board.record_error("llama", "timeout", "slow")
+    board.record_error("llama", "timeout", "slow")
+    board.record_error("llama", "connect", "refused")
+    registry = build_registry(board, clock=lambda: NOW_S, version="x")
+    value = registry.get_sample_value
+
+    assert value("specadvisor_last_good_scrape_timestamp_seconds", IDS) == NOW_S - 10
+    assert value("specadvisor_last_good_scrape_age_seconds", IDS) == 10.0  # NOW - (NOW - 10)
+    assert value("specadvisor_scrape_errors_total", {**IDS, "reason": "timeout"}) == 2.0
+    assert value("specadvisor_scrape_errors_total", {**IDS, "reason": "connect"}) == 1.0
+
+
+def test_scrape_time_collection_sees_new_board_values() -> None:
+    board = published_board()
+    registry = build_registry(board, clock=lambda: NOW_S, version="x")
+    assert registry.get_sample_value("specadvisor_recommended_enabled", IDS) == 1.0
+    board.publish(
+        "llama",
+        evidence=make_evidence(),
+        decision=make_decision(enabled=False, num_speculative_tokens=0),
+        good_scrape_s=NOW_S,
+    )
+    assert registry.get_sample_value("specadvisor_recommended_enabled", IDS) == 0.0
+    assert registry.get_sample_value("specadvisor_recommended_num_speculative_tokens", IDS) == 0.0
+
+
+def test_unevaluated_target_exports_no_values_but_its_state() -> None:
+    board = Board([("idle", "m")], started_at_s=NOW_S)
+    registry = build_registry(board, clock=lambda: NOW_S, version="x")
+    ids = {"target": "idle", "model": "m"}
+    assert registry.get_sample_value("specadvisor_recommended_enabled", ids) is None
+    assert registry.get_sample_value("specadvisor_batch_requests", ids) is None
+    assert registry.get_sample_value("specadvisor_decision_state", {**ids, "state": "ok"}) == 0.0
+
+
+def test_loop_step_histogram() -> None:
+    board = published_board()
+    board.timings.observe("scrape", 0.003)
+    board.timings.observe("scrape", 0.2)
+    board.finish_iteration(NOW_S)
+    registry = build_registry(board, clock=lambda: NOW_S, version="x")
+    value = registry.get_sample_value
+
+    assert value("specadvisor_loop_step_duration_seconds_count", {"step": "scrape"}) == 2.0
+    # sum = 0.003 + 0.2
+    assert value("specadvisor_loop_step_duration_seconds_sum", {"step": "scrape"}) == pytest.approx(0.203)
+    # 0.003 is above the 0.0025 bucket and inside 0.005; 0.2 lands in 0.25.
+    assert value("specadvisor_loop_step_duration_seconds_bucket", {"step": "scrape", "le": "0.0025"}) == 0.0
+    assert value("specadvisor_loop_step_duration_seconds_bucket", {"step": "scrape", "le": "0.005"}) == 1.0
+    assert value("specadvisor_loop_step_duration_seconds_bucket", {"step": "scrape", "le": "0.25"}) == 2.0
+    assert value("specadvisor_loop_step_duration_seconds_bucket", {"step": "scrape", "le": "+Inf"}) == 2.0
+    assert value("specadvisor_loop_iterations_total") == 1.0
+    assert value("specadvisor_last_iteration_timestamp_seconds") == NOW_S
+
+
+def test_exposition_parses_and_follows_naming_rules() -> None:
+    registry = build_registry(published_board(), clock=lambda: NOW_S, version="x")
+    families = list(text_string_to_metric_families(generate_latest(registry).decode()))
+    assert families
+    for family in families:
+        assert family.name.startswith("specadvisor_")
+        if family.type == "gauge":
+            assert not family.name.endswith("_total"), family.name  # _total only on counters
+    # Never on the process-global registry.
+    assert REGISTRY.get_sample_value("specadvisor_build_info", {"version": "x"}) is None

@@ -1,0 +1,294 @@
+"""AdvisorLoop.run_once driven with an injected time and fake sources (no network, no wall clock)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+
+import pytest
+from estimate_builders import FIXTURE_TAKEN_AT_S, advance, make_snapshot
+
+from policies.costmodel import ModelContext
+from policies.decide import DecideConfig
+from policies.estimate import EstimatorConfig
+from policies.profiles import drafter_for, hardware_by_name, model_by_name
+from policies.types import DraftMethod, EngineSnapshot, GpuSnapshot, TargetState
+from service.board import Board
+from service.loop import INTERNAL_ERROR_REASON, AdvisorLoop, ContextUnavailableError, TargetSpec
+from service.sources.errors import ScrapeError, ScrapeErrorReason
+
+T0 = FIXTURE_TAKEN_AT_S
+INTERVAL_S = 5.0
+ESTIMATOR = EstimatorConfig(window_s=60.0, min_drafts=200, z=1.96, stale_after_s=30.0)
+DECIDE = DecideConfig(margin=0.05, dwell_s=120.0, gamma_max=8)
+
+Outcome = dict[str, EngineSnapshot] | Exception
+
+
+class FakeScraper:
+    """Answers each scrape with the next scripted outcome (a snapshot dict, or an exception to raise)."""
+
+    def __init__(self, *outcomes: Outcome) -> None:
+        self._outcomes: Iterator[Outcome] = iter(outcomes)
+        self.calls: list[float] = []
+
+    async def scrape(self, now_s: float) -> dict[str, EngineSnapshot]:
+        self.calls.append(now_s)
+        outcome = next(self._outcomes)
+        if isinstance(outcome, Exception):
+            raise outcome
+        return {name: replace(snap, taken_at_s=now_s) for name, snap in outcome.items()}
+
+
+class FakeGpu:
+    def __init__(self) -> None:
+        self.reads: list[float] = []
+
+    async def read(self, now_s: float) -> GpuSnapshot:
+        self.reads.append(now_s)
+        return GpuSnapshot(taken_at_s=now_s, source="absent")
+
+
+class StepTimer:
+    """A monotonic timer that advances 1 ms per read, so every step has a known, non-zero duration."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        self.now += 0.001
+        return self.now
+
+
+def context(model_name: str = "llama-3.1-8b") -> ModelContext:
+    model = model_by_name(model_name)
+    return ModelContext(
+        hardware=hardware_by_name("h100-sxm"), model=model, drafter=drafter_for(DraftMethod.NGRAM, model)
+    )
+
+
+def fixed_context(_model: str, _gpu: GpuSnapshot) -> ModelContext:
+    return context()
+
+
+def no_context(model: str, _gpu: GpuSnapshot) -> ModelContext:
+    raise ContextUnavailableError(f"model '{model}' is not in the catalog")
+
+
+def make_loop(
+    *targets: tuple[str, FakeScraper],
+    gpu: FakeGpu | None = None,
+    resolve: Callable[[str, GpuSnapshot], ModelContext] = fixed_context,
+    model: str | None = None,
+) -> tuple[AdvisorLoop, Board]:
+    board = Board(((name, model) for name, _ in targets), started_at_s=T0)
+    loop = AdvisorLoop(
+        [TargetSpec(name=name, model=model, scraper=scraper, resolve_context=resolve) for name, scraper in targets],
+        gpu=gpu or FakeGpu(),
+        board=board,
+        estimator_config=ESTIMATOR,
+        decide_config=DECIDE,
+        interval_s=INTERVAL_S,
+        timer=StepTimer(),
+    )
+    return loop, board
+
+
+def run(coro: object) -> None:
+    asyncio.run(coro)  # type: ignore[arg-type]
+
+
+FIRST = {"tiny": make_snapshot()}
+# 400 new drafts (>= min_drafts 200) with 600 accepted tokens, 280 + 200 + 120 = 600 across the positions.
+SECOND = {"tiny": advance(make_snapshot(), dt_s=INTERVAL_S, drafts=400, draft_tokens=1200, accepted=600,
+                          per_position=(280, 200, 120))}
+TIMEOUT = ScrapeError(ScrapeErrorReason.TIMEOUT, "no answer within 4 s")
+
+
+def test_good_scrapes_publish_evidence_and_decision() -> None:
+    scraper = FakeScraper(FIRST, SECOND)
+    loop, board = make_loop(("a", scraper))
+
+    run(loop.run_once(T0))
+    run(loop.run_once(T0 + INTERVAL_S))
+
+    status = board.get("a")
+    assert status is not None and status.evidence is not None and status.decision is not None
+    assert scraper.calls == [T0, T0 + INTERVAL_S]
+    assert status.last_good_scrape_s == T0 + INTERVAL_S
+    assert status.evidence.state is TargetState.OK
+    assert status.evidence.model == "tiny"
+    # Window delta: 600 accepted over 400 drafts -> E[L] = 1 + 600/400 = 2.5.
+    assert status.evidence.acceptance is not None
+    assert status.evidence.acceptance.mean_acceptance_length == pytest.approx(2.5)
+    assert status.decision.state is TargetState.OK
+    # First decision: the deployment that runs (n-gram on, k=3) is the baseline; the curve is published with it.
+    assert (status.decision.enabled, status.decision.num_speculative_tokens) == (True, 3)
+    assert [p.gamma for p in status.decision.curve] == list(range(DECIDE.gamma_max + 1))
+    assert board.iterations == 2 and board.last_iteration_s == T0 + INTERVAL_S
+    assert dict(status.scrape_errors) == {}
+
+
+def test_failed_scrape_keeps_last_recommendation_as_stale_then_error() -> None:
+    scraper = FakeScraper(FIRST, TIMEOUT, TIMEOUT)
+    loop, board = make_loop(("a", scraper))
+
+    run(loop.run_once(T0))
+    good = board.get("a")
+    assert good is not None and good.decision is not None
+
+    run(loop.run_once(T0 + INTERVAL_S))  # 5 s after the last good scrape: within stale_after_s (30 s)
+    stale = board.get("a")
+    assert stale is not None and stale.decision is not None and stale.evidence is not None
+    assert stale.evidence.state is TargetState.STALE
+    assert "timeout" in stale.evidence.reason
+    assert stale.decision.state is TargetState.STALE
+    assert (stale.decision.enabled, stale.decision.num_speculative_tokens) == (
+        good.decision.enabled,
+        good.decision.num_speculative_tokens,
+    )
+    assert stale.last_good_scrape_s == T0
+    assert dict(stale.scrape_errors) == {"timeout": 1}
+
+    run(loop.run_once(T0 + 40.0))  # 40 s > stale_after_s: the data is too old to call stale
+    broken = board.get("a")
+    assert broken is not None and broken.decision is not None
+    assert broken.decision.state is TargetState.ERROR
+    assert broken.decision.enabled == good.decision.enabled
+    assert dict(broken.scrape_errors) == {"timeout": 2}
+    assert broken.last_error is not None and broken.last_error.startswith("timeout")
+
+
+def test_never_scraped_target_is_an_error_and_counts_reasons() -> None:
+    refused = ScrapeError(ScrapeErrorReason.CONNECT, "connection refused")
+    loop, board = make_loop(("a", FakeScraper(refused, refused)))
+    run(loop.run_once(T0))
+    run(loop.run_once(T0 + INTERVAL_S))
+    status = board.get("a")
+    assert status is not None and status.decision is not None
+    assert status.decision.state is TargetState.ERROR
+    assert status.last_good_scrape_s is None
+    assert dict(status.scrape_errors) == {"connect": 2}
+    assert not board.is_ready()
+
+
+def test_bug_in_one_target_does_not_stop_the_others(caplog: pytest.LogCaptureFixture) -> None:
+    broken = FakeScraper(FIRST, RuntimeError("boom"))
+    healthy = FakeScraper(FIRST, SECOND)
+    loop, board = make_loop(("broken", broken), ("healthy", healthy))
+
+    run(loop.run_once(T0))
+    with caplog.at_level(logging.ERROR, logger="spec_advisor"):
+        run(loop.run_once(T0 + INTERVAL_S))
+
+    failed = board.get("broken")
+    assert failed is not None and failed.decision is not None
+    assert dict(failed.scrape_errors) == {INTERNAL_ERROR_REASON: 1}
+    assert failed.decision.state is TargetState.ERROR  # last recommendation kept, marked
+    ok = board.get("healthy")
+    assert ok is not None and ok.last_good_scrape_s == T0 + INTERVAL_S
+    assert board.iterations == 2
+    [record] = [r for r in caplog.records if r.levelno == logging.ERROR]
+    assert record.exc_info is not None  # logged with its traceback
+
+
+def test_model_selection() -> None:
+    two_models = {"tiny": make_snapshot(), "other": make_snapshot(model_name="other")}
+    loop, board = make_loop(("a", FakeScraper(two_models)))
+    run(loop.run_once(T0))
+    status = board.get("a")
+    assert status is not None
+    assert dict(status.scrape_errors) == {"model_missing": 1}
+    assert status.last_error is not None and "set the target's model" in status.last_error
+
+    loop, board = make_loop(("a", FakeScraper(two_models)), model="other")
+    run(loop.run_once(T0))
+    status = board.get("a")
+    assert status is not None and status.evidence is not None
+    assert status.evidence.model == "other"
+
+    loop, board = make_loop(("a", FakeScraper(FIRST)), model="absent")
+    run(loop.run_once(T0))
+    status = board.get("a")
+    assert status is not None and status.last_error is not None
+    assert "model 'absent' is not served (served: tiny)" in status.last_error
+
+
+def test_unknown_model_profile_is_an_error_with_its_reason() -> None:
+    loop, board = make_loop(("a", FakeScraper(FIRST)), resolve=no_context)
+    run(loop.run_once(T0))
+    status = board.get("a")
+    assert status is not None and status.evidence is not None and status.decision is not None
+    assert status.evidence.state is TargetState.ERROR
+    assert "not in the catalog" in status.evidence.reason
+    assert status.decision.state is TargetState.ERROR
+    assert status.decision.curve == ()
+    assert status.last_good_scrape_s == T0  # the scrape itself was fine
+
+
+def test_gpu_is_read_once_per_tick_and_steps_are_timed() -> None:
+    gpu = FakeGpu()
+    loop, board = make_loop(("a", FakeScraper(FIRST)), ("b", FakeScraper(FIRST)), gpu=gpu)
+    run(loop.run_once(T0))
+    assert gpu.reads == [T0]
+    timings = board.timings
+    assert set(timings.counts) == {"gpu", "scrape", "estimate", "advise", "publish"}
+    # One gpu read per tick; scrape/estimate/advise/publish once per target (2 targets).
+    assert sum(timings.counts["gpu"]) == 1
+    assert all(sum(timings.counts[step]) == 2 for step in ("scrape", "estimate", "advise", "publish"))
+    assert all(total > 0 for total in timings.sums_s.values())
+
+
+def test_one_log_line_per_decision_change(caplog: pytest.LogCaptureFixture) -> None:
+    loop, _ = make_loop(("a", FakeScraper(FIRST, SECOND, TIMEOUT)))
+    with caplog.at_level(logging.INFO, logger="spec_advisor"):
+        run(loop.run_once(T0))  # nothing -> ok (on, 3): a change
+        run(loop.run_once(T0 + INTERVAL_S))  # ok (on, 3) again: no line
+        run(loop.run_once(T0 + 2 * INTERVAL_S))  # ok -> stale: a change
+    changes = [r for r in caplog.records if r.getMessage() == "recommendation changed"]
+    assert len(changes) == 2
+    first, second = (getattr(r, "fields") for r in changes)  # noqa: B009
+    assert first["state"] == "ok" and first["previous_state"] is None and first["reason"]
+    assert second["state"] == "stale" and second["previous_state"] == "ok"
+    assert "timeout" in second["reason"]
+
+
+def test_run_forever_only_sleeps_around_run_once() -> None:
+    scraper = FakeScraper(FIRST, SECOND, SECOND)
+    loop, board = make_loop(("a", scraper))
+    times = iter([T0, T0 + 1.5, T0 + 5.0, T0 + 5.5, T0 + 10.0, T0 + 10.2])
+    sleeps: list[float] = []
+
+    async def fake_sleep(seconds: float) -> None:
+        sleeps.append(seconds)
+        if len(sleeps) == 3:
+            raise asyncio.CancelledError
+
+    with pytest.raises(asyncio.CancelledError):
+        run(loop.run_forever(lambda: next(times), sleep=fake_sleep))
+    assert scraper.calls == [T0, T0 + 5.0, T0 + 10.0]
+    # Each sleep is interval - iteration time: 5 - 1.5, 5 - 0.5, 5 - 0.2.
+    assert sleeps == pytest.approx([3.5, 4.5, 4.8])
+    assert board.iterations == 3
+
+
+def test_engine_roofline_counters_become_saturation_ratios() -> None:
+    peak_flops = hardware_by_name("h100-sxm").peak_flops_per_s  # bf16 dense: the Llama-3.1-8B profile is bf16
+    peak_bytes = hardware_by_name("h100-sxm").mem_bandwidth_bytes_per_s
+    first = {"tiny": make_snapshot(estimated_flops=0.0, estimated_read_bytes=0.0)}
+    # Over 5 s the engine counts 0.4 x peak FLOP/s and 0.7 x peak bytes/s of work.
+    second = {
+        "tiny": advance(
+            first["tiny"], dt_s=INTERVAL_S, drafts=400, draft_tokens=1200, accepted=600, per_position=(280, 200, 120),
+            estimated_flops=0.4 * peak_flops * INTERVAL_S, estimated_read_bytes=0.7 * peak_bytes * INTERVAL_S,
+        )
+    }
+    loop, board = make_loop(("a", FakeScraper(first, second)))
+    run(loop.run_once(T0))
+    run(loop.run_once(T0 + INTERVAL_S))
+    status = board.get("a")
+    assert status is not None
+    assert status.engine_activity["tensor_active"] == pytest.approx(0.4)
+    assert status.engine_activity["dram_active"] == pytest.approx(0.7)

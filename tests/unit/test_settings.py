@@ -1,0 +1,131 @@
+"""Settings: YAML < env < overrides, constrained fields, cross-field rules, readable errors."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from policies.types import DraftMethod
+from service.settings import Settings, SettingsError, load_settings, target_name_for_url
+
+ONE_TARGET = [{"name": "a", "url": "http://127.0.0.1:8000"}]
+
+
+def write(path: Path, text: str) -> Path:
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The developer's shell must not leak settings into these tests.
+    for key in list(os.environ):
+        if key.startswith("SPEC_ADVISOR_"):
+            monkeypatch.delenv(key)
+
+
+def test_defaults_with_one_target() -> None:
+    settings = load_settings(overrides={"targets": ONE_TARGET})
+    assert isinstance(settings, Settings)
+    assert settings.scrape_interval_s == 5.0
+    assert settings.estimator.window_s == 60.0
+    assert settings.decide.dwell_s == 120.0
+    assert settings.targets[0].hardware == "auto"
+    assert settings.targets[0].drafter.method is DraftMethod.NGRAM
+    assert settings.gpu.telemetry == "nvml"
+
+
+def test_yaml_file_env_and_overrides_layer_in_that_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = write(
+        tmp_path / "advisor.yaml",
+        """
+targets:
+  - name: llama
+    url: http://vllm:8000
+    model: meta-llama/Llama-3.1-8B-Instruct
+    hardware: h100-sxm
+    drafter: {method: eagle3}
+scrape_interval_s: 10
+port: 9000
+decide:
+  margin: 0.1
+  dwell_s: 300
+""",
+    )
+    monkeypatch.setenv("SPEC_ADVISOR_DECIDE__DWELL_S", "600")  # env beats the file, nested with __
+    monkeypatch.setenv("SPEC_ADVISOR_PORT", "9001")
+    settings = load_settings(config, overrides={"port": 9002})  # flags beat env
+
+    assert settings.decide.dwell_s == 600.0
+    assert settings.decide.margin == 0.1  # untouched file value survives the nested env merge
+    assert settings.scrape_interval_s == 10.0
+    assert settings.port == 9002
+    assert settings.targets[0].drafter.method is DraftMethod.EAGLE3
+    assert settings.targets[0].metrics_url == "http://vllm:8000/metrics"
+
+
+def test_targets_from_env_as_json(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPEC_ADVISOR_TARGETS", '[{"name": "x", "url": "http://h:1/metrics"}]')
+    settings = load_settings()
+    assert [t.name for t in settings.targets] == ["x"]
+    assert settings.targets[0].metrics_url == "http://h:1/metrics"  # a /metrics URL is kept as is
+
+
+def test_window_must_hold_two_scrapes() -> None:
+    # 5 s interval -> the window needs >= 2 x 5 = 10 s; 9 s is one scrape short.
+    with pytest.raises(SettingsError, match=r"window_s \(9\) must be at least 2 x scrape_interval_s \(5\)"):
+        load_settings(overrides={"targets": ONE_TARGET, "estimator": {"window_s": 9}})
+
+
+def test_target_names_must_be_unique() -> None:
+    with pytest.raises(SettingsError, match="repeated: a"):
+        load_settings(overrides={"targets": [*ONE_TARGET, {"name": "a", "url": "http://other:8000"}]})
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"targets": []}, "targets"),
+        ({"targets": [{"name": "a", "url": "ftp://x"}]}, "targets.0.url"),
+        ({"targets": [{"name": "bad name", "url": "http://x"}]}, "targets.0.name"),
+        ({"targets": ONE_TARGET, "scrape_interval_s": 0}, "scrape_interval_s"),
+        ({"targets": ONE_TARGET, "port": 70000}, "port"),
+        ({"targets": ONE_TARGET, "log_format": "xml"}, "log_format"),
+        ({"targets": ONE_TARGET, "decide": {"dwell": 3}}, "decide.dwell"),  # typo of dwell_s
+        ({"targets": ONE_TARGET, "gpu": {"telemetry": "dcgm"}}, "gpu"),
+        ({"targets": [{"name": "a", "url": "http://x", "drafter": {"method": "draft_model"}}]}, "targets.0.drafter"),
+        ({"targets": [{"name": "a", "url": "http://x", "tensor_parallel": 0}]}, "targets.0.tensor_parallel"),
+    ],
+)
+def test_invalid_values_name_the_field(overrides: dict[str, object], field: str) -> None:
+    with pytest.raises(SettingsError) as caught:
+        load_settings(overrides=overrides)
+    assert f"  {field}" in str(caught.value)
+
+
+def test_missing_targets_is_a_clear_error() -> None:
+    with pytest.raises(SettingsError, match="targets: Field required"):
+        load_settings()
+
+
+def test_bad_config_files(tmp_path: Path) -> None:
+    with pytest.raises(SettingsError, match="cannot read config file"):
+        load_settings(tmp_path / "absent.yaml")
+    with pytest.raises(SettingsError, match="not valid YAML"):
+        load_settings(write(tmp_path / "broken.yaml", "targets: [\n"))
+    with pytest.raises(SettingsError, match="mapping of settings"):
+        load_settings(write(tmp_path / "list.yaml", "- a\n- b\n"))
+
+
+def test_model_sources_are_exclusive(tmp_path: Path) -> None:
+    config_json = write(tmp_path / "config.json", "{}")
+    target = {"name": "a", "url": "http://x", "model_profile": "llama-3.1-8b", "model_config_path": str(config_json)}
+    with pytest.raises(SettingsError, match="not both"):
+        load_settings(overrides={"targets": [target]})
+
+
+def test_target_name_for_url() -> None:
+    assert target_name_for_url("http://127.0.0.1:8000/metrics") == "127.0.0.1:8000"
+    assert target_name_for_url("http://vllm") == "vllm"
