@@ -3,25 +3,38 @@
 Times on the wire are RFC 3339 UTC strings (`evaluated_at`) or ages in seconds (`age_s`). A target that has not
 been evaluated yet is listed with null values and a reason rather than left out, so `?target=` answers 200 for
 every configured target and 404 only for names that are not configured.
+
+The board changes once per loop interval while clients may poll far more often, so each target's JSON is rendered
+once per board write (`Board.version`) and served as bytes; the routes still declare their `response_model`, so
+the OpenAPI schema is unchanged, and the bytes are what pydantic renders for that model. The one time-dependent
+field, `age_s`, is the last field of a recommendation: the cached bytes stop just before its value, which is
+written per request (one float), so the age is exact at every request without re-rendering the rest.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Annotated
 
-from fastapi import FastAPI, HTTPException, Query, Request
+from fastapi import APIRouter, FastAPI, HTTPException, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from prometheus_client.registry import CollectorRegistry
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, TypeAdapter
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from policies.types import AcceptanceEvidence, CurvePoint, GpuSnapshot, TargetState
 from service.board import Board, TargetStatus
+from service.exporter import MetricsPage
+
+JSON_MEDIA_TYPE = "application/json"
+
+# pydantic's own float rendering, so a patched-in age reads exactly as the model would have rendered it.
+_FLOAT_JSON: TypeAdapter[float] = TypeAdapter(float)
+_NULL_AGE_TAIL = b'"age_s":null}'
+
 
 TargetQuery = Annotated[
     str | None,
@@ -122,13 +135,17 @@ class HealthOut(BaseModel):
 def create_api(
     board: Board,
     *,
-    registry: CollectorRegistry,
+    metrics: MetricsPage,
     clock: Callable[[], float],
     stall_after_s: float,
     version: str,
     lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] | None = None,
+    routers: Sequence[APIRouter] = (),
 ) -> FastAPI:
-    """The FastAPI app over `board`. `clock` gives Unix seconds for ages and the liveness check."""
+    """The FastAPI app over `board`. `clock` gives Unix seconds for ages and the liveness check. `routers` are
+    included after the built-in routes (more endpoints, e.g. what-if, without touching this module); they share its
+    JSON error bodies.
+    """
     app = FastAPI(
         title="spec-advisor",
         version=version,
@@ -136,6 +153,7 @@ def create_api(
         lifespan=lifespan,
     )
     _install_error_handlers(app)
+    bodies = BoardBodies(board)
 
     def selected(target: str | None) -> Sequence[TargetStatus]:
         if target is None:
@@ -151,17 +169,17 @@ def create_api(
         response_model=RecommendationsOut,
         responses={404: {"model": ErrorBody}, 422: {"model": ErrorBody}},
     )
-    async def recommendation(target: TargetQuery = None) -> RecommendationsOut:
+    async def recommendation(target: TargetQuery = None) -> Response:
         """The latest recommendation per target, with its predicted speedup curve."""
-        now_s = clock()
-        return RecommendationsOut(targets=[_recommendation(status, now_s) for status in selected(target)])
+        body = bodies.recommendations(selected(target), now_s=clock())
+        return Response(content=body, media_type=JSON_MEDIA_TYPE)
 
     @app.get(
         "/v1/evidence", response_model=EvidencesOut, responses={404: {"model": ErrorBody}, 422: {"model": ErrorBody}}
     )
-    async def evidence(target: TargetQuery = None) -> EvidencesOut:
+    async def evidence(target: TargetQuery = None) -> Response:
         """What was measured per target: acceptance, batch, step time, GPU, freshness."""
-        return EvidencesOut(targets=[_evidence(status) for status in selected(target)])
+        return Response(content=bodies.evidence(selected(target)), media_type=JSON_MEDIA_TYPE)
 
     @app.get("/healthz", response_model=HealthOut, responses={503: {"model": HealthOut}})
     async def healthz() -> Response:
@@ -183,11 +201,80 @@ def create_api(
         return _json(503, HealthOut(status="not_ready", detail="no target has been scraped successfully yet"))
 
     @app.get("/metrics", response_class=Response, include_in_schema=True)
-    async def metrics() -> Response:
+    async def metrics_page() -> Response:
         """The sidecar's own metrics in the Prometheus text format."""
-        return Response(content=generate_latest(registry), media_type=CONTENT_TYPE_LATEST)
+        return Response(content=metrics.render(), media_type=metrics.content_type)
 
+    for router in routers:
+        app.include_router(router)
     return app
+
+
+@dataclass(frozen=True, slots=True)
+class _RenderedRecommendation:
+    # The target's RecommendationOut as JSON: whole when age_s is null, else up to and including '"age_s":'.
+    head: bytes
+    last_good_decision_s: float | None
+
+    def at(self, now_s: float) -> bytes:
+        if self.last_good_decision_s is None:
+            return self.head
+        return self.head + _FLOAT_JSON.dump_json(max(0.0, now_s - self.last_good_decision_s)) + b"}"
+
+
+class BoardBodies:
+    """The /v1/recommendation and /v1/evidence bodies as JSON bytes, rendered per target at most once per board
+    version. Entries exist only for configured targets, so the cache is as small as the board.
+    """
+
+    def __init__(self, board: Board) -> None:
+        self._board = board
+        self._version = -1
+        self._recommendations: dict[str, _RenderedRecommendation] = {}
+        self._evidence: dict[str, bytes] = {}
+
+    def recommendations(self, statuses: Sequence[TargetStatus], *, now_s: float) -> bytes:
+        """`RecommendationsOut` for `statuses` (read from the board just before, with no await in between)."""
+        self._drop_if_outdated()
+        parts: list[bytes] = []
+        for status in statuses:
+            rendered = self._recommendations.get(status.target)
+            if rendered is None:
+                rendered = self._recommendations[status.target] = _render_recommendation(status)
+            parts.append(rendered.at(now_s))
+        return _targets_envelope(parts)
+
+    def evidence(self, statuses: Sequence[TargetStatus]) -> bytes:
+        """`EvidencesOut` for `statuses` (read from the board just before, with no await in between)."""
+        self._drop_if_outdated()
+        parts: list[bytes] = []
+        for status in statuses:
+            rendered = self._evidence.get(status.target)
+            if rendered is None:
+                rendered = self._evidence[status.target] = _evidence(status).model_dump_json().encode()
+            parts.append(rendered)
+        return _targets_envelope(parts)
+
+    def _drop_if_outdated(self) -> None:
+        if self._board.version != self._version:
+            self._recommendations.clear()
+            self._evidence.clear()
+            self._version = self._board.version
+
+
+def _targets_envelope(parts: Sequence[bytes]) -> bytes:
+    # Byte-for-byte what pydantic renders for `{"targets": [...]}` (compact separators).
+    return b'{"targets":[' + b",".join(parts) + b"]}"
+
+
+def _render_recommendation(status: TargetStatus) -> _RenderedRecommendation:
+    last_good = status.last_good_decision_s if status.decision is not None else None
+    body = _recommendation(status, age_s=None).model_dump_json().encode()
+    if last_good is None:
+        return _RenderedRecommendation(head=body, last_good_decision_s=None)
+    if not body.endswith(_NULL_AGE_TAIL):
+        raise AssertionError("age_s must stay the last field of RecommendationOut: its value is patched in per request")
+    return _RenderedRecommendation(head=body[: -len(b"null}")], last_good_decision_s=last_good)
 
 
 def rfc3339(epoch_s: float) -> str:
@@ -195,7 +282,7 @@ def rfc3339(epoch_s: float) -> str:
     return datetime.fromtimestamp(epoch_s, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def _recommendation(status: TargetStatus, now_s: float) -> RecommendationOut:
+def _recommendation(status: TargetStatus, *, age_s: float | None) -> RecommendationOut:
     decision = status.decision
     if decision is None:
         return RecommendationOut(
@@ -212,7 +299,6 @@ def _recommendation(status: TargetStatus, now_s: float) -> RecommendationOut:
             curve=[],
             age_s=None,
         )
-    last_good = status.last_good_decision_s
     return RecommendationOut(
         target=status.target,
         model=decision.model or status.model,
@@ -225,7 +311,7 @@ def _recommendation(status: TargetStatus, now_s: float) -> RecommendationOut:
         reason=decision.reason,
         evaluated_at=rfc3339(decision.evaluated_at_s),
         curve=[_point(point) for point in decision.curve],
-        age_s=None if last_good is None else max(0.0, now_s - last_good),
+        age_s=age_s,
     )
 
 

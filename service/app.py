@@ -37,7 +37,7 @@ from policies.profiles import (
 from policies.types import GpuSnapshot
 from service.api import create_api
 from service.board import Board
-from service.exporter import build_registry
+from service.exporter import MetricsPage, build_registry
 from service.logs import fields, get_logger
 from service.loop import AdvisorLoop, ContextResolver, ContextUnavailableError, GpuReader, TargetSpec
 from service.settings import GpuSettings, Settings, SettingsError, TargetSettings
@@ -144,7 +144,7 @@ def build_sidecar(
 
     app = create_api(
         board,
-        registry=registry,
+        metrics=MetricsPage(board, clock=clock, version=version),
         clock=clock,
         stall_after_s=settings.stall_after_intervals * settings.scrape_interval_s,
         version=version,

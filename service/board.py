@@ -1,7 +1,9 @@
 """The latest results per target: written by the loop, read by the REST API, the exporter and the live view.
 
 Everything runs on one asyncio event loop, and each target's entry is an immutable `TargetStatus` replaced whole,
-so a reader never sees half an update.
+so a reader never sees half an update. `Board.version` (and `StepTimings.observations`) grow with every write, so
+readers that serialise the board (REST bodies, the /metrics page) render once per write and serve the bytes from
+then on, instead of re-rendering on every request.
 """
 
 from __future__ import annotations
@@ -50,8 +52,11 @@ class StepTimings:
     buckets_s: tuple[float, ...] = STEP_DURATION_BUCKETS_S
     counts: dict[str, list[int]] = field(default_factory=dict)
     sums_s: dict[str, float] = field(default_factory=dict)
+    # Grows by one per observation: a cache key for whoever renders the histogram.
+    observations: int = 0
 
     def observe(self, step: str, duration_s: float) -> None:
+        self.observations += 1
         counts = self.counts.setdefault(step, [0] * (len(self.buckets_s) + 1))
         # Non-cumulative bucket counts; the last slot is +Inf. Cumulated when read.
         counts[bisect.bisect_left(self.buckets_s, duration_s)] += 1
@@ -78,6 +83,14 @@ class Board:
         self.last_iteration_s: float | None = None
         self.iterations = 0
         self.timings = StepTimings()
+        self._version = 0
+
+    @property
+    def version(self) -> int:
+        """Grows on every write to the statuses or the loop progress (not on `timings`, which has its own count).
+        Two reads with the same version see the same statuses, `iterations` and `last_iteration_s`.
+        """
+        return self._version
 
     @property
     def target_names(self) -> tuple[str, ...]:
@@ -114,6 +127,7 @@ class Board:
             engine_activity=activity,
             profiles=status.profiles if profiles is None else MappingProxyType(dict(profiles)),
         )
+        self._version += 1
 
     def record_error(self, target: str, reason: str, detail: str) -> None:
         status = self._status[target]
@@ -122,10 +136,12 @@ class Board:
         self._status[target] = replace(
             status, scrape_errors=MappingProxyType(counts), last_error=f"{reason}: {detail}"
         )
+        self._version += 1
 
     def finish_iteration(self, now_s: float) -> None:
         self.last_iteration_s = now_s
         self.iterations += 1
+        self._version += 1
 
     def is_ready(self) -> bool:
         """Ready once any target had a good scrape: one dead target must not take the others' advice offline."""

@@ -1,15 +1,21 @@
-"""Prometheus exposition of the Board: a collector that builds fresh families at scrape time on the sidecar's own
+"""Prometheus exposition of the Board: collectors that build fresh families at scrape time on the sidecar's own
 `CollectorRegistry` (never the global one, so tests build a fresh registry and nothing leaks between them).
 
 Naming: one prefix `specadvisor_`, base units in the name, `_ratio` for 0..1 values, `_total` only on counters.
 Speedups are plain dimensionless multipliers (they exceed 1), so they carry no unit suffix. Per-target families are
 labelled `target` and `model`; the build info and loop timings are the sidecar's own.
+
+The /metrics page is served by `MetricsPage`: everything that is a function of the Board alone is rendered once
+per board write (the loop writes about once per interval, Prometheus and dashboards may read far more often), and
+only `last_good_scrape_age_seconds`, the one family that moves with the clock, is rendered per request. The age
+stays a live gauge (not just a timestamp left to PromQL's `time() - ts`) because alerts and humans read it directly.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
 
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
@@ -20,12 +26,11 @@ PREFIX = "specadvisor"
 _TARGET_LABELS = ("target", "model")
 
 
-class AdvisorCollector(Collector):
-    """Reads the Board on every scrape; holds no metric state of its own."""
+class BoardCollector(Collector):
+    """Every family that is a function of the Board alone (all but the scrape age); holds no metric state."""
 
-    def __init__(self, board: Board, *, clock: Callable[[], float], version: str) -> None:
+    def __init__(self, board: Board, *, version: str) -> None:
         self._board = board
-        self._clock = clock
         self._version = version
 
     def describe(self) -> Iterable[Metric]:
@@ -34,22 +39,65 @@ class AdvisorCollector(Collector):
         return ()
 
     def collect(self) -> Iterator[Metric]:
-        now_s = self._clock()
         statuses = self._board.statuses()
         yield from _build_info(self._version)
         yield from _recommendation(statuses)
         yield from _acceptance(statuses)
         yield from _engine(statuses)
         yield from _gpu(statuses)
-        yield from _freshness(statuses, now_s)
+        yield from _freshness(statuses)
         yield from _loop(self._board)
 
 
+class ScrapeAgeCollector(Collector):
+    """`last_good_scrape_age_seconds`: seconds since each target's last good scrape, read off `clock` per scrape."""
+
+    def __init__(self, board: Board, *, clock: Callable[[], float]) -> None:
+        self._board = board
+        self._clock = clock
+
+    def describe(self) -> Iterable[Metric]:
+        return ()
+
+    def collect(self) -> Iterator[Metric]:
+        now_s = self._clock()
+        age = _gauge("last_good_scrape_age_seconds", "Seconds since the target's last good scrape.")
+        for status in self._board.statuses():
+            if status.last_good_scrape_s is not None:
+                age.add_metric(_ids(status), max(0.0, now_s - status.last_good_scrape_s))
+        yield age
+
+
 def build_registry(board: Board, *, clock: Callable[[], float], version: str) -> CollectorRegistry:
-    """A new registry holding only the advisor's collector (no process/platform collectors: the pod has those)."""
+    """A new registry holding the advisor's collectors (no process/platform collectors: the pod has those)."""
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(AdvisorCollector(board, clock=clock, version=version))
+    registry.register(BoardCollector(board, version=version))
+    registry.register(ScrapeAgeCollector(board, clock=clock))
     return registry
+
+
+class MetricsPage:
+    """The /metrics body in the Prometheus text format: the board's families rendered once per board write (keyed
+    by `Board.version` and `StepTimings.observations`), the scrape age rendered per call.
+    """
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self, board: Board, *, clock: Callable[[], float], version: str) -> None:
+        self._board = board
+        self._board_registry = CollectorRegistry(auto_describe=False)
+        self._board_registry.register(BoardCollector(board, version=version))
+        self._age_registry = CollectorRegistry(auto_describe=False)
+        self._age_registry.register(ScrapeAgeCollector(board, clock=clock))
+        self._key: tuple[int, int] | None = None
+        self._board_text = b""
+
+    def render(self) -> bytes:
+        key = (self._board.version, self._board.timings.observations)
+        if key != self._key:
+            self._board_text = generate_latest(self._board_registry)
+            self._key = key
+        return self._board_text + generate_latest(self._age_registry)
 
 
 def _gauge(name: str, documentation: str, labels: Iterable[str] = _TARGET_LABELS) -> GaugeMetricFamily:
@@ -171,9 +219,8 @@ def _gpu(statuses: Iterable[TargetStatus]) -> Iterator[Metric]:
     yield utilization
 
 
-def _freshness(statuses: Iterable[TargetStatus], now_s: float) -> Iterator[Metric]:
+def _freshness(statuses: Iterable[TargetStatus]) -> Iterator[Metric]:
     last_good = _gauge("last_good_scrape_timestamp_seconds", "Unix time of the target's last good scrape.")
-    age = _gauge("last_good_scrape_age_seconds", "Seconds since the target's last good scrape.")
     errors = CounterMetricFamily(
         f"{PREFIX}_scrape_errors",
         "Failed scrapes by reason (internal = a bug of ours).",
@@ -183,10 +230,9 @@ def _freshness(statuses: Iterable[TargetStatus], now_s: float) -> Iterator[Metri
         ids = _ids(status)
         if status.last_good_scrape_s is not None:
             last_good.add_metric(ids, status.last_good_scrape_s)
-            age.add_metric(ids, max(0.0, now_s - status.last_good_scrape_s))
         for reason, count in sorted(status.scrape_errors.items()):
             errors.add_metric([*ids, reason], float(count))
-    yield from (last_good, age, errors)
+    yield from (last_good, errors)
 
 
 def _loop(board: Board) -> Iterator[Metric]:

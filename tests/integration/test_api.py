@@ -3,19 +3,21 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
+from typing import Any
 
 import httpx
 import pytest
+from fastapi import APIRouter
 from prometheus_client.parser import text_string_to_metric_families
 from sidecar_http import FIXTURES, CaptureServer, serving, wait_for
 
-from policies.types import GpuSnapshot
-from service.api import create_api
+from policies.types import AcceptanceEvidence, CurvePoint, Decision, Evidence, GpuSnapshot, TargetState
+from service.api import EvidencesOut, RecommendationsOut, create_api
 from service.app import build_sidecar
 from service.board import Board
-from service.exporter import build_registry
+from service.exporter import MetricsPage
 from service.loop import GpuReader
 from service.settings import Settings, load_settings
 from service.sources.gpu import NoGpuSource
@@ -218,7 +220,7 @@ def test_health_before_any_progress() -> None:
     board = Board([("a", None)], started_at_s=1_000.0)
     app = create_api(
         board,
-        registry=build_registry(board, clock=lambda: now["s"], version="t"),
+        metrics=MetricsPage(board, clock=lambda: now["s"], version="t"),
         clock=lambda: now["s"],
         stall_after_s=15.0,
         version="t",
@@ -241,3 +243,202 @@ def test_health_before_any_progress() -> None:
 
     asyncio.run(scenario())
 
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Bodies are rendered once per board write and served as bytes: they must read exactly as pydantic renders the
+# response models, and the time-dependent age must still follow the clock between writes.
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def make_decision(*, evaluated_at_s: float, enabled: bool = True) -> Decision:
+    return Decision(
+        target="llama",
+        model=MODEL,
+        state=TargetState.OK,
+        enabled=enabled,
+        num_speculative_tokens=3 if enabled else 0,
+        expected_speedup=1.42,
+        expected_speedup_low=1.31,
+        expected_speedup_high=1.55,
+        reason="on" if enabled else "off",
+        evaluated_at_s=evaluated_at_s,
+        curve=(
+            CurvePoint(gamma=0, speedup=1.0, speedup_low=1.0, speedup_high=1.0, expected_accepted_length=1.0,
+                       step_time_s=0.02),
+            CurvePoint(gamma=3, speedup=1.42, speedup_low=1.31, speedup_high=1.55, expected_accepted_length=2.8,
+                       step_time_s=0.03, extrapolated=True),
+        ),
+    )
+
+
+def make_evidence(*, at_s: float) -> Evidence:
+    return Evidence(
+        target="llama",
+        model=MODEL,
+        at_s=at_s,
+        state=TargetState.OK,
+        speculation_on=True,
+        deployed_k=3,
+        acceptance=AcceptanceEvidence(
+            per_position=(0.8, 0.6, 0.4),
+            per_position_low=(0.78, 0.57, 0.37),
+            per_position_high=(0.82, 0.63, 0.43),
+            drafts=1000.0,
+            draft_tokens=3000.0,
+            accepted_tokens=1800.0,
+            mean_acceptance_length=2.8,
+            acceptance_rate=0.6,
+            mean_proposed_length=3.0,
+            window_s=60.0,
+        ),
+        batch=12.0,
+        waiting=0.0,
+        step_time_s=0.025,
+        gpu=GpuSnapshot(taken_at_s=at_s, source="absent"),
+    )
+
+
+def run_with_board(
+    check: Callable[[httpx.AsyncClient, Board, dict[str, float]], Awaitable[None]],
+    *,
+    routers: Sequence[APIRouter] = (),
+) -> None:
+    """The API alone (no loop) over a board the test writes, with a clock the test moves."""
+    now = {"s": 1_000.0}
+    board = Board([("llama", None), ("idle", "m")], started_at_s=1_000.0)
+    app = create_api(
+        board,
+        metrics=MetricsPage(board, clock=lambda: now["s"], version="t"),
+        clock=lambda: now["s"],
+        stall_after_s=15.0,
+        version="t",
+        routers=routers,
+    )
+
+    async def scenario() -> None:
+        async with serving(app) as url, httpx.AsyncClient(base_url=url) as client:
+            await check(client, board, now)
+
+    asyncio.run(scenario())
+
+
+def without_age(body: dict[str, Any]) -> list[dict[str, Any]]:
+    return [{k: v for k, v in target.items() if k != "age_s"} for target in body["targets"]]
+
+
+def test_recommendation_bytes_are_pydantic_json_and_age_follows_the_clock() -> None:
+    async def check(client: httpx.AsyncClient, board: Board, now: dict[str, float]) -> None:
+        board.publish(
+            "llama", evidence=make_evidence(at_s=1_000.0), decision=make_decision(evaluated_at_s=1_000.0),
+            good_scrape_s=1_000.0,
+        )
+        now["s"] = 1_010.25
+        first = await client.get("/v1/recommendation")
+        assert first.status_code == 200
+        assert first.headers["content-type"] == "application/json"
+        # Parsing the bytes into the response model and rendering it again gives the same bytes: field order,
+        # separators and float spelling are pydantic's, as when FastAPI serialised the model per request.
+        assert RecommendationsOut.model_validate_json(first.content).model_dump_json().encode() == first.content
+        llama, idle = first.json()["targets"]
+        assert llama["age_s"] == 10.25  # 1010.25 now - 1000.0 last good decision
+        assert llama["enabled"] is True and llama["curve"][1]["extrapolated"] is True
+        assert idle["target"] == "idle" and idle["age_s"] is None and idle["enabled"] is None
+
+        now["s"] = 1_013.5  # no board write in between: only the age moves
+        second = await client.get("/v1/recommendation")
+        assert RecommendationsOut.model_validate_json(second.content).model_dump_json().encode() == second.content
+        assert second.json()["targets"][0]["age_s"] == 13.5  # 1013.5 - 1000.0
+        assert without_age(second.json()) == without_age(first.json())
+
+        board.publish(
+            "llama", evidence=make_evidence(at_s=1_013.5),
+            decision=make_decision(evaluated_at_s=1_013.5, enabled=False), good_scrape_s=1_013.5,
+        )
+        [after] = (await client.get("/v1/recommendation", params={"target": "llama"})).json()["targets"]
+        assert after["enabled"] is False and after["num_speculative_tokens"] == 0 and after["reason"] == "off"
+        assert after["age_s"] == 0.0  # 1013.5 - 1013.5
+
+        [idle_only] = (await client.get("/v1/recommendation", params={"target": "idle"})).json()["targets"]
+        assert idle_only["target"] == "idle"
+
+    run_with_board(check)
+
+
+def test_evidence_bytes_are_pydantic_json_and_follow_board_writes() -> None:
+    async def check(client: httpx.AsyncClient, board: Board, now: dict[str, float]) -> None:
+        board.publish(
+            "llama", evidence=make_evidence(at_s=1_000.0), decision=make_decision(evaluated_at_s=1_000.0),
+            good_scrape_s=1_000.0,
+        )
+        first = await client.get("/v1/evidence")
+        assert first.headers["content-type"] == "application/json"
+        assert EvidencesOut.model_validate_json(first.content).model_dump_json().encode() == first.content
+        llama, idle = first.json()["targets"]
+        assert llama["acceptance"]["per_position"] == [0.8, 0.6, 0.4]
+        assert llama["last_good_scrape_at"] == "1970-01-01T00:16:40.000Z"  # 1000 s after the epoch
+        assert llama["scrape_errors"] == {} and idle["acceptance"] is None
+
+        board.record_error("llama", "timeout", "slow")  # a write without a new evaluation
+        [llama_after] = (await client.get("/v1/evidence", params={"target": "llama"})).json()["targets"]
+        assert llama_after["scrape_errors"] == {"timeout": 1}
+        assert llama_after["last_error"] == "timeout: slow"
+
+    run_with_board(check)
+
+
+def test_metrics_age_is_live_between_board_writes() -> None:
+    async def check(client: httpx.AsyncClient, board: Board, now: dict[str, float]) -> None:
+        board.publish(
+            "llama", evidence=make_evidence(at_s=1_000.0), decision=make_decision(evaluated_at_s=1_000.0),
+            good_scrape_s=1_000.0,
+        )
+        ids = {"target": "llama", "model": MODEL}
+
+        async def sample(name: str) -> float | None:
+            text = (await client.get("/metrics")).text
+            for family in text_string_to_metric_families(text):
+                for s in family.samples:
+                    if s.name == name and s.labels == ids:
+                        return s.value
+            return None
+
+        now["s"] = 1_004.0
+        assert await sample("specadvisor_last_good_scrape_age_seconds") == 4.0  # 1004 - 1000
+        now["s"] = 1_009.0
+        assert await sample("specadvisor_last_good_scrape_age_seconds") == 9.0  # 1009 - 1000, no board write
+        assert await sample("specadvisor_recommended_enabled") == 1.0
+        board.publish(
+            "llama", evidence=make_evidence(at_s=1_009.0),
+            decision=make_decision(evaluated_at_s=1_009.0, enabled=False), good_scrape_s=1_009.0,
+        )
+        assert await sample("specadvisor_recommended_enabled") == 0.0
+        assert await sample("specadvisor_last_good_scrape_age_seconds") == 0.0  # 1009 - 1009
+
+    run_with_board(check)
+
+
+def test_openapi_still_documents_the_response_models() -> None:
+    async def check(client: httpx.AsyncClient, _board: Board, _now: dict[str, float]) -> None:
+        schema = (await client.get("/openapi.json")).json()
+        for path, model in (("/v1/recommendation", "RecommendationsOut"), ("/v1/evidence", "EvidencesOut")):
+            ok = schema["paths"][path]["get"]["responses"]["200"]["content"]["application/json"]["schema"]
+            assert ok == {"$ref": f"#/components/schemas/{model}"}
+        assert "age_s" in schema["components"]["schemas"]["RecommendationOut"]["properties"]
+
+    run_with_board(check)
+
+
+def test_extra_routers_are_served_with_the_same_error_bodies() -> None:
+    router = APIRouter()
+
+    @router.get("/v1/echo")
+    async def echo(n: int) -> dict[str, int]:
+        return {"n": n}
+
+    async def check(client: httpx.AsyncClient, _board: Board, _now: dict[str, float]) -> None:
+        assert (await client.get("/v1/echo", params={"n": 3})).json() == {"n": 3}
+        bad = await client.get("/v1/echo", params={"n": "x"})
+        assert bad.status_code == 422 and bad.json()["error"] == "invalid_request"
+
+    run_with_board(check, routers=[router])

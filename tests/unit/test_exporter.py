@@ -17,7 +17,7 @@ from policies.types import (
     TargetState,
 )
 from service.board import Board
-from service.exporter import build_registry
+from service.exporter import MetricsPage, build_registry
 
 NOW_S = 1_800_000_000.0
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -209,3 +209,79 @@ def test_exposition_parses_and_follows_naming_rules() -> None:
             assert not family.name.endswith("_total"), family.name  # _total only on counters
     # Never on the process-global registry.
     assert REGISTRY.get_sample_value("specadvisor_build_info", {"version": "x"}) is None
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The /metrics page: the board's families rendered once per write, the scrape age per request.
+# ----------------------------------------------------------------------------------------------------------------
+
+Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
+
+
+def parse(page: bytes) -> Samples:
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(page.decode())
+        for sample in family.samples
+    }
+
+
+def age_key() -> tuple[str, tuple[tuple[str, str], ...]]:
+    return ("specadvisor_last_good_scrape_age_seconds", tuple(sorted(IDS.items())))
+
+
+def test_page_carries_the_same_samples_as_the_registry_each_family_once() -> None:
+    board = published_board()
+    board.record_error("llama", "timeout", "slow")
+    board.timings.observe("scrape", 0.003)
+    board.finish_iteration(NOW_S)
+    page = MetricsPage(board, clock=lambda: NOW_S, version="x").render()
+    assert parse(page) == parse(generate_latest(build_registry(board, clock=lambda: NOW_S, version="x")))
+    names = [family.name for family in text_string_to_metric_families(page.decode())]
+    assert len(names) == len(set(names))  # the age family is appended, never split or repeated
+
+
+def test_page_age_moves_with_the_clock_without_a_board_write() -> None:
+    now = {"s": NOW_S}
+    board = published_board()  # last good scrape at NOW - 10
+    page = MetricsPage(board, clock=lambda: now["s"], version="x")
+    assert parse(page.render())[age_key()] == 10.0  # NOW - (NOW - 10)
+    version = board.version
+    now["s"] = NOW_S + 5
+    assert parse(page.render())[age_key()] == 15.0  # (NOW + 5) - (NOW - 10)
+    assert board.version == version
+
+
+def test_page_follows_every_kind_of_board_write() -> None:
+    board = published_board()
+    page = MetricsPage(board, clock=lambda: NOW_S, version="x")
+    enabled = ("specadvisor_recommended_enabled", tuple(sorted(IDS.items())))
+    errors = ("specadvisor_scrape_errors_total", tuple(sorted({**IDS, "reason": "connect"}.items())))
+    iterations: tuple[str, tuple[tuple[str, str], ...]] = ("specadvisor_loop_iterations_total", ())
+    scrapes = ("specadvisor_loop_step_duration_seconds_count", (("step", "scrape"),))
+    before = parse(page.render())
+    assert before[enabled] == 1.0 and errors not in before and before[iterations] == 0.0 and scrapes not in before
+
+    board.publish("llama", evidence=make_evidence(), decision=make_decision(enabled=False), good_scrape_s=NOW_S)
+    assert parse(page.render())[enabled] == 0.0
+    board.record_error("llama", "connect", "refused")
+    assert parse(page.render())[errors] == 1.0
+    board.finish_iteration(NOW_S)
+    assert parse(page.render())[iterations] == 1.0
+    board.timings.observe("scrape", 0.2)  # timings are not a board write: they carry their own count
+    assert parse(page.render())[scrapes] == 1.0
+
+
+def test_board_version_grows_on_every_write() -> None:
+    board = Board([("llama", None)], started_at_s=NOW_S)
+    seen = [board.version]
+    board.publish("llama", evidence=make_evidence(), decision=make_decision(), good_scrape_s=NOW_S)
+    seen.append(board.version)
+    board.record_error("llama", "timeout", "slow")
+    seen.append(board.version)
+    board.finish_iteration(NOW_S)
+    seen.append(board.version)
+    assert seen == sorted(set(seen))  # strictly increasing
+    observed = board.timings.observations
+    board.timings.observe("gpu", 0.001)
+    assert board.timings.observations == observed + 1
