@@ -22,7 +22,7 @@ import pytest
 from policies.types import EngineSnapshot, GpuSnapshot
 from service.sources.dcgm import DcgmSource
 from service.sources.errors import ScrapeError, ScrapeErrorReason
-from service.sources.vllm import VllmScraper
+from service.sources.vllm import PARSE_IN_THREAD_CHARS, VllmScraper
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 CAPTURE = (FIXTURES / "vllm" / "vllm-0.32.0-cpu-ngram-k3-after-30-requests.txt").read_bytes()
@@ -46,6 +46,17 @@ def _send(handler: _Handler, status: int, body: bytes, **headers: str) -> None:
 
 def _capture(h: _Handler, _: threading.Event) -> None:
     _send(h, 200, CAPTURE)
+
+
+def _eight_engines(h: _Handler, _: threading.Event) -> None:
+    # A data-parallel server: every engine="0" series repeated for engines 1..7, so the page passes the size above
+    # which the scraper parses in a worker thread.
+    lines = []
+    for line in CAPTURE.decode().splitlines():
+        lines.append(line)
+        if 'engine="0"' in line and not line.startswith("#"):
+            lines.extend(line.replace('engine="0"', f'engine="{i}"') for i in range(1, 8))
+    _send(h, 200, ("\n".join(lines) + "\n").encode())
 
 
 def _gzipped_capture(h: _Handler, _: threading.Event) -> None:
@@ -118,6 +129,7 @@ def _gzip_bomb(h: _Handler, _: threading.Event) -> None:
 ROUTES: dict[str, Route] = {
     "/metrics": _capture,
     "/gzip": _gzipped_capture,
+    "/eight-engines": _eight_engines,
     "/dcgm": _dcgm,
     "/500": _error_500,
     "/garbage": _garbage,
@@ -218,6 +230,18 @@ def test_scrapes_the_real_capture(peer: Peer) -> None:
     assert snap.spec is not None
     # Capture header: drafts=540 draft_tokens=1505 accepted=1415.
     assert (snap.spec.drafts, snap.spec.draft_tokens, snap.spec.accepted_tokens) == (540, 1505, 1415)
+
+
+def test_a_large_data_parallel_page_is_parsed_off_the_event_loop_and_summed(peer: Peer) -> None:
+    with httpx.Client() as client:
+        size = len(client.get(peer.base_url + "/eight-engines").content)
+    assert size > PARSE_IN_THREAD_CHARS  # the thread path is the one exercised
+    snap = scrape(peer.base_url + "/eight-engines")["tiny"]
+    assert snap.engines == 8
+    assert snap.spec is not None
+    # 8 engines x the capture's drafts=540 draft_tokens=1505 accepted=1415, per position 515/465/435.
+    assert (snap.spec.drafts, snap.spec.draft_tokens, snap.spec.accepted_tokens) == (8 * 540, 8 * 1505, 8 * 1415)
+    assert snap.spec.accepted_per_position == (8 * 515, 8 * 465, 8 * 435)
 
 
 def test_gzip_encoded_page_is_decoded(peer: Peer) -> None:
