@@ -21,6 +21,12 @@ predicts 2.79 + 0.29 + 0.19 + 0.13 + 0.09 = 3.48, just below it: conservative, a
 
 With nothing measured (speculation off, never observed) a per-method prior stands in: i.i.d. alpha per method,
 band alpha_low = 0.6 alpha, alpha_high = 1 - 0.6 (1 - alpha), every point flagged extrapolated.
+
+How much of a prediction rests on extrapolation: `extrapolated_share` = (sum of the r_i not measured) / E[L],
+in [0, 1). Measured up to k: sum_{i=k+1..gamma} r_i / E[L](gamma); from a prior: (E[L] - 1) / E[L] (only the
+bonus token is certain). Example: r = (0.78, 0.58, 0.43) measured at k=3, gamma 5 with r_4 = 0.287, r_5 = 0.191
+-> E[L] = 3.268, share = 0.478 / 3.268 = 0.146: 15% of the predicted tokens per step are extrapolated.
+The speedup is proportional to E[L], so the same share of the predicted speedup rests on the extrapolation.
 """
 
 from __future__ import annotations
@@ -83,6 +89,7 @@ class AcceptancePoint:
     expected_length_low: float
     expected_length_high: float
     extrapolated: bool
+    extrapolated_share: float = 0.0  # of expected_length, from unmeasured positions (module docstring)
 
 
 def expected_length(positions: Sequence[float], gamma: int) -> float:
@@ -169,6 +176,7 @@ def acceptance_curve(
     points: list[AcceptancePoint] = []
     for gamma in range(gamma_max + 1):
         value = expected_length(r, gamma)
+        unmeasured = sum(r[k:gamma]) if measured else value - 1.0
         points.append(
             AcceptancePoint(
                 gamma=gamma,
@@ -177,6 +185,7 @@ def acceptance_curve(
                 expected_length_low=min(expected_length(r_low, gamma), value),
                 expected_length_high=max(expected_length(r_high, gamma), value),
                 extrapolated=gamma > k if measured else gamma > 0,
+                extrapolated_share=max(0.0, unmeasured) / value,
             )
         )
     return tuple(points)

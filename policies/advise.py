@@ -1,9 +1,16 @@
-"""One evaluation for one target: evidence -> speedup curve -> decision. Pure; the loop's only policy entry point."""
+"""One evaluation for one target: evidence -> calibration -> speedup curve (in the objective that applies) ->
+decision. Pure; the loop's only policy entry point.
+"""
 
 from __future__ import annotations
 
-from policies.costmodel import ModelContext, speedup_curve
+from dataclasses import dataclass, replace
+
+from policies.acceptance import acceptance_curve
+from policies.calibrate import CalibrationConfig, CalibrationFit, CalibrationState, update
+from policies.costmodel import ModelContext, operating_point, speedup_curve
 from policies.decide import DecideConfig, DecideState, decide
+from policies.objectives import ObjectiveConfig, objective_curve, workload_from
 from policies.types import CurvePoint, Decision, Evidence, TargetState
 
 
@@ -14,7 +21,8 @@ def advise(
     decide_state: DecideState,
     now_s: float,
 ) -> tuple[Decision, DecideState]:
-    """Compose the cost model and the decision for one target at `now_s` (Unix seconds).
+    """Compose the cost model and the decision for one target at `now_s` (Unix seconds), without history: the
+    one-point calibration and the latency objective (see `advise_target` for the full pipeline).
 
     The curve S(gamma) for gamma = 0..`decide_config.gamma_max` is evaluated only when `evidence.state` is ok; for
     insufficient_data, stale or error evidence it is empty, so `decide` keeps the last published recommendation
@@ -30,3 +38,65 @@ def advise(
     if evidence.state == TargetState.OK and ctx is not None:
         curve = speedup_curve(evidence, ctx, gamma_max=decide_config.gamma_max)
     return decide(evidence, curve, decide_config, decide_state, now_s)
+
+
+@dataclass(frozen=True, slots=True)
+class Advice:
+    """One tick's outcome: the decision to publish, the states to carry to the next tick, the calibration fit."""
+
+    decision: Decision
+    decide_state: DecideState
+    calibration_state: CalibrationState
+    calibration: CalibrationFit | None
+
+
+def advise_target(
+    evidence: Evidence,
+    ctx: ModelContext | None,
+    *,
+    decide_config: DecideConfig,
+    decide_state: DecideState,
+    calibration_state: CalibrationState,
+    now_s: float,
+    calibration_config: CalibrationConfig | None = None,
+    objective_config: ObjectiveConfig | None = None,
+) -> Advice:
+    """The full pipeline for one target at `now_s` (Unix seconds): add the evidence's step time to the online
+    calibration (policies/calibrate.py) and refit; price S(gamma), gamma = 0..gamma_max, with the fitted scales in
+    the objective that applies (policies/objectives.py); decide. The Decision carries `objective` and
+    `calibration_error_ratio`, and its reason ends with the objective and the calibration error.
+
+    As in `advise`, a curve is built only from ok evidence with a cost model; otherwise the curve is empty and
+    `decide` holds the last recommendation (the calibration still learns from insufficient_data windows, whose
+    step times are valid).
+
+    Example: B = 256 with 50 waiting and the cache at 62%: objective capacity (max_num_seqs, not KV, is the
+    limit, so every option holds 256); the reason ends "; objective capacity (capacity-bound: 50 waiting,
+    KV 62%); model calibration error 4.1% over 12 points".
+    """
+    calibration_config = calibration_config or CalibrationConfig()
+    objective_config = objective_config or ObjectiveConfig()
+    fit: CalibrationFit | None = None
+    if ctx is not None:
+        calibration_state, fit = update(calibration_state, evidence, ctx, now_s=now_s, config=calibration_config)
+    curve: tuple[CurvePoint, ...] = ()
+    objective = ""
+    why = ""
+    if evidence.state == TargetState.OK and ctx is not None and fit is not None:
+        point = operating_point(evidence)
+        acceptance = acceptance_curve(
+            evidence.acceptance, method=ctx.drafter.method, gamma_max=decide_config.gamma_max
+        )
+        workload = workload_from(evidence, context_tokens=point.context_tokens, prefill_tokens=point.prefill_tokens)
+        curve, chosen, why = objective_curve(ctx, acceptance, workload, config=objective_config, scales=fit.scales)
+        objective = chosen.value
+    decision, decide_state = decide(evidence, curve, decide_config, decide_state, now_s)
+    error = fit.error_ratio if fit is not None else None
+    notes: list[str] = []
+    if objective:
+        notes.append(f"objective {objective} ({why})")
+    if fit is not None and error is not None:
+        notes.append(f"model calibration error {error:.1%} over {fit.points} points")
+    reason = "; ".join([decision.reason, *notes]) if notes else decision.reason
+    decision = replace(decision, reason=reason, objective=objective, calibration_error_ratio=error)
+    return Advice(decision=decision, decide_state=decide_state, calibration_state=calibration_state, calibration=fit)

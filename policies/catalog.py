@@ -47,6 +47,7 @@ class HardwareRow(TypedDict):
     spec_per_request_overhead_s: NotRequired[float]
     draft_step_fixed_s: NotRequired[float]
     allreduce_latency_s: NotRequired[float]
+    gemm_fill_tokens: NotRequired[float]
     efficiency_source: NotRequired[str]
 
 
@@ -109,6 +110,8 @@ HARDWARE_ROWS: tuple[HardwareRow, ...] = (
         "step_fixed_s": 1.5e-3, "per_request_step_s": 50e-6,
         "spec_step_overhead_s": 0.5e-3, "spec_per_request_overhead_s": 50e-6,
         "draft_step_fixed_s": 1.0e-3, "allreduce_latency_s": 50e-6,
+        # No tensor-core tiles or SM waves on a CPU: a GEMM's cost follows its tokens down to one.
+        "gemm_fill_tokens": 1.0,
         "efficiency_source": (
             "assumption for a CPU backend; overheads sized from the vLLM 0.32 CPU capture (2.19 ms mean step); "
             "online calibration replaces them"

@@ -7,9 +7,18 @@ the inverse ratio of inter-token latencies). E[L] comes from policies/acceptance
 policies/roofline.py. The band uses the E[L] band with the same step times.
 
 Operating point: B = max(evidence.batch, 1) running sequences; ctx = evidence.context_tokens_per_seq, or
-DEFAULT_CONTEXT_TOKENS = 1024 when unknown (a typical chat turn: a few hundred prompt tokens plus history).
+DEFAULT_CONTEXT_TOKENS = 1024 when unknown (a typical chat turn: a few hundred prompt tokens plus history);
+P = evidence.prefill_tokens_per_step (prompt tokens chunked into each step, 0 when unknown) enters the
+calibration (the observed step includes it) but not S. Why: prompt tokens arrive at a rate R_p set by the
+clients, not per step, so a step carries P(gamma) = R_p T_step(gamma) of them and, prefill math being additive
+(policies/roofline.py), T_step = T_dec + c P = T_dec / (1 - R_p c). The factor 1 / (1 - R_p c) is the same for
+every gamma and cancels in S = E[L] T_dec(0) / T_dec(gamma). (Holding P per step fixed instead would dilute S
+towards 1 and, at batch 256 with a queue, call speculation a gain where the simulator's truth is a loss.) The
+absolute step time and ITL do grow by 1 / (1 - R_p c): the ITL-SLO objective uses that (policies/objectives.py).
+`curve_for(..., prefill_tokens=P)` prices the other case, a step whose prompt tokens are fixed by the token budget.
 
-Calibration (one observation, no history: a robust online fit over many points is a later step). When the
+Calibration. `evaluate(..., scales=...)` prices with scales fitted elsewhere (the online fitter over many points,
+policies/calibrate.py, is what the loop uses). Without them, a one-point calibration (below). When the
 server reports its mean step time T_obs (ITL histogram), predict the step at the operating point the server is
 running: q_obs = 1 + mean_proposed_length and k drafting steps when speculation is on, q_obs = 1 and no drafting
 when off. Split the prediction into host overhead O (fixed + per-request + speculative bookkeeping + draft-step
@@ -33,7 +42,7 @@ from dataclasses import dataclass
 
 from policies.acceptance import AcceptancePoint, acceptance_curve
 from policies.profiles import DrafterProfile, HardwareProfile, ModelProfile
-from policies.roofline import CostScales, drafting_time, target_step_time
+from policies.roofline import CostScales, drafting_time, step_components, target_step_time
 from policies.types import CurvePoint, Evidence
 
 DEFAULT_CONTEXT_TOKENS = 1024.0
@@ -64,6 +73,7 @@ class OperatingPoint:
     context_tokens: float
     tokens_per_seq: float
     draft_steps: int
+    prefill_tokens: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,21 +114,27 @@ class CostModelResult:
 def operating_point(evidence: Evidence) -> OperatingPoint:
     """The (B, ctx, q, draft steps) the evidence describes; see the module docstring for defaults.
 
-    Example: batch 0.4, no context, speculation on at k=3 proposing 2.79 tokens per draft ->
-    OperatingPoint(batch=1.0, context_tokens=1024.0, tokens_per_seq=3.79, draft_steps=3).
+    Example: batch 0.4, no context, speculation on at k=3 proposing 2.79 tokens per draft, no prefill measured ->
+    OperatingPoint(batch=1.0, context_tokens=1024.0, tokens_per_seq=3.79, draft_steps=3, prefill_tokens=0.0).
     """
     batch = evidence.batch if math.isfinite(evidence.batch) else 1.0
     batch = max(batch, 1.0)
     context = evidence.context_tokens_per_seq
     if context is None or not math.isfinite(context) or context <= 0:
         context = DEFAULT_CONTEXT_TOKENS
+    prefill = evidence.prefill_tokens_per_step
+    if prefill is None or not math.isfinite(prefill) or prefill < 0:
+        prefill = 0.0
     if not evidence.speculation_on or evidence.deployed_k <= 0:
-        return OperatingPoint(batch=batch, context_tokens=context, tokens_per_seq=1.0, draft_steps=0)
+        return OperatingPoint(
+            batch=batch, context_tokens=context, tokens_per_seq=1.0, draft_steps=0, prefill_tokens=prefill
+        )
     proposed = float(evidence.deployed_k)
     if evidence.acceptance is not None and evidence.acceptance.drafts > 0:
         proposed = min(max(evidence.acceptance.mean_proposed_length, 0.0), float(evidence.deployed_k))
     return OperatingPoint(
-        batch=batch, context_tokens=context, tokens_per_seq=1.0 + proposed, draft_steps=evidence.deployed_k
+        batch=batch, context_tokens=context, tokens_per_seq=1.0 + proposed, draft_steps=evidence.deployed_k,
+        prefill_tokens=prefill,
     )
 
 
@@ -126,6 +142,7 @@ def _step_parts(ctx: ModelContext, point: OperatingPoint) -> tuple[float, float]
     target = target_step_time(
         ctx.hardware, ctx.model, batch=point.batch, tokens_per_seq=point.tokens_per_seq,
         context_tokens=point.context_tokens, tensor_parallel=ctx.tensor_parallel,
+        prefill_tokens=point.prefill_tokens,
     )
     draft = drafting_time(
         ctx.hardware, ctx.drafter, gamma=point.draft_steps, batch=point.batch,
@@ -169,10 +186,12 @@ def curve_for(
     batch: float,
     context_tokens: float,
     scales: CostScales | None = None,
+    prefill_tokens: float = 0.0,
 ) -> tuple[tuple[CurvePoint, ...], float]:
     """S(gamma) for each acceptance point at an explicit operating point (what-if: another batch or context with
     the scales calibrated elsewhere). Returns (curve, plain-decoding step seconds). `acceptance` must start at
-    gamma 0 and be contiguous; `batch` >= 1; `context_tokens` >= 0.
+    gamma 0 and be contiguous; `batch` >= 1; `context_tokens` >= 0; `prefill_tokens` >= 0 prompt tokens chunked
+    into every step, the same for every gamma (0 for a rate-bound prompt load, where it cancels: module docstring).
 
     Example: E[L](3) = 2.79, T_target(q=1) = 6.82 ms, T_draft(3) = 3.2 ms, T_target(q=4) = 6.85 ms ->
     S(3) = 2.79 x 6.82 / (3.2 + 6.85) = 1.89.
@@ -180,7 +199,7 @@ def curve_for(
     scales = scales or CostScales()
     base = target_step_time(
         ctx.hardware, ctx.model, batch=batch, tokens_per_seq=1.0, context_tokens=context_tokens,
-        tensor_parallel=ctx.tensor_parallel, scales=scales,
+        tensor_parallel=ctx.tensor_parallel, scales=scales, prefill_tokens=prefill_tokens,
     ).total_s
     points: list[CurvePoint] = []
     for index, acc in enumerate(acceptance):
@@ -195,7 +214,7 @@ def curve_for(
         )
         verify = target_step_time(
             ctx.hardware, ctx.model, batch=batch, tokens_per_seq=acc.gamma + 1.0, context_tokens=context_tokens,
-            tensor_parallel=ctx.tensor_parallel, scales=scales,
+            tensor_parallel=ctx.tensor_parallel, scales=scales, prefill_tokens=prefill_tokens,
         )
         step = draft.total_s + verify.total_s
         points.append(
@@ -207,17 +226,21 @@ def curve_for(
                 expected_accepted_length=acc.expected_length,
                 step_time_s=step,
                 extrapolated=acc.extrapolated,
+                extrapolated_share=acc.extrapolated_share,
             )
         )
     return tuple(points), base
 
 
-def evaluate(evidence: Evidence, ctx: ModelContext, *, gamma_max: int) -> CostModelResult:
-    """Calibrate to the evidence, then price gamma = 0..gamma_max (>= 0; ValueError when negative).
+def evaluate(
+    evidence: Evidence, ctx: ModelContext, *, gamma_max: int, scales: CostScales | None = None
+) -> CostModelResult:
+    """Calibrate to the evidence (or use `scales`, fitted elsewhere, e.g. by policies/calibrate.py), then price
+    gamma = 0..gamma_max (>= 0; ValueError when negative) at the evidence's operating point.
 
     Example: see `speedup_curve`; this also returns the calibration (scales, error) and the baseline step.
     """
-    calibration = calibrate(evidence, ctx)
+    calibration = calibrate(evidence, ctx) if scales is None else _given_scales(evidence, ctx, scales)
     acceptance = acceptance_curve(evidence.acceptance, method=ctx.drafter.method, gamma_max=gamma_max)
     curve, base = curve_for(
         ctx, acceptance, batch=calibration.point.batch, context_tokens=calibration.point.context_tokens,
@@ -226,7 +249,22 @@ def evaluate(evidence: Evidence, ctx: ModelContext, *, gamma_max: int) -> CostMo
     return CostModelResult(curve=curve, calibration=calibration, baseline_step_s=base)
 
 
-def speedup_curve(evidence: Evidence, ctx: ModelContext, *, gamma_max: int) -> tuple[CurvePoint, ...]:
+def _given_scales(evidence: Evidence, ctx: ModelContext, scales: CostScales) -> Calibration:
+    point = operating_point(evidence)
+    overhead, physics = _step_parts(ctx, point)
+    scaled = step_components(
+        ctx.hardware, ctx.model, ctx.drafter, batch=point.batch, tokens_per_seq=point.tokens_per_seq,
+        draft_passes=point.draft_steps, context_tokens=point.context_tokens, prefill_tokens=point.prefill_tokens,
+        tensor_parallel=ctx.tensor_parallel,
+    ).total_s(scales)
+    observed = evidence.step_time_s
+    usable = observed is not None and math.isfinite(observed) and observed > 0
+    return Calibration(scales, point, overhead + physics, scaled, observed if usable else None)
+
+
+def speedup_curve(
+    evidence: Evidence, ctx: ModelContext, *, gamma_max: int, scales: CostScales | None = None
+) -> tuple[CurvePoint, ...]:
     """S(gamma) for gamma = 0..gamma_max (>= 0): one CurvePoint each, gamma 0 exactly 1.0 with step_time_s the
     plain-decoding step. Speedups are ratios of tokens/s per sequence (> 0, typically 0.3..4); bands come from
     the acceptance interval, `extrapolated` marks gammas beyond the measured k (or a prior).
@@ -234,5 +272,6 @@ def speedup_curve(evidence: Evidence, ctx: ModelContext, *, gamma_max: int) -> t
     Example: H100 SXM, Llama-3.1-8B, EAGLE-3 head, B=1, ctx 512, r = (0.78, 0.58, 0.43) (E[L](3) = 2.79),
     no step-time observation: T_target(q=1) = 6.82 ms, T_draft(3) + T_target(q=4) ~ 10.0 ms ->
     S(3) = 2.79 x 6.82 / 10.0 ~ 1.90 (vLLM measured 7.07 / 4.09 = 1.73x, vllm-eagle-k-sweep-bs1.csv).
+    `scales` as in `evaluate`.
     """
-    return evaluate(evidence, ctx, gamma_max=gamma_max).curve
+    return evaluate(evidence, ctx, gamma_max=gamma_max, scales=scales).curve

@@ -213,7 +213,8 @@ def estimate(
     `mean_proposed_length` = Δdraft_tokens / Δdrafts (<= k). `batch`, `waiting`: mean over the window's
     snapshots (requests). `context_tokens_per_seq` = KV usage ratio x KV capacity (tokens) / running requests,
     all from the newest snapshot. `step_time_s` = ITL Δsum / Δcount (s). Rates are Δcounter / Δt (per
-    second). State: STALE when there is no snapshot or the newest is older than `stale_after_s`; else
+    second). `prefill_tokens_per_step` = Δprompt_tokens / Δiteration_tokens.count (tokens per engine step).
+    State: STALE when there is no snapshot or the newest is older than `stale_after_s`; else
     INSUFFICIENT_DATA when speculation is on with fewer than `min_drafts` drafts; else OK (speculation off is
     OK, with acceptance None).
 
@@ -242,6 +243,7 @@ def estimate(
     itl_count = span.delta(_itl_count)
     itl_sum = span.delta(_itl_sum)
     step_time_s = itl_sum / itl_count if itl_sum is not None and itl_count else None
+    prompt_tokens_per_s = span.rate(lambda s: s.prompt_tokens)
     evidence_state, reason = _judge(newest, acceptance, span=span, config=config, now_s=now_s)
     return Evidence(
         target=target,
@@ -258,13 +260,28 @@ def estimate(
         step_time_s=step_time_s,
         step_samples=itl_count or 0.0,
         generation_tokens_per_s=span.rate(lambda s: s.generation_tokens),
-        prompt_tokens_per_s=span.rate(lambda s: s.prompt_tokens),
+        prompt_tokens_per_s=prompt_tokens_per_s,
         achieved_flops_per_s=span.rate(lambda s: s.estimated_flops),
         achieved_read_bytes_per_s=span.rate(lambda s: s.estimated_read_bytes),
         gpu=gpu,
         window_s=span.elapsed_s or 0.0,
         reason=reason,
+        prefill_tokens_per_step=_prefill_per_step(span, prompt_tokens_per_s, step_time_s),
     )
+
+
+def _prefill_per_step(span: _Span, prompt_tokens_per_s: float | None, step_time_s: float | None) -> float | None:
+    """Prompt tokens computed per engine step: Δprompt_tokens / Δsteps, the steps counted by the iteration-tokens
+    histogram (one observation per engine step). Without that histogram, prompt tokens/s x step time (steps run
+    back to back on a busy engine). Chunked prefill spreads a prompt over several steps; over a window the mean
+    per step is what the cost model needs (policies/roofline.py)."""
+    prompts = span.delta(lambda s: s.prompt_tokens)
+    steps = span.delta(lambda s: s.iteration_tokens.count if s.iteration_tokens is not None else None)
+    if prompts is not None and steps:
+        return prompts / steps
+    if prompt_tokens_per_s is not None and step_time_s is not None:
+        return prompt_tokens_per_s * step_time_s
+    return None
 
 
 def _span(snapshots: tuple[EngineSnapshot, ...]) -> tuple[_Span, tuple[EngineSnapshot, ...]]:

@@ -13,15 +13,31 @@ Efficiency and overhead defaults on `HardwareProfile` (each one is calibrated on
   15.0e9 / (3.35e12 x 0.85) = 5.3 ms, while the measured plain TPOT is 7.07 ms
   (shared/data/published/vllm-eagle-k-sweep-bs1.csv): ~1.7 ms is not weight streaming; 1.5 ms is kept for it.
 - `per_request_step_s` 20 us: host-side per-sequence work per step (assumption, order of 10-30 us in vLLM V1).
-- `spec_step_overhead_s` 0.775 ms and `spec_per_request_overhead_s` 84 us: the speculative machinery's own cost
-  per step (rejection sampling, draft bookkeeping), from shared/data/published/dynamic-sd-k0-overhead.csv (vLLM
+- `spec_step_overhead_s` 0.775 ms: the speculative machinery's own cost per step (rejection sampler launch,
+  draft bookkeeping, the extra host round trip), from shared/data/published/dynamic-sd-k0-overhead.csv (vLLM
   Dynamic SD at K=0 vs off, H100 NVL): TPOT +0.943 ms at concurrency 2 and +16.656 ms at 189, solved as
-  a + 2 b = 0.943, a + 189 b = 16.656 -> b = 15.713 / 187 = 0.084 ms per request, a = 0.775 ms per step.
-  Cross-check: the eagle3 k-sweep's step time (TPOT x AL) extrapolates to ~7.9 ms at k=0 vs 7.07 ms plain, i.e.
-  ~0.85 ms at batch 1 = 0.775 + 0.084.
+  a + 2 b = 0.943, a + 189 b = 16.656 -> a = 0.775 ms per step. Cross-check from an independent source: the eagle3
+  k-sweep's step time (TPOT x AL) extrapolates to ~7.9 ms at k=0 vs 7.07 ms plain, i.e. ~0.85 ms at batch 1.
+- `spec_per_request_overhead_s` 5 us (assumption, upper-bounded by data): host bookkeeping of each request's draft
+  tokens in the scheduler and input preparation, plus the sampler's extra logits traffic (vocab x 4 bytes x ~3
+  passes per verified token: 128256 x 12 B / 2.85 TB/s = 0.5 us per draft token). NOT the b = 84 us of the same
+  two-point solve: that slope is what vLLM 0.27.1's Dynamic SD pays at K=0, a code path that keeps the drafter
+  running on every request so it can raise K again (drafter pass over B tokens + its KV, CUDA-graph sizes for
+  the speculative path). In a speculative step that drafter work is already priced by the draft passes
+  (`drafting_time`), so charging 84 us/request on top would count it twice and, at B=256, add a 21 ms fixed cost
+  to every gamma >= 1 whatever the drafter (even host-side n-gram, which has no drafter pass). The K=0 figure
+  is kept where it applies, `roofline.dynamic_sd_k0_overhead_s` (engine-native schedule bands with K=0), and
+  84 us is the ceiling for this constant; calibration fits its scale (`CostScales.per_request`) online.
 - `draft_step_fixed_s` 0.5 ms: launch + sampling cost of one sequential draft step (EAGLE/MTP head or draft
   model). Bounded by the eagle3 k-sweep: each extra draft position costs ~1.1 ms of step time, of which ~0.3 ms is
   the head's own weight streaming; 0.5 ms is the middle of the remaining 0.3-0.8 ms (assumption).
+- `gemm_fill_tokens` 128: a linear layer over N tokens is tiled into ceil(N / 64) row blocks (Hopper's wgmma
+  instruction is m64nNk16, PTX ISA) times d_out / 128-256 column blocks; with 132 SMs (H100 SXM) an 8B model's
+  4096-wide projections need ~4-8 row blocks (256-512 tokens) to fill one wave, the 14336-wide MLP ~2. Below
+  that the math units idle, so a step's GEMMs cost about as much as smooth_max(N, 128) tokens (a smooth stand-in
+  for wave quantisation; the exact value depends on the kernel's tiles; calibration's compute scale absorbs it).
+  At decode batch sizes this floor (128 x 15 GFLOP / 0.59 PFLOP/s = 3.2 ms for an 8B model on H100) stays under
+  the weight streaming time (5.3 ms): the step is still memory-bound.
 - `allreduce_latency_s` 8 us per all-reduce (vLLM custom all-reduce on NVLink; assumption).
 """
 
@@ -36,8 +52,8 @@ from policies.types import DraftMethod
 
 DEFAULT_EFFICIENCY_SOURCE = (
     "bandwidth 0.85 and GEMM 0.60 of peak (shared/data/hardware.csv note); step overhead 1.5 ms "
-    "(vllm-eagle-k-sweep-bs1.csv plain TPOT minus weight streaming); speculative overhead 0.775 ms + 84 us/request "
-    "(dynamic-sd-k0-overhead.csv); see policies/profiles.py"
+    "(vllm-eagle-k-sweep-bs1.csv plain TPOT minus weight streaming); speculative overhead 0.775 ms/step "
+    "(dynamic-sd-k0-overhead.csv) + 5 us/request (assumption, <= the 84 us K=0 slope); see policies/profiles.py"
 )
 
 
@@ -64,9 +80,10 @@ class HardwareProfile:
     step_fixed_s: float = 1.5e-3
     per_request_step_s: float = 20e-6
     spec_step_overhead_s: float = 0.775e-3
-    spec_per_request_overhead_s: float = 84e-6
+    spec_per_request_overhead_s: float = 5e-6
     draft_step_fixed_s: float = 0.5e-3
     allreduce_latency_s: float = 8e-6
+    gemm_fill_tokens: float = 128.0
     efficiency_source: str = DEFAULT_EFFICIENCY_SOURCE
 
     def __post_init__(self) -> None:
@@ -409,6 +426,7 @@ def _hardware_from_row(row: HardwareRow) -> HardwareProfile:
         spec_per_request_overhead_s=row.get("spec_per_request_overhead_s", base.spec_per_request_overhead_s),
         draft_step_fixed_s=row.get("draft_step_fixed_s", base.draft_step_fixed_s),
         allreduce_latency_s=row.get("allreduce_latency_s", base.allreduce_latency_s),
+        gemm_fill_tokens=row.get("gemm_fill_tokens", base.gemm_fill_tokens),
         efficiency_source=row.get("efficiency_source", base.efficiency_source),
     )
 

@@ -168,6 +168,9 @@ class Evidence:
     gpu: GpuSnapshot | None = None
     window_s: float = 0.0
     reason: str = ""
+    # Prompt (prefill) tokens computed per engine step on average (chunked prefill shares each step with decode):
+    # Δprompt_tokens / Δsteps, steps from the iteration-tokens histogram count. None when not measurable.
+    prefill_tokens_per_step: float | None = None
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -180,7 +183,9 @@ class CurvePoint:
     """Predicted speedup at one gamma (gamma=0 is plain decoding, speedup 1.0 by definition).
 
     `speedup_low/high` is the band from the acceptance uncertainty (and extrapolation beyond the deployed k);
-    `extrapolated` says the point rests on acceptance positions that were not measured.
+    `extrapolated` says the point rests on acceptance positions that were not measured;
+    `extrapolated_share` (0..1) is how much of `expected_accepted_length` comes from them (all of E[L] - 1 when
+    the acceptance is a prior: nothing was measured), so 0.0 means fully measured.
     """
 
     gamma: int
@@ -190,6 +195,7 @@ class CurvePoint:
     expected_accepted_length: float
     step_time_s: float
     extrapolated: bool = False
+    extrapolated_share: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,3 +214,7 @@ class Decision:
     evaluated_at_s: float
     curve: tuple[CurvePoint, ...] = ()
     changed_at_s: float | None = None
+    # Which objective the curve's speedups measure ("latency", "capacity", "goodput_slo"; "" = not evaluated) and
+    # the cost model's online calibration error (median |predicted / observed step time - 1| over recent points).
+    objective: str = ""
+    calibration_error_ratio: float | None = None

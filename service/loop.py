@@ -9,13 +9,15 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Protocol, TypeVar
 
-from policies.advise import advise
+from policies.advise import advise_target
+from policies.calibrate import CalibrationConfig, CalibrationState
 from policies.costmodel import ModelContext
 from policies.decide import DecideConfig, DecideState
 from policies.estimate import EstimatorConfig, EstimatorState, estimate, observe
+from policies.objectives import ObjectiveConfig
 from policies.types import Decision, EngineSnapshot, Evidence, GpuSnapshot, TargetState
 from service.board import Board
 from service.logs import fields, get_logger
@@ -62,6 +64,7 @@ class _TargetRuntime:
     spec: TargetSpec
     estimator_state: EstimatorState
     decide_state: DecideState
+    calibration_state: CalibrationState = field(default_factory=CalibrationState)
     context: ModelContext | None = None
     context_key: tuple[str, str | None] | None = None  # (served model, GPU device name) it was resolved for
     context_error: str | None = None
@@ -81,6 +84,8 @@ class AdvisorLoop:
         interval_s: float,
         timer: Callable[[], float] = time.perf_counter,
         logger: logging.Logger | None = None,
+        calibration_config: CalibrationConfig | None = None,
+        objective_config: ObjectiveConfig | None = None,
     ) -> None:
         self._targets = [
             _TargetRuntime(spec=spec, estimator_state=EstimatorState(), decide_state=DecideState()) for spec in targets
@@ -89,6 +94,8 @@ class AdvisorLoop:
         self._board = board
         self._estimator_config = estimator_config
         self._decide_config = decide_config
+        self._calibration_config = calibration_config or CalibrationConfig()
+        self._objective_config = objective_config or ObjectiveConfig()
         self._interval_s = interval_s
         self._timer = timer
         self._log = logger if logger is not None else get_logger("loop")
@@ -138,7 +145,18 @@ class AdvisorLoop:
         context = self._context_for(runtime, evidence, gpu)
         if context is None and evidence.state == TargetState.OK:
             evidence = replace(evidence, state=TargetState.ERROR, reason=runtime.context_error or "no cost model")
-        decision, runtime.decide_state = advise(evidence, context, self._decide_config, runtime.decide_state, now_s)
+        advice = advise_target(
+            evidence,
+            context,
+            decide_config=self._decide_config,
+            decide_state=runtime.decide_state,
+            calibration_state=runtime.calibration_state,
+            now_s=now_s,
+            calibration_config=self._calibration_config,
+            objective_config=self._objective_config,
+        )
+        decision, runtime.decide_state = advice.decision, advice.decide_state
+        runtime.calibration_state = advice.calibration_state
         self._board.timings.observe("advise", self._timer() - started)
 
         started = self._timer()
@@ -196,6 +214,8 @@ class AdvisorLoop:
         key = (model, gpu.device_name)
         if runtime.context is not None and runtime.context_key == key:
             return runtime.context
+        # A new model or GPU invalidates the fitted efficiencies: they belonged to the old profiles.
+        runtime.calibration_state = CalibrationState()
         try:
             runtime.context = runtime.spec.resolve_context(model, gpu)
         except ContextUnavailableError as exc:

@@ -13,7 +13,7 @@ from policies.acceptance import (
     expected_length,
     extrapolate_positions,
 )
-from policies.types import DraftMethod
+from policies.types import AcceptanceEvidence, DraftMethod
 
 
 def test_expected_length_sums_positions() -> None:
@@ -115,3 +115,20 @@ def test_empty_positions_use_the_prior_and_negative_gamma_fails() -> None:
     )
     with pytest.raises(ValueError):
         acceptance_curve(None, method=DraftMethod.NGRAM, gamma_max=-1)
+
+
+def test_extrapolated_share_says_how_much_of_e_l_is_not_measured() -> None:
+    measured = AcceptanceEvidence(
+        per_position=(0.78, 0.58, 0.43), per_position_low=(0.78, 0.58, 0.43), per_position_high=(0.78, 0.58, 0.43),
+        drafts=1000.0, draft_tokens=3000.0, accepted_tokens=1790.0, mean_acceptance_length=2.79,
+        acceptance_rate=0.597, mean_proposed_length=3.0, window_s=60.0,
+    )
+    curve = acceptance_curve(measured, method=DraftMethod.EAGLE3, gamma_max=5)
+    assert [p.extrapolated_share for p in curve[:4]] == [0.0, 0.0, 0.0, 0.0]
+    # c_3 = 0.43 / 0.58 = 0.7414, step 0.9 x 0.7414 = 0.6672: r_4 = 0.2869, r_5 = 0.1914; E[L](5) = 2.79 + 0.4783
+    # = 3.2683, of which 0.4783 / 3.2683 = 14.6% is extrapolated.
+    assert curve[5].expected_length == pytest.approx(3.2683, abs=1e-3)
+    assert curve[5].extrapolated_share == pytest.approx(0.4783 / 3.2683, abs=1e-3)
+    # A prior: everything but the bonus token rests on it. alpha 0.76, gamma 2: E[L] = 1 + 0.76 + 0.5776 = 2.3376.
+    prior = acceptance_curve(None, method=DraftMethod.EAGLE3, gamma_max=2)
+    assert prior[2].extrapolated_share == pytest.approx(1.3376 / 2.3376)

@@ -79,9 +79,13 @@ def test_large_batch_low_acceptance_costs_throughput() -> None:
 def test_speedup_falls_with_batch() -> None:
     speedups = [
         speedup_curve(make_evidence(batch=b, context_tokens_per_seq=128.0), make_context(), gamma_max=3)[3].speedup
-        for b in (1.0, 16.0, 64.0, 256.0)
+        for b in (1.0, 16.0, 64.0, 128.0, 256.0)
     ]
-    assert speedups == sorted(speedups, reverse=True)
+    # Up to B=16 verifying 4 tokens per sequence (64 tokens, 0.96 TFLOP = 1.6 ms) hides under the 5.4 ms weight
+    # stream, so S is flat there (within 1%); past it compute grows with B q and S falls.
+    assert speedups[1] == pytest.approx(speedups[0], rel=0.01)
+    assert speedups[1:] == sorted(speedups[1:], reverse=True)
+    assert speedups[-1] < 0.7 * speedups[0]
 
 
 def test_prior_curve_when_speculation_is_off() -> None:
@@ -195,6 +199,6 @@ def test_tensor_parallel_and_moe_contexts_evaluate() -> None:
     dense = make_context()
     dense_b1 = speedup_curve(make_evidence(), dense, gamma_max=3)[3].speedup
     dense_b8 = speedup_curve(make_evidence(batch=8.0), dense, gamma_max=3)[3].speedup
-    assert dense_b8 <= dense_b1
+    assert dense_b8 <= dense_b1 * 1.01  # flat: both memory-bound (see test_speedup_falls_with_batch)
     with pytest.raises(ValueError):
         ModelContext(tp.hardware, tp.model, tp.drafter, tensor_parallel=0)

@@ -631,3 +631,18 @@ def test_random_scrape_sequences_keep_the_invariants(seed: int) -> None:
             assert 0.0 <= low <= point <= high <= 1.0
         assert 1.0 <= acceptance.mean_acceptance_length <= 1.0 + evidence.deployed_k + 1e-9
         assert 0.0 <= acceptance.acceptance_rate <= 1.0
+
+
+def test_prefill_tokens_per_step_from_the_iteration_histogram() -> None:
+    first = make_snapshot(prompt_tokens=5000.0, iteration_tokens=itl(1e5, 1000.0), inter_token_latency=itl(10.0, 500.0))
+    second = advance(
+        first, dt_s=20.0, prompt_tokens=9000.0, iteration_tokens=itl(1.2e5, 1400.0),
+        inter_token_latency=itl(12.5, 600.0),
+    )
+    # 4000 prompt tokens over 400 engine steps (the iteration histogram's Δcount) = 10 per step.
+    assert run([first, second]).prefill_tokens_per_step == pytest.approx(10.0)
+    # Without the iteration histogram: prompt tokens/s x step time = 200 x 0.025 = 5 per step.
+    no_iterations = advance(replace(first, iteration_tokens=None), dt_s=20.0, prompt_tokens=9000.0,
+                            inter_token_latency=itl(12.5, 600.0))
+    assert run([replace(first, iteration_tokens=None), no_iterations]).prefill_tokens_per_step == pytest.approx(5.0)
+    assert run([make_snapshot(), advance(make_snapshot(), dt_s=20.0)]).prefill_tokens_per_step is None

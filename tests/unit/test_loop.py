@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 import pytest
-from estimate_builders import FIXTURE_TAKEN_AT_S, advance, make_snapshot
+from estimate_builders import FIXTURE_TAKEN_AT_S, advance, itl, make_snapshot
 
 from policies.costmodel import ModelContext
 from policies.decide import DecideConfig
@@ -292,3 +292,26 @@ def test_engine_roofline_counters_become_saturation_ratios() -> None:
     assert status is not None
     assert status.engine_activity["tensor_active"] == pytest.approx(0.4)
     assert status.engine_activity["dram_active"] == pytest.approx(0.7)
+
+
+def test_decision_names_its_objective_and_the_calibration_error() -> None:
+    # Two scrapes with a queue (3 waiting) and an ITL histogram: 120 samples of 8 ms on top of 100 of 7 ms ->
+    # window step time (0.96 s) / 120 = 8 ms, a calibration point. The decision says which objective applied.
+    first = {
+        "tiny": make_snapshot(num_requests_running=2.0, num_requests_waiting=3.0, inter_token_latency=itl(0.7, 100))
+    }
+    second = {"tiny": advance(first["tiny"], dt_s=INTERVAL_S, drafts=400, draft_tokens=1200, accepted=600,
+                              per_position=(280, 200, 120), inter_token_latency=itl(0.7 + 0.96, 220))}
+    loop, board = make_loop(("a", FakeScraper(first, second)))
+    run(loop.run_once(T0))
+    run(loop.run_once(T0 + INTERVAL_S))
+    status = board.get("a")
+    assert status is not None and status.decision is not None and status.evidence is not None
+    assert status.evidence.step_time_s == pytest.approx(0.96 / 120)
+    assert status.decision.objective == "capacity"
+    assert "objective capacity (capacity-bound: 3 waiting" in status.decision.reason
+    assert status.decision.calibration_error_ratio is not None
+    # Two points at nearly the same operating point: the cold start (lifetime ITL 0.7 s / 100 = 7 ms) and the window
+    # (8 ms). No scales explain both; the median error is about half their 13% spread.
+    assert 0.03 < status.decision.calibration_error_ratio < 0.10
+    assert "model calibration error" in status.decision.reason

@@ -1,0 +1,212 @@
+"""What "faster" means for one server right now: the objective the speedup curve is measured in.
+
+Three objectives (DESIGN.md section 4), chosen per tick from the evidence:
+
+- latency  (no queue: waiting < `waiting_threshold` and KV usage < `kv_full_ratio`): every running request is
+  served, so the batch is what it is; S(gamma) = tokens/s per sequence with gamma drafts / without, at the same
+  batch B (= the inverse ratio of inter-token latencies). This is `costmodel.curve_for` unchanged.
+- capacity (requests waiting, or the KV cache nearly full): the server's throughput decides how fast the queue
+  drains, and each option may hold a different batch. Draft tokens reserve KV slots (vLLM allocates gamma
+  lookahead slots per running request), so with the cache full an option with gamma drafts holds
+      B(gamma) = min(B + waiting, KV_capacity / (ctx_0 + gamma))   ctx_0 = ctx - deployed_k (the current reservation)
+  and when the cache is not the limit (max_num_seqs or the token budget is), B(gamma) = B for all options.
+      S_cap(gamma) = [B(gamma) E[L](gamma) / T(B(gamma), gamma)] / [B(0) / T(B(0), 0)]     total tokens/s ratio
+  KV_capacity = ctx x B / kv_usage (tokens), from the evidence. Example: cache full at B = 64, ctx 264 with
+  k = 3 deployed, 20 waiting: capacity 64 x 264 / 1.0 = 16896 tokens; gamma 0 holds min(84, 16896 / 261) =
+  64.7 sequences, gamma 3 holds 64.0 -> if S(3) at B=64 is 1.50, S_cap(3) ~ 1.50 x 64.0 / 64.7 = 1.48.
+- goodput_slo (an inter-token-latency SLO is configured): tokens/s of requests meeting it. Each option's mean
+  inter-token latency is ITL(gamma) = T(B(gamma), gamma) / E[L](gamma); per-request ITLs spread around that mean,
+  so the share meeting the SLO is taken as the soft indicator min(1, (SLO / ITL)^p), p = `slo_sharpness` (4: a
+  mean 10% over the SLO keeps (1/1.1)^4 = 68% of its tokens, 25% over keeps 41%):
+      goodput(gamma) = throughput(gamma) x min(1, (SLO / ITL(gamma))^p),   S_slo = goodput(gamma) / goodput(0)
+  with B(gamma) from the capacity rule when capacity-bound, else the current B. Chunked prefill stretches every
+  step by 1 / (1 - rho), rho = the share of the current step spent on prompt tokens, priced by the model as
+  1 - T(B, 1, P = 0) / T(B, 1, P) (policies/costmodel.py: prompt load is a rate, the same for every gamma); the
+  ITL above uses the stretched step. The throughput ratios are unaffected (the factor cancels).
+Bands: E[L] low/high give throughput (and ITL) low/high at the same step time.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+
+from policies.acceptance import AcceptancePoint
+from policies.costmodel import ModelContext, curve_for
+from policies.roofline import CostScales
+from policies.types import CurvePoint, Evidence
+
+
+class Objective(StrEnum):
+    """The wire values go on `Decision.objective`."""
+
+    LATENCY = "latency"
+    CAPACITY = "capacity"
+    GOODPUT_SLO = "goodput_slo"
+
+
+@dataclass(frozen=True, slots=True)
+class ObjectiveConfig:
+    """`itl_slo_s` (s, > 0, or None = no SLO): mean inter-token latency target. `kv_full_ratio` (0..1]: KV usage
+    counted as full. `waiting_threshold` (requests, >= 0): mean queue length counted as a queue. `slo_sharpness`
+    (> 0): p of the soft SLO indicator (module docstring)."""
+
+    itl_slo_s: float | None = None
+    kv_full_ratio: float = 0.90
+    waiting_threshold: float = 0.5
+    slo_sharpness: float = 4.0
+
+    def __post_init__(self) -> None:
+        if self.itl_slo_s is not None and not (math.isfinite(self.itl_slo_s) and self.itl_slo_s > 0):
+            raise ValueError(f"itl_slo_s must be a positive number of seconds, got {self.itl_slo_s}")
+        if not 0 < self.kv_full_ratio <= 1:
+            raise ValueError(f"kv_full_ratio must be in (0, 1], got {self.kv_full_ratio}")
+        if self.waiting_threshold < 0 or self.slo_sharpness <= 0:
+            raise ValueError("waiting_threshold must be >= 0 and slo_sharpness > 0")
+
+
+@dataclass(frozen=True, slots=True)
+class Workload:
+    """The operating point an objective is evaluated at: running `batch` (>= 1), `waiting` requests (>= 0),
+    `context_tokens` per sequence, `prefill_tokens` per step, `kv_usage_ratio` (None = unknown), `deployed_k`."""
+
+    batch: float
+    waiting: float
+    context_tokens: float
+    prefill_tokens: float = 0.0
+    kv_usage_ratio: float | None = None
+    deployed_k: int = 0
+
+    @property
+    def kv_capacity_tokens(self) -> float | None:
+        """KV capacity implied by the usage: ctx x B / usage (tokens); None when the usage is unknown or ~0."""
+        if self.kv_usage_ratio is None or self.kv_usage_ratio < 0.01:
+            return None
+        return self.context_tokens * self.batch / self.kv_usage_ratio
+
+
+def workload_from(evidence: Evidence, *, context_tokens: float, prefill_tokens: float) -> Workload:
+    """The evidence's workload with the cost model's resolved context and prefill (costmodel.operating_point).
+
+    Example: batch 256, waiting 50, KV 0.62, k 3 -> Workload(256, 50, ctx, P, 0.62, 3).
+    """
+    waiting = evidence.waiting if math.isfinite(evidence.waiting) and evidence.waiting > 0 else 0.0
+    batch = evidence.batch if math.isfinite(evidence.batch) else 1.0
+    return Workload(
+        batch=max(batch, 1.0),
+        waiting=waiting,
+        context_tokens=context_tokens,
+        prefill_tokens=prefill_tokens,
+        kv_usage_ratio=evidence.kv_cache_usage_ratio,
+        deployed_k=evidence.deployed_k if evidence.speculation_on else 0,
+    )
+
+
+def choose_objective(workload: Workload, config: ObjectiveConfig) -> tuple[Objective, bool, str]:
+    """(objective, capacity_bound, why). Capacity-bound when waiting >= `waiting_threshold` or KV usage >=
+    `kv_full_ratio`; the SLO objective applies whenever an SLO is configured, over the capacity or latency batch.
+
+    Example: waiting 50, KV 0.62, no SLO -> (CAPACITY, True, "capacity-bound: 50 waiting, KV 62%").
+    """
+    kv = workload.kv_usage_ratio
+    queued = workload.waiting >= config.waiting_threshold
+    full = kv is not None and kv >= config.kv_full_ratio
+    kv_text = f"KV {kv:.0%}" if kv is not None else "KV unknown"
+    capacity = queued or full
+    regime = f"capacity-bound: {workload.waiting:.0f} waiting, {kv_text}" if capacity else (
+        f"latency-bound: no queue, {kv_text}"
+    )
+    if config.itl_slo_s is not None:
+        return Objective.GOODPUT_SLO, capacity, f"goodput under ITL SLO {config.itl_slo_s * 1e3:.0f} ms ({regime})"
+    return (Objective.CAPACITY if capacity else Objective.LATENCY), capacity, regime
+
+
+def held_batch(workload: Workload, gamma: int, *, kv_full: bool) -> float:
+    """Sequences an option with `gamma` drafts can run (>= 1): the current batch unless the KV cache is the limit,
+    then min(B + waiting, capacity / (ctx - deployed_k + gamma)) (module docstring).
+
+    Example: B 64, ctx 264, k 3, usage 1.0, 20 waiting, kv_full: gamma 0 -> min(84, 16896 / 261) = 64.7.
+    """
+    capacity = workload.kv_capacity_tokens
+    if not kv_full or capacity is None:
+        return workload.batch
+    per_seq = max(workload.context_tokens - workload.deployed_k, 1.0) + gamma
+    return max(1.0, min(workload.batch + workload.waiting, capacity / per_seq))
+
+
+def objective_curve(
+    ctx: ModelContext,
+    acceptance: Sequence[AcceptancePoint],
+    workload: Workload,
+    *,
+    config: ObjectiveConfig,
+    scales: CostScales | None = None,
+) -> tuple[tuple[CurvePoint, ...], Objective, str]:
+    """The curve S(gamma) in the objective that applies (module docstring), with the objective and why.
+    `acceptance` starts at gamma 0, contiguous. Latency objective: exactly `costmodel.curve_for` at B.
+
+    Example: latency-bound at B = 1 -> the plain curve; capacity-bound with the cache not full -> the same
+    numbers (every option holds the same batch) under the name "capacity".
+    """
+    objective, capacity, why = choose_objective(workload, config)
+    kv = workload.kv_usage_ratio
+    kv_full = capacity and kv is not None and kv >= config.kv_full_ratio
+
+    def at(batch: float) -> tuple[tuple[CurvePoint, ...], float]:
+        return curve_for(ctx, acceptance, batch=batch, context_tokens=workload.context_tokens, scales=scales)
+
+    base_curve, base_step = at(held_batch(workload, 0, kv_full=kv_full))
+    if objective is Objective.LATENCY or (objective is Objective.CAPACITY and not kv_full):
+        return base_curve, objective, why
+    b0 = held_batch(workload, 0, kv_full=kv_full)
+    cache: dict[float, tuple[CurvePoint, ...]] = {b0: base_curve}
+    stretch = 1.0
+    if workload.prefill_tokens > 0:
+        mixed = curve_for(
+            ctx, acceptance[:1], batch=workload.batch, context_tokens=workload.context_tokens, scales=scales,
+            prefill_tokens=workload.prefill_tokens,
+        )[1]
+        plain_now = curve_for(ctx, acceptance[:1], batch=workload.batch, context_tokens=workload.context_tokens,
+                              scales=scales)[1]
+        stretch = mixed / plain_now  # 1 / (1 - rho)
+    plain_rate = b0 / base_step
+    plain_goodput = plain_rate * _slo_share(base_step * stretch, 1.0, config)
+    points: list[CurvePoint] = []
+    for acc in acceptance:
+        b = held_batch(workload, acc.gamma, kv_full=kv_full)
+        if b not in cache:
+            cache[b] = at(b)[0]
+        point = cache[b][acc.gamma]
+        if acc.gamma == 0:
+            points.append(point)
+            continue
+
+        def ratio(length: float, step: float = point.step_time_s, batch: float = b) -> float:
+            rate = batch * length / step
+            if objective is Objective.GOODPUT_SLO:
+                return rate * _slo_share(step * stretch, length, config) / plain_goodput if plain_goodput > 0 else 0.0
+            return rate / plain_rate
+
+        points.append(
+            CurvePoint(
+                gamma=acc.gamma,
+                speedup=ratio(acc.expected_length),
+                speedup_low=ratio(acc.expected_length_low),
+                speedup_high=ratio(acc.expected_length_high),
+                expected_accepted_length=acc.expected_length,
+                step_time_s=point.step_time_s,
+                extrapolated=acc.extrapolated,
+                extrapolated_share=acc.extrapolated_share,
+            )
+        )
+    return tuple(points), objective, why
+
+
+def _slo_share(step_s: float, length: float, config: ObjectiveConfig) -> float:
+    if config.itl_slo_s is None:
+        return 1.0
+    itl = step_s / max(length, 1.0)
+    share: float = (config.itl_slo_s / itl) ** config.slo_sharpness
+    return min(1.0, share)

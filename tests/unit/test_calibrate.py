@@ -1,0 +1,152 @@
+"""Online calibration: the fitter recovers known efficiency errors from synthetic step times, resists outliers,
+forgets old points and uses hardware activity. (The simulator convergence test is in tests/integration.)"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+
+import pytest
+from costmodel_builders import make_context, make_evidence
+
+from policies.calibrate import (
+    CalibrationConfig,
+    CalibrationState,
+    StepObservation,
+    add_observation,
+    fit,
+    observation_from,
+    update,
+)
+from policies.roofline import CostScales, step_components
+from policies.types import GpuSnapshot, TargetState
+
+T0 = 1_800_000_000.0
+CONFIG = CalibrationConfig()
+
+
+def _synthetic(truth: CostScales, *, n: int = 24, outliers: dict[int, float] | None = None) -> CalibrationState:
+    """Points at batches 1..256, q 1 or 4, ctx 512..2048, priced by the model itself under `truth`."""
+    ctx = make_context()
+    state = CalibrationState()
+    batches = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0]
+    for i in range(n):
+        batch = batches[i % len(batches)]
+        spec = i % 2 == 1
+        q, passes = (4.0, 3) if spec else (1.0, 0)
+        context = 512.0 * (1 + i % 4)
+        prefill = 100.0 * (i % 3)
+        step = step_components(
+            ctx.hardware, ctx.model, ctx.drafter, batch=batch, tokens_per_seq=q, draft_passes=passes,
+            context_tokens=context, prefill_tokens=prefill,
+        ).total_s(truth)
+        step *= (outliers or {}).get(i, 1.0)
+        point = StepObservation(
+            at_s=T0 + 30.0 * i, batch=batch, tokens_per_seq=q, draft_passes=passes, context_tokens=context,
+            prefill_tokens=prefill, step_s=step,
+        )
+        state = add_observation(state, point, config=CONFIG)
+    return state
+
+
+def test_recovers_a_2x_slower_memory_system() -> None:
+    # Every memory term doubled (the profile's bandwidth is 2x too high): the fit finds memory ~2 and leaves the
+    # rest near 1, and explains the points to within a percent.
+    state, result = fit(_synthetic(CostScales(memory=2.0)), make_context(), now_s=T0 + 720.0, config=CONFIG)
+    assert result.scales.memory == pytest.approx(2.0, rel=0.05)
+    assert result.scales.compute == pytest.approx(1.0, rel=0.1)
+    assert result.error_ratio is not None and result.error_ratio < 0.01
+    assert state.scales == result.scales
+    assert result.points == 24
+
+
+def test_an_outlier_window_does_not_drag_the_fit() -> None:
+    # One window 3x slower (a stall) among 24: with the Huber loss it moves the memory scale by little.
+    clean = fit(_synthetic(CostScales(memory=2.0)), make_context(), now_s=T0 + 720.0, config=CONFIG)[1]
+    dirty = fit(
+        _synthetic(CostScales(memory=2.0), outliers={7: 3.0}), make_context(), now_s=T0 + 720.0, config=CONFIG
+    )[1]
+    assert dirty.scales.memory == pytest.approx(clean.scales.memory, rel=0.05)
+    # The reported error is a median over recent points: one outlier does not inflate it either.
+    assert dirty.error_ratio is not None and dirty.error_ratio < 0.02
+
+
+def test_no_points_means_the_physics() -> None:
+    state, result = fit(CalibrationState(scales=CostScales(memory=3.0)), make_context(), now_s=T0, config=CONFIG)
+    assert result.scales == CostScales() == state.scales
+    assert result.error_ratio is None and result.points == 0
+
+
+def test_prior_holds_directions_the_data_cannot_see() -> None:
+    # A single batch-1 point 10% slower than predicted: the fit spreads the 10% over the terms by their priors,
+    # moves nothing far, and explains the point.
+    ctx = make_context()
+    predicted = step_components(
+        ctx.hardware, ctx.model, ctx.drafter, batch=1.0, tokens_per_seq=1.0, draft_passes=0, context_tokens=512.0
+    ).total_s()
+    point = StepObservation(T0, 1.0, 1.0, 0, 512.0, 0.0, 1.1 * predicted)
+    _, result = fit(CalibrationState(points=(point,)), ctx, now_s=T0, config=CONFIG)
+    for name in ("memory", "compute", "overhead", "per_request", "draft"):
+        assert 0.8 < getattr(result.scales, name) < 1.25
+    assert result.error_ratio is not None and result.error_ratio < 0.03
+
+
+def test_points_are_spaced_and_bounded() -> None:
+    config = CalibrationConfig(min_spacing_s=20.0, max_points=3)
+    state = CalibrationState()
+    for t in (0.0, 30.0, 35.0, 40.0, 55.0, 100.0):
+        state = add_observation(state, StepObservation(T0 + t, 1.0, 1.0, 0, 512.0, 0.0, 0.007), config=config)
+    # 0, 30, 35 kept (35 is the newest); 40 replaces 35 (35 - 30 < 20); 55 replaces 40 (40 - 30 < 20); 100 keeps
+    # 55 (55 - 30 >= 20) -> 0, 30, 55, 100, of which the 3 newest remain.
+    assert [p.at_s - T0 for p in state.points] == [30.0, 55.0, 100.0]
+    older = add_observation(state, StepObservation(T0, 1.0, 1.0, 0, 512.0, 0.0, 0.007), config=config)
+    assert older == state
+
+
+def test_old_points_fade() -> None:
+    # Points from a 2x-memory past, then as many from a 1x present: an hour later (half-life 15 min) the old ones
+    # weigh 1/16 and the fit follows the present.
+    past = _synthetic(CostScales(memory=2.0), n=18)
+    present = _synthetic(CostScales(), n=18)
+    state = past
+    for p in present.points:
+        state = add_observation(state, replace(p, at_s=p.at_s + 3600.0), config=CONFIG)
+    _, result = fit(state, make_context(), now_s=T0 + 3600.0 + 540.0, config=CONFIG)
+    assert result.scales.memory == pytest.approx(1.0, abs=0.15)
+
+
+def test_observation_needs_a_trustworthy_step_time() -> None:
+    ctx = make_context()
+    good = make_evidence(step_time_s=0.0114, step_samples=500.0, prefill_tokens_per_step=20.0)
+    point = observation_from(good, ctx, config=CONFIG)
+    assert point is not None
+    assert (point.batch, point.tokens_per_seq, point.draft_passes, point.prefill_tokens) == (1.0, 4.0, 3, 20.0)
+    assert observation_from(replace(good, step_samples=5.0), ctx, config=CONFIG) is None
+    assert observation_from(replace(good, state=TargetState.STALE), ctx, config=CONFIG) is None
+    assert observation_from(replace(good, step_time_s=math.nan), ctx, config=CONFIG) is None
+    assert observation_from(replace(good, batch=0.1), ctx, config=CONFIG) is None
+
+
+def test_dcgm_activity_measures_the_bandwidth() -> None:
+    # vLLM says 1.2e12 bytes/s were read while DCGM saw DRAM busy 60% of the time: sustained 2.0e12 B/s. The
+    # profile assumes 3.35e12 x 0.85 = 2.8475e12, so the memory scale observed is 2.8475 / 2.0 = 1.424.
+    ctx = make_context()
+    gpu = GpuSnapshot(taken_at_s=T0, source="dcgm", dram_active_ratio=0.6, tensor_active_ratio=0.02)
+    evidence = make_evidence(
+        step_time_s=0.0114, step_samples=500.0, achieved_read_bytes_per_s=1.2e12, achieved_flops_per_s=1e13, gpu=gpu
+    )
+    point = observation_from(evidence, ctx, config=CONFIG)
+    assert point is not None
+    assert point.memory_scale_obs == pytest.approx(2.8475e12 / 2.0e12)
+    assert point.compute_scale_obs is None  # tensor activity 2% is below the 5% floor
+    state, result = update(CalibrationState(), evidence, ctx, now_s=T0, config=CONFIG)
+    # One step-time point and the activity pseudo-observation pull the memory scale up towards 1.42.
+    assert result.scales.memory > 1.2
+    assert len(state.points) == 1
+
+
+def test_invalid_config_is_rejected() -> None:
+    with pytest.raises(ValueError):
+        CalibrationConfig(prior_sigma=(1.0, 1.0))  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        CalibrationConfig(half_life_s=0.0)

@@ -1,0 +1,98 @@
+"""Objectives: which one applies, the capacity rule (KV the drafts reserve) and goodput under an ITL SLO."""
+
+from __future__ import annotations
+
+import pytest
+from costmodel_builders import make_context, make_evidence
+
+from policies.acceptance import acceptance_curve
+from policies.costmodel import curve_for
+from policies.objectives import (
+    Objective,
+    ObjectiveConfig,
+    Workload,
+    choose_objective,
+    held_batch,
+    objective_curve,
+    workload_from,
+)
+from policies.types import DraftMethod
+
+ACCEPTANCE = acceptance_curve(make_evidence().acceptance, method=DraftMethod.EAGLE3, gamma_max=4)
+
+
+def test_choice_follows_queue_kv_and_slo() -> None:
+    config = ObjectiveConfig()
+    assert choose_objective(Workload(8.0, 0.0, 512.0, kv_usage_ratio=0.3), config)[:2] == (Objective.LATENCY, False)
+    queued = choose_objective(Workload(256.0, 50.0, 512.0, kv_usage_ratio=0.62), config)
+    assert queued[:2] == (Objective.CAPACITY, True)
+    assert "50 waiting" in queued[2] and "62%" in queued[2]
+    assert choose_objective(Workload(64.0, 0.0, 512.0, kv_usage_ratio=0.95), config)[1]
+    slo = choose_objective(Workload(8.0, 0.0, 512.0), ObjectiveConfig(itl_slo_s=0.02))
+    assert slo[0] is Objective.GOODPUT_SLO and "20 ms" in slo[2]
+    with pytest.raises(ValueError):
+        ObjectiveConfig(itl_slo_s=0.0)
+
+
+def test_latency_objective_is_the_plain_curve() -> None:
+    ctx = make_context()
+    curve, objective, _ = objective_curve(ctx, ACCEPTANCE, Workload(8.0, 0.0, 512.0), config=ObjectiveConfig())
+    assert objective is Objective.LATENCY
+    assert curve == curve_for(ctx, ACCEPTANCE, batch=8.0, context_tokens=512.0)[0]
+
+
+def test_kv_reserved_by_drafts_limits_the_batch_when_the_cache_is_full() -> None:
+    # Cache full at B=64, ctx 264 with k=3 deployed, 20 waiting: capacity 64 x 264 / 1.0 = 16896 tokens.
+    workload = Workload(64.0, 20.0, 264.0, kv_usage_ratio=1.0, deployed_k=3)
+    assert workload.kv_capacity_tokens == pytest.approx(16896.0)
+    # gamma 0: 16896 / (261 + 0) = 64.74; gamma 4: 16896 / 265 = 63.76; both below the demand 84.
+    assert held_batch(workload, 0, kv_full=True) == pytest.approx(16896.0 / 261.0)
+    assert held_batch(workload, 4, kv_full=True) == pytest.approx(16896.0 / 265.0)
+    assert held_batch(workload, 4, kv_full=False) == 64.0
+    ctx = make_context()
+    curve, objective, _ = objective_curve(ctx, ACCEPTANCE, workload, config=ObjectiveConfig())
+    assert objective is Objective.CAPACITY
+    # S_cap(4) = [B4 E[L](4) / T(B4, 4)] / [B0 / T(B0, 0)], each step priced at its own batch.
+    b0, b4 = 16896.0 / 261.0, 16896.0 / 265.0
+    plain = curve_for(ctx, ACCEPTANCE, batch=b0, context_tokens=264.0)
+    spec = curve_for(ctx, ACCEPTANCE, batch=b4, context_tokens=264.0)
+    expected = (b4 * ACCEPTANCE[4].expected_length / spec[0][4].step_time_s) / (b0 / plain[1])
+    assert curve[4].speedup == pytest.approx(expected)
+    # Fewer sequences fit with drafts, so capacity speedup < per-sequence speedup at the same batch.
+    assert curve[4].speedup < spec[0][4].speedup
+    assert curve[4].speedup_low <= curve[4].speedup <= curve[4].speedup_high
+
+
+def test_capacity_bound_without_a_full_cache_keeps_the_batch() -> None:
+    ctx = make_context()
+    workload = Workload(256.0, 50.0, 512.0, kv_usage_ratio=0.62, deployed_k=3)
+    curve, objective, _ = objective_curve(ctx, ACCEPTANCE, workload, config=ObjectiveConfig())
+    assert objective is Objective.CAPACITY
+    assert curve == curve_for(ctx, ACCEPTANCE, batch=256.0, context_tokens=512.0)[0]
+
+
+def test_goodput_under_an_itl_slo() -> None:
+    ctx = make_context()
+    workload = Workload(1.0, 0.0, 512.0)
+    plain_curve, plain_step = curve_for(ctx, ACCEPTANCE, batch=1.0, context_tokens=512.0)
+    # SLO halfway between the plain ITL and the speculative ITL at gamma 3 (T(3) / E[L](3)): plain misses it.
+    spec_itl = plain_curve[3].step_time_s / ACCEPTANCE[3].expected_length
+    slo = 0.5 * (spec_itl + plain_step)
+    curve, objective, _ = objective_curve(ctx, ACCEPTANCE, workload, config=ObjectiveConfig(itl_slo_s=slo))
+    assert objective is Objective.GOODPUT_SLO
+    # goodput(0) = (1 / T0) x (SLO / T0)^4; goodput(3) = E[L] / T3 (meets the SLO): ratio = S(3) / (SLO/T0)^4.
+    share_plain = (slo / plain_step) ** 4
+    assert curve[3].speedup == pytest.approx(plain_curve[3].speedup / share_plain)
+    assert curve[3].speedup > plain_curve[3].speedup
+    # A loose SLO that everything meets is just throughput.
+    loose, _, _ = objective_curve(ctx, ACCEPTANCE, workload, config=ObjectiveConfig(itl_slo_s=1.0))
+    assert loose[3].speedup == pytest.approx(plain_curve[3].speedup)
+
+
+def test_workload_from_evidence() -> None:
+    evidence = make_evidence(batch=256.0, waiting=50.0, kv_cache_usage_ratio=0.62)
+    workload = workload_from(evidence, context_tokens=700.0, prefill_tokens=120.0)
+    assert workload == Workload(256.0, 50.0, 700.0, 120.0, 0.62, 3)
+    off = workload_from(make_evidence(speculation_on=False, waiting=float("nan")), context_tokens=1.0,
+                        prefill_tokens=0.0)
+    assert off.deployed_k == 0 and off.waiting == 0.0
