@@ -1,6 +1,8 @@
-"""`spec-advisor`: serve the sidecar, run the demo against the simulator, or run the simulator alone.
+"""`spec-advisor`: serve the sidecar, run the demo against the simulator, run the simulator alone, price a
+hypothetical workload (`whatif`), or print engine-native per-batch schedules (`schedule`).
 
-Exit codes: 0 normal end, 2 bad usage or invalid settings (one clear message, no traceback), 130 interrupted.
+Exit codes: 0 normal end, 1 a sidecar or file could not be reached/written, 2 bad usage, invalid settings or
+invalid input (one clear message per problem, no traceback), 130 interrupted.
 """
 
 from __future__ import annotations
@@ -8,14 +10,21 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import json
+import os
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import httpx
 import uvicorn
+from pydantic import ValidationError
 
+from policies.schedule import MAX_NUM_SEQS_LIMIT
+from policies.types import TargetState
+from policies.whatif import WhatIfInputError, whatif_schedule_plan
 from service.app import Sidecar, build_sidecar, package_version
 from service.logs import configure_logging, fields, get_logger
 from service.settings import Settings, SettingsError, load_settings, target_name_for_url
@@ -23,7 +32,17 @@ from service.sim.scenario import Scenario, ScenarioError, default_scenario, load
 from service.sim.server import SimServer
 from service.sim.world import World
 from service.view import run_view
+from service.whatif_api import (
+    DEFAULT_MAX_BODY_BYTES,
+    DEFAULT_MAX_NUM_SEQS,
+    SchedulesOut,
+    WhatIfRequest,
+    run_whatif,
+    schedule_out,
+    schedule_text,
+)
 
+EXIT_UNREACHABLE = 1
 EXIT_USAGE = 2
 EXIT_INTERRUPTED = 130
 
@@ -98,7 +117,61 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--time-scale", type=_positive_float, default=1.0)
     simulate.add_argument("--seed", type=int, default=0)
     simulate.add_argument("--duration-s", type=_positive_float, help="stop by itself after this many seconds")
+    _add_whatif_commands(commands)
     return parser
+
+
+def _add_whatif_commands(commands: Any) -> None:
+    whatif = commands.add_parser(
+        "whatif", help="price a hypothetical workload: JSON in (file or stdin), JSON out (docs/whatif.md)"
+    )
+    whatif.add_argument("input", nargs="?", default="-", metavar="FILE|-", help="what-if JSON (default: stdin)")
+    whatif.add_argument("--plot", type=Path, metavar="FILE", help="also draw speedup vs batch per gamma as a PNG")
+    whatif.add_argument("--compact", action="store_true", help="one-line JSON")
+
+    schedule = commands.add_parser(
+        "schedule", help="per-batch-size speculation schedules for vLLM and TensorRT-LLM, ready to paste"
+    )
+    schedule.add_argument(
+        "input", nargs="?", metavar="FILE|-", help="what-if JSON describing the deployment (default: stdin)"
+    )
+    schedule.add_argument("--url", help="instead of a file: a running sidecar's base URL (its live schedules)")
+    schedule.add_argument("--target", help="with --url: only this target")
+    schedule.add_argument(
+        "--max-num-seqs", type=_bounded_int(1, MAX_NUM_SEQS_LIMIT), default=DEFAULT_MAX_NUM_SEQS,
+        help=f"the engine's --max-num-seqs (default {DEFAULT_MAX_NUM_SEQS})",
+    )
+    schedule.add_argument(
+        "--context-tokens", type=_non_negative_float,
+        help="context per sequence (default: the file's first context length, or the sidecar's observed one)",
+    )
+    schedule.add_argument(
+        "--margin", type=_non_negative_float, default=0.0, help="gain K>=1 must show over K=0 (default 0)"
+    )
+    schedule.add_argument("--format", choices=("text", "json"), default="text")
+
+
+def _bounded_int(low: int, high: int) -> Any:
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not an integer: {text!r}") from None
+        if not low <= value <= high:
+            raise argparse.ArgumentTypeError(f"must be {low}..{high}, got {value}")
+        return value
+
+    return parse
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not (value >= 0 and value != float("inf")):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 0, got {text}")
+    return value
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -111,7 +184,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             return asyncio.run(_serve(sidecar, duration_s=None))
         if args.command == "demo":
             return asyncio.run(_demo(args))
+        if args.command == "whatif":
+            return _whatif(args)
+        if args.command == "schedule":
+            return _schedule(args)
         return asyncio.run(_simulate(args))
+    except InputError as exc:
+        print(f"spec-advisor {args.command}: {exc}", file=sys.stderr)
+        return EXIT_USAGE
+    except BrokenPipeError:
+        # The reader went away (`| head`): not an error of ours; silence the flush at exit (Python docs' recipe).
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_UNREACHABLE
     except (SettingsError, ScenarioError) as exc:
         print(f"spec-advisor: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -268,6 +352,113 @@ async def _simulate(args: argparse.Namespace) -> int:
             await asyncio.Event().wait()
     finally:
         await sim.stop()
+    return 0
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# whatif and schedule
+# ----------------------------------------------------------------------------------------------------------------
+
+
+class InputError(Exception):
+    """A what-if input that cannot be read or priced; the message names the fields (one line per problem)."""
+
+
+def _read_request(source: str) -> WhatIfRequest:
+    # The same bound as the HTTP body: a what-if is a few KB even with an inline config.json.
+    limit = DEFAULT_MAX_BODY_BYTES
+    try:
+        if source == "-":
+            text = sys.stdin.read(limit + 1)
+        else:
+            with Path(source).open(encoding="utf-8") as handle:
+                text = handle.read(limit + 1)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"cannot read {source}: {exc}") from None
+    if len(text) > limit:
+        raise InputError(f"input larger than {limit} bytes (the what-if limit)")
+    try:
+        data = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise InputError(f"input is not JSON: {exc}") from None
+    try:
+        return WhatIfRequest.model_validate(data)
+    except ValidationError as exc:
+        problems = [
+            f"{'.'.join(str(part) for part in error['loc']) or 'input'}: {error['msg']}" for error in exc.errors()
+        ]
+        raise InputError("invalid input\n  " + "\n  ".join(problems)) from None
+
+
+def _whatif(args: argparse.Namespace) -> int:
+    request = _read_request(args.input)
+    try:
+        response = run_whatif(request)
+    except WhatIfInputError as exc:
+        raise InputError(str(exc)) from None
+    if args.plot is not None:
+        from service.plot import PlotUnavailableError, plot_whatif  # noqa: PLC0415  (matplotlib is optional)
+
+        try:
+            plot_whatif(response, args.plot)
+        except PlotUnavailableError as exc:
+            raise InputError(str(exc)) from None
+        except OSError as exc:
+            print(f"spec-advisor whatif: cannot write {args.plot}: {exc}", file=sys.stderr)
+            return EXIT_UNREACHABLE
+    print(response.model_dump_json(indent=None if args.compact else 2))
+    return 0
+
+
+def _schedule(args: argparse.Namespace) -> int:
+    if args.url is not None:
+        if args.input is not None:
+            raise InputError("give either a what-if FILE or --url, not both")
+        return _schedule_from_sidecar(args)
+    if args.target is not None:
+        raise InputError("--target only applies with --url")
+    request = _read_request(args.input or "-")
+    try:
+        plan = whatif_schedule_plan(
+            request.to_input(), max_num_seqs=args.max_num_seqs, context_tokens=args.context_tokens,
+            margin=args.margin,
+        )
+    except WhatIfInputError as exc:
+        raise InputError(str(exc)) from None
+    out = schedule_out(
+        target="what-if", model=plan.ctx.model.name, state=TargetState.OK,
+        reason="from the what-if input (uncalibrated profiles; a live sidecar calibrates to the server)", plan=plan,
+    )
+    print(out.model_dump_json(indent=2) if args.format == "json" else schedule_text(out), end="")
+    if args.format == "json":
+        print()
+    return 0
+
+
+def _schedule_from_sidecar(args: argparse.Namespace) -> int:
+    params: dict[str, str | int | float] = {"max_num_seqs": args.max_num_seqs, "margin": args.margin}
+    if args.target is not None:
+        params["target"] = args.target
+    if args.context_tokens is not None:
+        params["context_tokens"] = args.context_tokens
+    url = args.url.rstrip("/") + "/v1/schedule"
+    try:
+        reply = httpx.get(url, params=params, timeout=30.0)
+    except httpx.HTTPError as exc:
+        print(f"spec-advisor schedule: cannot reach {url}: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    if reply.status_code != 200:
+        print(f"spec-advisor schedule: {url} answered {reply.status_code}: {reply.text[:500]}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    try:
+        schedules = SchedulesOut.model_validate_json(reply.content)
+    except ValidationError as exc:
+        print(f"spec-advisor schedule: {url} did not answer a schedule: {exc}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    if args.format == "json":
+        print(schedules.model_dump_json(indent=2))
+    else:
+        print("\n".join(schedule_text(out) for out in schedules.targets), end="")
     return 0
 
 

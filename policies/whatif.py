@@ -1,0 +1,580 @@
+"""What-if: price a hypothetical workload with the same cost model the advisor uses on live evidence.
+
+Input: hardware (catalog name), tensor-parallel degree, target model (catalog name or a parsed Hugging Face
+`config.json`), drafter (method, plus a draft model for `draft_model`), acceptance (exactly one of: per-position
+r_i, a mean acceptance length measured at some k, or an i.i.d. per-token rate alpha), and lists of batch sizes,
+context lengths and gamma values. Output, for every (batch, context, gamma):
+
+    step_time_s            = T_draft(gamma) + T_target(B, q = gamma + 1)     (gamma 0: T_target(B, 1))
+    tokens_per_s_per_seq   = E[L](gamma) / step_time_s                       (E[L](0) = 1)
+    tokens_per_s_total     = B x tokens_per_s_per_seq
+    speedup                = tokens_per_s_per_seq / tokens_per_s_per_seq(gamma 0)   (policies/costmodel.py S)
+
+plus the best gamma per (batch, context) (speculation off, gamma 0, is always a candidate) and, per (context,
+gamma), the crossover batch: the smallest batch at which S(gamma) <= 1. It is searched on a geometric grid
+(x CROSSOVER_GRID_FACTOR from batch 1 to CROSSOVER_SEARCH_MAX_BATCH), then bisected to CROSSOVER_RELATIVE_TOL, so it
+is the first crossing the grid sees (S is not monotone in B for every MoE model, and the grid is what we promise).
+
+Acceptance inputs, as r_i = P(at least i drafts accepted):
+- `per_position` (r_1..r_k, non-increasing, each in [0, 1]): used as measured; gamma > k extrapolates
+  conservatively (policies/acceptance.py) and the points say so (`extrapolated`, `extrapolated_share`).
+- `mean_acceptance_length` L at `measured_at_k` k (vLLM's 1 + accepted/drafts, bonus token included, in
+  [1, k + 1]): converted to the i.i.d. alpha with (1 - alpha^(k+1)) / (1 - alpha) = L (bisection), r_i = alpha^i
+  for i <= k; beyond k extrapolated as above.
+  Example: L = 2.79 at k = 3 -> alpha = 0.763 (1 + 0.763 + 0.582 + 0.444 = 2.79).
+- `iid_rate` alpha in [0, 1] (Leviathan et al.'s per-token acceptance; NOT vLLM's accepted/draft-tokens
+  "acceptance rate", which averages over positions): r_i = alpha^i for every gamma asked, nothing extrapolated.
+
+No online calibration here (nothing is observed): the profiles' physics and overhead defaults are used as they are
+(policies/profiles.py documents each constant). Everything is pure: the caller parses JSON and files.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from policies.acceptance import AcceptancePoint, acceptance_curve
+from policies.costmodel import ModelContext, curve_for
+from policies.profiles import (
+    DrafterProfile,
+    HardwareProfile,
+    ModelProfile,
+    drafter_for,
+    hardware_by_name,
+    model_by_name,
+    model_from_hf_config,
+)
+from policies.schedule import SchedulePlan
+from policies.types import AcceptanceEvidence, CurvePoint, DraftMethod
+
+GAMMA_LIMIT = 16  # deepest chain priced; vLLM's EAGLE/MTP deployments use k <= ~8
+MAX_POINTS = 2048  # batch sizes x context lengths x gammas in one request
+MAX_BATCH_SIZES = 64
+MAX_CONTEXT_LENGTHS = 8
+MAX_BATCH = 65536.0
+MAX_CONTEXT_TOKENS = 4_194_304.0  # 4M tokens: longer than any served context window today
+MAX_PREFILL_TOKENS_PER_STEP = 1_048_576.0
+MAX_TENSOR_PARALLEL = 64
+CROSSOVER_SEARCH_MAX_BATCH = 4096.0
+CROSSOVER_GRID_FACTOR = 1.25
+CROSSOVER_RELATIVE_TOL = 0.005
+# A profile built from an inline config.json must stay in physical ranges: beyond these the numbers are a typo.
+_MAX_PARAMS = 1e14
+_MAX_DIM = 1_000_000
+_POSITIVE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "head_dim",
+                  "vocab_size")
+
+
+class WhatIfInputError(ValueError):
+    """An input the model cannot price; `field` is the dotted input field (e.g. "target_model", "drafter")."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+ModelSpec = str | Mapping[str, object]
+
+
+@dataclass(frozen=True, slots=True)
+class AcceptanceSpec:
+    """Exactly one of `per_position`, `mean_acceptance_length` (with `measured_at_k`) or `iid_rate` (module doc)."""
+
+    per_position: tuple[float, ...] | None = None
+    mean_acceptance_length: float | None = None
+    measured_at_k: int | None = None
+    iid_rate: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class WhatIfInput:
+    """A hypothetical deployment and the grid to price it on (units: tokens, sequences; see module docstring)."""
+
+    hardware: str
+    target_model: ModelSpec
+    drafter_method: DraftMethod
+    acceptance: AcceptanceSpec
+    batch_sizes: tuple[float, ...]
+    context_lengths: tuple[float, ...]
+    gammas: tuple[int, ...]
+    tensor_parallel: int = 1
+    draft_model: ModelSpec | None = None
+    prefill_tokens_per_step: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class WhatIfPoint:
+    """One priced (batch, context, gamma). Times in seconds, throughputs in tokens per second."""
+
+    batch: float
+    context_tokens: float
+    gamma: int
+    step_time_s: float
+    expected_accepted_length: float
+    tokens_per_s_per_seq: float
+    tokens_per_s_total: float
+    speedup: float
+    speedup_low: float
+    speedup_high: float
+    extrapolated: bool
+    extrapolated_share: float
+
+
+@dataclass(frozen=True, slots=True)
+class BestGamma:
+    """The gamma with the highest predicted speedup at one (batch, context); gamma 0 = leave speculation off."""
+
+    batch: float
+    context_tokens: float
+    gamma: int
+    speedup: float
+    tokens_per_s_total: float
+
+
+@dataclass(frozen=True, slots=True)
+class Crossover:
+    """Where S(gamma) falls to 1 at one context: `batch` None = still > 1 at `searched_up_to_batch`;
+    `batch` 1.0 with `helps_at_batch_1` False = it never helps."""
+
+    context_tokens: float
+    gamma: int
+    batch: float | None
+    helps_at_batch_1: bool
+    searched_up_to_batch: float
+
+
+@dataclass(frozen=True, slots=True)
+class WhatIfResult:
+    """Everything a what-if answers, plus the profiles and the acceptance it rested on."""
+
+    context: ModelContext
+    acceptance: tuple[AcceptancePoint, ...]
+    measured_positions: int
+    points: tuple[WhatIfPoint, ...]
+    best: tuple[BestGamma, ...]
+    crossovers: tuple[Crossover, ...]
+    notes: tuple[str, ...]
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Profiles
+# ------------------------------------------------------------------------------------------------------------
+
+
+def resolve_hardware(name: str, *, field: str = "hardware") -> HardwareProfile:
+    """The catalog hardware profile `name` (case-insensitive, aliases allowed); WhatIfInputError naming `field`
+    and the known names otherwise. Example: "H100" -> h100-sxm (3.35e12 bytes/s)."""
+    try:
+        return hardware_by_name(name)
+    except ValueError as exc:
+        raise WhatIfInputError(field, str(exc)) from None
+
+
+def resolve_model(spec: ModelSpec, *, field: str) -> ModelProfile:
+    """A catalog model (by name or Hugging Face id) or a parsed `config.json` mapping -> ModelProfile.
+
+    A mapping must describe a decoder in physical ranges: params in (0, 1e14], layers/hidden/heads/KV heads/head
+    dim >= 1 and <= 1e6; anything else (missing fields, zero heads, strings where numbers belong) raises
+    WhatIfInputError naming `field`. The mapping's `_name_or_path` (if any) names the profile.
+    Example: {"hidden_size": 4096, "num_hidden_layers": 32, ...} (Llama-3.1-8B's config) -> params ~ 8.03e9.
+    """
+    if isinstance(spec, str):
+        try:
+            return model_by_name(spec)
+        except ValueError as exc:
+            raise WhatIfInputError(field, str(exc)) from None
+    for key in _POSITIVE_KEYS:  # the profile builder would divide by them: say which one is wrong
+        value = spec.get(key)
+        if isinstance(value, int | float) and not isinstance(value, bool) and not value > 0:
+            raise WhatIfInputError(field, f"config.json {key} = {value} must be > 0")
+    name_value = spec.get("_name_or_path")
+    name = name_value if isinstance(name_value, str) and name_value else "inline config.json"
+    try:
+        profile = model_from_hf_config(spec, name=name, source=f"inline config.json ({field})")
+    except (ValueError, TypeError, KeyError, ZeroDivisionError, OverflowError, AttributeError) as exc:
+        raise WhatIfInputError(field, f"config.json cannot be read as a decoder: {exc}") from None
+    _check_profile(profile, field=field)
+    return profile
+
+
+def _check_profile(profile: ModelProfile, *, field: str) -> None:
+    dims = {
+        "num_hidden_layers": profile.layers,
+        "hidden_size": profile.hidden,
+        "num_attention_heads": profile.num_heads,
+        "num_key_value_heads": profile.num_kv_heads,
+        "head_dim": profile.head_dim,
+    }
+    for key, value in dims.items():
+        if not 1 <= value <= _MAX_DIM:
+            raise WhatIfInputError(field, f"config.json {key} = {value} is outside 1..{_MAX_DIM}")
+    for key, number in (("parameter count", profile.params), ("active parameter count", profile.active_params)):
+        if not (math.isfinite(number) and 0 < number <= _MAX_PARAMS):
+            raise WhatIfInputError(field, f"config.json gives a {key} of {number:.3g}, outside (0, {_MAX_PARAMS:g}]")
+    if not (0 < profile.dtype_bytes <= 8 and 0 < profile.kv_dtype_bytes <= 8):
+        raise WhatIfInputError(field, "config.json weight/KV dtype must be 0.5..8 bytes per element")
+
+
+def build_context(inp: WhatIfInput) -> ModelContext:
+    """Profiles for `inp`: hardware, target model, the method's default drafter for it, TP degree.
+
+    `draft_model` is required for DraftMethod.DRAFT_MODEL and rejected for other methods (it would be silently
+    ignored otherwise). Raises WhatIfInputError naming the field. Example: h100, llama-3.1-8b, eagle3, TP 1 ->
+    an EAGLE-3 head of ~3.995e8 parameters (policies/profiles.py `drafter_for`).
+    """
+    if not 1 <= inp.tensor_parallel <= MAX_TENSOR_PARALLEL:
+        raise WhatIfInputError("tensor_parallel", f"must be 1..{MAX_TENSOR_PARALLEL}, got {inp.tensor_parallel}")
+    hardware = resolve_hardware(inp.hardware)
+    model = resolve_model(inp.target_model, field="target_model")
+    drafter = _drafter(inp, model)
+    return ModelContext(hardware=hardware, model=model, drafter=drafter, tensor_parallel=inp.tensor_parallel)
+
+
+def _drafter(inp: WhatIfInput, model: ModelProfile) -> DrafterProfile:
+    if inp.drafter_method == DraftMethod.DRAFT_MODEL:
+        if inp.draft_model is None:
+            raise WhatIfInputError("drafter.draft_model", "method draft_model needs a draft model (name or config)")
+        draft = resolve_model(inp.draft_model, field="drafter.draft_model")
+        return drafter_for(inp.drafter_method, model, draft_model=draft)
+    if inp.draft_model is not None:
+        raise WhatIfInputError(
+            "drafter.draft_model", f"only used with method draft_model, not {inp.drafter_method.value}"
+        )
+    return drafter_for(inp.drafter_method, model)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Acceptance
+# ------------------------------------------------------------------------------------------------------------
+
+
+def mean_length_iid(alpha: float, k: int) -> float:
+    """E[L] at k drafts for i.i.d. acceptance alpha: 1 + alpha + ... + alpha^k = (1 - alpha^(k+1)) / (1 - alpha).
+
+    alpha in [0, 1], k >= 0. Example: alpha 0.8, k 3 -> 1 + 0.8 + 0.64 + 0.512 = 2.952.
+    """
+    return sum(alpha**i for i in range(k + 1))
+
+
+def iid_rate_for_mean_length(mean_length: float, k: int) -> float:
+    """The i.i.d. alpha in [0, 1] whose mean accepted length at k drafts is `mean_length` (in [1, k + 1], k >= 1).
+
+    Bisection to 1e-12 (E[L] is increasing in alpha). Raises WhatIfInputError outside the ranges.
+    Example: mean_length 2.952, k 3 -> 0.8 (1 + 0.8 + 0.64 + 0.512 = 2.952).
+    """
+    if k < 1:
+        raise WhatIfInputError("acceptance.measured_at_k", f"must be >= 1, got {k}")
+    if not (math.isfinite(mean_length) and 1.0 <= mean_length <= k + 1.0):
+        raise WhatIfInputError(
+            "acceptance.mean_acceptance_length",
+            f"must be in [1, {k + 1}] at k={k} (1 + accepted drafts, at most all k plus the bonus token), "
+            f"got {mean_length}",
+        )
+    low, high = 0.0, 1.0
+    while high - low > 1e-12:
+        middle = 0.5 * (low + high)
+        if mean_length_iid(middle, k) < mean_length:
+            low = middle
+        else:
+            high = middle
+    return 0.5 * (low + high)
+
+
+def acceptance_positions(spec: AcceptanceSpec, *, gamma_max: int) -> tuple[float, ...]:
+    """The r_i the spec states as known (module docstring): per_position as given, alpha^1..alpha^k for a mean
+    length at k, alpha^1..alpha^gamma_max for an i.i.d. rate. Raises WhatIfInputError unless exactly one form is
+    given with values in range. Example: iid_rate 0.5, gamma_max 3 -> (0.5, 0.25, 0.125).
+    """
+    given = [
+        name
+        for name, value in (
+            ("per_position", spec.per_position),
+            ("mean_acceptance_length", spec.mean_acceptance_length),
+            ("iid_rate", spec.iid_rate),
+        )
+        if value is not None
+    ]
+    if len(given) != 1:
+        what = ", ".join(given) if given else "none"
+        raise WhatIfInputError(
+            "acceptance", f"give exactly one of per_position, mean_acceptance_length, iid_rate (got: {what})"
+        )
+    if spec.per_position is not None:
+        return _checked_positions(spec.per_position)
+    if spec.iid_rate is not None:
+        alpha = spec.iid_rate
+        if not (math.isfinite(alpha) and 0.0 <= alpha <= 1.0):
+            raise WhatIfInputError("acceptance.iid_rate", f"must be in [0, 1], got {alpha}")
+        return tuple(alpha**i for i in range(1, max(gamma_max, 1) + 1))
+    assert spec.mean_acceptance_length is not None
+    if spec.measured_at_k is None:
+        raise WhatIfInputError(
+            "acceptance.measured_at_k", "required with mean_acceptance_length (the k it was measured at)"
+        )
+    if not 1 <= spec.measured_at_k <= GAMMA_LIMIT:
+        raise WhatIfInputError("acceptance.measured_at_k", f"must be 1..{GAMMA_LIMIT}, got {spec.measured_at_k}")
+    alpha = iid_rate_for_mean_length(spec.mean_acceptance_length, spec.measured_at_k)
+    return tuple(alpha**i for i in range(1, spec.measured_at_k + 1))
+
+
+def _checked_positions(values: Sequence[float]) -> tuple[float, ...]:
+    if not 1 <= len(values) <= GAMMA_LIMIT:
+        raise WhatIfInputError("acceptance.per_position", f"needs 1..{GAMMA_LIMIT} values, got {len(values)}")
+    previous = 1.0
+    for index, value in enumerate(values):
+        if not (math.isfinite(value) and 0.0 <= value <= 1.0):
+            raise WhatIfInputError("acceptance.per_position", f"r_{index + 1} = {value} is not a probability in [0, 1]")
+        if value > previous:
+            raise WhatIfInputError(
+                "acceptance.per_position",
+                f"r_{index + 1} = {value} > r_{index} = {previous}: r_i = P(at least i drafts accepted) cannot grow",
+            )
+        previous = value
+    return tuple(float(v) for v in values)
+
+
+def acceptance_evidence(positions: Sequence[float]) -> AcceptanceEvidence:
+    """Stated r_i as AcceptanceEvidence with a zero-width band (nothing was counted, so no binomial interval).
+
+    Example: (0.8, 0.6) -> mean_acceptance_length 2.4, acceptance_rate (0.8 + 0.6) / 2 = 0.7, k = 2.
+    """
+    k = len(positions)
+    total = float(sum(positions))
+    return AcceptanceEvidence(
+        per_position=tuple(positions),
+        per_position_low=tuple(positions),
+        per_position_high=tuple(positions),
+        drafts=0.0,
+        draft_tokens=0.0,
+        accepted_tokens=0.0,
+        mean_acceptance_length=1.0 + total,
+        acceptance_rate=total / k if k else 0.0,
+        mean_proposed_length=float(k),
+        window_s=0.0,
+    )
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Evaluation
+# ------------------------------------------------------------------------------------------------------------
+
+
+def check_grid(inp: WhatIfInput) -> None:
+    """Bounds on the work one what-if may ask for, each naming its field (limits are the module constants):
+    batch sizes 1..MAX_BATCH_SIZES values in [1, 65536]; context lengths 1..MAX_CONTEXT_LENGTHS in [0, 4M] tokens;
+    gammas 1..GAMMA_LIMIT + 1 distinct values in [0, GAMMA_LIMIT]; their product <= MAX_POINTS.
+    Example: 64 batches x 8 contexts x 5 gammas = 2560 > 2048 -> WhatIfInputError("batch_sizes", ...).
+    """
+    _check_list("batch_sizes", inp.batch_sizes, MAX_BATCH_SIZES, low=1.0, high=MAX_BATCH)
+    _check_list("context_lengths", inp.context_lengths, MAX_CONTEXT_LENGTHS, low=0.0, high=MAX_CONTEXT_TOKENS)
+    if not 1 <= len(inp.gammas) <= GAMMA_LIMIT + 1:
+        raise WhatIfInputError("gammas", f"needs 1..{GAMMA_LIMIT + 1} values, got {len(inp.gammas)}")
+    for gamma in inp.gammas:
+        if not 0 <= gamma <= GAMMA_LIMIT:
+            raise WhatIfInputError("gammas", f"gamma {gamma} is outside 0..{GAMMA_LIMIT} (the deepest chain priced)")
+    if len(set(inp.gammas)) != len(inp.gammas):
+        raise WhatIfInputError("gammas", "values must be distinct")
+    prefill = inp.prefill_tokens_per_step
+    if not (math.isfinite(prefill) and 0 <= prefill <= MAX_PREFILL_TOKENS_PER_STEP):
+        raise WhatIfInputError(
+            "prefill_tokens_per_step", f"must be in [0, {MAX_PREFILL_TOKENS_PER_STEP:g}], got {prefill}"
+        )
+    points = len(inp.batch_sizes) * len(inp.context_lengths) * len(inp.gammas)
+    if points > MAX_POINTS:
+        raise WhatIfInputError(
+            "batch_sizes",
+            f"{len(inp.batch_sizes)} batch sizes x {len(inp.context_lengths)} context lengths x {len(inp.gammas)} "
+            f"gammas = {points} points, more than the {MAX_POINTS} one what-if may price; split the request",
+        )
+
+
+def _check_list(field: str, values: Sequence[float], limit: int, *, low: float, high: float) -> None:
+    if not 1 <= len(values) <= limit:
+        raise WhatIfInputError(field, f"needs 1..{limit} values, got {len(values)}")
+    for value in values:
+        if not (math.isfinite(value) and low <= value <= high):
+            raise WhatIfInputError(field, f"{value} is outside [{low:g}, {high:g}]")
+
+
+def evaluate_whatif(inp: WhatIfInput) -> WhatIfResult:
+    """Price every (batch, context, gamma) of `inp`, the best gamma per (batch, context) and the crossover batch
+    per (context, gamma >= 1). Raises WhatIfInputError (naming the field) for anything it cannot price.
+
+    Example: H100 SXM, Llama-3.1-8B, EAGLE-3, iid_rate 0.76, batch 1, context 512, gamma 3: E[L] = 1 + 0.76 +
+    0.578 + 0.439 = 2.78; T_target(q=1) ~ 6.8 ms, T_draft(3) + T_target(q=4) ~ 10 ms -> S(3) ~ 1.9, and
+    tokens_per_s_per_seq = 2.78 / 0.010 ~ 280.
+    """
+    check_grid(inp)
+    ctx = build_context(inp)
+    gamma_max = max(inp.gammas)
+    positions = acceptance_positions(inp.acceptance, gamma_max=gamma_max)
+    # An i.i.d. rate states every position, so nothing past it is an extrapolation.
+    measured = len(positions)
+    acceptance = acceptance_curve(acceptance_evidence(positions), method=inp.drafter_method, gamma_max=gamma_max)
+    prefill = inp.prefill_tokens_per_step
+    points: list[WhatIfPoint] = []
+    best: list[BestGamma] = []
+    for context in inp.context_lengths:
+        for batch in inp.batch_sizes:
+            curve, base = _curve(ctx, acceptance, batch=batch, context=context, prefill=prefill)
+            for gamma in inp.gammas:
+                points.append(_point(curve[gamma], batch=batch, context=context, base=base))
+            best.append(_best(curve, inp.gammas, batch=batch, context=context, base=base))
+    drafting = sorted(gamma for gamma in inp.gammas if gamma > 0)
+    crossovers = tuple(
+        crossover
+        for context in inp.context_lengths
+        for crossover in _crossovers(ctx, acceptance, gammas=drafting, context=context, prefill=prefill)
+    )
+    return WhatIfResult(
+        context=ctx,
+        acceptance=acceptance,
+        measured_positions=measured,
+        points=tuple(points),
+        best=tuple(best),
+        crossovers=crossovers,
+        notes=_notes(inp, measured=measured, gamma_max=gamma_max),
+    )
+
+
+def _curve(
+    ctx: ModelContext, acceptance: Sequence[AcceptancePoint], *, batch: float, context: float, prefill: float
+) -> tuple[tuple[CurvePoint, ...], float]:
+    try:
+        curve, base = curve_for(ctx, acceptance, batch=batch, context_tokens=context, prefill_tokens=prefill)
+    except ValueError as exc:  # the cost model's own range checks: report, never crash
+        raise WhatIfInputError("batch_sizes", f"cannot price batch {batch} at context {context}: {exc}") from None
+    numbers = [base] + [p.speedup for p in curve] + [p.step_time_s for p in curve]
+    if not all(math.isfinite(n) and n > 0 for n in numbers):
+        raise WhatIfInputError(
+            "target_model", f"the profiles give a non-finite or zero step time at batch {batch}, context {context}"
+        )
+    return curve, base
+
+
+def _point(point: CurvePoint, *, batch: float, context: float, base: float) -> WhatIfPoint:
+    step = base if point.gamma == 0 else point.step_time_s
+    per_seq = point.expected_accepted_length / step
+    return WhatIfPoint(
+        batch=batch,
+        context_tokens=context,
+        gamma=point.gamma,
+        step_time_s=step,
+        expected_accepted_length=point.expected_accepted_length,
+        tokens_per_s_per_seq=per_seq,
+        tokens_per_s_total=batch * per_seq,
+        speedup=point.speedup,
+        speedup_low=point.speedup_low,
+        speedup_high=point.speedup_high,
+        extrapolated=point.extrapolated,
+        extrapolated_share=point.extrapolated_share,
+    )
+
+
+def _best(
+    curve: Sequence[CurvePoint], gammas: Sequence[int], *, batch: float, context: float, base: float
+) -> BestGamma:
+    # Off (gamma 0) is always a candidate; ties go to the smaller gamma (less KV reserved, less to go wrong).
+    winner = curve[0]
+    for gamma in sorted(gammas):
+        if curve[gamma].speedup > winner.speedup:
+            winner = curve[gamma]
+    per_seq = winner.speedup / base
+    return BestGamma(
+        batch=batch, context_tokens=context, gamma=winner.gamma, speedup=winner.speedup,
+        tokens_per_s_total=batch * per_seq,
+    )
+
+
+def _speedup(
+    ctx: ModelContext, acceptance: Sequence[AcceptancePoint], *, gamma: int, batch: float, context: float,
+    prefill: float,
+) -> float:
+    curve, _ = _curve(ctx, acceptance[: gamma + 1], batch=batch, context=context, prefill=prefill)
+    return curve[gamma].speedup
+
+
+def _crossovers(
+    ctx: ModelContext, acceptance: Sequence[AcceptancePoint], *, gammas: Sequence[int], context: float,
+    prefill: float,
+) -> list[Crossover]:
+    # One grid scan prices every gamma at once; only the bracket where a gamma first falls to 1 is bisected.
+    top = CROSSOVER_SEARCH_MAX_BATCH
+    grid = [1.0]
+    while grid[-1] < top:
+        grid.append(min(grid[-1] * CROSSOVER_GRID_FACTOR, top))
+    first_below: dict[int, int] = {}
+    for index, batch in enumerate(grid):
+        curve, _ = _curve(ctx, acceptance, batch=batch, context=context, prefill=prefill)
+        for gamma in gammas:
+            if gamma not in first_below and curve[gamma].speedup <= 1.0:
+                first_below[gamma] = index
+        if len(first_below) == len(gammas):
+            break
+    crossovers: list[Crossover] = []
+    for gamma in gammas:
+        below = first_below.get(gamma)
+        if below is None:
+            crossovers.append(Crossover(context, gamma, None, helps_at_batch_1=True, searched_up_to_batch=top))
+            continue
+        if below == 0:
+            crossovers.append(Crossover(context, gamma, 1.0, helps_at_batch_1=False, searched_up_to_batch=top))
+            continue
+        low, high = grid[below - 1], grid[below]
+        while high - low > CROSSOVER_RELATIVE_TOL * high:
+            middle = 0.5 * (low + high)
+            if _speedup(ctx, acceptance, gamma=gamma, batch=middle, context=context, prefill=prefill) > 1.0:
+                low = middle
+            else:
+                high = middle
+        crossovers.append(Crossover(context, gamma, high, helps_at_batch_1=True, searched_up_to_batch=top))
+    return crossovers
+
+
+def whatif_schedule_plan(
+    inp: WhatIfInput, *, max_num_seqs: int, context_tokens: float | None = None, margin: float = 0.0
+) -> SchedulePlan:
+    """A schedule plan (policies/schedule.py) for the what-if deployment: K up to max(gammas) (>= 1), at
+    `context_tokens` or the first of `inp.context_lengths`, uncalibrated scales. Raises WhatIfInputError.
+    Example: the example input of `evaluate_whatif` with gammas 0..5 -> a plan allowing K = 0..5 at ctx 512.
+    """
+    check_grid(inp)
+    gamma_max = max(inp.gammas)
+    if gamma_max < 1:
+        raise WhatIfInputError("gammas", "a schedule needs at least one gamma >= 1 (the deepest K it may use)")
+    context = inp.context_lengths[0] if context_tokens is None else context_tokens
+    if not (math.isfinite(context) and 0.0 <= context <= MAX_CONTEXT_TOKENS):
+        raise WhatIfInputError("context_lengths", f"{context} is outside [0, {MAX_CONTEXT_TOKENS:g}]")
+    ctx = build_context(inp)
+    positions = acceptance_positions(inp.acceptance, gamma_max=gamma_max)
+    acceptance = acceptance_curve(acceptance_evidence(positions), method=inp.drafter_method, gamma_max=gamma_max)
+    return SchedulePlan(
+        ctx=ctx, acceptance=acceptance, max_num_seqs=max_num_seqs, context_tokens=context,
+        prefill_tokens=inp.prefill_tokens_per_step, margin=margin,
+    )
+
+
+def _notes(inp: WhatIfInput, *, measured: int, gamma_max: int) -> tuple[str, ...]:
+    notes = [
+        "uncalibrated: the profiles' datasheet peaks, efficiencies and overhead defaults (policies/profiles.py); "
+        "a live sidecar fits them to the server's measured step time"
+    ]
+    if gamma_max > measured:
+        notes.append(
+            f"acceptance beyond position {measured} is extrapolated (policies/acceptance.py): points with gamma > "
+            f"{measured} are flagged extrapolated, extrapolated_share says how much of E[L] rests on it"
+        )
+    acc = inp.acceptance
+    if acc.mean_acceptance_length is not None and acc.measured_at_k is not None:
+        alpha = iid_rate_for_mean_length(acc.mean_acceptance_length, acc.measured_at_k)
+        notes.append(
+            f"mean_acceptance_length {acc.mean_acceptance_length:g} at k={acc.measured_at_k} was read as an i.i.d. "
+            f"per-token acceptance alpha = {alpha:.4f} (1 + alpha + ... + alpha^k = the mean length)"
+        )
+    if inp.prefill_tokens_per_step > 0:
+        notes.append("prefill tokens per step are priced into every step, with or without speculation")
+    notes.append("KV-cache capacity is not checked: a batch x context that does not fit the GPU is still priced")
+    return tuple(notes)

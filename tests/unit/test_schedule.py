@@ -1,0 +1,200 @@
+"""Engine-native schedules (policies/schedule.py): band shape, exact boundaries, the K=0 cost, both engines' formats."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+from costmodel_builders import make_context, make_evidence, make_off_evidence
+
+from policies.acceptance import acceptance_curve
+from policies.costmodel import curve_for, evaluate
+from policies.roofline import CostScales, dynamic_sd_k0_overhead_s
+from policies.schedule import (
+    BatchSchedule,
+    ScheduleBand,
+    SchedulePlan,
+    best_choice,
+    plan_from_evidence,
+    schedule_for,
+    trtllm_schedule,
+    vllm_bands,
+    vllm_speculative_config,
+)
+from policies.types import DraftMethod
+from policies.whatif import acceptance_evidence
+
+
+def make_plan(
+    *,
+    method: DraftMethod = DraftMethod.EAGLE3,
+    positions: tuple[float, ...] | None = None,
+    gamma_max: int = 6,
+    max_num_seqs: int = 300,
+    context_tokens: float = 512.0,
+    margin: float = 0.0,
+) -> SchedulePlan:
+    evidence = acceptance_evidence(positions) if positions is not None else None
+    return SchedulePlan(
+        ctx=make_context(method=method),
+        acceptance=acceptance_curve(evidence, method=method, gamma_max=gamma_max),
+        max_num_seqs=max_num_seqs,
+        context_tokens=context_tokens,
+        margin=margin,
+    )
+
+
+def k_at(schedule: BatchSchedule, batch: int) -> int:
+    """vLLM's reading of num_speculative_tokens_per_batch_size: the band whose [lo, hi] holds the batch."""
+    return next(k for lo, hi, k in vllm_bands(schedule) if lo <= batch <= hi)
+
+
+def trt_draft_len(schedule: dict[int, int], batch: int) -> int:
+    """TensorRT-LLM's documented lookup: the first key >= batch gives the draft length; above every key, 0."""
+    for key in sorted(schedule):
+        if batch <= key:
+            return schedule[key]
+    return 0
+
+
+def test_bands_are_contiguous_merged_and_cover_one_to_max_num_seqs() -> None:
+    schedule = schedule_for(make_plan())
+    bands = vllm_bands(schedule)
+    assert bands[0][0] == 1 and bands[-1][1] == 300
+    for (_, hi, k), (lo, _, k_next) in itertools.pairwise(bands):
+        assert lo == hi + 1 and k != k_next  # no gap, no overlap, equal neighbours merged
+    assert all(0 <= k <= 6 for _, _, k in bands)
+
+
+@pytest.mark.parametrize(
+    ("method", "positions", "context"),
+    [
+        (DraftMethod.EAGLE3, None, 512.0),
+        (DraftMethod.NGRAM, (0.5, 0.3, 0.2), 128.0),
+        (DraftMethod.EAGLE3, (0.78, 0.58, 0.43), 8192.0),
+    ],
+)
+def test_every_batch_gets_its_best_k(method: DraftMethod, positions: tuple[float, ...] | None, context: float) -> None:
+    plan = make_plan(method=method, positions=positions, context_tokens=context)
+    schedule = schedule_for(plan)
+    for batch in range(1, plan.max_num_seqs + 1):
+        # The oracle: the per-batch choice evaluated at every batch, no grid, no bisection.
+        oracle = best_choice(plan.ctx, plan.acceptance, batch=batch, context_tokens=context)
+        assert k_at(schedule, batch) == oracle.gamma, batch
+
+
+def test_best_choice_compares_drafting_with_a_k0_that_costs_time() -> None:
+    plan = make_plan()
+    curve, base = curve_for(plan.ctx, plan.acceptance, batch=8.0, context_tokens=512.0)
+    choice = best_choice(plan.ctx, plan.acceptance, batch=8, context_tokens=512.0)
+    top = max(curve[1:], key=lambda p: p.speedup)
+    assert choice.gamma == top.gamma and choice.speedup == pytest.approx(top.speedup)
+    # Nothing accepted: K=0 wins, and it runs slower than off by the Dynamic SD overhead:
+    # S0 = T / (T + k0(B)), k0(8) = 0.775 ms + 8 x 84 us (dynamic-sd-k0-overhead.csv).
+    hopeless = make_plan(positions=(0.0,))
+    off = best_choice(hopeless.ctx, hopeless.acceptance, batch=8, context_tokens=512.0)
+    assert off.gamma == 0
+    assert off.speedup == pytest.approx(base / (base + dynamic_sd_k0_overhead_s(8.0)))
+    assert off.speedup < 1.0
+    # At batch 200 the measured K=0 overhead (0.775 + 200 x 0.084 = 17.6 ms) exceeds what a whole K=1 step adds,
+    # and K=0 does a subset of a K=1 step's work: it is priced as the K=1 step, and the tie keeps K=0.
+    curve_200, base_200 = curve_for(hopeless.ctx, hopeless.acceptance, batch=200.0, context_tokens=512.0)
+    assert dynamic_sd_k0_overhead_s(200.0) > curve_200[1].step_time_s - base_200
+    capped = best_choice(hopeless.ctx, hopeless.acceptance, batch=200, context_tokens=512.0)
+    assert capped.gamma == 0
+    assert capped.speedup == pytest.approx(base_200 / curve_200[1].step_time_s)
+
+
+def test_a_schedule_that_never_drafts_says_turn_speculation_off() -> None:
+    schedule = schedule_for(make_plan(positions=(0.0,)))
+    assert vllm_bands(schedule) == [[1, 300, 0]]
+    assert not schedule.speculation_useful
+    assert vllm_speculative_config(schedule, method=DraftMethod.EAGLE3) is None
+    assert trtllm_schedule(make_plan(positions=(0.0,)), schedule) is None
+
+
+def test_margin_keeps_k0_unless_drafting_clears_it() -> None:
+    # A 10x margin cannot be cleared (speedups are ~2 at best), so every band is K=0.
+    assert vllm_bands(schedule_for(make_plan(margin=10.0))) == [[1, 300, 0]]
+    with pytest.raises(ValueError, match="margin"):
+        schedule_for(make_plan(margin=-0.1))
+
+
+def test_range_checks() -> None:
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        schedule_for(make_plan(max_num_seqs=0))
+    with pytest.raises(ValueError, match="context_tokens"):
+        schedule_for(make_plan(context_tokens=-1.0))
+
+
+def test_vllm_fragment_has_the_documented_shape() -> None:
+    schedule = schedule_for(make_plan())
+    config = vllm_speculative_config(schedule, method=DraftMethod.EAGLE3)
+    assert config is not None
+    assert config["method"] == "eagle3"
+    assert config["num_speculative_tokens_per_batch_size"] == vllm_bands(schedule)
+    # num_speculative_tokens is the largest K any band uses.
+    assert config["num_speculative_tokens"] == max(k for _, _, k in vllm_bands(schedule))
+
+
+def synthetic(plan: SchedulePlan, bands: list[tuple[int, int, int]]) -> BatchSchedule:
+    return BatchSchedule(
+        bands=tuple(ScheduleBand(lo, hi, k, 1.5, 1.2, extrapolated=False) for lo, hi, k in bands),
+        max_num_seqs=bands[-1][1], gamma_max=6, context_tokens=plan.context_tokens, margin=0.0,
+    )
+
+
+def test_trtllm_schedule_reads_back_as_the_same_k_per_batch() -> None:
+    plan = make_plan(max_num_seqs=256)
+    schedule = synthetic(plan, [(1, 8, 4), (9, 64, 2), (65, 100, 0), (101, 200, 1), (201, 256, 0)])
+    trt = trtllm_schedule(plan, schedule)
+    assert trt is not None and trt.draft_len_schedule is not None
+    assert trt.max_draft_len == 4 and trt.max_concurrency is None
+    table = dict(trt.draft_len_schedule)
+    assert table == {8: 4, 64: 2, 100: 0, 200: 1}  # the trailing K=0 band is implicit
+    for batch in range(1, 257):
+        assert trt_draft_len(table, batch) == k_at(schedule, batch)
+    assert trt.cuda_graph_batch_sizes == (8, 64, 100, 200)
+
+
+def test_trtllm_single_band_is_max_concurrency_or_nothing() -> None:
+    plan = make_plan(max_num_seqs=256)
+    cutoff = trtllm_schedule(plan, synthetic(plan, [(1, 100, 3), (101, 256, 0)]))
+    assert cutoff is not None
+    assert (cutoff.max_draft_len, cutoff.max_concurrency, cutoff.draft_len_schedule) == (3, 100, None)
+    always = trtllm_schedule(plan, synthetic(plan, [(1, 256, 3)]))
+    assert always is not None and (always.max_concurrency, always.draft_len_schedule) == (None, None)
+    # Off at batch 1 but drafting later: TRT-LLM's smallest key must carry max_draft_len > 0.
+    assert trtllm_schedule(plan, synthetic(plan, [(1, 4, 0), (5, 256, 2)])) is None
+
+
+def test_trtllm_rechooses_with_k_capped_at_batch_one_when_larger_batches_go_deeper() -> None:
+    # At 8k context, KV reads keep decode memory-bound and deeper K pays off at larger batches.
+    plan = make_plan(positions=(0.78, 0.58, 0.43), context_tokens=8192.0, max_num_seqs=512)
+    schedule = schedule_for(plan)
+    first = schedule.bands[0].gamma
+    assert schedule.max_gamma > first  # the premise of this test
+    trt = trtllm_schedule(plan, schedule)
+    assert trt is not None and trt.max_draft_len == first
+    capped = schedule_for(plan.capped(first))
+    table = dict(trt.draft_len_schedule or ((512, first),))
+    for batch in range(1, 513):
+        assert trt_draft_len(table, batch) == k_at(capped, batch) <= first
+    assert any("re-chosen" in note for note in trt.notes)
+
+
+def test_plan_from_evidence_uses_its_acceptance_calibration_and_context() -> None:
+    evidence = make_evidence(batch=12.0, step_time_s=0.012, context_tokens_per_seq=700.0)
+    ctx = make_context()
+    plan = plan_from_evidence(evidence, ctx, max_num_seqs=128, gamma_max=5)
+    # E[L](3) = 1 + 0.78 + 0.58 + 0.43 = 2.79, read off the measured positions.
+    assert plan.acceptance[3].expected_length == pytest.approx(2.79)
+    assert plan.scales == evaluate(evidence, ctx, gamma_max=5).calibration.scales
+    assert plan.scales != CostScales()  # 12 ms observed is not what the uncalibrated model predicts
+    assert plan.context_tokens == 700.0
+    assert plan_from_evidence(evidence, ctx, max_num_seqs=128, gamma_max=5, context_tokens=64.0).context_tokens == 64.0
+    # Speculation off, nothing measured: the method's prior stands in and every K is extrapolated.
+    prior = plan_from_evidence(make_off_evidence(), ctx, max_num_seqs=64, gamma_max=4)
+    assert all(point.extrapolated for point in prior.acceptance[1:])
+    with pytest.raises(ValueError, match="gamma_max"):
+        plan_from_evidence(evidence, ctx, max_num_seqs=64, gamma_max=0)

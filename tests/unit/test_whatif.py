@@ -1,0 +1,285 @@
+"""What-if evaluation (policies/whatif.py): acceptance forms, profiles, bounds, and the physics it must show."""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import pytest
+
+from policies.acceptance import acceptance_curve
+from policies.catalog import MODEL_ENTRIES
+from policies.costmodel import ModelContext, curve_for
+from policies.profiles import drafter_for, hardware_by_name, model_by_name
+from policies.types import DraftMethod
+from policies.whatif import (
+    GAMMA_LIMIT,
+    MAX_POINTS,
+    AcceptanceSpec,
+    WhatIfInput,
+    WhatIfInputError,
+    acceptance_evidence,
+    acceptance_positions,
+    build_context,
+    evaluate_whatif,
+    iid_rate_for_mean_length,
+    mean_length_iid,
+    resolve_model,
+    whatif_schedule_plan,
+)
+
+R_EAGLE3 = (0.78, 0.58, 0.43)
+
+
+def make_input(**overrides: Any) -> WhatIfInput:
+    base = WhatIfInput(
+        hardware="h100-sxm",
+        target_model="llama-3.1-8b",
+        drafter_method=DraftMethod.EAGLE3,
+        acceptance=AcceptanceSpec(per_position=R_EAGLE3),
+        batch_sizes=(1.0, 16.0, 256.0),
+        context_lengths=(512.0, 8192.0),
+        gammas=(0, 1, 3, 5),
+    )
+    return dataclasses.replace(base, **overrides)
+
+
+def field_of(call: Any) -> str:
+    with pytest.raises(WhatIfInputError) as caught:
+        call()
+    return caught.value.field
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Acceptance forms
+# ------------------------------------------------------------------------------------------------------------
+
+
+def test_mean_length_inverts_to_the_iid_rate() -> None:
+    # alpha 0.8 at k=3: 1 + 0.8 + 0.64 + 0.512 = 2.952.
+    assert mean_length_iid(0.8, 3) == pytest.approx(2.952)
+    assert iid_rate_for_mean_length(2.952, 3) == pytest.approx(0.8, abs=1e-9)
+    # The ends: L = 1 accepts nothing (alpha 0), L = k + 1 accepts everything (alpha 1).
+    assert iid_rate_for_mean_length(1.0, 4) == pytest.approx(0.0, abs=1e-9)
+    assert iid_rate_for_mean_length(5.0, 4) == pytest.approx(1.0, abs=1e-9)
+
+
+@pytest.mark.parametrize("length", [0.99, 4.01, float("nan")])
+def test_mean_length_outside_one_to_k_plus_one_is_refused(length: float) -> None:
+    assert field_of(lambda: iid_rate_for_mean_length(length, 3)) == "acceptance.mean_acceptance_length"
+
+
+def test_mean_length_positions_are_iid_up_to_the_measured_k() -> None:
+    spec = AcceptanceSpec(mean_acceptance_length=2.952, measured_at_k=3)
+    positions = acceptance_positions(spec, gamma_max=6)
+    # Only the measured k positions are stated (alpha^1..alpha^3); deeper ones are the extrapolation's job.
+    assert positions == pytest.approx((0.8, 0.64, 0.512), abs=1e-9)
+
+
+def test_iid_rate_states_every_position_asked() -> None:
+    positions = acceptance_positions(AcceptanceSpec(iid_rate=0.5), gamma_max=4)
+    assert positions == pytest.approx((0.5, 0.25, 0.125, 0.0625))
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        (AcceptanceSpec(), "acceptance"),
+        (AcceptanceSpec(per_position=(0.5,), iid_rate=0.5), "acceptance"),
+        (AcceptanceSpec(per_position=(1.2,)), "acceptance.per_position"),
+        (AcceptanceSpec(per_position=(-0.1,)), "acceptance.per_position"),
+        (AcceptanceSpec(per_position=(0.4, 0.6)), "acceptance.per_position"),
+        (AcceptanceSpec(per_position=()), "acceptance.per_position"),
+        (AcceptanceSpec(per_position=(0.5,) * (GAMMA_LIMIT + 1)), "acceptance.per_position"),
+        (AcceptanceSpec(iid_rate=1.5), "acceptance.iid_rate"),
+        (AcceptanceSpec(mean_acceptance_length=2.0), "acceptance.measured_at_k"),
+        (AcceptanceSpec(mean_acceptance_length=2.0, measured_at_k=0), "acceptance.measured_at_k"),
+        (AcceptanceSpec(mean_acceptance_length=5.0, measured_at_k=3), "acceptance.mean_acceptance_length"),
+    ],
+)
+def test_impossible_acceptance_names_its_field(spec: AcceptanceSpec, field: str) -> None:
+    assert field_of(lambda: acceptance_positions(spec, gamma_max=4)) == field
+
+
+def test_stated_positions_become_evidence_with_a_zero_width_band() -> None:
+    evidence = acceptance_evidence((0.8, 0.6))
+    assert evidence.per_position_low == evidence.per_position == evidence.per_position_high == (0.8, 0.6)
+    assert evidence.mean_acceptance_length == pytest.approx(2.4)  # 1 + 0.8 + 0.6
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Profiles
+# ------------------------------------------------------------------------------------------------------------
+
+
+def test_unknown_hardware_and_model_name_the_field_and_the_known_names() -> None:
+    with pytest.raises(WhatIfInputError) as hardware:
+        build_context(make_input(hardware="h900"))
+    assert hardware.value.field == "hardware" and "h100-sxm" in hardware.value.message
+    with pytest.raises(WhatIfInputError) as model:
+        build_context(make_input(target_model="llama-9-1t"))
+    assert model.value.field == "target_model" and "llama-3.1-8b" in model.value.message
+
+
+def test_an_inline_config_prices_like_the_catalog_entry_it_copies() -> None:
+    entry = next(e for e in MODEL_ENTRIES if e.name == "llama-3.1-8b")
+    inline = evaluate_whatif(make_input(target_model=dict(entry.config)))
+    named = evaluate_whatif(make_input())
+    assert inline.context.model.params == named.context.model.params
+    assert [p.speedup for p in inline.points] == [p.speedup for p in named.points]
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        {"hidden_size": 4096},  # most fields missing
+        {"hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 0, "vocab_size": 10,
+         "intermediate_size": 8},  # zero heads
+        {"hidden_size": -64, "num_hidden_layers": 2, "num_attention_heads": 2, "vocab_size": 10,
+         "intermediate_size": 8},  # negative size
+        {"hidden_size": "big", "num_hidden_layers": 2, "num_attention_heads": 2, "vocab_size": 10,
+         "intermediate_size": 8},  # a string where a number belongs
+        {"hidden_size": 10**9, "num_hidden_layers": 10**6, "num_attention_heads": 1, "vocab_size": 10,
+         "intermediate_size": 8},  # absurd sizes
+    ],
+)
+def test_a_config_that_is_not_a_decoder_names_the_field(config: dict[str, object]) -> None:
+    assert field_of(lambda: resolve_model(config, field="target_model")) == "target_model"
+
+
+def test_draft_model_is_required_for_draft_model_and_refused_otherwise() -> None:
+    assert field_of(lambda: build_context(make_input(drafter_method=DraftMethod.DRAFT_MODEL))) == "drafter.draft_model"
+    assert field_of(lambda: build_context(make_input(draft_model="llama-3.2-1b"))) == "drafter.draft_model"
+    ctx = build_context(make_input(drafter_method=DraftMethod.DRAFT_MODEL, draft_model="llama-3.2-1b"))
+    draft = model_by_name("llama-3.2-1b")
+    # The drafter streams the draft model's weights minus an untied input-embedding table.
+    assert ctx.drafter.params == pytest.approx(draft.params - draft.input_embedding_params)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Bounds
+# ------------------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"gammas": (0, GAMMA_LIMIT + 1)}, "gammas"),
+        ({"gammas": (-1,)}, "gammas"),
+        ({"gammas": (2, 2)}, "gammas"),
+        ({"gammas": ()}, "gammas"),
+        ({"batch_sizes": (0.5,)}, "batch_sizes"),
+        ({"batch_sizes": (-4.0,)}, "batch_sizes"),
+        ({"batch_sizes": (float("inf"),)}, "batch_sizes"),
+        ({"context_lengths": (-1.0,)}, "context_lengths"),
+        ({"context_lengths": ()}, "context_lengths"),
+        ({"tensor_parallel": 0}, "tensor_parallel"),
+        ({"prefill_tokens_per_step": -1.0}, "prefill_tokens_per_step"),
+    ],
+)
+def test_out_of_range_inputs_name_their_field(overrides: dict[str, Any], field: str) -> None:
+    assert field_of(lambda: evaluate_whatif(make_input(**overrides))) == field
+
+
+def test_the_work_one_request_may_ask_for_is_bounded_and_the_error_says_so() -> None:
+    # 64 batch sizes x 8 contexts x 5 gammas = 2560 points > MAX_POINTS (2048).
+    too_many = make_input(
+        batch_sizes=tuple(float(b) for b in range(1, 65)),
+        context_lengths=tuple(float(c) for c in range(100, 900, 100)),
+        gammas=(0, 1, 2, 3, 4),
+    )
+    with pytest.raises(WhatIfInputError) as caught:
+        evaluate_whatif(too_many)
+    assert "2560 points" in caught.value.message and str(MAX_POINTS) in caught.value.message
+
+
+# ------------------------------------------------------------------------------------------------------------
+# What it answers
+# ------------------------------------------------------------------------------------------------------------
+
+
+def test_every_point_is_priced_consistently() -> None:
+    inp = make_input()
+    result = evaluate_whatif(inp)
+    assert len(result.points) == 3 * 2 * 4  # batches x contexts x gammas
+    plain = {(p.batch, p.context_tokens): p for p in result.points if p.gamma == 0}
+    for point in result.points:
+        # tokens/s per sequence = E[L] / step; total = batch x that; speedup = ratio to gamma 0 at the same point.
+        assert point.tokens_per_s_per_seq == pytest.approx(point.expected_accepted_length / point.step_time_s)
+        assert point.tokens_per_s_total == pytest.approx(point.batch * point.tokens_per_s_per_seq)
+        base = plain[(point.batch, point.context_tokens)]
+        assert point.speedup == pytest.approx(point.tokens_per_s_per_seq / base.tokens_per_s_per_seq)
+    assert all(p.speedup == 1.0 for p in plain.values())
+
+
+def test_points_match_the_cost_model_at_the_same_operating_point() -> None:
+    result = evaluate_whatif(make_input())
+    target = model_by_name("llama-3.1-8b")
+    drafter = drafter_for(DraftMethod.EAGLE3, target)
+    ctx = ModelContext(hardware=hardware_by_name("h100-sxm"), model=target, drafter=drafter)
+    acceptance = acceptance_curve(acceptance_evidence(R_EAGLE3), method=DraftMethod.EAGLE3, gamma_max=5)
+    curve, _ = curve_for(ctx, acceptance, batch=16.0, context_tokens=8192.0)
+    point = next(p for p in result.points if (p.batch, p.context_tokens, p.gamma) == (16.0, 8192.0, 3))
+    assert point.speedup == pytest.approx(curve[3].speedup)
+    assert point.step_time_s == pytest.approx(curve[3].step_time_s)
+
+
+def test_extrapolation_is_flagged_beyond_the_stated_positions_only() -> None:
+    measured = evaluate_whatif(make_input())
+    flags = {p.gamma: p.extrapolated for p in measured.points}
+    assert flags == {0: False, 1: False, 3: False, 5: True}  # k = 3 stated
+    iid = evaluate_whatif(make_input(acceptance=AcceptanceSpec(iid_rate=0.7)))
+    assert not any(p.extrapolated for p in iid.points)
+
+
+def test_best_gamma_is_the_argmax_with_off_as_a_candidate() -> None:
+    result = evaluate_whatif(make_input())
+    for best in result.best:
+        here = [p for p in result.points if (p.batch, p.context_tokens) == (best.batch, best.context_tokens)]
+        top = max([1.0, *(p.speedup for p in here)])
+        assert best.speedup == pytest.approx(top)
+    # Almost nothing accepted: no gamma pays for itself, so the best is to leave speculation off.
+    hopeless = evaluate_whatif(make_input(acceptance=AcceptanceSpec(iid_rate=0.01)))
+    assert {b.gamma for b in hopeless.best} == {0}
+
+
+def crossover_of(result: Any, *, gamma: int, context: float) -> Any:
+    return next(c for c in result.crossovers if c.gamma == gamma and c.context_tokens == context)
+
+
+def test_the_crossover_is_where_the_speedup_falls_to_one() -> None:
+    inp = make_input(drafter_method=DraftMethod.NGRAM, acceptance=AcceptanceSpec(iid_rate=0.5),
+                     context_lengths=(128.0,), gammas=(0, 2))
+    result = evaluate_whatif(inp)
+    crossing = crossover_of(result, gamma=2, context=128.0)
+    assert crossing.helps_at_batch_1 and crossing.batch is not None
+    probe = evaluate_whatif(dataclasses.replace(inp, batch_sizes=(crossing.batch * 0.99, crossing.batch)))
+    below, at = (p.speedup for p in probe.points if p.gamma == 2)
+    assert below > 1.0 >= at  # bisected to 0.5% of the batch
+
+
+def test_a_better_drafter_and_a_longer_context_move_the_crossover_up() -> None:
+    base = make_input(drafter_method=DraftMethod.NGRAM, context_lengths=(128.0, 1024.0), gammas=(0, 2))
+    weak = evaluate_whatif(dataclasses.replace(base, acceptance=AcceptanceSpec(iid_rate=0.4)))
+    strong = evaluate_whatif(dataclasses.replace(base, acceptance=AcceptanceSpec(iid_rate=0.6)))
+    weak_short = crossover_of(weak, gamma=2, context=128.0).batch
+    strong_short = crossover_of(strong, gamma=2, context=128.0).batch
+    weak_long = crossover_of(weak, gamma=2, context=1024.0).batch
+    assert weak_short is not None and strong_short is not None
+    assert strong_short > weak_short
+    # KV reads grow with B x ctx and keep decode memory-bound: the crossover rises (or leaves the search range).
+    assert weak_long is None or weak_long > weak_short
+
+
+def test_speculation_that_never_helps_reports_crossover_at_one() -> None:
+    result = evaluate_whatif(make_input(acceptance=AcceptanceSpec(iid_rate=0.01), gammas=(0, 4)))
+    for crossing in result.crossovers:
+        assert not crossing.helps_at_batch_1 and crossing.batch == 1.0
+
+
+def test_schedule_plan_from_a_whatif_input() -> None:
+    plan = whatif_schedule_plan(make_input(), max_num_seqs=64)
+    assert plan.context_tokens == 512.0  # the first context length
+    assert len(plan.acceptance) == 6  # gamma 0..5
+    assert whatif_schedule_plan(make_input(), max_num_seqs=64, context_tokens=2048.0).context_tokens == 2048.0
+    assert field_of(lambda: whatif_schedule_plan(make_input(gammas=(0,)), max_num_seqs=64)) == "gammas"
