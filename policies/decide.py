@@ -6,6 +6,13 @@ the caller's `now_s`. It is built from the helpers in `hysteresis.py`:
 1. gamma* = argmax over gamma in 1..gamma_max of the point speedup S(gamma) (ties -> the smaller gamma).
 2. Bounds: off -> on only when the low end of S(gamma*) >= 1 + margin; on -> off only when its high end < 1.
 3. Minimum change: while on, move gamma only for a predicted gain S(gamma*) - S(current) >= min gain.
+   One step past what was measured: while on, when gamma* is extrapolated (it rests on acceptance positions the
+   engine never ran), the gamma moved to is the best among 1..max(deployed k + 1, current gamma), and when that
+   point is extrapolated too, its LOW end, not its point value, must clear S(current) + min gain. The extrapolation
+   beyond k is a stated guess whose band is wide: moving on it one gamma at a time means each step up runs,
+   gets its new position measured, and the next step is decided on data. Without it a k=3 deployment whose
+   extrapolated S(8)=2.99 edges out the measured S(3) would be told to jump 3 -> 8 on no evidence at all.
+   Switching on from off is not capped here: that is governed by the low end clearing 1 + margin (rule 2).
 4. Dwell: the resulting (enabled, gamma) candidate, if it differs from what is published, becomes the pending
    change, which must persist for `dwell_s` before it is published.
 
@@ -194,18 +201,48 @@ def _candidate(
     if star.speedup_low < 1.0 + config.margin:
         # Worth saying: the band straddles the bar, so it is the hysteresis, not confidence, that keeps it on.
         head += f" (inside hysteresis band, low end {star.speedup_low:.2f} < {bar})"
-    if star.gamma == current[1]:
+    limit = reachable_gamma_limit(
+        current_gamma=current[1], measured_k=_measured_k(evidence), gamma_max=config.gamma_max
+    )
+    # Only a guess is capped: a measured gamma* (<= the deployed k in practice) is data, whatever its distance.
+    choice = best_point(curve, limit) if star.extrapolated and star.gamma > limit else star
+    if choice is None:  # the curve has no point at or below the limit: nothing reachable to move to
+        return current, head + f"; no point in 1..{limit} keeps gamma {current[1]}"
+    if choice is not star:
+        head += f"; one step past measured k={_measured_k(evidence)}: best up to gamma {limit} is {_fmt_point(choice)}"
+    if choice.gamma == current[1]:
         return current, head
     here = point_at(curve, current[1])
     if here is None:
         # The running gamma is off the curve (e.g. deployed k > gamma_max): nothing to weigh the move against.
-        return (True, star.gamma), head + f"; S({current[1]}) not on the curve"
-    gain = star.speedup - here.speedup
+        return (True, choice.gamma), head + f"; S({current[1]}) not on the curve"
+    gain = choice.speedup - here.speedup
     gain_text = f"gain {gain:.2f} over {_fmt_point(here)}"
     min_gain = config.min_speedup_gain_to_change_gamma
-    if clears_min_change(current=here.speedup, proposed=star.speedup, min_gain=min_gain):
-        return (True, star.gamma), head + f"; {gain_text} >= {min_gain:.2f}"
+    if choice.extrapolated:
+        # A guess must beat the running gamma even at its pessimistic end (module docstring, rule 3).
+        low_text = f"extrapolated low end {choice.speedup_low:.2f} vs S({current[1]})+{min_gain:.2f}="
+        low_text += f"{here.speedup + min_gain:.2f}"
+        if clears_min_change(current=here.speedup, proposed=choice.speedup_low, min_gain=min_gain):
+            return (True, choice.gamma), head + f"; {gain_text}, {low_text} clears it"
+        return current, head + f"; {gain_text}, {low_text} does not: keeps gamma {current[1]}"
+    if clears_min_change(current=here.speedup, proposed=choice.speedup, min_gain=min_gain):
+        return (True, choice.gamma), head + f"; {gain_text} >= {min_gain:.2f}"
     return current, head + f"; {gain_text} < {min_gain:.2f} keeps gamma {current[1]}"
+
+
+def reachable_gamma_limit(*, current_gamma: int, measured_k: int, gamma_max: int) -> int:
+    """The largest gamma one move may reach while on: one step past the measured k, never below where it is.
+
+    `current_gamma` (>= 1) is the published gamma, `measured_k` (>= 0) the deployed k whose positions were
+    measured (0 when the engine is not speculating), `gamma_max` (>= 1) the configured ceiling; returns an int in
+    1..gamma_max. It is max(measured_k + 1, current_gamma), so a published gamma above what runs (the operator has
+    not applied it yet) is never pulled down by the cap, then clipped to gamma_max.
+
+    Example: measured k=3, current 3, gamma_max 8 -> 4 (a move to 8 becomes a move to at most 4); measured k=3,
+    current 5 -> 5; measured k=10, current 10, gamma_max 8 -> 8.
+    """
+    return max(1, min(gamma_max, max(measured_k + 1, current_gamma)))
 
 
 def _against_pending(
@@ -293,6 +330,11 @@ def _why_not_ok(evidence: Evidence) -> str:
 # ----------------------------------------------------------------------------------------------------------
 # Small conversions and formatting
 # ----------------------------------------------------------------------------------------------------------
+
+
+def _measured_k(evidence: Evidence) -> int:
+    # Positions 0..k-1 are measured only while the engine speculates at k.
+    return evidence.deployed_k if evidence.speculation_on else 0
 
 
 def _deployment(evidence: Evidence) -> _Key:

@@ -4,6 +4,11 @@ Times on the wire are RFC 3339 UTC strings (`evaluated_at`) or ages in seconds (
 been evaluated yet is listed with null values and a reason rather than left out, so `?target=` answers 200 for
 every configured target and 404 only for names that are not configured.
 
+Until a target's first good scrape its recommendation values (`enabled`, `num_speculative_tokens`, the expected
+speedups) and its measurements (`speculation_on`, `deployed_k`, `batch`...) are null even though the loop has
+evaluated it: the decision it holds then only echoes defaults (off, gamma 0, speedup 1.0), and a client that
+ignores `state` would read those as "turn speculation off". Null says "unknown" to every client.
+
 The board changes once per loop interval while clients may poll far more often, so each target's JSON is rendered
 once per board write (`Board.version`) and served as bytes; the routes still declare their `response_model`, so
 the OpenAPI schema is unchanged, and the bytes are what pydantic renders for that model. The one time-dependent
@@ -55,15 +60,20 @@ class CurvePointOut(BaseModel):
     extrapolated: bool
 
 
+_UNTIL_SCRAPED = "null until the target's first good scrape"
+
+
 class RecommendationOut(BaseModel):
     target: str
     model: str | None
     state: TargetState
-    enabled: bool | None = Field(description="Should speculative decoding be on; null before the first evaluation.")
-    num_speculative_tokens: int | None
-    expected_speedup: float | None
-    expected_speedup_low: float | None
-    expected_speedup_high: float | None
+    enabled: bool | None = Field(description=f"Should speculative decoding be on; {_UNTIL_SCRAPED}.")
+    num_speculative_tokens: int | None = Field(description=f"Draft tokens per step, 0 when off; {_UNTIL_SCRAPED}.")
+    expected_speedup: float | None = Field(
+        description=f"Predicted throughput multiplier vs plain decoding; {_UNTIL_SCRAPED}."
+    )
+    expected_speedup_low: float | None = Field(description=f"Low end of the speedup band; {_UNTIL_SCRAPED}.")
+    expected_speedup_high: float | None = Field(description=f"High end of the speedup band; {_UNTIL_SCRAPED}.")
     reason: str
     evaluated_at: str | None = Field(description="RFC 3339 UTC time of this evaluation.")
     curve: list[CurvePointOut]
@@ -104,11 +114,11 @@ class EvidenceOut(BaseModel):
     model: str | None
     state: TargetState
     reason: str
-    speculation_on: bool | None
-    deployed_k: int | None
+    speculation_on: bool | None = Field(description=f"Whether the engine runs speculation now; {_UNTIL_SCRAPED}.")
+    deployed_k: int | None = Field(description=f"Draft tokens per step the engine runs now; {_UNTIL_SCRAPED}.")
     acceptance: AcceptanceOut | None
-    batch: float | None
-    waiting: float | None
+    batch: float | None = Field(description=f"Running requests, mean over the window; {_UNTIL_SCRAPED}.")
+    waiting: float | None = Field(description=f"Queued requests, mean over the window; {_UNTIL_SCRAPED}.")
     kv_cache_usage_ratio: float | None
     context_tokens_per_seq: float | None
     step_time_s: float | None
@@ -299,15 +309,16 @@ def _recommendation(status: TargetStatus, *, age_s: float | None) -> Recommendat
             curve=[],
             age_s=None,
         )
+    known = status.last_good_scrape_s is not None  # else the decision only echoes defaults (module docstring)
     return RecommendationOut(
         target=status.target,
         model=decision.model or status.model,
         state=decision.state,
-        enabled=decision.enabled,
-        num_speculative_tokens=decision.num_speculative_tokens,
-        expected_speedup=decision.expected_speedup,
-        expected_speedup_low=decision.expected_speedup_low,
-        expected_speedup_high=decision.expected_speedup_high,
+        enabled=decision.enabled if known else None,
+        num_speculative_tokens=decision.num_speculative_tokens if known else None,
+        expected_speedup=decision.expected_speedup if known else None,
+        expected_speedup_low=decision.expected_speedup_low if known else None,
+        expected_speedup_high=decision.expected_speedup_high if known else None,
         reason=decision.reason,
         evaluated_at=rfc3339(decision.evaluated_at_s),
         curve=[_point(point) for point in decision.curve],
@@ -376,6 +387,29 @@ def _evidence(status: TargetStatus) -> EvidenceOut:
             engine_activity={},
             profiles=dict(status.profiles),
             last_good_scrape_at=last_good,
+            last_error=status.last_error,
+            scrape_errors=dict(status.scrape_errors),
+        )
+    if status.last_good_scrape_s is None:
+        # Evaluated, but never measured: the engine fields are the estimator's defaults (module docstring).
+        return EvidenceOut(
+            target=status.target,
+            model=evidence.model or status.model,
+            state=evidence.state,
+            reason=evidence.reason,
+            speculation_on=None,
+            deployed_k=None,
+            acceptance=None,
+            batch=None,
+            waiting=None,
+            kv_cache_usage_ratio=None,
+            context_tokens_per_seq=None,
+            step_time_s=None,
+            window_s=None,
+            gpu=None if evidence.gpu is None else _gpu(evidence.gpu),  # read by the GPU probe, not the scrape
+            engine_activity=dict(status.engine_activity),
+            profiles=dict(status.profiles),
+            last_good_scrape_at=None,
             last_error=status.last_error,
             scrape_errors=dict(status.scrape_errors),
         )

@@ -166,7 +166,9 @@ def _report_loop_exit(task: asyncio.Task[None]) -> None:
 def _gpu_source(settings: GpuSettings, client: httpx.AsyncClient) -> Iterator[GpuReader]:
     if settings.telemetry == "dcgm":
         assert settings.dcgm_url is not None  # enforced by GpuSettings
-        yield DcgmSource(client, settings.dcgm_url, timeout_s=settings.timeout_s)
+        yield DcgmSource(
+            client, settings.dcgm_url, timeout_s=settings.timeout_s, label_match=settings.dcgm_label_match
+        )
     elif settings.telemetry == "nvml":
         nvml = NvmlSource()
         try:

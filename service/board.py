@@ -14,10 +14,18 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from policies.types import Decision, Evidence
+from service.sources.errors import ScrapeErrorReason
 
 # Seconds; spans a sub-millisecond estimate to a scrape that hits its timeout.
 STEP_DURATION_BUCKETS_S: tuple[float, ...] = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                                               2.5, 5.0, 10.0)
+
+# The reason the loop records when evaluating a target raised (a bug of ours); the same string as
+# `service.loop.INTERNAL_ERROR_REASON` (a test pins the two together).
+INTERNAL_ERROR_REASON = "internal"
+# Every reason a target's scrape-error count can carry: the exporter starts each at 0 so that the first error is
+# an increase Prometheus can see (a series born at 1 has no earlier sample to increase from).
+SCRAPE_ERROR_REASONS: tuple[str, ...] = (*(r.value for r in ScrapeErrorReason), INTERNAL_ERROR_REASON)
 
 _EMPTY_COUNTS: Mapping[str, int] = MappingProxyType({})
 _EMPTY_COUNTS_F: Mapping[str, float] = MappingProxyType({})
@@ -84,6 +92,7 @@ class Board:
         self.iterations = 0
         self.timings = StepTimings()
         self._version = 0
+        self._gpu_errors: dict[tuple[str, str], int] = {}
 
     @property
     def version(self) -> int:
@@ -137,6 +146,19 @@ class Board:
             status, scrape_errors=MappingProxyType(counts), last_error=f"{reason}: {detail}"
         )
         self._version += 1
+
+    def record_gpu_error(self, source: str, reason: str) -> None:
+        """Count one failed GPU telemetry read. `source` is the GpuSnapshot's ("nvml", "dcgm"); `reason` its short
+        label (`service.sources.nvml.gpu_error_reason`), from a closed set so it can be a metric label.
+        """
+        key = (source, reason)
+        self._gpu_errors[key] = self._gpu_errors.get(key, 0) + 1
+        self._version += 1
+
+    @property
+    def gpu_errors(self) -> Mapping[tuple[str, str], int]:
+        """Failed GPU telemetry reads so far by (source, reason); GPU telemetry is per sidecar, not per target."""
+        return MappingProxyType(self._gpu_errors)
 
     def finish_iteration(self, now_s: float) -> None:
         self.last_iteration_s = now_s

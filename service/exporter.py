@@ -20,7 +20,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from policies.types import TargetState
-from service.board import Board, TargetStatus
+from service.board import SCRAPE_ERROR_REASONS, Board, TargetStatus
 
 PREFIX = "specadvisor"
 _TARGET_LABELS = ("target", "model")
@@ -46,6 +46,7 @@ class BoardCollector(Collector):
         yield from _engine(statuses)
         yield from _gpu(statuses)
         yield from _freshness(statuses)
+        yield from _gpu_errors(self._board)
         yield from _loop(self._board)
 
 
@@ -138,7 +139,9 @@ def _recommendation(statuses: Iterable[TargetStatus]) -> Iterator[Metric]:
         current = decision.state if decision is not None else None
         for candidate in TargetState:
             state.add_metric([*ids, candidate.value], 1.0 if candidate == current else 0.0)
-        if decision is None:
+        if decision is None or status.last_good_scrape_s is None:
+            # Before the first good scrape a decision only echoes defaults (off, gamma 0, speedup 1.0): a reader
+            # that ignores decision_state would take them for "turn it off". Absent beats a misleading 0.
             continue
         enabled.add_metric(ids, 1.0 if decision.enabled else 0.0)
         gamma.add_metric(ids, float(decision.num_speculative_tokens if decision.enabled else 0))
@@ -230,9 +233,23 @@ def _freshness(statuses: Iterable[TargetStatus]) -> Iterator[Metric]:
         ids = _ids(status)
         if status.last_good_scrape_s is not None:
             last_good.add_metric(ids, status.last_good_scrape_s)
-        for reason, count in sorted(status.scrape_errors.items()):
+        # Every known reason from 0, so the first error of a kind is an increase(), not a series born at 1.
+        counts = {reason: 0 for reason in SCRAPE_ERROR_REASONS} | dict(status.scrape_errors)
+        for reason, count in sorted(counts.items()):
             errors.add_metric([*ids, reason], float(count))
     yield from (last_good, errors)
+
+
+def _gpu_errors(board: Board) -> Iterator[Metric]:
+    errors = CounterMetricFamily(
+        f"{PREFIX}_gpu_telemetry_errors",
+        "Failed GPU telemetry reads by source (nvml, dcgm) and reason (nvml_error, unexpected, or the DCGM scrape "
+        "reason); the advisor keeps working from the engine's metrics meanwhile.",
+        labels=["source", "reason"],
+    )
+    for (source, reason), count in sorted(board.gpu_errors.items()):
+        errors.add_metric([source, reason], float(count))
+    yield errors
 
 
 def _loop(board: Board) -> Iterator[Metric]:

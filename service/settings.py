@@ -16,6 +16,7 @@ from urllib.parse import urlsplit, urlunsplit
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_settings import BaseSettings, InitSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
+from pydantic_settings import SettingsError as SourceParseError
 
 from policies.types import DraftMethod
 
@@ -30,6 +31,18 @@ TargetName = Annotated[
 
 class SettingsError(Exception):
     """Settings that cannot run the sidecar; the message is meant for a human at a terminal."""
+
+
+def _check_http_url(value: str) -> str:
+    """`value` when it is an http(s) URL with a host and a valid port; else ValueError naming it."""
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise ValueError(f"'{value}' is not an http(s) URL with a host")
+    try:
+        _ = parts.port  # raises for a non-numeric or out-of-range port
+    except ValueError as exc:
+        raise ValueError(f"'{value}' has an invalid port") from exc
+    return value
 
 
 class _Section(BaseModel):
@@ -88,14 +101,7 @@ class TargetSettings(_Section):
     @field_validator("url")
     @classmethod
     def _http_url(cls, value: str) -> str:
-        parts = urlsplit(value)
-        if parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ValueError(f"'{value}' is not an http(s) URL with a host")
-        try:
-            _ = parts.port  # raises for a non-numeric or out-of-range port
-        except ValueError as exc:
-            raise ValueError(f"'{value}' has an invalid port") from exc
-        return value
+        return _check_http_url(value)
 
     @model_validator(mode="after")
     def _one_model_source(self) -> Self:
@@ -121,12 +127,22 @@ class GpuSettings(_Section):
         "driver it reports 'absent' and the advisor works from the engine's metrics alone.",
     )
     dcgm_url: str | None = Field(default=None, description="dcgm-exporter /metrics URL; required for telemetry 'dcgm'.")
+    dcgm_label_match: dict[str, str] = Field(
+        default_factory=dict,
+        description="Only series whose labels match these, e.g. {pod: my-vllm-pod} on a node-level exporter (which "
+        "lists every GPU of the node). Default empty: every series on the page, right for a per-pod exporter.",
+    )
     timeout_s: float = Field(
         default=2.0,
         gt=0,
         le=60,
         description="DCGM scrape timeout; small because GPU data is optional, never worth a stall.",
     )
+
+    @field_validator("dcgm_url")
+    @classmethod
+    def _dcgm_http_url(cls, value: str | None) -> str | None:
+        return None if value is None else _check_http_url(value)
 
     @model_validator(mode="after")
     def _dcgm_needs_url(self) -> Self:
@@ -297,6 +313,15 @@ def load_settings(config_file: Path | None = None, *, overrides: Mapping[str, An
         loaded = _FromFile(**dict(overrides or {}))
     except ValidationError as exc:
         raise SettingsError(format_validation_error(exc, config_file)) from None
+    except SourceParseError as exc:
+        # pydantic-settings could not decode an env var (lists and sections are JSON there): bad input, not a bug.
+        cause = f": {exc.__cause__}" if exc.__cause__ is not None else ""
+        raise SettingsError(
+            f"invalid settings (env SPEC_ADVISOR_*): {exc}{cause}. Lists and sections in env vars are JSON, e.g. "
+            """SPEC_ADVISOR_TARGETS='[{"name": "a", "url": "http://vllm:8000"}]'"""
+        ) from None
+    except ValueError as exc:  # anything else a settings source rejects (ValidationError is handled above)
+        raise SettingsError(f"invalid settings: {exc}") from None
     # Hand out the plain class so nothing downstream sees the loader's subclass.
     return Settings.model_construct(**{name: getattr(loaded, name) for name in Settings.model_fields})
 

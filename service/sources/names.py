@@ -115,6 +115,36 @@ NAMING_CURRENT = "vllm-v1"
 NAMING_LEGACY_PREFIX = "vllm-v1+legacy:"
 
 
+# Every spec-decode sample name starts with this. A page carrying such names but none of the four families above
+# is a vLLM that renamed them: reported as a missing family (naming the new names), never as "speculation off".
+SPEC_DECODE_PREFIX = "vllm:spec_decode"
+
+
+def known_spec_decode_sample_names() -> frozenset[str]:
+    """Every spec-decode sample name this mapping knows, read or not.
+
+    Besides the value samples this includes every `<base>_created` sibling: vLLM 0.32 exports one per counter
+    (e.g. `vllm:spec_decode_num_accepted_tokens_per_pos_created`, `..._num_draft_tokens_created`) and the parser
+    reads only the drafts one, so the others are known but deliberately skipped, not a sign of a rename.
+    """
+    return frozenset(
+        name
+        for field_name in SPEC_FIELDS
+        for base in VLLM_FAMILIES[field_name].candidates
+        for name in (*VLLM_FAMILIES[field_name].value_names(base), base + CREATED_SUFFIX)
+    )
+
+
+def spec_decode_value_names() -> frozenset[str]:
+    """The sample names that carry the values of the four spec-decode families (any candidate)."""
+    return frozenset(
+        name
+        for field_name in SPEC_FIELDS
+        for base in VLLM_FAMILIES[field_name].candidates
+        for name in VLLM_FAMILIES[field_name].value_names(base)
+    )
+
+
 def wanted_sample_names() -> frozenset[str]:
     """Every sample name the parser needs to see: the only lines of a page worth parsing."""
     values = {

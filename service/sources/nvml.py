@@ -7,6 +7,11 @@ This source takes one GPM sample per `read` and reports the activity since the p
 the scrape interval and nothing sleeps. The first read after start (or after an error) has no GPM ratios yet.
 
 NVML calls are blocking C calls (`nvmlInit` can take a second), so they run in a worker thread.
+
+Error text convention (what `gpu_error_reason` reads): `GpuSnapshot.error` starts with a short snake_case reason
+and ": ", as the DCGM source's errors already do (they are `str(ScrapeError)`, e.g. "timeout: ..."). Here:
+"nvml_error: NVMLError_GpuIsLost: ..." for errors NVML reports, "unexpected: AttributeError: ..." for anything
+else (an older nvidia-ml-py without a function, a ctypes error, a bug of ours).
 """
 
 from __future__ import annotations
@@ -19,10 +24,33 @@ from typing import Any, Protocol
 import pynvml
 
 from policies.types import GpuSnapshot
+from service.sources.errors import ScrapeErrorReason
 from service.sources.gpu import SOURCE_ABSENT
 
 SOURCE_NVML = "nvml"
 ACTIVITY_GPM = "gpm"
+
+# GpuSnapshot.error reasons (metric label values of specadvisor_gpu_telemetry_errors_total).
+ERROR_NVML = "nvml_error"  # NVML itself reported a failure (NVMLError and subclasses)
+ERROR_UNEXPECTED = "unexpected"  # anything else; also the reason for error text that follows no convention
+# Every reason a GPU source writes: NVML's two, and the DCGM source's scrape reasons (timeout, connect, parse...).
+# A closed set, so the reason can be a metric label without unbounded cardinality.
+GPU_ERROR_REASONS: frozenset[str] = frozenset({ERROR_NVML, ERROR_UNEXPECTED, *(r.value for r in ScrapeErrorReason)})
+
+
+def gpu_error_reason(snapshot: GpuSnapshot) -> str:
+    """The short reason label of a failed GPU read: the text before the first ": " of `snapshot.error`.
+
+    "" when the snapshot has no error. A prefix outside `GPU_ERROR_REASONS` is reported as "unexpected", so the
+    label set stays closed whatever a source writes.
+
+    Example: error "nvml_error: NVMLError_GpuIsLost: GPU is lost" -> "nvml_error"; DCGM's "timeout: http://...:
+    no complete answer within 2.0 s" -> "timeout"; "weird" -> "unexpected".
+    """
+    if snapshot.error is None:
+        return ""
+    prefix, sep, _ = snapshot.error.partition(": ")
+    return prefix if sep and prefix in GPU_ERROR_REASONS else ERROR_UNEXPECTED
 
 
 class NvmlApi(Protocol):
@@ -71,8 +99,10 @@ class NvmlSource:
     """`GpuSource` over NVML. Initialises on the first `read`.
 
     - NVML library not installed (CPU machine, CI): `source="absent"`, no error, and NVML is not tried again.
-    - Any other NVML error: a snapshot with `error` set; the next `read` tries again (re-initialising if NVML
-      reports itself uninitialised).
+    - Any other NVML error: a snapshot with `error` set ("nvml_error: ..."); the next `read` tries again
+      (re-initialising if NVML reports itself uninitialised).
+    - Any other exception (an nvidia-ml-py too old for a call, a ctypes error): the same, with "unexpected: ...".
+      `read` never raises (the `GpuSource` contract): GPU data is optional, the advisor must outlive its probe.
     """
 
     def __init__(self, nvml: NvmlApi | None = None) -> None:
@@ -126,14 +156,9 @@ class NvmlSource:
             self._absent = True
             return GpuSnapshot(taken_at_s=now_s, source=SOURCE_ABSENT)
         except nvml.NVMLError as exc:
-            self._after_error(exc)
-            return GpuSnapshot(
-                taken_at_s=now_s,
-                source=SOURCE_NVML,
-                device_name=self._names[0] if self._names else None,
-                device_count=len(self._names),
-                error=f"{type(exc).__name__}: {exc}",
-            )
+            return self._failed(now_s, exc, reason=ERROR_NVML)
+        except Exception as exc:  # the GpuSource contract: a broken probe never stops the loop
+            return self._failed(now_s, exc, reason=ERROR_UNEXPECTED)
         return GpuSnapshot(
             taken_at_s=now_s,
             source=SOURCE_NVML,
@@ -146,6 +171,16 @@ class NvmlSource:
             dram_active_ratio=_mean([a.dram for a in activity]),
             sm_active_ratio=_mean([a.sm for a in activity]),
             activity_source=ACTIVITY_GPM if activity else None,
+        )
+
+    def _failed(self, now_s: float, exc: Exception, *, reason: str) -> GpuSnapshot:
+        self._after_error(exc)
+        return GpuSnapshot(
+            taken_at_s=now_s,
+            source=SOURCE_NVML,
+            device_name=self._names[0] if self._names else None,
+            device_count=len(self._names),
+            error=f"{reason}: {type(exc).__name__}: {exc}",
         )
 
     def _init(self) -> list[_Device]:
@@ -164,8 +199,10 @@ class NvmlSource:
     def _gpm_supported(self, handle: Any) -> bool:
         try:
             return bool(self._nvml.nvmlGpmQueryDeviceSupport(handle).isSupportedDevice)
-        except self._nvml.NVMLError:
-            return False  # pre-Hopper GPU or a driver without GPM: utilisation and memory only
+        except (self._nvml.NVMLError, AttributeError):
+            # Pre-Hopper GPU, a driver without GPM, or an nvidia-ml-py older than its GPM bindings (the function
+            # or struct is missing): utilisation and memory only.
+            return False
 
     def _gpm_step(self, device: _Device) -> _Activity | None:
         """Take this read's GPM sample; return the activity since the previous one (None on the first)."""

@@ -10,10 +10,12 @@ Failure policy (every failure is a `ScrapeError`, nothing else escapes):
 - PARSE: undecodable bytes, a line the parser rejects, or a body that does not end in a newline (a truncated page;
   the exposition format ends every line with one), or garbage with no vLLM line at all.
 - INVALID_VALUE: NaN, Inf or a negative number in a field we use, an unusable `position`/`le` label, a gap in
-  positions, duplicate series, a histogram that is not cumulative.
+  positions, more than `MAX_POSITIONS` positions, per-position counts that do not add up to the accepted tokens
+  (a vanished position series), duplicate series, a histogram that is not cumulative.
 - MISSING_FAMILY: a model without `vllm:num_requests_running`/`waiting`, some but not all four spec-decode
   families (e.g. a V0 page that lacks `num_drafts`: acceptance per position cannot be estimated from it, and
-  calling that "speculation off" would be a lie), a histogram with buckets but no `_sum`/`_count`.
+  calling that "speculation off" would be a lie), none of the four but other `vllm:spec_decode*` names (a vLLM
+  that renamed them: same lie), a histogram with buckets but no `_sum`/`_count`.
 - MODEL_MISSING: a well-formed Prometheus page without any vLLM engine series (wrong target, other server).
 """
 
@@ -36,12 +38,29 @@ from service.sources import names
 from service.sources.errors import ScrapeError, ScrapeErrorReason
 
 _WANTED = names.wanted_sample_names()
+_KNOWN_SPEC = names.known_spec_decode_sample_names()
+_SPEC_VALUES = names.spec_decode_value_names()
 # Every wanted name starts with one of these (e.g. "vllm:"): a C-level startswith rejects the other ~95% of lines.
 _PREFIXES: tuple[str, ...] = tuple(sorted({n.split(":", 1)[0] + ":" if ":" in n else n for n in _WANTED}))
 # What prometheus_client's parser raises on malformed input (it has no exception type of its own).
 _PARSER_ERRORS = (ValueError, IndexError, KeyError, TypeError, AttributeError)
 # On a page with none of our lines, validate this much of it to tell garbage (PARSE) from another server's metrics.
 _SNIFF_CHARS = 64 * 1024
+# Unknown spec-decode names quoted in the error message; one renamed family brings a handful of sample names.
+_UNKNOWN_NAMES_SHOWN = 6
+
+MAX_POSITIONS = 64
+"""The most `position` series accepted per model. vLLM creates one per draft token (k of them); real deployments
+run k <= ~10 (n-gram, EAGLE, MTP), the decision evaluates gamma <= 32 (settings `decide.gamma_max`), so 64 is
+twice anything usable. Each position becomes an exported series (`acceptance_per_position_ratio`) and a slot in
+the estimator's state: a page claiming 20000 positions is a bug or an attack, not a deployment to advise."""
+
+# |accepted - sum(per_pos)| allowed per engine. vLLM increments both in the same stats update of one process and
+# the page is rendered from one process at one instant, so they agree exactly; the counts are integers, so any
+# real disagreement (a position series gone missing) is at least 1 token. 0.5 absorbs float formatting of the
+# integers (e.g. an exporter printing "1.415e+03"), and the relative part covers float sums of huge counters.
+_SUM_ABS_TOLERANCE = 0.5
+_SUM_REL_TOLERANCE = 1e-9
 
 
 def parse_vllm_metrics(text: str, *, taken_at_s: float) -> dict[str, EngineSnapshot]:
@@ -52,10 +71,12 @@ def parse_vllm_metrics(text: str, *, taken_at_s: float) -> dict[str, EngineSnaps
     """
     if text and not text.endswith("\n"):
         raise ScrapeError(ScrapeErrorReason.PARSE, "body does not end with a newline (truncated page)")
-    lines = _select_lines(text)
-    if not lines:
+    lines, unknown_spec = _select_lines(text)
+    if not lines and not unknown_spec:
         _raise_no_vllm_lines(text)
-    index = _index_samples(_parse_lines(lines))
+    index = _index_samples(_parse_lines(lines)) if lines else {}
+    if unknown_spec and _SPEC_VALUES.isdisjoint(index):
+        _raise_unknown_spec_names(unknown_spec)
     return _build_snapshots(index, taken_at_s=taken_at_s)
 
 
@@ -64,19 +85,37 @@ def parse_vllm_metrics(text: str, *, taken_at_s: float) -> dict[str, EngineSnaps
 # ------------------------------------------------------------------------------------------------------------
 
 
-def _select_lines(text: str) -> list[str]:
-    """The sample lines of wanted names, in page order.
+def _select_lines(text: str) -> tuple[list[str], set[str]]:
+    """The sample lines of wanted names, in page order, and the `vllm:spec_decode*` sample names we do not know.
 
     HELP/TYPE lines are dropped: without them each sample reaches us under its exposed name, which is what the
     name mapping is written against, and they would cost as much parser time as the samples themselves.
+    The unknown spec-decode names cost one more prefix test on lines we skip anyway; they tell a renamed family
+    (a new vLLM) from speculation being off.
     """
     kept: list[str] = []
+    unknown_spec: set[str] = set()
     for line in text.split("\n"):
         if line.startswith(_PREFIXES):
             name = line.partition("{")[0].split(None, 1)
-            if name and name[0] in _WANTED:
+            if not name:
+                continue
+            if name[0] in _WANTED:
                 kept.append(line)
-    return kept
+            elif name[0].startswith(names.SPEC_DECODE_PREFIX) and name[0] not in _KNOWN_SPEC:
+                unknown_spec.add(name[0])
+    return kept, unknown_spec
+
+
+def _raise_unknown_spec_names(unknown: set[str]) -> NoReturn:
+    # Value names before their `_created` siblings: they are what names.py needs.
+    shown = sorted(unknown, key=lambda n: (n.endswith(names.CREATED_SUFFIX), n))[:_UNKNOWN_NAMES_SHOWN]
+    more = f" (+{len(unknown) - len(shown)} more)" if len(unknown) > len(shown) else ""
+    raise ScrapeError(
+        ScrapeErrorReason.MISSING_FAMILY,
+        f"unknown spec_decode metric names {', '.join(shown)}{more} and none of the known ones (a newer vLLM?): "
+        "add them to service/sources/names.py",
+    )
 
 
 def _parse_lines(lines: list[str]) -> list[Sample]:
@@ -306,11 +345,14 @@ class _ModelReader:
                 ScrapeErrorReason.MISSING_FAMILY,
                 f"model {self._model!r} has some spec_decode families but not {missing}",
             )
+        per_position_samples = present[names.SPEC_ACCEPTED_PER_POS]
+        per_position = self._per_position(per_position_samples)
+        self._check_positions_add_up(present[names.SPEC_ACCEPTED_TOKENS], per_position_samples)
         return SpecDecodeCounters(
             drafts=sum(_checked(s) for s in present[names.SPEC_DRAFTS]),
             draft_tokens=sum(_checked(s) for s in present[names.SPEC_DRAFT_TOKENS]),
             accepted_tokens=sum(_checked(s) for s in present[names.SPEC_ACCEPTED_TOKENS]),
-            accepted_per_position=self._per_position(present[names.SPEC_ACCEPTED_PER_POS]),
+            accepted_per_position=per_position,
         )
 
     def _per_position(self, samples: list[Sample]) -> tuple[float, ...]:
@@ -320,14 +362,39 @@ class _ModelReader:
             position = _int_label(label)
             if position is None:
                 raise ScrapeError(ScrapeErrorReason.INVALID_VALUE, f"{s.name} has position={label!r}")
+            if position >= MAX_POSITIONS:
+                raise ScrapeError(
+                    ScrapeErrorReason.INVALID_VALUE,
+                    f"model {self._model!r}: spec_decode position {position} >= MAX_POSITIONS ({MAX_POSITIONS})",
+                )
             totals[position] += _checked(s)
-        # A trailing position may vanish (the estimator copes), but a hole would shift every later position.
+        # A hole would shift every later position; a vanished trailing one is caught by the sum check.
         if sorted(totals) != list(range(len(totals))):
             raise ScrapeError(
                 ScrapeErrorReason.INVALID_VALUE,
                 f"model {self._model!r}: spec_decode positions {sorted(totals)} are not 0..{len(totals) - 1}",
             )
         return tuple(totals[i] for i in range(len(totals)))
+
+    def _check_positions_add_up(self, accepted: list[Sample], per_position: list[Sample]) -> None:
+        """vLLM adds every accepted draft to exactly one accepted total and to per_pos[0..n-1], so per engine
+        sum(per_pos) == accepted (DESIGN.md section 2). A mismatch means a position series is missing (the
+        deployed k would be read too small) or the page is corrupt: either way the per-position profile is wrong.
+        """
+        by_engine: dict[str, float] = defaultdict(float)
+        for s in accepted:
+            by_engine[_engine(s)] += _checked(s)
+        summed: dict[str, float] = defaultdict(float)
+        for s in per_position:
+            summed[_engine(s)] += _checked(s)
+        for engine in sorted(by_engine.keys() | summed.keys()):
+            total, positions = by_engine.get(engine, 0.0), summed.get(engine, 0.0)
+            if not math.isclose(total, positions, rel_tol=_SUM_REL_TOLERANCE, abs_tol=_SUM_ABS_TOLERANCE):
+                raise ScrapeError(
+                    ScrapeErrorReason.INVALID_VALUE,
+                    f"model {self._model!r} engine {engine!r}: accepted tokens {total:g} != sum over positions "
+                    f"{positions:g} (a position series is missing?)",
+                )
 
     # -- KV cache -----------------------------------------------------------------------------------------------
 

@@ -11,7 +11,7 @@ import httpx
 import pytest
 from fastapi import APIRouter
 from prometheus_client.parser import text_string_to_metric_families
-from sidecar_http import FIXTURES, CaptureServer, serving, wait_for
+from sidecar_http import FIXTURES, CaptureServer, Receive, Scope, Send, serving, wait_for
 
 from policies.types import AcceptanceEvidence, CurvePoint, Decision, Evidence, GpuSnapshot, TargetState
 from service.api import EvidencesOut, RecommendationsOut, create_api
@@ -23,6 +23,7 @@ from service.settings import Settings, load_settings
 from service.sources.gpu import NoGpuSource
 
 EAGLE_CAPTURE = FIXTURES / "synthetic-eagle-k3.txt"
+DCGM_PAGE = FIXTURES.parent / "sources" / "dcgm-exporter-2xh100.txt"
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 
 
@@ -212,6 +213,104 @@ def test_failing_target_keeps_the_last_recommendation_visible() -> None:
         assert 'specadvisor_scrape_errors_total{model="' + MODEL + '",reason="http_status",target="llama"}' in metrics
 
     run_with_sidecar(check)
+
+
+class StaticPage:
+    """Serves one file at every path (a dcgm-exporter stand-in)."""
+
+    def __init__(self, path: Any) -> None:
+        self._body = path.read_bytes()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await receive()
+            await send({"type": "lifespan.startup.complete"})
+            await receive()
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+        headers = [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": self._body})
+
+
+def test_a_target_never_scraped_shows_null_values_not_made_up_ones() -> None:
+    """The loop evaluates a target whose every scrape fails: its decision echoes defaults (off, gamma 0, speedup
+    1.0), which a client ignoring `state` would read as "turn it off". Until a good scrape they are null.
+    """
+
+    async def scenario() -> None:
+        capture = CaptureServer(EAGLE_CAPTURE)
+        capture.status = 503
+        async with serving(capture) as capture_url:
+            sidecar = build_sidecar(settings_for(capture_url), gpu_source=NoGpuSource())
+            async with serving(sidecar.app) as url, httpx.AsyncClient(base_url=url, timeout=5.0) as client:
+                body = (
+                    await wait_for(
+                        client, "/v1/recommendation", lambda r: r.json()["targets"][0]["state"] == "error"
+                    )
+                ).json()
+                [rec] = body["targets"]
+                assert RecommendationsOut.model_validate(body)  # null is within the response model
+                assert "http_status" in rec["reason"]
+                for key in ("enabled", "num_speculative_tokens", "expected_speedup", "expected_speedup_low",
+                            "expected_speedup_high", "age_s"):
+                    assert rec[key] is None, key
+                assert rec["evaluated_at"] is not None  # it was evaluated, just never on data
+
+                evidence = (await client.get("/v1/evidence")).json()
+                [ev] = evidence["targets"]
+                assert EvidencesOut.model_validate(evidence)
+                assert ev["state"] == "error"
+                for key in ("speculation_on", "deployed_k", "batch", "waiting", "acceptance", "window_s"):
+                    assert ev[key] is None, key
+                assert ev["scrape_errors"]["http_status"] >= 1
+
+                capture.status = 200  # the first good scrape brings real values
+                [rec] = (await wait_for(client, "/v1/recommendation", is_ok)).json()["targets"]
+                assert rec["enabled"] is True and rec["num_speculative_tokens"] == 3  # EAGLE k=3 deployment
+                [ev] = (await client.get("/v1/evidence")).json()["targets"]
+                assert ev["deployed_k"] == 3 and ev["speculation_on"] is True
+
+    asyncio.run(scenario())
+
+
+def test_dcgm_label_match_reaches_the_dcgm_source() -> None:
+    # The page has two H100s (gpu="0" at 97 %, gpu="1" at 95 %); matching gpu="0" keeps one device at 0.97.
+    async def scenario() -> None:
+        capture = CaptureServer(EAGLE_CAPTURE)
+        async with serving(capture) as capture_url, serving(StaticPage(DCGM_PAGE)) as dcgm_url:
+            base = settings_for(capture_url)
+            gpu = {"telemetry": "dcgm", "dcgm_url": f"{dcgm_url}/metrics", "dcgm_label_match": {"gpu": "0"}}
+            settings = load_settings(overrides={**base.model_dump(exclude={"gpu"}), "gpu": gpu})
+            sidecar = build_sidecar(settings)
+            async with serving(sidecar.app) as url, httpx.AsyncClient(base_url=url, timeout=5.0) as client:
+                await wait_for(client, "/v1/recommendation", is_ok)
+                [ev] = (await client.get("/v1/evidence")).json()["targets"]
+                assert ev["gpu"]["source"] == "dcgm"
+                assert ev["gpu"]["device_count"] == 1
+                assert ev["gpu"]["gpu_util_ratio"] == pytest.approx(0.97)  # 97 % / 100, gpu 1 filtered out
+
+    asyncio.run(scenario())
+
+
+def test_openapi_allows_null_recommendation_and_measurement_values() -> None:
+    schemas = create_api(
+        Board([("a", None)], started_at_s=0.0),
+        metrics=MetricsPage(Board([("a", None)], started_at_s=0.0), clock=lambda: 0.0, version="t"),
+        clock=lambda: 0.0,
+        stall_after_s=15.0,
+        version="t",
+    ).openapi()["components"]["schemas"]
+    nullable = {
+        "RecommendationOut": ("enabled", "num_speculative_tokens", "expected_speedup", "expected_speedup_low",
+                              "expected_speedup_high"),
+        "EvidenceOut": ("speculation_on", "deployed_k", "batch", "waiting"),
+    }
+    for model, fields in nullable.items():
+        for field in fields:
+            prop = schemas[model]["properties"][field]
+            assert {"type": "null"} in prop["anyOf"], (model, field)
+            assert "first good scrape" in prop["description"], (model, field)
 
 
 def test_health_before_any_progress() -> None:

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from decide_builders import T0, make_acceptance, make_curve, make_evidence, make_point
 
-from policies.decide import DecideConfig, DecideState, best_point, decide
+from policies.decide import DecideConfig, DecideState, best_point, decide, reachable_gamma_limit
 from policies.types import CurvePoint, Decision, Evidence, TargetState
 
 CFG = DecideConfig(margin=0.05, dwell_s=120.0, gamma_max=8, min_speedup_gain_to_change_gamma=0.02)
@@ -284,6 +284,67 @@ def test_extrapolated_point_that_clears_the_bar_can_be_chosen_and_is_labelled() 
     d, s = tick(s, T0 + 120.0, curve)
     assert (d.enabled, d.num_speculative_tokens) == (True, 2)
     assert "S(2)=1.30 [1.20..1.40] extrapolated" in d.reason
+
+
+# ---- extrapolated gamma*: one step past the measured k, on its low end
+
+ON3 = make_evidence(speculation_on=True, deployed_k=3)
+
+
+def eagle_like(s4: tuple[float, float, float]) -> tuple[CurvePoint, ...]:
+    """Measured up to k=3 (S(3)=1.50 [1.45..1.55]); gamma 4..8 extrapolated, rising to the best S(8)=1.70."""
+    return make_curve(
+        1.20, 1.40, (1.45, 1.50, 1.55), s4, (1.40, 1.62, 1.90), (1.35, 1.65, 2.00), (1.30, 1.68, 2.10),
+        (1.30, 1.70, 2.20), extrapolated_above=3,
+    )
+
+
+def test_an_extrapolated_best_gamma_is_capped_one_step_past_the_measured_k() -> None:
+    # The synthetic EAGLE k=3 case: S(8)=1.70 is best only by extrapolation. The move goes to gamma 4 (3 + 1), and
+    # only because S(4)'s LOW end 1.53 clears S(3) + min gain = 1.50 + 0.02 = 1.52.
+    curve = eagle_like((1.53, 1.60, 1.70))
+    _, s = tick(DecideState(), T0, curve, ON3)
+    d, s = tick(s, T0 + 10.0, curve, ON3)
+    assert (d.num_speculative_tokens, s.pending_enabled, s.pending_gamma) == (3, True, 4)
+    assert "S(8)=1.70" in d.reason and "best up to gamma 4 is S(4)=1.60" in d.reason
+    d, s = tick(s, T0 + 130.0, curve, ON3)  # 130 - 10 = 120 s dwell
+    assert (d.enabled, d.num_speculative_tokens, d.expected_speedup) == (True, 4, 1.60)
+
+
+def test_an_extrapolated_gamma_whose_low_end_does_not_clear_keeps_the_running_gamma() -> None:
+    # S(4) = 1.58 beats S(3) = 1.50 by 0.08 on its point value, but its low end 1.45 < 1.50 + 0.02 = 1.52.
+    curve = eagle_like((1.45, 1.58, 1.75))
+    s = DecideState()
+    for i in range(5):
+        d, s = tick(s, T0 + 60.0 * i, curve, ON3)
+        assert (d.num_speculative_tokens, s.pending_enabled) == (3, None), i
+    assert "extrapolated low end 1.45 vs S(3)+0.02=1.52 does not: keeps gamma 3" in d.reason
+
+
+def test_the_next_step_up_waits_until_the_engine_runs_the_last_one() -> None:
+    curve = eagle_like((1.53, 1.60, 1.70))
+    _, s = tick(DecideState(), T0, curve, ON3)
+    _, s = tick(s, T0 + 10.0, curve, ON3)
+    d, s = tick(s, T0 + 130.0, curve, ON3)
+    assert published(s) == (True, 4)
+    # Recommend-only: the engine still runs k=3, so gamma 4 is still unmeasured; limit max(3 + 1, 4) = 4.
+    d, s = tick(s, T0 + 200.0, curve, ON3)
+    assert (d.num_speculative_tokens, s.pending_enabled) == (4, None)
+    # Once k=4 runs and S(5) is the next extrapolated point (low 1.63 >= S(4) 1.60 + 0.02 = 1.62), gamma 5.
+    measured4 = make_curve(
+        1.20, 1.40, 1.50, (1.55, 1.60, 1.65), (1.63, 1.66, 1.80), (1.40, 1.68, 2.00), (1.30, 1.69, 2.10),
+        (1.30, 1.70, 2.20), extrapolated_above=4,
+    )
+    on4 = make_evidence(speculation_on=True, deployed_k=4)
+    d, s = tick(s, T0 + 260.0, measured4, on4)
+    assert (s.pending_enabled, s.pending_gamma) == (True, 5)
+
+
+def test_reachable_gamma_limit() -> None:
+    assert reachable_gamma_limit(current_gamma=3, measured_k=3, gamma_max=8) == 4  # 3 + 1
+    assert reachable_gamma_limit(current_gamma=5, measured_k=3, gamma_max=8) == 5  # never pulled below current
+    assert reachable_gamma_limit(current_gamma=10, measured_k=10, gamma_max=8) == 8  # clipped to gamma_max
+    assert reachable_gamma_limit(current_gamma=2, measured_k=0, gamma_max=8) == 2  # engine off: nothing measured
 
 
 # ---- reason

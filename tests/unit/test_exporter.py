@@ -16,8 +16,10 @@ from policies.types import (
     GpuSnapshot,
     TargetState,
 )
-from service.board import Board
+from service import loop
+from service.board import INTERNAL_ERROR_REASON, Board
 from service.exporter import MetricsPage, build_registry
+from service.sources.errors import ScrapeErrorReason
 
 NOW_S = 1_800_000_000.0
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -156,6 +158,63 @@ def test_freshness_and_error_counter() -> None:
     assert value("specadvisor_scrape_errors_total", {**IDS, "reason": "connect"}) == 1.0
 
 
+def test_scrape_error_reasons_start_at_zero_for_every_configured_target() -> None:
+    # A counter series born at 1 has no earlier sample, so increase() misses the first error of each kind.
+    board = Board([("llama", MODEL), ("idle", None)], started_at_s=NOW_S)
+    board.record_error("llama", "timeout", "slow")
+    registry = build_registry(board, clock=lambda: NOW_S, version="x")
+    value = registry.get_sample_value
+    reasons = [r.value for r in ScrapeErrorReason] + ["internal"]
+    for reason in reasons:
+        expected = 1.0 if reason == "timeout" else 0.0
+        assert value("specadvisor_scrape_errors_total", {**IDS, "reason": reason}) == expected
+        assert value("specadvisor_scrape_errors_total", {"target": "idle", "model": "", "reason": reason}) == 0.0
+
+
+def test_board_internal_reason_is_the_loops() -> None:
+    assert loop.INTERNAL_ERROR_REASON == INTERNAL_ERROR_REASON
+
+
+def test_gpu_telemetry_errors_are_counted_by_source_and_reason() -> None:
+    board = published_board()
+    registry = build_registry(board, clock=lambda: NOW_S, version="x")
+    value = registry.get_sample_value
+    assert value("specadvisor_gpu_telemetry_errors_total", {"source": "nvml", "reason": "nvml_error"}) is None
+    version = board.version
+    board.record_gpu_error("nvml", "nvml_error")
+    board.record_gpu_error("nvml", "nvml_error")
+    board.record_gpu_error("dcgm", "timeout")
+    assert board.version > version  # a board write: cached /metrics pages re-render
+    assert value("specadvisor_gpu_telemetry_errors_total", {"source": "nvml", "reason": "nvml_error"}) == 2.0
+    assert value("specadvisor_gpu_telemetry_errors_total", {"source": "dcgm", "reason": "timeout"}) == 1.0
+    assert value("specadvisor_gpu_telemetry_errors_total", {"source": "nvml", "reason": "unexpected"}) is None
+
+
+def test_gpu_telemetry_errors_reach_the_cached_page() -> None:
+    board = published_board()
+    page = MetricsPage(board, clock=lambda: NOW_S, version="x")
+    key = ("specadvisor_gpu_telemetry_errors_total", (("reason", "unexpected"), ("source", "nvml")))
+    assert key not in parse(page.render())
+    board.record_gpu_error("nvml", "unexpected")
+    assert parse(page.render())[key] == 1.0
+
+
+def test_a_target_never_scraped_exports_no_recommendation_values() -> None:
+    # The loop publishes a decision on every tick, even when the scrape failed: before any good scrape that
+    # decision is defaults (off, gamma 0, speedup 1.0) that must not read as "turn it off".
+    board = Board([("llama", MODEL)], started_at_s=NOW_S)
+    never = make_decision(state=TargetState.ERROR, enabled=False, num_speculative_tokens=0, expected_speedup=1.0)
+    board.publish("llama", evidence=make_evidence(model=""), decision=never, good_scrape_s=None)
+    registry = build_registry(board, clock=lambda: NOW_S, version="x")
+    value = registry.get_sample_value
+    for name in ("recommended_enabled", "recommended_num_speculative_tokens", "expected_speedup"):
+        assert value(f"specadvisor_{name}", IDS) is None, name
+    assert value("specadvisor_predicted_speedup", {**IDS, "gamma": "3"}) is None
+    assert value("specadvisor_decision_state", {**IDS, "state": "error"}) == 1.0
+    board.publish("llama", evidence=make_evidence(), decision=make_decision(enabled=False), good_scrape_s=NOW_S)
+    assert value("specadvisor_recommended_enabled", IDS) == 0.0
+
+
 def test_scrape_time_collection_sees_new_board_values() -> None:
     board = published_board()
     registry = build_registry(board, clock=lambda: NOW_S, version="x")
@@ -260,7 +319,8 @@ def test_page_follows_every_kind_of_board_write() -> None:
     iterations: tuple[str, tuple[tuple[str, str], ...]] = ("specadvisor_loop_iterations_total", ())
     scrapes = ("specadvisor_loop_step_duration_seconds_count", (("step", "scrape"),))
     before = parse(page.render())
-    assert before[enabled] == 1.0 and errors not in before and before[iterations] == 0.0 and scrapes not in before
+    # Every known scrape-error reason starts at 0 (see test_scrape_error_reasons_start_at_zero...).
+    assert before[enabled] == 1.0 and before[errors] == 0.0 and before[iterations] == 0.0 and scrapes not in before
 
     board.publish("llama", evidence=make_evidence(), decision=make_decision(enabled=False), good_scrape_s=NOW_S)
     assert parse(page.render())[enabled] == 0.0

@@ -97,12 +97,47 @@ def test_target_names_must_be_unique() -> None:
         ({"targets": ONE_TARGET, "gpu": {"telemetry": "dcgm"}}, "gpu"),
         ({"targets": [{"name": "a", "url": "http://x", "drafter": {"method": "draft_model"}}]}, "targets.0.drafter"),
         ({"targets": [{"name": "a", "url": "http://x", "tensor_parallel": 0}]}, "targets.0.tensor_parallel"),
+        ({"targets": ONE_TARGET, "gpu": {"telemetry": "dcgm", "dcgm_url": "notaurl"}}, "gpu.dcgm_url"),
+        ({"targets": ONE_TARGET, "gpu": {"dcgm_url": "ftp://dcgm:9400/metrics"}}, "gpu.dcgm_url"),
+        ({"targets": ONE_TARGET, "gpu": {"dcgm_url": "http://dcgm:notaport/metrics"}}, "gpu.dcgm_url"),
+        ({"targets": ONE_TARGET, "gpu": {"dcgm_label_match": {"pod": 3}}}, "gpu.dcgm_label_match.pod"),
     ],
 )
 def test_invalid_values_name_the_field(overrides: dict[str, object], field: str) -> None:
     with pytest.raises(SettingsError) as caught:
         load_settings(overrides=overrides)
     assert f"  {field}" in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("var", "value", "field"),
+    [
+        ("SPEC_ADVISOR_TARGETS", "notjson", "targets"),
+        ("SPEC_ADVISOR_GPU", "{", "gpu"),
+        ("SPEC_ADVISOR_DECIDE", "[1,", "decide"),
+    ],
+)
+def test_bad_json_in_an_env_var_is_our_settings_error(
+    monkeypatch: pytest.MonkeyPatch, var: str, value: str, field: str
+) -> None:
+    # pydantic-settings raises its own SettingsError here; the CLI only turns ours into "exit 2 + message".
+    monkeypatch.setenv(var, value)
+    with pytest.raises(SettingsError) as caught:
+        load_settings(overrides={"targets": ONE_TARGET} if field != "targets" else None)
+    assert type(caught.value) is SettingsError
+    message = str(caught.value)
+    assert f'"{field}"' in message and "JSON" in message
+
+
+def test_dcgm_url_and_label_match(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPEC_ADVISOR_GPU__DCGM_LABEL_MATCH", '{"pod": "vllm-0"}')
+    settings = load_settings(
+        overrides={"targets": ONE_TARGET, "gpu": {"telemetry": "dcgm", "dcgm_url": "http://dcgm:9400/metrics"}}
+    )
+    assert settings.gpu.dcgm_url == "http://dcgm:9400/metrics"
+    assert settings.gpu.dcgm_label_match == {"pod": "vllm-0"}
+    monkeypatch.delenv("SPEC_ADVISOR_GPU__DCGM_LABEL_MATCH")
+    assert load_settings(overrides={"targets": ONE_TARGET}).gpu.dcgm_label_match == {}
 
 
 def test_missing_targets_is_a_clear_error() -> None:

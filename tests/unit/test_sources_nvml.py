@@ -16,7 +16,7 @@ import pytest
 
 from policies.types import GpuSnapshot
 from service.sources.gpu import GpuSource, NoGpuSource
-from service.sources.nvml import NvmlSource
+from service.sources.nvml import NvmlSource, gpu_error_reason
 
 T = 1_800_000_000.0
 
@@ -306,6 +306,76 @@ def test_an_init_error_other_than_missing_library_is_an_error_and_retried() -> N
     assert failed.error is not None and "DriverNotLoaded" in failed.error
     assert recovered.error is None
     assert recovered.device_count == 1
+
+
+def test_a_non_nvml_exception_mid_run_is_reported_and_the_source_stays_usable() -> None:
+    # e.g. a ctypes error inside a binding: it must not escape read() and stop the loop's tick.
+    fake = FakeNvml([FakeGpu()])
+    source = NvmlSource(fake)
+
+    async def go() -> list[GpuSnapshot]:
+        first = await source.read(T)
+        fake.fail["nvmlDeviceGetUtilizationRates"] = OSError("exception: access violation reading 0x0")
+        failed = await source.read(T + 1)
+        after = [await source.read(T + 2), await source.read(T + 3)]
+        return [first, failed, *after]
+
+    first, failed, after_1, after_2 = asyncio.run(go())
+    assert first.error is None
+    assert failed.source == "nvml"
+    assert failed.error is not None and failed.error.startswith("unexpected: OSError: ")
+    assert gpu_error_reason(failed) == "unexpected"
+    assert failed.device_name == "NVIDIA H100 80GB HBM3"
+    assert after_1.error is None
+    assert after_1.activity_source is None  # the GPM interval spanning the failure is dropped
+    assert after_2.tensor_active_ratio == pytest.approx(0.40)  # 40 % / 100
+
+
+def test_an_attribute_error_at_init_is_an_error_and_retried() -> None:
+    fake = FakeNvml([FakeGpu()])
+    fake.fail["nvmlDeviceGetCount"] = AttributeError("module 'pynvml' has no attribute 'nvmlDeviceGetCount'")
+    failed, recovered = read_many(NvmlSource(fake), 2)
+    assert failed.error is not None and "AttributeError" in failed.error
+    assert gpu_error_reason(failed) == "unexpected"
+    assert recovered.error is None
+    assert recovered.device_count == 1
+
+
+def test_an_nvml_library_without_gpm_bindings_reads_utilisation_only() -> None:
+    # nvidia-ml-py older than its GPM functions: AttributeError on the support query means "no GPM", not a fault.
+    fake = FakeNvml([FakeGpu(util_percent=50)])
+    fake.fail["nvmlGpmQueryDeviceSupport"] = AttributeError("nvmlGpmQueryDeviceSupport")
+    first, second = read_many(NvmlSource(fake), 2)
+    assert (first.error, second.error) == (None, None)
+    assert second.gpu_util_ratio == 0.5  # 50 % / 100
+    assert second.activity_source is None
+    assert "nvmlGpmSampleGet" not in fake.calls
+
+
+def test_nvml_errors_carry_the_nvml_error_reason() -> None:
+    fake = FakeNvml([FakeGpu()])
+    fake.fail["nvmlInit"] = pynvml.NVMLError_DriverNotLoaded()
+    failed = read(NvmlSource(fake))
+    assert failed.error is not None and failed.error.startswith("nvml_error: NVMLError_DriverNotLoaded")
+    assert gpu_error_reason(failed) == "nvml_error"
+
+
+@pytest.mark.parametrize(
+    ("error", "reason"),
+    [
+        (None, ""),
+        ("nvml_error: NVMLError_GpuIsLost: GPU is lost", "nvml_error"),
+        ("unexpected: OSError: boom", "unexpected"),
+        # The DCGM source writes str(ScrapeError): "<scrape reason>: <detail>".
+        ("timeout: http://dcgm:9400/metrics: no complete answer within 2.0 s", "timeout"),
+        ("http_status: http://dcgm:9400/metrics: HTTP 503 Service Unavailable", "http_status"),
+        # Anything off the convention stays inside the closed label set.
+        ("something else: entirely", "unexpected"),
+        ("no separator", "unexpected"),
+    ],
+)
+def test_gpu_error_reason_reads_the_prefix_within_a_closed_set(error: str | None, reason: str) -> None:
+    assert gpu_error_reason(GpuSnapshot(taken_at_s=T, source="dcgm", error=error)) == reason
 
 
 def test_no_devices_is_absent() -> None:

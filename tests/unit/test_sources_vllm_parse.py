@@ -13,8 +13,9 @@ from pathlib import Path
 import pytest
 
 from policies.types import EngineSnapshot
+from service.sources import names
 from service.sources.errors import ScrapeError, ScrapeErrorReason
-from service.sources.vllm import parse_vllm_metrics
+from service.sources.vllm import MAX_POSITIONS, parse_vllm_metrics
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 AFTER_30 = "vllm/vllm-0.32.0-cpu-ngram-k3-after-30-requests.txt"
@@ -251,11 +252,62 @@ def test_two_models_on_one_page_are_kept_apart() -> None:
     assert snapshots["a"].kv_cache_capacity_tokens == snapshots["b"].kv_cache_capacity_tokens == 1600
 
 
-def test_a_vanished_trailing_position_is_still_parsed() -> None:
+def test_a_vanished_trailing_position_is_invalid_because_positions_no_longer_add_up() -> None:
+    # Raw lines: accepted 1415 = 515 + 465 + 435. Without position="2" the positions add up to 980 != 1415;
+    # read as k=2 it would silently halve the deployed k.
     text = replace_line(page(AFTER_30), f'{PER_POS}{{{TINY},position="2"}}', None)
-    snap = only(text)
+    with pytest.raises(ScrapeError) as caught:
+        parse_vllm_metrics(text, taken_at_s=T)
+    assert caught.value.reason is ScrapeErrorReason.INVALID_VALUE
+    assert "1415" in caught.value.detail and "980" in caught.value.detail
+
+
+def test_accepted_one_token_off_the_sum_of_positions_is_invalid() -> None:
+    # 1416 vs 515 + 465 + 435 = 1415: counts are integers, so a difference of one is a real disagreement.
+    prefix = f"vllm:spec_decode_num_accepted_tokens_total{{{TINY}}}"
+    assert reason_of(replace_line(page(AFTER_30), prefix, f"{prefix} 1416.0")) is ScrapeErrorReason.INVALID_VALUE
+
+
+def test_accepted_written_in_exponent_notation_still_adds_up() -> None:
+    # 1.415e+03 is 1415 = 515 + 465 + 435: formatting is not a mismatch.
+    prefix = f"vllm:spec_decode_num_accepted_tokens_total{{{TINY}}}"
+    snap = only(replace_line(page(AFTER_30), prefix, f"{prefix} 1.415e+03"))
     assert snap.spec is not None
-    assert snap.spec.accepted_per_position == (515, 465)  # the estimator decides what a shrinking k means
+    assert snap.spec.accepted_tokens == 1415
+
+
+def test_positions_must_add_up_per_engine_not_only_in_total() -> None:
+    # Engine 0 position 0: 22800 -> 23800 and engine 1 position 0: 21600 -> 20600 keeps the page-wide sum at
+    # 141400 but engine 0 now sums to 73800 != 72800 (and engine 1 to 67600 != 68600).
+    qwen = 'model_name="Qwen/Qwen3-8B",position="0"'
+    text = replace_line(page(DP2), f'{PER_POS}{{engine="0",{qwen}}}', f'{PER_POS}{{engine="0",{qwen}}} 23800.0')
+    text = replace_line(text, f'{PER_POS}{{engine="1",{qwen}}}', f'{PER_POS}{{engine="1",{qwen}}} 20600.0')
+    assert reason_of(text) is ScrapeErrorReason.INVALID_VALUE
+
+
+def spec_page(positions: int) -> str:
+    """A minimal one-engine page with `positions` per-position series at 0 (so accepted 0 adds up)."""
+    lines = [
+        f"vllm:num_requests_running{{{TINY}}} 1.0",
+        f"vllm:num_requests_waiting{{{TINY}}} 0.0",
+        f"vllm:spec_decode_num_drafts_total{{{TINY}}} 10.0",
+        f"vllm:spec_decode_num_draft_tokens_total{{{TINY}}} 10.0",
+        f"vllm:spec_decode_num_accepted_tokens_total{{{TINY}}} 0.0",
+    ]
+    lines += [f'{PER_POS}{{{TINY},position="{i}"}} 0.0' for i in range(positions)]
+    return "\n".join(lines) + "\n"
+
+
+def test_max_positions_are_accepted() -> None:
+    snap = only(spec_page(MAX_POSITIONS))
+    assert snap.spec is not None
+    assert snap.spec.deployed_k == 64
+
+
+@pytest.mark.parametrize("positions", [MAX_POSITIONS + 1, 20_000])
+def test_more_positions_than_the_bound_are_invalid(positions: int) -> None:
+    # 20000 series would become 20000 exported acceptance series and a k=20000 estimator state.
+    assert reason_of(spec_page(positions)) is ScrapeErrorReason.INVALID_VALUE
 
 
 def test_unrelated_lines_do_not_change_the_result() -> None:
@@ -348,6 +400,33 @@ def test_a_body_cut_between_spec_families_is_a_missing_family_not_speculation_of
     text = page(AFTER_30)
     cut = text.index("# HELP vllm:spec_decode_num_accepted_tokens_per_pos_total")
     assert reason_of(text[:cut]) is ScrapeErrorReason.MISSING_FAMILY
+
+
+def test_renamed_spec_families_are_a_missing_family_not_speculation_off() -> None:
+    # A future vLLM renaming vllm:spec_decode_num_* to vllm:spec_decode_count_*: none of the four known families
+    # is left, but the engine plainly speculates; "speculation off" would be a wrong, confident answer.
+    text = page(AFTER_30).replace("vllm:spec_decode_num_", "vllm:spec_decode_count_")
+    with pytest.raises(ScrapeError) as caught:
+        parse_vllm_metrics(text, taken_at_s=T)
+    assert caught.value.reason is ScrapeErrorReason.MISSING_FAMILY
+    assert "vllm:spec_decode_count_drafts_total" in caught.value.detail
+    assert "service/sources/names.py" in caught.value.detail
+
+
+def test_an_unknown_spec_name_beside_the_known_families_is_ignored() -> None:
+    # A new extra family next to the four we read is the server's business (like any other unused family).
+    text = page(AFTER_30) + f"vllm:spec_decode_new_thing_total{{{TINY}}} 3.0\n"
+    assert only(text).spec == only(page(AFTER_30)).spec
+
+
+@pytest.mark.parametrize("name", [AFTER_30, IDLE, EAGLE, DP2, OLD_NAMES])
+def test_real_and_synthetic_pages_carry_no_unknown_spec_name(name: str) -> None:
+    # Their unread spec names are the *_created siblings (e.g. ..._per_pos_created), which names.py knows.
+    spec_names = {
+        line.partition("{")[0] for line in page(name).split("\n") if line.startswith("vllm:spec_decode")
+    }
+    assert spec_names
+    assert spec_names <= names.known_spec_decode_sample_names()
 
 
 def test_some_but_not_all_spec_families_is_a_missing_family() -> None:
