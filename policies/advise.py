@@ -64,7 +64,8 @@ def advise_target(
     """The full pipeline for one target at `now_s` (Unix seconds): add the evidence's step time to the online
     calibration (policies/calibrate.py) and refit; price S(gamma), gamma = 0..gamma_max, with the fitted scales in
     the objective that applies (policies/objectives.py); decide. The Decision carries `objective` and
-    `calibration_error_ratio`, and its reason ends with the objective and the calibration error.
+    `calibration_error_ratio`; an ok decision's reason ends with the objective and the calibration error (a held
+    one's reason is left about its data).
 
     As in `advise`, a curve is built only from ok evidence with a cost model; otherwise the curve is empty and
     `decide` holds the last recommendation (the calibration still learns from insufficient_data windows, whose
@@ -95,7 +96,9 @@ def advise_target(
     notes: list[str] = []
     if objective:
         notes.append(f"objective {objective} ({why})")
-    if fit is not None and error is not None:
+    # Only an ok decision rests on the model; on a hold (insufficient_data, stale, error) the reason is about the
+    # data, and a model note would read as the cause.
+    if decision.state == TargetState.OK and fit is not None and error is not None:
         notes.append(f"model calibration error {error:.1%} over {fit.points} points")
     reason = "; ".join([decision.reason, *notes]) if notes else decision.reason
     decision = replace(decision, reason=reason, objective=objective, calibration_error_ratio=error)

@@ -47,7 +47,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from policies.costmodel import ModelContext, operating_point
-from policies.roofline import CostScales, StepComponents, step_components
+from policies.roofline import SMOOTH_MAX_P, CostScales, StepComponents, step_components
 from policies.types import Evidence, TargetState
 
 _PARAMS = ("memory", "compute", "overhead", "per_request", "draft")
@@ -109,11 +109,24 @@ class StepObservation:
 
 
 @dataclass(frozen=True, slots=True)
+class _TermsCache:
+    # Each point's step components, priced once per (point, context) instead of once per tick: a point stays
+    # in the history for many ticks, and pricing it (policies/roofline.py) costs more than a fit iteration.
+    # Keyed by the point objects' identity (`add_observation` carries them over unchanged); holding `points`
+    # keeps them alive, so no other object can take one of their ids while the cache exists.
+    ctx: ModelContext
+    points: tuple[StepObservation, ...]
+    terms: tuple[_Terms, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class CalibrationState:
-    """What the fitter carries between ticks: recent observations (oldest first) and the last fitted scales."""
+    """What the fitter carries between ticks: recent observations (oldest first) and the last fitted scales.
+    (`cache` is derived from the points, a speed-up only; it takes no part in equality.)"""
 
     points: tuple[StepObservation, ...] = ()
     scales: CostScales = field(default_factory=CostScales)
+    cache: _TermsCache | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -208,6 +221,71 @@ def _components(ctx: ModelContext, point: StepObservation) -> StepComponents:
     )
 
 
+# ------------------------------------------------------------------------------------------------------------
+# The fitter's inner loops. They price a step as `StepComponents.total_s` does, operation for operation in the
+# same order (so every float is the same), over flat tuples and plain floats: the fit prices each point about
+# a hundred times per tick, and attribute lookups, CostScales objects and calls dominated its cost.
+# ------------------------------------------------------------------------------------------------------------
+
+# (fixed, per_request, memory, compute, allreduce, prefill, draft_fixed, draft_memory, draft_compute, passes)
+_Terms = tuple[float, float, float, float, float, float, float, float, float, float]
+_INV_P = 1.0 / SMOOTH_MAX_P
+
+
+def _terms(comp: StepComponents) -> _Terms:
+    return (
+        comp.fixed_s, comp.per_request_s, comp.memory_s, comp.compute_s, comp.allreduce_s, comp.prefill_s,
+        comp.draft_fixed_s, comp.draft_memory_s, comp.draft_compute_s, float(comp.draft_passes),
+    )
+
+
+def _smooth_max(a: float, b: float) -> float:
+    # roofline.smooth_max at p = SMOOTH_MAX_P, step for step (`max` keeps `a` unless `b` is larger).
+    top = b if b > a else a
+    if top <= 0:
+        return 0.0
+    return top * math.pow(math.pow(a / top, SMOOTH_MAX_P) + math.pow(b / top, SMOOTH_MAX_P), _INV_P)
+
+
+_Scales5 = tuple[float, float, float, float, float]  # (memory, compute, overhead, per_request, draft)
+
+
+def _total(t: _Terms, scales: _Scales5) -> float:
+    """StepComponents.total_s at `scales` and roofline 1 (x 1.0 is exact, so it is left out)."""
+    ms, cs, ov, pr, dr = scales
+    fixed, per_request, memory, compute, allreduce, prefill, draft_fixed, draft_memory, draft_compute, passes = t
+    overhead = ov * (fixed + pr * per_request)
+    target = _smooth_max(ms * memory, cs * compute) + cs * prefill + allreduce
+    draft = passes * _smooth_max(ms * draft_memory, cs * draft_compute)
+    return overhead + dr * ov * draft_fixed + (target + dr * draft)
+
+
+def _shifted_logs(t: _Terms, base: _Scales5, shifted: _Scales5) -> _Scales5:
+    """log T with each scale in turn replaced by its shifted value (the finite-difference Jacobian's points);
+    the parts a scale does not enter are computed once and reused, which leaves every sum unchanged."""
+    fixed, per_request, memory, compute, allreduce, prefill, draft_fixed, draft_memory, draft_compute, passes = t
+    ms, cs, ov, pr, dr = base
+    ms2, cs2, ov2, pr2, dr2 = shifted
+    inner = fixed + pr * per_request
+    overhead = ov * inner
+    compute_s = cs * compute
+    prefill_s = cs * prefill
+    target = _smooth_max(ms * memory, compute_s) + prefill_s + allreduce
+    draft = passes * _smooth_max(ms * draft_memory, cs * draft_compute)
+    launches = dr * ov * draft_fixed
+    rest = target + dr * draft
+    log = math.log
+    return (
+        log(overhead + launches + ((_smooth_max(ms2 * memory, compute_s) + prefill_s + allreduce)
+                                   + dr * (passes * _smooth_max(ms2 * draft_memory, cs * draft_compute)))),
+        log(overhead + launches + ((_smooth_max(ms * memory, cs2 * compute) + cs2 * prefill + allreduce)
+                                   + dr * (passes * _smooth_max(ms * draft_memory, cs2 * draft_compute)))),
+        log(ov2 * inner + dr * ov2 * draft_fixed + rest),
+        log(ov * (fixed + pr2 * per_request) + launches + rest),
+        log(overhead + dr2 * ov * draft_fixed + (target + dr2 * draft)),
+    )
+
+
 def _solve(matrix: list[list[float]], vector: list[float]) -> list[float]:
     # Gaussian elimination with partial pivoting on a small symmetric positive-definite system.
     n = len(vector)
@@ -229,22 +307,31 @@ def _solve(matrix: list[list[float]], vector: list[float]) -> list[float]:
 
 @dataclass(frozen=True, slots=True)
 class _Problem:
-    components: tuple[StepComponents, ...]
+    terms: tuple[_Terms, ...]
     log_observed: tuple[float, ...]
     weights: tuple[float, ...]
     # (parameter index, log of the observed scale, weight) pseudo-observations from hardware activity
     telemetry: tuple[tuple[int, float, float], ...]
 
 
-def _objective(problem: _Problem, x: Sequence[float], config: CalibrationConfig) -> float:
-    scales = _scales(x)
+def _exp5(x: Sequence[float]) -> _Scales5:
+    return math.exp(x[0]), math.exp(x[1]), math.exp(x[2]), math.exp(x[3]), math.exp(x[4])
+
+
+def _objective(problem: _Problem, x: Sequence[float], config: CalibrationConfig) -> tuple[float, list[float]]:
+    """The objective at x, and log T of every point there (what the next step's residuals start from)."""
+    scales = _exp5(x)
     total = 0.0
-    for comp, log_obs, weight in zip(problem.components, problem.log_observed, problem.weights, strict=True):
-        u = (math.log(comp.total_s(scales)) - log_obs) / config.step_noise
-        total += weight * _huber(u, config.huber_delta)
+    logs: list[float] = []
+    noise, delta = config.step_noise, config.huber_delta
+    for t, log_obs, weight in zip(problem.terms, problem.log_observed, problem.weights, strict=True):
+        log_t = math.log(_total(t, scales))
+        logs.append(log_t)
+        u = (log_t - log_obs) / noise
+        total += weight * _huber(u, delta)
     for index, log_obs, weight in problem.telemetry:
         total += weight * 0.5 * ((x[index] - log_obs) / config.telemetry_sigma) ** 2
-    return total + sum(0.5 * (xj / sj) ** 2 for xj, sj in zip(x, config.prior_sigma, strict=True))
+    return total + sum(0.5 * (xj / sj) ** 2 for xj, sj in zip(x, config.prior_sigma, strict=True)), logs
 
 
 def _huber(u: float, delta: float) -> float:
@@ -252,27 +339,44 @@ def _huber(u: float, delta: float) -> float:
     return 0.5 * u * u if a <= delta else delta * (a - 0.5 * delta)
 
 
-def _step(problem: _Problem, x: list[float], damping: float, config: CalibrationConfig) -> list[float]:
-    """One damped Gauss-Newton step with Huber IRLS weights; returns the proposed new x (bounded)."""
+def _normal_equations(
+    problem: _Problem, x: list[float], logs: Sequence[float], config: CalibrationConfig
+) -> tuple[list[list[float]], list[float]]:
+    """The undamped Gauss-Newton system at x with Huber IRLS weights (`logs`: log T per point at x). It depends
+    on x only, so a rejected step (same x, more damping) reuses it."""
     n = len(x)
-    normal = [[0.0] * n for _ in range(n)]
+    base = _exp5(x)
+    shifted_x = [xj + _FD_STEP for xj in x]
+    shifted = _exp5(shifted_x)
+    noise, delta = config.step_noise, config.huber_delta
+    noise2 = noise**2
+    # Per point, in point order: the weighted Jacobian rows and the residual.
+    weighted: list[list[float]] = [[] for _ in range(n)]
+    columns: list[list[float]] = [[] for _ in range(n)]
+    residuals: list[float] = []
+    for t, log_t, log_obs, weight in zip(problem.terms, logs, problem.log_observed, problem.weights, strict=True):
+        u = (log_t - log_obs) / noise
+        irls = 1.0 if abs(u) <= delta else delta / abs(u)
+        w = weight * irls / noise2
+        for j, log_shifted in enumerate(_shifted_logs(t, base, shifted)):
+            jac = (log_shifted - log_t) / _FD_STEP
+            columns[j].append(jac)
+            weighted[j].append(w * jac)
+        residuals.append(log_t - log_obs)
+    # Each sum runs over the points in order from 0.0, as accumulating point by point would.
     gradient = [0.0] * n
-    scales = _scales(x)
-    for comp, log_obs, weight in zip(problem.components, problem.log_observed, problem.weights, strict=True):
-        log_t = math.log(comp.total_s(scales))
-        u = (log_t - log_obs) / config.step_noise
-        irls = 1.0 if abs(u) <= config.huber_delta else config.huber_delta / abs(u)
-        w = weight * irls / config.step_noise**2
-        jac = []
-        for j in range(n):
-            shifted = list(x)
-            shifted[j] += _FD_STEP
-            jac.append((math.log(comp.total_s(_scales(shifted))) - log_t) / _FD_STEP)
-        residual = log_t - log_obs
-        for a in range(n):
-            gradient[a] += w * jac[a] * residual
-            for b in range(n):
-                normal[a][b] += w * jac[a] * jac[b]
+    normal = [[0.0] * n for _ in range(n)]
+    for a in range(n):
+        acc = 0.0
+        for wa, r in zip(weighted[a], residuals, strict=True):
+            acc += wa * r
+        gradient[a] = acc
+        row = normal[a]
+        for b in range(n):
+            acc = 0.0
+            for wa, jb in zip(weighted[a], columns[b], strict=True):
+                acc += wa * jb
+            row[b] = acc
     for index, log_obs, weight in problem.telemetry:
         precision = weight / config.telemetry_sigma**2
         normal[index][index] += precision
@@ -280,11 +384,31 @@ def _step(problem: _Problem, x: list[float], damping: float, config: Calibration
     for j, sigma in enumerate(config.prior_sigma):
         normal[j][j] += 1.0 / sigma**2
         gradient[j] += x[j] / sigma**2
-    for j in range(n):
-        normal[j][j] *= 1.0 + damping
-    delta = _solve(normal, [-g for g in gradient])
+    return normal, gradient
+
+
+def _damped_step(
+    system: tuple[list[list[float]], list[float]], x: list[float], damping: float, config: CalibrationConfig
+) -> list[float]:
+    """One damped Gauss-Newton step from x; returns the proposed new x (bounded)."""
+    normal, gradient = system
+    damped = [list(row) for row in normal]
+    for j in range(len(x)):
+        damped[j][j] *= 1.0 + damping
+    delta = _solve(damped, [-g for g in gradient])
     bound = math.log(config.max_scale)
     return [min(max(xj + dj, -bound), bound) for xj, dj in zip(x, delta, strict=True)]
+
+
+def _cached_terms(state: CalibrationState, ctx: ModelContext) -> _TermsCache:
+    cache = state.cache
+    if cache is not None and cache.points is state.points and cache.ctx is ctx:
+        return cache
+    known: dict[int, _Terms] = {}
+    if cache is not None and (cache.ctx is ctx or cache.ctx == ctx):
+        known = {id(p): t for p, t in zip(cache.points, cache.terms, strict=True)}
+    terms = tuple(known.get(id(p)) or _terms(_components(ctx, p)) for p in state.points)
+    return _TermsCache(ctx=ctx, points=state.points, terms=terms)
 
 
 def fit(
@@ -298,8 +422,9 @@ def fit(
     term doubled) at batches 1..256 -> memory scale ~2.0, compute/overhead near 1, error ~ the step noise.
     """
     if not state.points:
-        return replace(state, scales=CostScales()), CalibrationFit(CostScales(), None, None, 0)
-    components = tuple(_components(ctx, p) for p in state.points)
+        return replace(state, scales=CostScales(), cache=None), CalibrationFit(CostScales(), None, None, 0)
+    cache = _cached_terms(state, ctx)
+    terms = cache.terms
     weights = tuple(0.5 ** (max(0.0, now_s - p.at_s) / config.half_life_s) for p in state.points)
     telemetry: list[tuple[int, float, float]] = []
     for p, w in zip(state.points, weights, strict=True):
@@ -308,7 +433,7 @@ def fit(
         if p.compute_scale_obs is not None and p.compute_scale_obs > 0:
             telemetry.append((1, math.log(p.compute_scale_obs), w))
     problem = _Problem(
-        components=components,
+        terms=terms,
         log_observed=tuple(math.log(p.step_s) for p in state.points),
         weights=weights,
         telemetry=tuple(telemetry),
@@ -316,23 +441,29 @@ def fit(
     previous = state.scales
     x = [math.log(getattr(previous, name)) for name in _PARAMS]
     damping = 1e-3
-    value = _objective(problem, x, config)
+    value, logs = _objective(problem, x, config)
+    system: tuple[list[list[float]], list[float]] | None = None
     for _ in range(config.iterations):
-        candidate = _step(problem, x, damping, config)
-        candidate_value = _objective(problem, candidate, config)
+        if system is None:
+            system = _normal_equations(problem, x, logs, config)
+        candidate = _damped_step(system, x, damping, config)
+        candidate_value, candidate_logs = _objective(problem, candidate, config)
         if candidate_value <= value:
             converged = value - candidate_value < 1e-9 * max(1.0, value)
-            x, value, damping = candidate, candidate_value, max(damping / 3.0, 1e-6)
+            x, value, logs, damping = candidate, candidate_value, candidate_logs, max(damping / 3.0, 1e-6)
+            system = None
             if converged:
                 break
         else:
             damping *= 4.0
     scales = _scales(x)
-    errors = [comp.total_s(scales) / p.step_s - 1.0 for comp, p in zip(components, state.points, strict=True)]
+    five = (scales.memory, scales.compute, scales.overhead, scales.per_request, scales.draft)
+    errors = [_total(t, five) / p.step_s - 1.0 for t, p in zip(terms, state.points, strict=True)]
     recent = sorted(abs(e) for e in errors[-config.error_points :])
     middle = len(recent) // 2
     median = recent[middle] if len(recent) % 2 else 0.5 * (recent[middle - 1] + recent[middle])
-    return replace(state, scales=scales), CalibrationFit(scales, median, errors[-1], len(state.points))
+    fitted = replace(state, scales=scales, cache=cache)
+    return fitted, CalibrationFit(scales, median, errors[-1], len(state.points))
 
 
 def update(

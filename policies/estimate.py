@@ -16,7 +16,13 @@ Choices worth knowing:
   construction (per_pos[i] <= per_pos[i-1] <= drafts), so a violation only comes from scrape skew or summing
   engines, and is small.
 - Cold start: with a single snapshot (first scrape, or first after a reset) the lifetime counters are a valid
-  window from the server's `created_s` to the scrape; the acceptance is flagged `cold_start=True`.
+  window from the server's `created_s` to the scrape; the acceptance is flagged `cold_start=True`. The cold
+  start lasts until the window can stand on its own: while the window is younger than `window_s` and holds
+  fewer than `min_drafts` drafts, the acceptance keeps using the span since the counters' baseline (the lifetime
+  since `created_s`, which contains the window) rather than the thin window. Otherwise the second scrape after
+  start-up, holding one scrape interval of drafts, would flip an ok cold start to insufficient_data and back
+  once the window filled. Only the acceptance falls back: step time and rates from even one interval are fresh
+  measurements, where lifetime averages could span days.
 - Speculation off (`spec is None`) is state OK with `acceptance=None`: nothing is wrong, there is just nothing
   to measure. The decision layer decides what "no acceptance measured" means (e.g. a remembered profile).
 """
@@ -206,14 +212,19 @@ def estimate(
 ) -> Evidence:
     """Evidence for one target from the window in `state`, judged at `now_s` (Unix seconds).
 
-    Deltas run from the oldest kept snapshot to the newest (a single snapshot is a cold start from lifetime
-    counters). Outputs and units: `acceptance.per_position[i]` = r_{i+1} = Δper_pos[i] / Δdrafts in [0, 1],
-    non-increasing, with Wilson intervals at `config.z`; `mean_acceptance_length` = 1 + Δaccepted / Δdrafts
-    (tokens per verification, in [1, k+1]); `acceptance_rate` = Δaccepted / Δdraft_tokens in [0, 1];
-    `mean_proposed_length` = Δdraft_tokens / Δdrafts (<= k). `batch`, `waiting`: mean over the window's
-    snapshots (requests). `context_tokens_per_seq` = KV usage ratio x KV capacity (tokens) / running requests,
-    all from the newest snapshot. `step_time_s` = ITL Δsum / Δcount (s). Rates are Δcounter / Δt (per
-    second). `prefill_tokens_per_step` = Δprompt_tokens / Δiteration_tokens.count (tokens per engine step).
+    Deltas run from the oldest kept snapshot to the newest. A single snapshot is a cold start from lifetime
+    counters. The acceptance (and the state it decides) stays a cold start while the window is younger than
+    `config.window_s` and holds fewer than `config.min_drafts` drafts: it is then measured over the newest
+    snapshot's lifetime counters (`cold_start=True`, `acceptance.window_s` = the lifetime), while step time,
+    rates, batch and waiting, which need no minimum count, come from the window.
+
+    Outputs and units: `acceptance.per_position[i]` = r_{i+1} = Δper_pos[i] / Δdrafts in [0, 1], non-increasing,
+    with Wilson intervals at `config.z`; `mean_acceptance_length` = 1 + Δaccepted / Δdrafts (tokens per
+    verification, in [1, k+1]); `acceptance_rate` = Δaccepted / Δdraft_tokens in [0, 1]; `mean_proposed_length` =
+    Δdraft_tokens / Δdrafts (<= k). `batch`, `waiting`: mean over the window's snapshots (requests).
+    `context_tokens_per_seq` = KV usage ratio x KV capacity (tokens) / running requests, all from the newest
+    snapshot. `step_time_s` = ITL Δsum / Δcount (s). Rates are Δcounter / Δt (per second). `prefill_tokens_per_step`
+    = Δprompt_tokens / Δiteration_tokens.count (tokens per engine step).
     State: STALE when there is no snapshot or the newest is older than `stale_after_s`; else
     INSUFFICIENT_DATA when speculation is on with fewer than `min_drafts` drafts; else OK (speculation off is
     OK, with acceptance None).
@@ -221,7 +232,10 @@ def estimate(
     Worked example (vLLM 0.32 CPU n-gram k=3, one scrape 100 s after start): drafts = 540, draft_tokens =
     1505, accepted = 1415, per_pos = (515, 465, 435). Cold start over 100 s: r = (515/540, 465/540, 435/540) =
     (0.9537, 0.8611, 0.8056); E[L] = 1 + 1415/540 = 3.620; acceptance rate = 1415/1505 = 0.9402;
-    mean proposed = 1505/540 = 2.787; 540 >= 200 drafts, so state OK with `cold_start=True`.
+    mean proposed = 1505/540 = 2.787; 540 >= 200 drafts, so state OK with `cold_start=True`. A second scrape
+    5 s later with 20 more drafts (560, per_pos (535, 483, 452)): the 5 s window holds 20 < 200 drafts and is
+    younger than 60 s, so the estimate stays on the lifetime counts: r_1 = 535/560 = 0.955, still OK and
+    `cold_start=True`, over the 105 s since created_s.
     """
     if not state.snapshots:
         return Evidence(
@@ -239,12 +253,13 @@ def estimate(
         )
     span, window = _span(state.snapshots)
     newest = span.newest
-    acceptance = _acceptance(span, z=config.z)
+    acceptance_span = _acceptance_span(span, config)
+    acceptance = _acceptance(acceptance_span, z=config.z)
     itl_count = span.delta(_itl_count)
     itl_sum = span.delta(_itl_sum)
     step_time_s = itl_sum / itl_count if itl_sum is not None and itl_count else None
     prompt_tokens_per_s = span.rate(lambda s: s.prompt_tokens)
-    evidence_state, reason = _judge(newest, acceptance, span=span, config=config, now_s=now_s)
+    evidence_state, reason = _judge(newest, acceptance, span=acceptance_span, config=config, now_s=now_s)
     return Evidence(
         target=target,
         model=newest.model_name,
@@ -291,8 +306,26 @@ def _span(snapshots: tuple[EngineSnapshot, ...]) -> tuple[_Span, tuple[EngineSna
     base = snapshots[0]
     if len(snapshots) > 1 and _baseline_break(base, newest) is None:
         return _Span(base=base, newest=newest, elapsed_s=newest.taken_at_s - base.taken_at_s), snapshots
+    return _lifetime(newest), (newest,)
+
+
+def _lifetime(newest: EngineSnapshot) -> _Span:
     lifetime_s = newest.taken_at_s - newest.created_s if newest.created_s is not None else None
-    return _Span(base=None, newest=newest, elapsed_s=lifetime_s), (newest,)
+    return _Span(base=None, newest=newest, elapsed_s=lifetime_s)
+
+
+def _acceptance_span(window: _Span, config: EstimatorConfig) -> _Span:
+    """The span the acceptance is measured over: the window, unless it is still filling (younger than
+    `window_s` with fewer than `min_drafts` drafts), then the newest snapshot's lifetime counters, which contain
+    it (every kept snapshot shares one counter epoch: `observe` starts a new baseline otherwise)."""
+    if window.base is None or window.newest.spec is None or window.elapsed_s is None:
+        return window
+    if window.elapsed_s >= config.window_s:
+        return window
+    drafts = window.delta(lambda s: s.spec.drafts if s.spec else None)
+    if drafts is None or drafts >= config.min_drafts:
+        return window
+    return _lifetime(window.newest)
 
 
 def _acceptance(span: _Span, *, z: float) -> AcceptanceEvidence | None:

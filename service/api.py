@@ -58,6 +58,10 @@ class CurvePointOut(BaseModel):
     speedup_low: float
     speedup_high: float
     extrapolated: bool
+    extrapolated_share: float = Field(
+        description="Share (0..1) of the expected accepted length resting on acceptance positions that were not "
+        "measured (beyond the deployed k, or a prior); 0 = fully measured."
+    )
 
 
 _UNTIL_SCRAPED = "null until the target's first good scrape"
@@ -77,6 +81,16 @@ class RecommendationOut(BaseModel):
     reason: str
     evaluated_at: str | None = Field(description="RFC 3339 UTC time of this evaluation.")
     curve: list[CurvePointOut]
+    objective: str = Field(
+        description="What the curve's speedups measure: latency (tokens/s per sequence), capacity (the server's "
+        "tokens/s while requests queue) or goodput_slo (tokens/s meeting the ITL SLO); empty when no curve was "
+        "evaluated this time (the evidence was not ok)."
+    )
+    calibration_error_ratio: float | None = Field(
+        description="The cost model's online calibration error: median |predicted / observed step time - 1| over "
+        "recent windows; null before any step time was observed."
+    )
+    # Must stay the last field: its value is written per request after the cached rest (module docstring).
     age_s: float | None = Field(description="Seconds since the recommendation last rested on a good scrape.")
 
 
@@ -122,12 +136,18 @@ class EvidenceOut(BaseModel):
     kv_cache_usage_ratio: float | None
     context_tokens_per_seq: float | None
     step_time_s: float | None
+    prefill_tokens_per_step: float | None = Field(
+        description="Prompt tokens computed per engine step on average (chunked prefill shares steps with decode)."
+    )
     window_s: float | None
     gpu: GpuOut | None
     engine_activity: dict[str, float] = Field(
         description="Saturation 0..1 from vLLM's estimated_flops/read_bytes_per_gpu counters over the hardware peaks."
     )
     profiles: dict[str, str] = Field(description="Cost-model profiles in use (hardware, model, drafter, TP).")
+    calibration_error_ratio: float | None = Field(
+        description="The cost model's calibration error against the measured step times (as in the recommendation)."
+    )
     last_good_scrape_at: str | None
     last_error: str | None
     scrape_errors: dict[str, int]
@@ -307,6 +327,8 @@ def _recommendation(status: TargetStatus, *, age_s: float | None) -> Recommendat
             reason=status.last_error or "not evaluated yet",
             evaluated_at=None,
             curve=[],
+            objective="",
+            calibration_error_ratio=None,
             age_s=None,
         )
     known = status.last_good_scrape_s is not None  # else the decision only echoes defaults (module docstring)
@@ -322,6 +344,8 @@ def _recommendation(status: TargetStatus, *, age_s: float | None) -> Recommendat
         reason=decision.reason,
         evaluated_at=rfc3339(decision.evaluated_at_s),
         curve=[_point(point) for point in decision.curve],
+        objective=decision.objective,
+        calibration_error_ratio=decision.calibration_error_ratio,
         age_s=age_s,
     )
 
@@ -333,6 +357,7 @@ def _point(point: CurvePoint) -> CurvePointOut:
         speedup_low=point.speedup_low,
         speedup_high=point.speedup_high,
         extrapolated=point.extrapolated,
+        extrapolated_share=point.extrapolated_share,
     )
 
 
@@ -382,10 +407,12 @@ def _evidence(status: TargetStatus) -> EvidenceOut:
             kv_cache_usage_ratio=None,
             context_tokens_per_seq=None,
             step_time_s=None,
+            prefill_tokens_per_step=None,
             window_s=None,
             gpu=None,
             engine_activity={},
             profiles=dict(status.profiles),
+            calibration_error_ratio=None,
             last_good_scrape_at=last_good,
             last_error=status.last_error,
             scrape_errors=dict(status.scrape_errors),
@@ -405,10 +432,12 @@ def _evidence(status: TargetStatus) -> EvidenceOut:
             kv_cache_usage_ratio=None,
             context_tokens_per_seq=None,
             step_time_s=None,
+            prefill_tokens_per_step=None,
             window_s=None,
             gpu=None if evidence.gpu is None else _gpu(evidence.gpu),  # read by the GPU probe, not the scrape
             engine_activity=dict(status.engine_activity),
             profiles=dict(status.profiles),
+            calibration_error_ratio=None,
             last_good_scrape_at=None,
             last_error=status.last_error,
             scrape_errors=dict(status.scrape_errors),
@@ -426,10 +455,12 @@ def _evidence(status: TargetStatus) -> EvidenceOut:
         kv_cache_usage_ratio=evidence.kv_cache_usage_ratio,
         context_tokens_per_seq=evidence.context_tokens_per_seq,
         step_time_s=evidence.step_time_s,
+        prefill_tokens_per_step=evidence.prefill_tokens_per_step,
         window_s=evidence.window_s,
         gpu=None if evidence.gpu is None else _gpu(evidence.gpu),
         engine_activity=dict(status.engine_activity),
         profiles=dict(status.profiles),
+        calibration_error_ratio=status.decision.calibration_error_ratio if status.decision is not None else None,
         last_good_scrape_at=last_good,
         last_error=status.last_error,
         scrape_errors=dict(status.scrape_errors),

@@ -21,9 +21,11 @@ import httpx
 from fastapi import FastAPI
 from prometheus_client.registry import CollectorRegistry
 
+from policies.calibrate import CalibrationConfig
 from policies.costmodel import ModelContext
 from policies.decide import DecideConfig
 from policies.estimate import EstimatorConfig
+from policies.objectives import ObjectiveConfig
 from policies.profiles import (
     HardwareProfile,
     ModelProfile,
@@ -42,9 +44,10 @@ from service.logs import fields, get_logger
 from service.loop import AdvisorLoop, ContextResolver, ContextUnavailableError, GpuReader, TargetSpec
 from service.settings import GpuSettings, Settings, SettingsError, TargetSettings
 from service.sources.dcgm import DcgmSource
-from service.sources.gpu import NoGpuSource
+from service.sources.gpu import SOURCE_ABSENT, NoGpuSource
 from service.sources.nvml import NvmlSource
 from service.sources.vllm import VllmScraper
+from service.whatif_api import create_whatif_router, live_targets_from_board
 
 _log = get_logger("app")
 
@@ -79,6 +82,19 @@ def decide_config(settings: Settings) -> DecideConfig:
         gamma_max=s.gamma_max,
         min_speedup_gain_to_change_gamma=s.min_speedup_gain_to_change_gamma,
     )
+
+
+def objective_config(settings: Settings) -> ObjectiveConfig:
+    return ObjectiveConfig(itl_slo_s=settings.decide.itl_slo_s)
+
+
+def calibration_config(settings: Settings) -> CalibrationConfig:
+    return CalibrationConfig(half_life_s=settings.calibration.half_life_s)
+
+
+def gpu_source_name(settings: GpuSettings) -> str:
+    """The GpuSnapshot.source the configured telemetry reports ("nvml", "dcgm", or "absent" for none)."""
+    return SOURCE_ABSENT if settings.telemetry == "none" else settings.telemetry
 
 
 def build_sidecar(
@@ -127,6 +143,9 @@ def build_sidecar(
                 estimator_config=estimator_config(settings),
                 decide_config=decide_config(settings),
                 interval_s=settings.scrape_interval_s,
+                calibration_config=calibration_config(settings),
+                objective_config=objective_config(settings),
+                gpu_source_name=gpu_source_name(settings.gpu),
             )
             task = asyncio.create_task(loop.run_forever(clock), name="spec-advisor-loop")
             task.add_done_callback(_report_loop_exit)
@@ -142,6 +161,14 @@ def build_sidecar(
                     await task
                 _log.info("advisor stopped", extra=fields(iterations=board.iterations))
 
+    def context_for(target: str) -> ModelContext | None:
+        # The loop's resolved profiles, so /v1/schedule prices a config.json model or a draft model exactly.
+        status = board.get(target)
+        return status.context if status is not None else None
+
+    whatif = create_whatif_router(
+        live_targets=live_targets_from_board(board, context_for=context_for), gamma_max=settings.decide.gamma_max
+    )
     app = create_api(
         board,
         metrics=MetricsPage(board, clock=clock, version=version),
@@ -149,6 +176,7 @@ def build_sidecar(
         stall_after_s=settings.stall_after_intervals * settings.scrape_interval_s,
         version=version,
         lifespan=lifespan,
+        routers=[whatif],
     )
     return Sidecar(app=app, board=board, registry=registry, settings=settings)
 
@@ -177,8 +205,6 @@ def _gpu_source(settings: GpuSettings, client: httpx.AsyncClient) -> Iterator[Gp
             nvml.close()  # frees GPM buffers; a no-op when NVML never initialised
     else:
         yield NoGpuSource()
-
-
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
+from policies.costmodel import ModelContext
 from policies.types import Decision, Evidence
 from service.sources.errors import ScrapeErrorReason
 
@@ -50,6 +51,9 @@ class TargetStatus:
     engine_activity: Mapping[str, float] = field(default_factory=lambda: _EMPTY_COUNTS_F)
     # The cost model's profiles in use: {"hardware": ..., "model": ..., "drafter": ..., "tensor_parallel": ...}.
     profiles: Mapping[str, str] = field(default_factory=lambda: _EMPTY_PROFILES)
+    # The cost model's resolved profiles themselves (what `profiles` names): exact even for a model read from a
+    # config.json or a separate draft model, which the names alone cannot rebuild. None until first resolved.
+    context: ModelContext | None = None
     scrape_errors: Mapping[str, int] = field(default_factory=lambda: _EMPTY_COUNTS)
 
 
@@ -120,8 +124,10 @@ class Board:
         good_scrape_s: float | None,
         engine_activity: Mapping[str, float] | None = None,
         profiles: Mapping[str, str] | None = None,
+        context: ModelContext | None = None,
     ) -> None:
-        """Record a finished evaluation; `good_scrape_s` is the time of this tick's scrape when it succeeded."""
+        """Record a finished evaluation; `good_scrape_s` is the time of this tick's scrape when it succeeded.
+        `engine_activity`, `profiles` and `context` left None keep the previous ones."""
         status = self._status[target]
         fresh = good_scrape_s is not None
         activity = status.engine_activity if engine_activity is None else MappingProxyType(dict(engine_activity))
@@ -135,6 +141,7 @@ class Board:
             last_error=None if fresh else status.last_error,
             engine_activity=activity,
             profiles=status.profiles if profiles is None else MappingProxyType(dict(profiles)),
+            context=status.context if context is None else context,
         )
         self._version += 1
 
@@ -149,7 +156,7 @@ class Board:
 
     def record_gpu_error(self, source: str, reason: str) -> None:
         """Count one failed GPU telemetry read. `source` is the GpuSnapshot's ("nvml", "dcgm"); `reason` its short
-        label (`service.sources.nvml.gpu_error_reason`), from a closed set so it can be a metric label.
+        label (`service.sources.gpu.gpu_error_reason`), from a closed set so it can be a metric label.
         """
         key = (source, reason)
         self._gpu_errors[key] = self._gpu_errors.get(key, 0) + 1

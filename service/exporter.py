@@ -42,6 +42,7 @@ class BoardCollector(Collector):
         statuses = self._board.statuses()
         yield from _build_info(self._version)
         yield from _recommendation(statuses)
+        yield from _cost_model(statuses)
         yield from _acceptance(statuses)
         yield from _engine(statuses)
         yield from _gpu(statuses)
@@ -151,6 +152,28 @@ def _recommendation(statuses: Iterable[TargetStatus]) -> Iterator[Metric]:
         for point in decision.curve:
             curve.add_metric([*ids, str(point.gamma)], point.speedup)
     yield from (enabled, gamma, speedup, speedup_low, speedup_high, curve, state)
+
+
+def _cost_model(statuses: Iterable[TargetStatus]) -> Iterator[Metric]:
+    calibration = _gauge(
+        "calibration_relative_error_ratio",
+        "The cost model's calibration error: median |predicted / observed step time - 1| over recent windows.",
+    )
+    objective = _gauge(
+        "objective_info",
+        "Always 1; the objective the predicted speedups measure (latency, capacity, goodput_slo) as a label.",
+        labels=(*_TARGET_LABELS, "objective"),
+    )
+    for status in statuses:
+        decision = status.decision
+        if decision is None or status.last_good_scrape_s is None:
+            continue  # nothing measured yet (see _recommendation)
+        ids = _ids(status)
+        if decision.calibration_error_ratio is not None:
+            calibration.add_metric(ids, decision.calibration_error_ratio)
+        if decision.objective:  # "" = no curve evaluated this tick (evidence not ok): no objective applied
+            objective.add_metric([*ids, decision.objective], 1.0)
+    yield from (calibration, objective)
 
 
 def _acceptance(statuses: Iterable[TargetStatus]) -> Iterator[Metric]:

@@ -22,8 +22,12 @@ from policies.types import Decision, EngineSnapshot, Evidence, GpuSnapshot, Targ
 from service.board import Board
 from service.logs import fields, get_logger
 from service.sources.errors import ScrapeError, ScrapeErrorReason
+from service.sources.gpu import ERROR_UNEXPECTED, SOURCE_ABSENT, gpu_error_reason
 
 INTERNAL_ERROR_REASON = "internal"  # a bug in our code for one target, counted beside the scrape reasons
+# Distinct GPU-source exceptions remembered so each is logged (with its traceback) once, not every interval;
+# bounded so a source whose messages vary cannot grow it without end.
+_GPU_ERRORS_REMEMBERED = 32
 
 _T = TypeVar("_T")
 
@@ -35,7 +39,8 @@ class Scraper(Protocol):
 
 
 class GpuReader(Protocol):
-    """GPU telemetry (NvmlSource, DcgmSource, NoGpuSource). Never raises: failures come back in the snapshot."""
+    """GPU telemetry (NvmlSource, DcgmSource, NoGpuSource). Should never raise: failures come back in the snapshot
+    (a source that raises anyway is caught by `run_once` and reported as an "unexpected" error)."""
 
     async def read(self, now_s: float) -> GpuSnapshot: ...
 
@@ -86,7 +91,9 @@ class AdvisorLoop:
         logger: logging.Logger | None = None,
         calibration_config: CalibrationConfig | None = None,
         objective_config: ObjectiveConfig | None = None,
+        gpu_source_name: str = SOURCE_ABSENT,
     ) -> None:
+        """`gpu_source_name` ("nvml", "dcgm", "absent") labels a GPU read that raised instead of reporting."""
         self._targets = [
             _TargetRuntime(spec=spec, estimator_state=EstimatorState(), decide_state=DecideState()) for spec in targets
         ]
@@ -96,13 +103,18 @@ class AdvisorLoop:
         self._decide_config = decide_config
         self._calibration_config = calibration_config or CalibrationConfig()
         self._objective_config = objective_config or ObjectiveConfig()
+        self._gpu_source_name = gpu_source_name
         self._interval_s = interval_s
         self._timer = timer
         self._log = logger if logger is not None else get_logger("loop")
+        self._gpu_errors_logged: dict[str, None] = {}  # insertion-ordered set of logged GPU exceptions
 
     async def run_once(self, now_s: float) -> None:
-        """One iteration at `now_s` (Unix seconds). A failing target never stops the others or the loop."""
-        gpu = await self._timed("gpu", self._gpu.read(now_s))
+        """One iteration at `now_s` (Unix seconds). A failing target, or a GPU source that raises, never stops the
+        others or the loop."""
+        gpu = await self._timed("gpu", self._read_gpu(now_s))
+        if gpu.error is not None:
+            self._board.record_gpu_error(gpu.source, gpu_error_reason(gpu))
         results = await asyncio.gather(
             *(self._run_target(runtime, now_s, gpu) for runtime in self._targets), return_exceptions=True
         )
@@ -126,6 +138,22 @@ class AdvisorLoop:
             await sleep(max(0.0, started_s + self._interval_s - clock()))
 
     # ---------------------------------------------------------------------------------------------------------
+
+    async def _read_gpu(self, now_s: float) -> GpuSnapshot:
+        try:
+            return await self._gpu.read(now_s)
+        except Exception as exc:  # a source broke its never-raise contract: GPU data is optional, the loop is not
+            error = f"{ERROR_UNEXPECTED}: {type(exc).__name__}: {exc}"
+            if error not in self._gpu_errors_logged:
+                self._log.error(
+                    "GPU telemetry source raised; continuing without GPU data",
+                    exc_info=exc,
+                    extra=fields(source=self._gpu_source_name, error=error, now_s=now_s),
+                )
+                self._gpu_errors_logged[error] = None
+                if len(self._gpu_errors_logged) > _GPU_ERRORS_REMEMBERED:
+                    del self._gpu_errors_logged[next(iter(self._gpu_errors_logged))]
+            return GpuSnapshot(taken_at_s=now_s, source=self._gpu_source_name, error=error)
 
     async def _run_target(self, runtime: _TargetRuntime, now_s: float, gpu: GpuSnapshot) -> None:
         name = runtime.spec.name
@@ -169,6 +197,7 @@ class AdvisorLoop:
             good_scrape_s=good_scrape_s,
             engine_activity=engine_activity(evidence, context) if good_scrape_s is not None else None,
             profiles=_profiles(context) if context is not None else None,
+            context=context,
         )
         self._board.timings.observe("publish", self._timer() - started)
 

@@ -200,6 +200,26 @@ class DecideSettings(_Section):
         description="While on, move gamma only for a predicted gain at least this large: a 2% gain is within the "
         "model's error and not worth a restart.",
     )
+    itl_slo_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=60,
+        allow_inf_nan=False,
+        description="The inter-token-latency SLO in seconds (mean time between a request's output tokens, e.g. "
+        "0.05 = 50 ms). When set, options are compared by goodput: tokens/s of requests meeting it. Default None: "
+        "no SLO, so speculation is judged by throughput (per sequence, or of the whole server while requests "
+        "queue).",
+    )
+
+
+class CalibrationSettings(_Section):
+    half_life_s: float = Field(
+        default=900.0,
+        gt=0,
+        le=7 * 24 * 3600,
+        description="The cost model's online calibration weighs each observed step time down by half every this "
+        "many seconds. 15 min follows a redeploy or a driver update within the hour yet rides out a burst.",
+    )
 
 
 class Settings(BaseSettings):
@@ -242,6 +262,7 @@ class Settings(BaseSettings):
     gpu: GpuSettings = Field(default_factory=GpuSettings)
     estimator: EstimatorSettings = Field(default_factory=EstimatorSettings)
     decide: DecideSettings = Field(default_factory=DecideSettings)
+    calibration: CalibrationSettings = Field(default_factory=CalibrationSettings)
 
     @model_validator(mode="after")
     def _cross_field(self) -> Self:

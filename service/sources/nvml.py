@@ -8,10 +8,9 @@ the scrape interval and nothing sleeps. The first read after start (or after an 
 
 NVML calls are blocking C calls (`nvmlInit` can take a second), so they run in a worker thread.
 
-Error text convention (what `gpu_error_reason` reads): `GpuSnapshot.error` starts with a short snake_case reason
-and ": ", as the DCGM source's errors already do (they are `str(ScrapeError)`, e.g. "timeout: ..."). Here:
-"nvml_error: NVMLError_GpuIsLost: ..." for errors NVML reports, "unexpected: AttributeError: ..." for anything
-else (an older nvidia-ml-py without a function, a ctypes error, a bug of ours).
+Errors follow service/sources/gpu.py's convention (read by `gpu_error_reason`): "nvml_error: NVMLError_GpuIsLost:
+..." for errors NVML reports, "unexpected: AttributeError: ..." for anything else (an older nvidia-ml-py without a
+function, a ctypes error, a bug of ours).
 """
 
 from __future__ import annotations
@@ -24,33 +23,13 @@ from typing import Any, Protocol
 import pynvml
 
 from policies.types import GpuSnapshot
-from service.sources.errors import ScrapeErrorReason
-from service.sources.gpu import SOURCE_ABSENT
+from service.sources.gpu import ERROR_NVML, ERROR_UNEXPECTED, SOURCE_ABSENT, gpu_error_reason
+
+# `gpu_error_reason` lived here first; re-exported for callers that import it from this module.
+__all__ = ["ACTIVITY_GPM", "SOURCE_NVML", "NvmlApi", "NvmlSource", "gpu_error_reason"]
 
 SOURCE_NVML = "nvml"
 ACTIVITY_GPM = "gpm"
-
-# GpuSnapshot.error reasons (metric label values of specadvisor_gpu_telemetry_errors_total).
-ERROR_NVML = "nvml_error"  # NVML itself reported a failure (NVMLError and subclasses)
-ERROR_UNEXPECTED = "unexpected"  # anything else; also the reason for error text that follows no convention
-# Every reason a GPU source writes: NVML's two, and the DCGM source's scrape reasons (timeout, connect, parse...).
-# A closed set, so the reason can be a metric label without unbounded cardinality.
-GPU_ERROR_REASONS: frozenset[str] = frozenset({ERROR_NVML, ERROR_UNEXPECTED, *(r.value for r in ScrapeErrorReason)})
-
-
-def gpu_error_reason(snapshot: GpuSnapshot) -> str:
-    """The short reason label of a failed GPU read: the text before the first ": " of `snapshot.error`.
-
-    "" when the snapshot has no error. A prefix outside `GPU_ERROR_REASONS` is reported as "unexpected", so the
-    label set stays closed whatever a source writes.
-
-    Example: error "nvml_error: NVMLError_GpuIsLost: GPU is lost" -> "nvml_error"; DCGM's "timeout: http://...:
-    no complete answer within 2.0 s" -> "timeout"; "weird" -> "unexpected".
-    """
-    if snapshot.error is None:
-        return ""
-    prefix, sep, _ = snapshot.error.partition(": ")
-    return prefix if sep and prefix in GPU_ERROR_REASONS else ERROR_UNEXPECTED
 
 
 class NvmlApi(Protocol):

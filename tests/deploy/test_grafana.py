@@ -23,7 +23,7 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,16 +49,12 @@ PROVIDER = ROOT / "deploy" / "grafana" / "provisioning" / "dashboards" / "spec-a
 PLAIN_RULES = ROOT / "deploy" / "prometheus" / "spec-advisor.rules.yaml"
 OPERATOR_RULES = ROOT / "deploy" / "prometheus" / "spec-advisor.prometheusrule.yaml"
 GRAFANA_ALERTS = ROOT / "deploy" / "grafana" / "provisioning" / "alerting" / "spec-advisor-alerts.yaml"
-EXPORTER = ROOT / "service" / "exporter.py"
 VLLM_CAPTURES = sorted((ROOT / "tests" / "fixtures" / "vllm").glob("vllm-0.32.0-*.txt"))
 
 # Series Prometheus itself writes, and labels its scrape adds (kubernetes_sd relabelling in a PodMonitor adds the
 # Kubernetes ones).
 PROMETHEUS_SERIES = {"up", "ALERTS", "ALERTS_FOR_STATE"}
 SCRAPE_LABELS = {"job", "instance", "namespace", "pod", "container", "service", "endpoint", "node"}
-# Gauges another change is adding to the exporter right now, accepted only while service/exporter.py does not mention
-# the word on the right: once it does, the name must really be exported (so a different name fails here).
-PENDING_SIDECAR_METRICS = {"specadvisor_calibration_relative_error_ratio": "calibration"}
 
 NOW_S = 1_800_000_000.0
 
@@ -224,12 +220,8 @@ def _populated_board() -> Board:
     decision = Decision(
         target="llama", model="meta-llama/Llama-3.1-8B-Instruct", state=TargetState.OK, enabled=True,
         num_speculative_tokens=3, expected_speedup=1.42, expected_speedup_low=1.31, expected_speedup_high=1.55,
-        reason="on", evaluated_at_s=NOW_S, curve=(point,),
+        reason="on", evaluated_at_s=NOW_S, curve=(point,), objective="latency", calibration_error_ratio=0.1,
     )
-    # Set through `replace` so this test does not depend on the field's presence (it is being added).
-    if "calibration_error_ratio" in {f.name for f in fields(Decision)}:
-        calibration: dict[str, object] = {"calibration_error_ratio": 0.1}
-        decision = replace(decision, **calibration)  # type: ignore[arg-type]
     board = Board([("llama", None)], started_at_s=NOW_S - 100)
     board.publish("llama", evidence=evidence, decision=decision, good_scrape_s=NOW_S - 10,
                   engine_activity={"tensor_active": 0.4, "dram_active": 0.7})
@@ -270,10 +262,6 @@ def known(sidecar_metrics: dict[str, set[str]], vllm_metrics: dict[str, set[str]
     """Metric name -> its label names (None: labels not known, matchers not checked)."""
     names: dict[str, set[str] | None] = {**sidecar_metrics, **vllm_metrics}
     names.update(dict.fromkeys(_recorded_names() | PROMETHEUS_SERIES))
-    exporter_source = EXPORTER.read_text(encoding="utf-8")
-    for name, word in PENDING_SIDECAR_METRICS.items():
-        if word not in exporter_source:
-            names.setdefault(name, {"target", "model"})
     return names
 
 
@@ -283,6 +271,9 @@ def test_the_inventory_is_the_real_one(sidecar_metrics: dict[str, set[str]], vll
     assert sidecar_metrics["specadvisor_gpu_utilization_ratio"] >= {"signal", "source"}
     assert "specadvisor_scrape_errors_total" in sidecar_metrics
     assert "specadvisor_loop_step_duration_seconds_bucket" in sidecar_metrics
+    # The calibration alert's and panel's series, rendered from the board's decision.
+    assert sidecar_metrics["specadvisor_calibration_relative_error_ratio"] >= {"target", "model"}
+    assert sidecar_metrics["specadvisor_objective_info"] >= {"target", "model", "objective"}
     assert vllm_metrics["vllm:spec_decode_num_accepted_tokens_per_pos_total"] >= {"model_name", "position"}
     assert "vllm:inter_token_latency_seconds_sum" in vllm_metrics
 
@@ -457,15 +448,6 @@ def test_rule_expressions_reference_real_metrics(known: dict[str, set[str] | Non
                     problems += _check_expression(query["model"]["expr"], without_recorded,
                                                   f"{GRAFANA_ALERTS.name} {rule['title']}")
     assert problems == []
-
-
-def test_pending_sidecar_metrics_are_used_only_until_they_land(sidecar_metrics: dict[str, set[str]]) -> None:
-    exporter_source = EXPORTER.read_text(encoding="utf-8")
-    for name, word in PENDING_SIDECAR_METRICS.items():
-        if word in exporter_source:
-            assert name in sidecar_metrics, (
-                f"service/exporter.py now exports '{word}' but not {name}: the rules and the dashboard use that name"
-            )
 
 
 def _promtool() -> str:

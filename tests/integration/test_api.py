@@ -87,8 +87,16 @@ def test_recommendation_contract() -> None:
         assert rec["evaluated_at"].endswith("Z")
         datetime.fromisoformat(rec["evaluated_at"].replace("Z", "+00:00"))
         assert [point["gamma"] for point in rec["curve"]] == list(range(9))  # gamma_max 8
-        assert set(rec["curve"][0]) == {"gamma", "speedup", "speedup_low", "speedup_high", "extrapolated"}
+        assert set(rec["curve"][0]) == {
+            "gamma", "speedup", "speedup_low", "speedup_high", "extrapolated", "extrapolated_share"
+        }
         assert rec["curve"][0]["speedup"] == 1.0  # gamma 0 is plain decoding
+        # Deployed k = 3 measures positions 1..3: gamma <= 3 rests on them alone, deeper gammas partly extrapolate.
+        assert all(point["extrapolated_share"] == 0.0 for point in rec["curve"][:4])
+        assert all(0.0 < point["extrapolated_share"] <= 1.0 for point in rec["curve"][4:])
+        assert rec["objective"] == "latency"  # the capture has no queue and no SLO is configured
+        assert rec["calibration_error_ratio"] is None or rec["calibration_error_ratio"] >= 0.0
+        assert list(rec)[-1] == "age_s"  # written per request after the cached rest of the body
         assert rec["age_s"] >= 0.0
 
         same = (await client.get("/v1/recommendation", params={"target": "llama"})).json()
@@ -121,6 +129,9 @@ def test_evidence_contract() -> None:
         assert ev["profiles"] == {
             "hardware": "h100-sxm", "model": "llama-3.1-8b", "drafter": "eagle", "tensor_parallel": "1"
         }
+        assert "prefill_tokens_per_step" in ev and "calibration_error_ratio" in ev
+        [rec] = (await client.get("/v1/recommendation")).json()["targets"]
+        assert ev["calibration_error_ratio"] == rec["calibration_error_ratio"]
 
     run_with_sidecar(check)
 

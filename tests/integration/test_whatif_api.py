@@ -5,19 +5,23 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import httpx
 import yaml
-from sidecar_http import serving
+from sidecar_http import FIXTURES, CaptureServer, serving, wait_for
 
 from policies.costmodel import ModelContext
-from policies.profiles import drafter_for, hardware_by_name, model_by_name
+from policies.profiles import drafter_for, hardware_by_name, model_by_name, model_from_hf_config
 from policies.schedule import plan_from_evidence, schedule_for, vllm_bands
 from policies.types import AcceptanceEvidence, Decision, DraftMethod, Evidence, TargetState
 from service.api import create_api
+from service.app import build_sidecar
 from service.board import Board
 from service.exporter import MetricsPage
+from service.settings import load_settings
+from service.sources.gpu import NoGpuSource
 from service.whatif_api import (
     LiveTargets,
     WhatIfRequest,
@@ -329,3 +333,71 @@ def test_without_live_targets_only_the_whatif_works() -> None:
         assert (await client.post("/v1/whatif", json=BODY)).status_code == 200
 
     run_api(check, live=lambda _board: None)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Through the real app (build_sidecar): the loop's exact profiles reach /v1/schedule
+# ------------------------------------------------------------------------------------------------------------
+
+# Llama-3.1-8B's shape, saved as a fine-tune the catalog does not know by name.
+FINETUNE_CONFIG = {
+    "architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336, "num_hidden_layers": 32,
+    "num_attention_heads": 32, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 128256,
+    "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+}
+
+
+def test_the_sidecar_serves_whatif_and_exact_schedules_for_config_json_models_and_draft_models(
+    tmp_path: Path,
+) -> None:
+    config_path = tmp_path / "my-finetune" / "config.json"
+    config_path.parent.mkdir()
+    config_path.write_text(json.dumps(FINETUNE_CONFIG), encoding="utf-8")
+    model = model_from_hf_config(FINETUNE_CONFIG, name="my-finetune")
+    expected_ctx = ModelContext(
+        hardware=hardware_by_name("h100-sxm"), model=model,
+        drafter=drafter_for(DraftMethod.DRAFT_MODEL, model, draft_model=model_by_name("llama-3.2-1b")),
+    )
+
+    async def scenario() -> None:
+        capture = CaptureServer(FIXTURES / "synthetic-eagle-k3.txt")
+        async with serving(capture) as capture_url:
+            settings = load_settings(overrides={
+                "targets": [{
+                    "name": "llama", "url": capture_url, "hardware": "h100-sxm", "model_config_path": str(config_path),
+                    "drafter": {"method": "draft_model", "draft_model_profile": "llama-3.2-1b"},
+                }],
+                "scrape_interval_s": 0.1, "scrape_timeout_s": 0.1,
+                "estimator": {"window_s": 0.4, "stale_after_s": 0.5}, "gpu": {"telemetry": "none"},
+            })
+            sidecar = build_sidecar(settings, gpu_source=NoGpuSource())
+            async with serving(sidecar.app) as url, httpx.AsyncClient(base_url=url, timeout=30.0) as client:
+                await wait_for(client, "/v1/recommendation", lambda r: r.json()["targets"][0]["state"] == "ok")
+                # Freeze the measurements: failed scrapes keep the window's numbers (the evidence goes stale).
+                capture.status = 503
+                await wait_for(client, "/v1/evidence", lambda r: r.json()["targets"][0]["state"] != "ok")
+                status = sidecar.board.get("llama")
+                assert status is not None and status.evidence is not None
+                assert status.context == expected_ctx  # the loop published the profiles it priced with
+                # The profile names alone cannot rebuild this context (a config.json model, a separate drafter).
+                (by_name,) = live_targets_from_board(sidecar.board)()
+                assert by_name.context is None and "cannot be rebuilt by name" in by_name.reason
+
+                reply = await client.get("/v1/schedule", params={"target": "llama", "max_num_seqs": 128})
+                assert reply.status_code == 200, reply.text
+                (out,) = reply.json()["targets"]
+                plan = plan_from_evidence(status.evidence, expected_ctx, max_num_seqs=128,
+                                          gamma_max=settings.decide.gamma_max)
+                assert [[b["lo"], b["hi"], b["num_speculative_tokens"]] for b in out["bands"]] == vllm_bands(
+                    schedule_for(plan)
+                )
+                assert out["gamma_max"] == settings.decide.gamma_max
+                assert "from measured acceptance" in out["reason"]
+
+                whatif = await client.post("/v1/whatif", json=BODY)
+                assert whatif.status_code == 200, whatif.text
+                assert whatif.json() == run_whatif(WhatIfRequest.model_validate(BODY)).model_dump(mode="json")
+                paths = (await client.get("/openapi.json")).json()["paths"]
+                assert {"/v1/whatif", "/v1/schedule", "/v1/recommendation"} <= set(paths)
+
+    asyncio.run(scenario())

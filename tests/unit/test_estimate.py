@@ -413,10 +413,11 @@ def test_interval_width_follows_the_configured_z() -> None:
 
 
 def test_fewer_drafts_than_needed_is_insufficient_data_but_still_filled() -> None:
+    # The window spans the full 60 s, so it stands on its own (a younger one would still be a cold start).
     base = make_snapshot(num_requests_running=2.0)
     later = advance(
         base,
-        dt_s=30.0,
+        dt_s=60.0,
         drafts=150,
         draft_tokens=400,
         accepted=300,
@@ -437,7 +438,7 @@ def test_fewer_drafts_than_needed_is_insufficient_data_but_still_filled() -> Non
 
 def test_idle_window_with_no_drafts_is_insufficient_data_without_acceptance() -> None:
     base = make_snapshot()
-    idle = advance(base, dt_s=30.0)
+    idle = advance(base, dt_s=60.0)  # a full window without a draft
     evidence = run([base, idle])
     assert evidence.state is TargetState.INSUFFICIENT_DATA
     assert evidence.acceptance is None
@@ -445,9 +446,73 @@ def test_idle_window_with_no_drafts_is_insufficient_data_without_acceptance() ->
 
 
 def test_min_drafts_is_configurable() -> None:
-    # 300 drafts in the window: OK at the default 200, insufficient at 500.
+    # 300 drafts in the 30 s window: OK at the default 200, insufficient at 500 (with a 30 s window, so the
+    # window is full and the lifetime's 840 drafts are not a cold-start fallback).
     assert run(a_window()).state is TargetState.OK
-    assert run(a_window(), config=EstimatorConfig(min_drafts=500)).state is TargetState.INSUFFICIENT_DATA
+    full = EstimatorConfig(min_drafts=500, window_s=30.0)
+    assert run(a_window(), config=full).state is TargetState.INSUFFICIENT_DATA
+
+
+# ----------------------------------------------------------------------------------------------------
+# The cold start lasts until the window stands on its own
+# ----------------------------------------------------------------------------------------------------
+
+
+def test_second_scrape_after_a_cold_start_stays_on_the_lifetime_counts() -> None:
+    cold = make_snapshot(inter_token_latency=itl(2.0, 100.0))
+    # 5 s later, 20 more drafts (per position 20, 18, 17; accepted 55; draft tokens 58): the window holds 20 < 200
+    # drafts and spans 5 s < 60 s, so it is not yet evidence of its own.
+    second = advance(cold, dt_s=5.0, drafts=20, draft_tokens=58, accepted=55, per_position=(20, 18, 17),
+                     inter_token_latency=itl(3.0, 200.0))
+    evidence = run([cold, second])
+    acceptance = evidence.acceptance
+    assert acceptance is not None
+    assert evidence.state is TargetState.OK
+    assert acceptance.cold_start is True
+    # Lifetime counts: drafts 540 + 20 = 560; r = (515 + 20, 465 + 18, 435 + 17) / 560 = (535, 483, 452) / 560.
+    assert acceptance.drafts == 560
+    assert acceptance.per_position == pytest.approx((535 / 560, 483 / 560, 452 / 560))
+    # E[L] = 1 + (1415 + 55) / 560; over the 105 s since created_s (100 s + 5 s).
+    assert acceptance.mean_acceptance_length == pytest.approx(1 + 1470 / 560)
+    assert acceptance.window_s == pytest.approx(105.0)
+    assert "cold start" in evidence.reason and "560 drafts" in evidence.reason
+    # What needs no minimum count stays windowed: 200 - 100 ITL samples summing to 3.0 - 2.0 s in the 5 s
+    # window -> 10 ms steps (the lifetime mean would be 3.0 / 200 = 15 ms).
+    assert evidence.step_time_s == pytest.approx(1.0 / 100)
+    assert evidence.window_s == pytest.approx(5.0)
+
+
+def test_the_cold_start_ends_when_the_window_spans_window_s() -> None:
+    # Scrapes every 5 s after the cold one, 10 drafts each (per position 8, 5, 2).
+    snapshots = [make_snapshot()]
+    for _ in range(12):
+        snapshots.append(advance(snapshots[-1], dt_s=5.0, drafts=10, draft_tokens=30, accepted=15,
+                                 per_position=(8, 5, 2)))
+    # At 55 s the window holds 11 x 10 = 110 < 200 drafts and is younger than 60 s: lifetime counts,
+    # 540 + 110 = 650 drafts, OK.
+    at_55 = run(snapshots[:12])
+    assert at_55.acceptance is not None and at_55.acceptance.cold_start is True
+    assert at_55.acceptance.drafts == 650 and at_55.state is TargetState.OK
+    # At 60 s the window spans window_s and is judged on its own: 12 x 10 = 120 < 200 drafts -> insufficient.
+    at_60 = run(snapshots)
+    assert at_60.acceptance is not None and at_60.acceptance.cold_start is False
+    assert at_60.acceptance.drafts == 120
+    assert at_60.acceptance.per_position[0] == pytest.approx(8 / 10)  # 12 x 8 / 120
+    assert at_60.state is TargetState.INSUFFICIENT_DATA
+
+
+def test_a_thin_lifetime_is_still_insufficient_data_flagged_cold_start() -> None:
+    # A server restarted 10 s before the first scrape: 50 drafts lifetime, then 10 more 5 s later.
+    cold = make_snapshot(
+        taken_at_s=FIXTURE_CREATED_S + 10.0,
+        spec=make_spec(drafts=50, draft_tokens=150, accepted_tokens=90, per_position=(40, 30, 20)),
+    )
+    second = advance(cold, dt_s=5.0, drafts=10, draft_tokens=30, accepted=18, per_position=(8, 6, 4))
+    evidence = run([cold, second])
+    assert evidence.state is TargetState.INSUFFICIENT_DATA
+    assert evidence.acceptance is not None and evidence.acceptance.cold_start is True
+    # 50 + 10 = 60 lifetime drafts < 200, named with the 15 s since created_s.
+    assert "60 drafts in 15s, need 200" in evidence.reason
 
 
 def test_no_snapshot_is_stale() -> None:

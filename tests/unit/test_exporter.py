@@ -112,6 +112,34 @@ def test_recommendation_and_acceptance_families() -> None:
     assert value("specadvisor_build_info", {"version": "1.2.3"}) == 1.0
 
 
+def test_calibration_error_and_objective_come_from_the_decision() -> None:
+    board = Board([("llama", None)], started_at_s=NOW_S - 100)
+    decision = make_decision(objective="capacity", calibration_error_ratio=0.041)
+    board.publish("llama", evidence=make_evidence(), decision=decision, good_scrape_s=NOW_S - 10)
+    page = MetricsPage(board, clock=lambda: NOW_S, version="x")
+    samples = parse(page.render())
+    ids = (("model", MODEL), ("target", "llama"))
+    assert samples[("specadvisor_calibration_relative_error_ratio", ids)] == 0.041
+    assert samples[("specadvisor_objective_info", (ids[0], ("objective", "capacity"), ids[1]))] == 1.0
+
+    # The next decision held (insufficient data: no curve, so no objective) and has no calibration point yet:
+    # both series go away with the re-rendered page rather than keep the previous values.
+    held = make_decision(state=TargetState.INSUFFICIENT_DATA, objective="", calibration_error_ratio=None)
+    board.publish("llama", evidence=make_evidence(), decision=held, good_scrape_s=NOW_S)
+    names = {name for name, _ in parse(page.render())}
+    assert "specadvisor_calibration_relative_error_ratio" not in names
+    assert "specadvisor_objective_info" not in names
+
+
+def test_cost_model_series_wait_for_the_first_good_scrape() -> None:
+    board = Board([("llama", MODEL)], started_at_s=NOW_S)
+    early = make_decision(objective="latency", calibration_error_ratio=0.2)
+    board.publish("llama", evidence=make_evidence(), decision=early, good_scrape_s=None)
+    registry = build_registry(board, clock=lambda: NOW_S, version="x")
+    assert registry.get_sample_value("specadvisor_calibration_relative_error_ratio", IDS) is None
+    assert registry.get_sample_value("specadvisor_objective_info", {**IDS, "objective": "latency"}) is None
+
+
 def test_decision_state_is_one_hot() -> None:
     registry = build_registry(published_board(), clock=lambda: NOW_S, version="x")
     states = {s.value: registry.get_sample_value("specadvisor_decision_state", {**IDS, "state": s.value})

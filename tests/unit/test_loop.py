@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import replace
 
 import pytest
-from estimate_builders import FIXTURE_TAKEN_AT_S, advance, itl, make_snapshot
+from estimate_builders import FIXTURE_TAKEN_AT_S, advance, itl, make_snapshot, make_spec
 
 from policies.costmodel import ModelContext
 from policies.decide import DecideConfig
@@ -315,3 +315,97 @@ def test_decision_names_its_objective_and_the_calibration_error() -> None:
     # (8 ms). No scales explain both; the median error is about half their 13% spread.
     assert 0.03 < status.decision.calibration_error_ratio < 0.10
     assert "model calibration error" in status.decision.reason
+
+
+class RaisingGpu:
+    """A GPU source that breaks its never-raise contract (a bug, or a library error nobody caught)."""
+
+    def __init__(self, *errors: Exception) -> None:
+        self._errors = iter(errors)
+
+    async def read(self, now_s: float) -> GpuSnapshot:
+        raise next(self._errors)
+
+
+class FailingGpu:
+    """A GPU source that reports its failures, as the contract says (the DCGM source's timeout text)."""
+
+    async def read(self, now_s: float) -> GpuSnapshot:
+        return GpuSnapshot(taken_at_s=now_s, source="dcgm", error="timeout: http://dcgm:9400/metrics: 2.0 s")
+
+
+def test_a_gpu_source_that_raises_does_not_stop_the_loop(caplog: pytest.LogCaptureFixture) -> None:
+    gpu = RaisingGpu(AttributeError("no nvmlGpmSampleGet"), AttributeError("no nvmlGpmSampleGet"), OSError("lost"))
+    board = Board([("a", None)], started_at_s=T0)
+    loop = AdvisorLoop(
+        [TargetSpec(name="a", model=None, scraper=FakeScraper(FIRST, SECOND, SECOND), resolve_context=fixed_context)],
+        gpu=gpu, board=board, estimator_config=ESTIMATOR, decide_config=DECIDE, interval_s=INTERVAL_S,
+        timer=StepTimer(), gpu_source_name="nvml",
+    )
+    with caplog.at_level(logging.ERROR, logger="spec_advisor"):
+        for tick in range(3):
+            run(loop.run_once(T0 + tick * INTERVAL_S))
+
+    assert board.iterations == 3
+    status = board.get("a")
+    assert status is not None and status.evidence is not None and status.decision is not None
+    assert status.last_good_scrape_s == T0 + 2 * INTERVAL_S  # the targets were evaluated every tick
+    gpu_seen = status.evidence.gpu
+    assert gpu_seen is not None and gpu_seen.source == "nvml" and gpu_seen.taken_at_s == T0 + 2 * INTERVAL_S
+    assert gpu_seen.error == "unexpected: OSError: lost"
+    # Counted every time, by the configured source; logged once per distinct error (two distinct of three).
+    assert dict(board.gpu_errors) == {("nvml", "unexpected"): 3}
+    logged = [r for r in caplog.records if r.getMessage().startswith("GPU telemetry source raised")]
+    assert len(logged) == 2 and all(r.exc_info is not None for r in logged)
+
+
+def test_gpu_errors_reported_by_the_source_are_counted_by_reason() -> None:
+    board = Board([("a", None)], started_at_s=T0)
+    loop = AdvisorLoop(
+        [TargetSpec(name="a", model=None, scraper=FakeScraper(FIRST, SECOND), resolve_context=fixed_context)],
+        gpu=FailingGpu(), board=board, estimator_config=ESTIMATOR, decide_config=DECIDE, interval_s=INTERVAL_S,
+        timer=StepTimer(), gpu_source_name="dcgm",
+    )
+    run(loop.run_once(T0))
+    run(loop.run_once(T0 + INTERVAL_S))
+    assert dict(board.gpu_errors) == {("dcgm", "timeout"): 2}
+
+
+def test_the_loop_publishes_the_cost_model_it_used() -> None:
+    loop, board = make_loop(("a", FakeScraper(FIRST)))
+    run(loop.run_once(T0))
+    status = board.get("a")
+    assert status is not None
+    assert status.context == context()  # what /v1/schedule prices with, not a rebuild from the profile names
+    assert status.profiles["model"] == "llama-3.1-8b"
+
+
+def test_the_second_scrape_after_a_cold_start_keeps_the_recommendation_ok() -> None:
+    # FIRST holds 540 lifetime drafts (>= 200); 5 s later only 20 more: the window is not yet evidence of its own,
+    # so the acceptance stays on the lifetime counts instead of flapping to insufficient_data.
+    second = {"tiny": advance(make_snapshot(), dt_s=INTERVAL_S, drafts=20, draft_tokens=58, accepted=55,
+                              per_position=(20, 18, 17))}
+    loop, board = make_loop(("a", FakeScraper(FIRST, second)))
+    run(loop.run_once(T0))
+    run(loop.run_once(T0 + INTERVAL_S))
+    status = board.get("a")
+    assert status is not None and status.evidence is not None and status.decision is not None
+    assert status.evidence.state is TargetState.OK and status.decision.state is TargetState.OK
+    assert status.evidence.acceptance is not None and status.evidence.acceptance.cold_start is True
+    assert status.evidence.acceptance.drafts == 560  # 540 + 20, lifetime
+
+
+def test_a_held_decision_does_not_blame_the_model() -> None:
+    # 100 lifetime drafts (< 200) with an ITL histogram (50 samples of 10 ms): the calibration learns a point, the
+    # decision holds on insufficient data, and its reason is about the data only.
+    few = {"tiny": make_snapshot(spec=make_spec(drafts=100, draft_tokens=300, accepted_tokens=150,
+                                                per_position=(80, 50, 20)),
+                                 num_requests_running=2.0, inter_token_latency=itl(0.5, 50))}
+    loop, board = make_loop(("a", FakeScraper(few)))
+    run(loop.run_once(T0))
+    status = board.get("a")
+    assert status is not None and status.decision is not None
+    assert status.decision.state is TargetState.INSUFFICIENT_DATA
+    assert status.decision.calibration_error_ratio is not None  # the fit ran and is published
+    assert "calibration" not in status.decision.reason
+    assert "100 drafts" in status.decision.reason

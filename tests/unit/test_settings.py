@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from policies.types import DraftMethod
+from service.app import calibration_config, objective_config
 from service.settings import Settings, SettingsError, load_settings, target_name_for_url
 
 ONE_TARGET = [{"name": "a", "url": "http://127.0.0.1:8000"}]
@@ -35,6 +36,20 @@ def test_defaults_with_one_target() -> None:
     assert settings.targets[0].hardware == "auto"
     assert settings.targets[0].drafter.method is DraftMethod.NGRAM
     assert settings.gpu.telemetry == "nvml"
+
+
+def test_itl_slo_and_calibration_reach_the_policy_configs(monkeypatch: pytest.MonkeyPatch) -> None:
+    defaults = load_settings(overrides={"targets": ONE_TARGET})
+    assert defaults.decide.itl_slo_s is None  # no SLO: judged by throughput
+    assert objective_config(defaults).itl_slo_s is None
+    assert calibration_config(defaults).half_life_s == 900.0
+
+    monkeypatch.setenv("SPEC_ADVISOR_DECIDE__ITL_SLO_S", "0.05")
+    monkeypatch.setenv("SPEC_ADVISOR_CALIBRATION__HALF_LIFE_S", "300")
+    settings = load_settings(overrides={"targets": ONE_TARGET})
+    assert settings.decide.itl_slo_s == 0.05
+    assert objective_config(settings).itl_slo_s == 0.05
+    assert calibration_config(settings).half_life_s == 300.0
 
 
 def test_yaml_file_env_and_overrides_layer_in_that_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -101,6 +116,12 @@ def test_target_names_must_be_unique() -> None:
         ({"targets": ONE_TARGET, "gpu": {"dcgm_url": "ftp://dcgm:9400/metrics"}}, "gpu.dcgm_url"),
         ({"targets": ONE_TARGET, "gpu": {"dcgm_url": "http://dcgm:notaport/metrics"}}, "gpu.dcgm_url"),
         ({"targets": ONE_TARGET, "gpu": {"dcgm_label_match": {"pod": 3}}}, "gpu.dcgm_label_match.pod"),
+        ({"targets": ONE_TARGET, "decide": {"itl_slo_s": 0}}, "decide.itl_slo_s"),
+        ({"targets": ONE_TARGET, "decide": {"itl_slo_s": -0.05}}, "decide.itl_slo_s"),
+        ({"targets": ONE_TARGET, "decide": {"itl_slo_s": "inf"}}, "decide.itl_slo_s"),
+        ({"targets": ONE_TARGET, "decide": {"itl_slo_s": "nan"}}, "decide.itl_slo_s"),
+        ({"targets": ONE_TARGET, "calibration": {"half_life_s": 0}}, "calibration.half_life_s"),
+        ({"targets": ONE_TARGET, "calibration": {"half_life": 60}}, "calibration.half_life"),  # typo of half_life_s
     ],
 )
 def test_invalid_values_name_the_field(overrides: dict[str, object], field: str) -> None:
