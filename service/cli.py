@@ -1,5 +1,6 @@
 """`spec-advisor`: serve the sidecar, run the demo against the simulator, run the simulator alone, price a
-hypothetical workload (`whatif`), or print engine-native per-batch schedules (`schedule`).
+hypothetical workload (`whatif`), print engine-native per-batch schedules (`schedule`), or grade the advisor's
+decisions against an oracle and static policies in simulated time (`bench`).
 
 Exit codes: 0 normal end, 1 a sidecar or file could not be reached/written, 2 bad usage, invalid settings or
 invalid input (one clear message per problem, no traceback), 130 interrupted.
@@ -118,7 +119,25 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--seed", type=int, default=0)
     simulate.add_argument("--duration-s", type=_positive_float, help="stop by itself after this many seconds")
     _add_whatif_commands(commands)
+    _add_bench_command(commands)
     return parser
+
+
+def _add_bench_command(commands: Any) -> None:
+    bench = commands.add_parser(
+        "bench", help="decision-quality benchmark: the advisor vs an oracle and static policies (docs/bench.md)"
+    )
+    bench.add_argument(
+        "files", nargs="*", type=Path, metavar="FILE",
+        help="scenario YAML/JSON files (default: the packaged service/sim/scenarios/bench/*.yaml)",
+    )
+    bench.add_argument(
+        "--duration-s", type=_positive_float,
+        help="simulated seconds per run (default: each scenario's bench.duration_s)",
+    )
+    bench.add_argument("--out", type=Path, default=Path("bench-out"), metavar="DIR",
+                       help="where the table and the plots go (default ./bench-out)")
+    bench.add_argument("--no-plots", action="store_true", help="skip the per-scenario PNGs")
 
 
 def _add_whatif_commands(commands: Any) -> None:
@@ -188,6 +207,10 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _whatif(args)
         if args.command == "schedule":
             return _schedule(args)
+        if args.command == "bench":
+            from service.bench.command import run_bench  # noqa: PLC0415  (only `bench` needs the bench package)
+
+            return run_bench(args.files, duration_s=args.duration_s, out_dir=args.out, plots=not args.no_plots)
         return asyncio.run(_simulate(args))
     except InputError as exc:
         print(f"spec-advisor {args.command}: {exc}", file=sys.stderr)
@@ -224,10 +247,22 @@ async def _serve(sidecar: Sidecar, *, duration_s: float | None) -> int:
     return 0
 
 
+KEEP_ALIVE_S = 75
+
+
 async def _start_api(sidecar: Sidecar) -> tuple[uvicorn.Server, asyncio.Task[None], str | None]:
     settings = sidecar.settings
     config = uvicorn.Config(
-        sidecar.app, host=settings.host, port=settings.port, log_config=None, access_log=False, lifespan="on"
+        sidecar.app,
+        host=settings.host,
+        port=settings.port,
+        log_config=None,
+        access_log=False,
+        lifespan="on",
+        # Longer than the idle timeout of the clients and proxies in front of it (Prometheus, load balancers at
+        # 60 s): with uvicorn's 5 s default, a client reusing an idle connection races the server closing it and
+        # gets "server disconnected without a response" (seen under load in the real-vLLM test).
+        timeout_keep_alive=KEEP_ALIVE_S,
     )
     server = uvicorn.Server(config)
     task = asyncio.create_task(server.serve())

@@ -52,6 +52,7 @@ from service.sim.scenario import MAX_SPECULATIVE_TOKENS, Scenario
 
 # The physics functions were first defined here; callers import them from either module.
 __all__ = [
+    "Completion",
     "EngineUnavailableError",
     "LifetimeStats",
     "World",
@@ -83,6 +84,19 @@ class LifetimeStats:
     preemptions: int
 
 
+@dataclass(frozen=True, slots=True)
+class Completion:
+    """One finished request, as its client saw it (recorded only with `World(record_completions=True)`).
+
+    Times are the world's simulated seconds; `output_tokens` counts every token the request received.
+    """
+
+    arrival_s: float
+    first_token_s: float
+    done_s: float
+    output_tokens: int
+
+
 @dataclass(slots=True)
 class _Request:
     arrival_s: float
@@ -105,6 +119,7 @@ class _GroupPlan:
     kv_tokens_read: float  # cached tokens every step reads
     decode_ctx: float  # mean context of a decoding request
     prefill_ctx: float  # mean context a prefill token attends to
+    k: int  # draft tokens per decoding request in this group (0 when disabled by batch size)
 
     @property
     def end_s(self) -> float:
@@ -119,7 +134,23 @@ class _GroupPlan:
 class World:
     """A simulated vLLM engine and its clients, advanced lazily in simulated time."""
 
-    def __init__(self, scenario: Scenario, *, seed: int = 0, start_s: float) -> None:
+    def __init__(
+        self,
+        scenario: Scenario,
+        *,
+        seed: int = 0,
+        start_s: float,
+        disable_by_batch_size: int | None = None,
+        record_completions: bool = False,
+    ) -> None:
+        """`disable_by_batch_size`: like vLLM's old `speculative_disable_by_batch_size`, steps with at least this
+        many running requests run without drafts (an engine-native rule: no restart); None = never.
+        `record_completions`: keep every finished request for `drain_completions` (benchmarks; off by default so
+        a long-running demo does not grow a list)."""
+        if disable_by_batch_size is not None and disable_by_batch_size < 1:
+            raise ValueError(f"disable_by_batch_size must be >= 1, got {disable_by_batch_size}")
+        self._disable_by_batch_size = disable_by_batch_size
+        self._completions: list[Completion] | None = [] if record_completions else None
         self._scenario = scenario
         self._start_s = start_s
         self._now_s = start_s
@@ -195,6 +226,21 @@ class World:
     @property
     def kv_cache_usage_ratio(self) -> float:
         return self._kv_usage
+
+    @property
+    def mean_context_tokens(self) -> float:
+        """Mean context (prompt + generated tokens) of the running requests now; 0.0 when none run."""
+        if not self._running:
+            return 0.0
+        return sum(r.prompt_tokens + r.generated for r in self._running) / len(self._running)
+
+    def drain_completions(self) -> tuple[Completion, ...]:
+        """The requests finished since the last call (empty unless built with `record_completions=True`)."""
+        if not self._completions:
+            return ()
+        done = tuple(self._completions)
+        self._completions.clear()
+        return done
 
     @property
     def conditional_acceptance(self) -> tuple[float, ...]:
@@ -348,7 +394,10 @@ class World:
 
     def _plan_group(self, t0: float) -> _GroupPlan:
         self._schedule(t0)
-        s, k, rng = self._scenario, self._k, self._engine_rng
+        s, rng = self._scenario, self._engine_rng
+        k = self._k
+        if self._disable_by_batch_size is not None and len(self._running) >= self._disable_by_batch_size:
+            k = 0  # KV lookahead slots stay reserved for the configured k (as admitted in _schedule)
         decode_list: list[_Request] = []
         prefill_list: list[_Request] = []
         decode_kv = prefill_kv = prefill_full = pending = 0
@@ -400,12 +449,13 @@ class World:
             kv_tokens_read=kv_read,
             decode_ctx=decode_ctx,
             prefill_ctx=prefill_ctx,
+            k=k,
         )
 
     # -- executing a group ------------------------------------------------------------------------------------
 
     def _commit(self, plan: _GroupPlan) -> None:
-        s, k = self._scenario, self._k
+        s, k = self._scenario, plan.k
         n = len(plan.step_s)
         ends: list[float] = []
         t = plan.start_s
@@ -434,7 +484,7 @@ class World:
             else:
                 verifications += n
                 steady.append(r)
-        accepted = self._count_verifications(verifications, acceptance)
+        accepted = self._count_verifications(verifications, acceptance, k=k)
         emitted += self._emit_steady(steady, n, max(0, accepted - used_by_finishers))
         self._observe_steps(plan, finishing_at)
         emitted += self._run_prefill(plan, ends, finished)
@@ -447,16 +497,17 @@ class World:
             gone = {id(r) for r, _ in finished}
             self._running = [r for r in self._running if id(r) not in gone]
         self._last_steps = n
-        bs = s.engine.block_size
+        bs, reserved = s.engine.block_size, self._k
         held = sum(
-            (r.prompt_tokens + r.generated - r.prefill_left + (k if r.prefill_left == 0 else 0) + bs - 1) // bs
+            (r.prompt_tokens + r.generated - r.prefill_left + (reserved if r.prefill_left == 0 else 0) + bs - 1)
+            // bs
             for r in self._running
         )
         self._kv_usage = min(1.0, held / self._num_blocks)
 
-    def _count_verifications(self, verifications: int, acceptance: tuple[float, ...]) -> int:
+    def _count_verifications(self, verifications: int, acceptance: tuple[float, ...], *, k: int) -> int:
         """Draw the spec-decode counters for `verifications` request-verifications; return accepted drafts."""
-        k, m = self._k, self._metrics
+        m = self._metrics
         if k == 0 or verifications == 0:
             return 0
         draw = draw_verifications(
@@ -487,7 +538,7 @@ class World:
         s, m = self._scenario, self._metrics
         itl = m.histogram("vllm:inter_token_latency_seconds")
         iteration = m.histogram("vllm:iteration_tokens_total")
-        q = verified_tokens_per_request(s.drafter, self._k)
+        q = verified_tokens_per_request(s.drafter, plan.k)
         kv_bytes = s.model.kv_bytes_per_token
         active = len(plan.decode)
         for j, step_s in enumerate(plan.step_s):
@@ -551,3 +602,9 @@ class World:
         h("vllm:request_num_preemptions").observe(r.preemptions)
         h("vllm:request_prefill_kv_computed_tokens").observe(r.prompt_tokens)
         self._completed += 1
+        if self._completions is not None:
+            self._completions.append(
+                Completion(
+                    arrival_s=r.arrival_s, first_token_s=r.first_token_s, done_s=done_s, output_tokens=r.generated
+                )
+            )

@@ -1,0 +1,78 @@
+"""`spec-advisor bench`: load the scenario files (each error names file and field), run the suite with progress on
+stderr, print the table, write it and one plot per scenario under the output folder.
+
+Exit status: 0 all scenarios ran; 1 a scenario failed while running or an output could not be written; 2 a scenario
+file was invalid (the valid ones still run).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from collections.abc import Sequence
+from importlib import resources
+from pathlib import Path
+
+from service.bench.report import format_table
+from service.bench.spec import BenchScenario, load_bench_scenario
+from service.bench.suite import ScenarioResult, run_suite
+from service.logs import configure_logging
+from service.sim.scenario import ScenarioError
+
+EXIT_FAILED = 1
+EXIT_INVALID = 2
+
+
+def packaged_scenarios() -> list[Path]:
+    """The scenarios shipped in service/sim/scenarios/bench/, sorted by name."""
+    folder = resources.files("service.sim").joinpath("scenarios/bench")
+    return sorted(Path(str(entry)) for entry in folder.iterdir() if entry.name.endswith((".yaml", ".yml", ".json")))
+
+
+def _progress(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def run_bench(files: Sequence[Path], *, duration_s: float | None, out_dir: Path, plots: bool) -> int:
+    # The sidecar logs scrape failures while the simulated engine restarts: expected here, not news.
+    configure_logging(log_format="text", level="error")
+    paths = list(files) or packaged_scenarios()
+    benches: list[BenchScenario] = []
+    invalid: list[ScenarioResult] = []
+    for path in paths:
+        try:
+            benches.append(load_bench_scenario(path))
+        except ScenarioError as exc:
+            _progress(f"invalid scenario: {exc}")
+            invalid.append(ScenarioResult(name=path.stem, source=str(path), duration_s=0.0, itl_slo_s=None,
+                                          error=str(exc)))
+    results = [*invalid, *asyncio.run(run_suite(benches, duration_s=duration_s, progress=_progress))]
+    table = format_table(results)
+    print(table, flush=True)
+    status = EXIT_INVALID if invalid else EXIT_FAILED if any(r.error for r in results) else 0
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "bench.txt").write_text(table + "\n", encoding="utf-8")
+    except OSError as exc:
+        print(f"spec-advisor bench: cannot write {out_dir}: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    if plots:
+        status = max(status, _plots([r for r in results if r.error is None], out_dir))
+    return status
+
+
+def _plots(results: Sequence[ScenarioResult], out_dir: Path) -> int:
+    from service.bench.plot import PlotUnavailableError, plot_scenario  # noqa: PLC0415  (matplotlib is optional)
+
+    for result in results:
+        path = out_dir / f"{result.name}.png"
+        try:
+            plot_scenario(result, path)
+        except PlotUnavailableError as exc:
+            print(f"spec-advisor bench: {exc}", file=sys.stderr)
+            return EXIT_FAILED
+        except OSError as exc:
+            print(f"spec-advisor bench: cannot write {path}: {exc}", file=sys.stderr)
+            return EXIT_FAILED
+        _progress(f"plot: {path}")
+    return 0

@@ -1,0 +1,159 @@
+"""The real sidecar pipeline driven in simulated time: scrape (over an in-process HTTP transport that answers from
+the world) -> estimate -> model -> decide -> publish, by `AdvisorLoop.run_once(now)`; an actuator then applies the
+published recommendation to the world.
+
+The composition follows `service.app.build_sidecar` (same settings, board, config helpers, context resolver).
+`build_sidecar` creates its `AdvisorLoop` inside the FastAPI lifespan, whose `run_forever` sleeps in wall time, so
+the loop object is not reachable from the `Sidecar` it returns: this module builds the loop from the same parts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Mapping
+from types import TracebackType
+from typing import Any
+
+import httpx
+
+from service.app import (
+    _context_resolver,  # the sidecar's own resolver, so the benchmark resolves profiles exactly as production
+    build_sidecar,
+    calibration_config,
+    decide_config,
+    estimator_config,
+    gpu_source_name,
+    objective_config,
+)
+from service.loop import AdvisorLoop, TargetSpec
+from service.settings import Settings, load_settings
+from service.sim.world import EngineUnavailableError, World
+from service.sources.gpu import NoGpuSource
+from service.sources.vllm import VllmScraper
+
+TARGET = "sim"
+METRICS_URL = "http://sim.invalid/metrics"
+
+
+class SimClock:
+    """The simulated wall clock the sidecar reads (Unix-like seconds); the runner moves it."""
+
+    def __init__(self, start_s: float) -> None:
+        self.now_s = start_s
+
+    def __call__(self) -> float:
+        return self.now_s
+
+
+class WorldTransport(httpx.AsyncBaseTransport):
+    """Answers GET /metrics from the world's exposition, 503 while the engine restarts, 404 for anything else."""
+
+    def __init__(self, world: World) -> None:
+        self._world = world
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if request.method != "GET" or request.url.path != "/metrics":
+            return httpx.Response(404, text="not found\n")
+        try:
+            body = self._world.exposition()
+        except EngineUnavailableError as exc:
+            return httpx.Response(503, text=f"{exc}\n")
+        return httpx.Response(200, text=body, headers={"content-type": "text/plain; version=0.0.4; charset=utf-8"})
+
+
+def _merge(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in top.items():
+        old = merged.get(key)
+        merged[key] = _merge(old, value) if isinstance(old, Mapping) and isinstance(value, Mapping) else value
+    return merged
+
+
+def advisor_settings(
+    *,
+    model_name: str,
+    hardware: str,
+    model_profile: str,
+    drafter_method: str,
+    draft_model_profile: str | None = None,
+    interval_s: float,
+    itl_slo_s: float | None,
+    extra: Mapping[str, Any],
+) -> Settings:
+    """The sidecar's settings for one benchmark world; raises SettingsError (one line per bad field)."""
+    ours: dict[str, Any] = {
+        "targets": [
+            {
+                "name": TARGET,
+                "url": METRICS_URL,
+                "model": model_name,
+                "hardware": hardware,
+                "model_profile": model_profile,
+                "drafter": {"method": drafter_method, "draft_model_profile": draft_model_profile},
+            }
+        ],
+        "scrape_interval_s": interval_s,
+        "scrape_timeout_s": interval_s,
+        "gpu": {"telemetry": "none"},
+    }
+    if itl_slo_s is not None:
+        ours["decide"] = {"itl_slo_s": itl_slo_s}
+    # The scenario's extra settings first, ours on top: the benchmark owns the target, the tick and the SLO.
+    return load_settings(None, overrides=_merge(extra, ours))
+
+
+class AdvisorController:
+    """The advisor as a benchmark controller: one `run_once(now)` per tick, then the published k (0 = off)."""
+
+    def __init__(self, settings: Settings, *, world: World, clock: SimClock) -> None:
+        transport = WorldTransport(world)
+        # Validates the profiles (SettingsError) exactly as the sidecar does at start-up; its board is the one the
+        # loop publishes to.
+        self._clock = clock
+        self._sidecar = build_sidecar(settings, clock=clock, gpu_source=NoGpuSource(), transport=transport)
+        self._transport = transport
+        self._settings = settings
+        self._client: httpx.AsyncClient | None = None
+        self._loop: AdvisorLoop | None = None
+        self._stack = contextlib.AsyncExitStack()
+
+    async def __aenter__(self) -> AdvisorController:
+        s = self._settings
+        self._client = await self._stack.enter_async_context(httpx.AsyncClient(transport=self._transport))
+        [target] = s.targets
+        spec = TargetSpec(
+            name=target.name,
+            model=target.model,
+            scraper=VllmScraper(
+                self._client, target.metrics_url, timeout_s=s.scrape_timeout_s, max_body_bytes=s.max_body_bytes
+            ),
+            resolve_context=_context_resolver(target, fallback_hardware=s.fallback_hardware),
+        )
+        self._loop = AdvisorLoop(
+            [spec],
+            gpu=NoGpuSource(),
+            board=self._sidecar.board,
+            estimator_config=estimator_config(s),
+            decide_config=decide_config(s),
+            interval_s=s.scrape_interval_s,
+            calibration_config=calibration_config(s),
+            objective_config=objective_config(s),
+            gpu_source_name=gpu_source_name(s.gpu),
+        )
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self._stack.aclose()
+
+    async def choose(self, world: World, now_s: float) -> int:
+        if self._loop is None:
+            raise RuntimeError("AdvisorController is used outside `async with`")
+        self._clock.now_s = now_s  # what the sidecar's board and exporter read as "now"
+        await self._loop.run_once(now_s)
+        status = self._sidecar.board.get(TARGET)
+        decision = status.decision if status is not None else None
+        if decision is None:
+            return world.num_speculative_tokens  # nothing published yet: leave the engine as it is
+        return decision.num_speculative_tokens if decision.enabled else 0

@@ -1,0 +1,137 @@
+"""A benchmark scenario: a simulator scenario file plus an optional `bench:` section saying how to run and grade it.
+
+The `bench:` section is read here and removed before the rest goes to `service.sim.scenario` (which forbids unknown
+keys), so plain simulator scenarios run in the benchmark unchanged, with the defaults below.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from service.sim.scenario import MAX_SPECULATIVE_TOKENS, Scenario, ScenarioError, scenario_from_mapping
+
+DEFAULT_DURATION_S = 1200.0
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class AdvisorSection(_Section):
+    """How the advisor is configured for this world: its profiles (the advisor's own guesses about the simulated
+    hardware and model; the world's truth stays in the scenario) and any other sidecar settings."""
+
+    hardware: str = Field(default="h100-sxm", description="Advisor hardware profile (catalog name).")
+    model_profile: str = Field(default="llama-3.1-8b", description="Advisor model profile (catalog name).")
+    drafter_method: str | None = Field(default=None, description="Advisor drafter method; None = the world's.")
+    draft_model_profile: str | None = Field(
+        default=None, description="Catalog name of the draft model (drafter method draft_model only)."
+    )
+    settings: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Extra sidecar settings (as in the settings file, e.g. {decide: {dwell_s: 60}}); targets, "
+        "gpu, scrape interval and the ITL SLO are set by the benchmark.",
+    )
+
+
+class BenchSection(_Section):
+    """How long to run, how often to decide, what the grid searches try, and the optional ITL SLO."""
+
+    duration_s: float = Field(default=DEFAULT_DURATION_S, gt=0, le=7 * 24 * 3600)
+    decision_interval_s: float = Field(
+        default=5.0, gt=0, le=600, description="Tick of the advisor (its scrape interval), the oracle and baselines."
+    )
+    itl_slo_s: float | None = Field(
+        default=None, gt=0, le=60, description="Per-request mean inter-token latency SLO; also given to the advisor."
+    )
+    gamma_max: int | None = Field(
+        default=None, ge=1, le=MAX_SPECULATIVE_TOKENS, description="Largest gamma of the grids and the oracle; "
+        "None = max(the scenario's k, 5).",
+    )
+    batch_thresholds: tuple[int, ...] | None = Field(
+        default=None, min_length=1, description="disable_by_batch_size values tried; None = powers of 2 up to "
+        "max_num_seqs.",
+    )
+    seed: int = Field(default=0, description="World seed, the same for every policy.")
+    advisor: AdvisorSection = Field(default_factory=AdvisorSection)
+
+    @model_validator(mode="after")
+    def _check(self) -> BenchSection:
+        if self.decision_interval_s * 2 > self.duration_s:
+            raise ValueError("duration_s must span at least two decision intervals")
+        if self.batch_thresholds is not None and any(b < 1 for b in self.batch_thresholds):
+            raise ValueError("batch_thresholds must all be >= 1")
+        return self
+
+
+@dataclass(frozen=True, slots=True)
+class BenchScenario:
+    """One scenario to benchmark: its name (the file's stem), the world's truth, and the bench section."""
+
+    name: str
+    source: str
+    scenario: Scenario
+    bench: BenchSection
+
+    @property
+    def gamma_max(self) -> int:
+        return self.bench.gamma_max or max(self.scenario.drafter.num_speculative_tokens, 5)
+
+    @property
+    def drafter_k(self) -> int:
+        """The k the scenario's drafter is deployed with (always-on runs it); at least 1."""
+        return max(1, self.scenario.drafter.num_speculative_tokens)
+
+    @property
+    def batch_thresholds(self) -> tuple[int, ...]:
+        if self.bench.batch_thresholds is not None:
+            return self.bench.batch_thresholds
+        top = self.scenario.engine.max_num_seqs
+        grid, b = [], 4
+        while b < top:
+            grid.append(b)
+            b *= 2
+        return tuple(grid) or (top,)
+
+
+def _describe(error: ValidationError) -> str:
+    parts = []
+    for item in error.errors():
+        where = ".".join(str(p) for p in item["loc"])
+        parts.append(f"bench.{where}: {item['msg']}" if where else f"bench: {item['msg']}")
+    return "; ".join(parts)
+
+
+def bench_scenario_from_mapping(data: Any, *, source: str) -> BenchScenario:
+    """Validate parsed data (a mapping with an optional `bench` key); raise ScenarioError naming file and field."""
+    if not isinstance(data, Mapping):
+        raise ScenarioError(f"{source}: a scenario must be a mapping at the top level, got {type(data).__name__}")
+    rest = dict(data)
+    raw_bench = rest.pop("bench", None)
+    scenario = scenario_from_mapping(rest, source=source)
+    try:
+        bench = BenchSection.model_validate(raw_bench or {})
+    except ValidationError as exc:
+        raise ScenarioError(f"{source}: invalid bench section: {_describe(exc)}") from exc
+    return BenchScenario(name=Path(source).stem, source=source, scenario=scenario, bench=bench)
+
+
+def load_bench_scenario(path: str | Path) -> BenchScenario:
+    """Read a benchmark scenario from YAML or JSON (by suffix); raise ScenarioError naming the file and field."""
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ScenarioError(f"{source}: cannot read scenario: {exc}") from exc
+    try:
+        data = json.loads(text) if source.endswith(".json") else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise ScenarioError(f"{source}: not valid {'JSON' if source.endswith('.json') else 'YAML'}: {exc}") from exc
+    return bench_scenario_from_mapping(data, source=source)

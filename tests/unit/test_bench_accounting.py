@@ -1,0 +1,118 @@
+"""Benchmark accounting, scenario-file validation and the world hooks the benchmark adds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from service.bench.accounting import nearest_rank, request_itl_s, summarize
+from service.bench.spec import load_bench_scenario
+from service.sim.scenario import ScenarioError, default_scenario
+from service.sim.world import Completion, World
+
+SCENARIOS = Path(__file__).resolve().parents[2] / "service" / "sim" / "scenarios"
+
+
+def test_summarize_counts_tokens_and_token_weighted_itl() -> None:
+    done = [
+        # 11 tokens over 1.0 s after the first: ITL 0.1 s
+        Completion(arrival_s=0.0, first_token_s=1.0, done_s=2.0, output_tokens=11),
+        # 5 tokens over 0.2 s: ITL 0.05 s
+        Completion(arrival_s=0.0, first_token_s=1.0, done_s=1.2, output_tokens=5),
+        # one token: no inter-token gap, counts for goodput only
+        Completion(arrival_s=0.0, first_token_s=1.0, done_s=1.0, output_tokens=1),
+    ]
+    m = summarize(done, duration_s=4.0, itl_slo_s=0.06)
+    # (11 + 5 + 1) tokens / 4 s = 4.25 tokens/s
+    assert m.goodput_tokens_per_s == pytest.approx(4.25)
+    # token-weighted: (1.0 + 0.2) s / (10 + 4) gaps
+    assert m.mean_itl_s == pytest.approx(1.2 / 14)
+    # per-request ITLs 0.1 and 0.05: the 99th percentile (nearest rank) is the larger
+    assert m.p99_itl_s == pytest.approx(0.1)
+    # meeting 60 ms: the 5-token and the 1-token request, (5 + 1) / 4 s
+    assert m.slo_goodput_tokens_per_s == pytest.approx(1.5)
+    assert m.completed_requests == 3
+
+
+def test_no_slo_means_no_slo_goodput_and_one_token_requests_have_no_itl() -> None:
+    one = Completion(arrival_s=0.0, first_token_s=1.0, done_s=1.0, output_tokens=1)
+    assert request_itl_s(one) is None
+    m = summarize([one], duration_s=1.0, itl_slo_s=None)
+    assert m.slo_goodput_tokens_per_s is None
+    assert m.mean_itl_s is None and m.p99_itl_s is None
+
+
+def test_nearest_rank() -> None:
+    values = [float(v) for v in range(1, 101)]  # 1..100
+    assert nearest_rank(values, 0.99) == 99.0  # ceil(0.99 x 100) = 99th smallest
+    assert nearest_rank([3.0], 0.99) == 3.0
+
+
+def _write(tmp_path: Path, data: object, name: str = "s.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    return path
+
+
+def _bench_data() -> dict[str, object]:
+    data = yaml.safe_load((SCENARIOS / "bench" / "low-load.yaml").read_text(encoding="utf-8"))
+    assert isinstance(data, dict)
+    return data
+
+
+def test_bench_section_errors_name_file_and_field(tmp_path: Path) -> None:
+    data = _bench_data()
+    data["bench"] = {"duration_s": -5, "gamma_max": 2}
+    path = _write(tmp_path, data)
+    with pytest.raises(ScenarioError) as info:
+        load_bench_scenario(path)
+    assert str(path) in str(info.value)
+    assert "bench.duration_s" in str(info.value)
+
+
+def test_world_errors_still_name_their_field(tmp_path: Path) -> None:
+    data = _bench_data()
+    engine = data["engine"]
+    assert isinstance(engine, dict)
+    del engine["max_num_seqs"]
+    path = _write(tmp_path, data)
+    with pytest.raises(ScenarioError, match=r"engine\.max_num_seqs"):
+        load_bench_scenario(path)
+
+
+def test_plain_simulator_scenarios_load_with_bench_defaults() -> None:
+    bench = load_bench_scenario(SCENARIOS / "demo.yaml")
+    assert bench.name == "demo"
+    assert bench.bench.itl_slo_s is None
+    # demo deploys k=3; the grid goes to max(k, 5)
+    assert bench.gamma_max == 5
+    # powers of two from 4 below max_num_seqs 256
+    assert bench.batch_thresholds == (4, 8, 16, 32, 64, 128)
+
+
+def test_world_records_completions_only_when_asked() -> None:
+    scenario = default_scenario()
+    quiet = World(scenario, seed=3, start_s=0.0)
+    quiet.advance_to(60.0)
+    assert quiet.drain_completions() == ()
+    recording = World(scenario, seed=3, start_s=0.0, record_completions=True)
+    recording.advance_to(60.0)
+    done = recording.drain_completions()
+    assert len(done) == recording.lifetime.completed_requests > 0
+    assert all(c.arrival_s <= c.first_token_s <= c.done_s <= 60.0 for c in done)
+    assert recording.drain_completions() == ()  # drained
+
+
+def test_disable_by_batch_size_runs_no_drafts_at_or_above_the_threshold() -> None:
+    scenario = default_scenario()  # deploys k=3
+    world = World(scenario, seed=3, start_s=0.0, disable_by_batch_size=1)
+    world.advance_to(60.0)
+    page = world.exposition()
+    # every step has at least one running request, so every step ran without drafts: no drafts counted
+    drafts = [line for line in page.splitlines() if line.startswith("vllm:spec_decode_num_drafts_total{")]
+    assert drafts and all(float(line.rsplit(" ", 1)[1]) == 0.0 for line in drafts)
+    assert world.lifetime.completed_requests > 0
+    with pytest.raises(ValueError, match="disable_by_batch_size"):
+        World(scenario, start_s=0.0, disable_by_batch_size=0)
