@@ -8,7 +8,9 @@ to tick as a long-running sidecar carries them. Every tick is 5 s after the prev
 grow (as `tests/integration/sidecar_http.CaptureServer` grows them), so each window holds fresh drafts and a fresh
 step time, and the calibration keeps its full history of points (`CalibrationConfig.max_points`). The ticks that
 fill that history run untimed first (the warm-up), so the figures are the steady state. calibrate's share is
-`policies.calibrate.update` timed alone on the same inputs. Then the whole iteration on pages made 2x, 4x and 8x
+`policies.calibrate.update` timed alone on the same inputs; in the steady state every tick brings a new window
+(the newest point replaced), so each one warm-starts and runs a capped handful of LM steps, usually one or two
+(a tick without a new point skips the refit altogether). Then the whole iteration on pages made 2x, 4x and 8x
 larger by replicating the engine series (what a data-parallel server does to the page).
 """
 

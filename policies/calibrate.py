@@ -5,11 +5,12 @@ The server tells us, every window, its mean step time T_obs at the operating poi
 passes, context ctx and prefill tokens per step P. Each window becomes one `StepObservation`; the fitter state
 (`CalibrationState`) carries the recent ones across loop iterations, per target, like `DecideState`.
 
-What is fitted: four multipliers of policies/roofline.py's `CostScales`, in log space x = log(scale):
+What is fitted: five multipliers of policies/roofline.py's `CostScales`, in log space x = log(scale):
     memory       1 / (effective bandwidth error)    T's memory term      M(B, q, ctx, P) x memory
     compute      1 / (effective FLOP/s error)       T's compute term     C(B, q, ctx, P) x compute
     overhead     fixed host costs                   step, speculative-step and draft-launch fixed terms
     per_request  per-running-request host costs     plain + speculative bookkeeping + n-gram lookups (x B)
+    draft        the drafter's own cost             draft launches and its passes' roofline
   T(x; point) = StepComponents(point).total_s(exp(x))      (roofline stays 1: it is memory/compute together)
 
 Objective (a damped, bounded, robust least squares; Levenberg-Marquardt on the normal equations):
@@ -23,7 +24,17 @@ Objective (a damped, bounded, robust least squares; Levenberg-Marquardt on the n
             point; directions the data cannot tell apart (e.g. fixed overhead vs weight streaming when every
             point is memory-bound at one batch) stay at the prior instead of wandering
     bound = |x_j| <= log(`max_scale`) (default 8x either way)
-Iterations start from the previous fit (warm start), so the estimate moves smoothly between ticks.
+Incremental, as an online estimator: each tick starts from the previous tick's scales and damping (warm start)
+and runs at most `iterations` LM steps, so a fit that needs more converges across ticks; a tick that added no
+point to a converged fit refits nothing (the data did not change; only every weight decayed by the same factor,
+which moves the optimum by less than the fit's own tolerance). A fit with no previous one (a fresh state) runs up
+to `cold_iterations`. Converged means the last accepted step moved no log-scale by more than `step_tolerance`
+(1e-3: a 0.1% scale change, far below the 5% step noise), or the next step is predicted to gain less than
+`objective_tolerance`. Scales held at a bound by the data are frozen there
+for the step (an active set), so a profile off by more than `max_scale` converges at the bound instead of
+bouncing off it. The Jacobian is analytic: with s = smooth_max(a, b) = (a^p + b^p)^(1/p),
+    d s / d log a = s a^p / (a^p + b^p)       (and likewise for b),
+so one pass over the points prices log T and all five derivatives.
 
 Hardware activity as extra evidence (when present). vLLM's `estimated_read_bytes_per_gpu` / `estimated_flops_
 per_gpu` counters say how much work was done per second; DCGM's DRAM / tensor activity ratios say what fraction
@@ -43,6 +54,7 @@ against observed 10.0, 20.0, 30.0 ms -> errors 0.02, 0.05, 0.05 -> calibration e
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
@@ -53,7 +65,9 @@ from policies.types import Evidence, TargetState
 _PARAMS = ("memory", "compute", "overhead", "per_request", "draft")
 _ACCEPTED_STATES = frozenset({TargetState.OK, TargetState.INSUFFICIENT_DATA})
 _MIN_ACTIVITY_RATIO = 0.05
-_FD_STEP = 1e-4
+_INITIAL_DAMPING = 1e-3
+_MIN_DAMPING = 1e-6
+_MAX_DAMPING = 1e12  # a step this damped moves nothing: no descent direction is left
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +80,11 @@ class CalibrationConfig:
     `prior_sigma`: per scale (memory, compute, overhead, per_request); 0.35 = a 1.4x error is one sd, generous
     for datasheet peaks x 80-90% efficiencies; host overheads vary more between engine versions and CPUs (0.7,
     1.0). `max_scale`: bound on each scale either way. `step_noise`, `huber_delta`, `telemetry_sigma`: module
-    docstring. `iterations`: LM iterations per tick. `error_points`: recent points in the reported error.
+    docstring. `iterations`: LM iterations per tick once warm (3-4 suffice: one new point moves the optimum a
+    little); `cold_iterations`: for a fit with no previous one; `step_tolerance`: converged when an accepted
+    step moves no log-scale by more than this; `objective_tolerance`: converged when the next step is predicted
+    to lower the objective by no more than this (1e-5: a change of 2e-5 in chi-square, statistically nothing).
+    `error_points`: recent points in the reported error.
     """
 
     half_life_s: float = 900.0
@@ -78,7 +96,10 @@ class CalibrationConfig:
     step_noise: float = 0.05
     huber_delta: float = 1.5
     telemetry_sigma: float = 0.15
-    iterations: int = 15
+    iterations: int = 4
+    cold_iterations: int = 30
+    step_tolerance: float = 1e-3
+    objective_tolerance: float = 1e-5
     error_points: int = 16
 
     def __post_init__(self) -> None:
@@ -88,8 +109,10 @@ class CalibrationConfig:
             raise ValueError("prior_sigma needs 5 positive values (memory compute overhead per_request draft)")
         if not (self.max_scale > 1 and self.step_noise > 0 and self.huber_delta > 0 and self.telemetry_sigma > 0):
             raise ValueError("max_scale must be > 1; step_noise, huber_delta, telemetry_sigma > 0")
-        if self.iterations < 1 or self.error_points < 1:
-            raise ValueError("iterations and error_points must be >= 1")
+        if self.iterations < 1 or self.cold_iterations < 1 or self.error_points < 1:
+            raise ValueError("iterations, cold_iterations and error_points must be >= 1")
+        if not (self.step_tolerance > 0 and self.objective_tolerance > 0):
+            raise ValueError("step_tolerance and objective_tolerance must be > 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -117,16 +140,23 @@ class _TermsCache:
     ctx: ModelContext
     points: tuple[StepObservation, ...]
     terms: tuple[_Terms, ...]
+    log_observed: tuple[float, ...]
+    # Every point priced at the fitted log-scales (log T and its Jacobian row): the next tick starts there.
+    priced: _Evaluation | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class CalibrationState:
-    """What the fitter carries between ticks: recent observations (oldest first) and the last fitted scales.
-    (`cache` is derived from the points, a speed-up only; it takes no part in equality.)"""
+    """What the fitter carries between ticks: recent observations (oldest first), the last fitted scales, the LM
+    damping it ended with (the next tick's warm start), and whether that fit converged. (`cache` is derived from
+    the points and `last_fit` from the fit, speed-ups only; neither takes part in equality.)"""
 
     points: tuple[StepObservation, ...] = ()
     scales: CostScales = field(default_factory=CostScales)
+    damping: float = _INITIAL_DAMPING
+    converged: bool = False
     cache: _TermsCache | None = field(default=None, compare=False, repr=False)
+    last_fit: CalibrationFit | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,13 +252,13 @@ def _components(ctx: ModelContext, point: StepObservation) -> StepComponents:
 
 
 # ------------------------------------------------------------------------------------------------------------
-# The fitter's inner loops. They price a step as `StepComponents.total_s` does, operation for operation in the
-# same order (so every float is the same), over flat tuples and plain floats: the fit prices each point about
-# a hundred times per tick, and attribute lookups, CostScales objects and calls dominated its cost.
+# The fitter's inner loops, over flat tuples and plain floats: attribute lookups, CostScales objects and calls
+# dominated the cost of a fit that prices every point several times per tick.
 # ------------------------------------------------------------------------------------------------------------
 
 # (fixed, per_request, memory, compute, allreduce, prefill, draft_fixed, draft_memory, draft_compute, passes)
 _Terms = tuple[float, float, float, float, float, float, float, float, float, float]
+_Scales5 = tuple[float, float, float, float, float]  # (memory, compute, overhead, per_request, draft)
 _INV_P = 1.0 / SMOOTH_MAX_P
 
 
@@ -239,51 +269,62 @@ def _terms(comp: StepComponents) -> _Terms:
     )
 
 
-def _smooth_max(a: float, b: float) -> float:
-    # roofline.smooth_max at p = SMOOTH_MAX_P, step for step (`max` keeps `a` unless `b` is larger).
-    top = b if b > a else a
-    if top <= 0:
-        return 0.0
-    return top * math.pow(math.pow(a / top, SMOOTH_MAX_P) + math.pow(b / top, SMOOTH_MAX_P), _INV_P)
-
-
-_Scales5 = tuple[float, float, float, float, float]  # (memory, compute, overhead, per_request, draft)
-
-
-def _total(t: _Terms, scales: _Scales5) -> float:
-    """StepComponents.total_s at `scales` and roofline 1 (x 1.0 is exact, so it is left out)."""
+def _price(t: _Terms, scales: _Scales5) -> tuple[float, _Scales5]:
+    """log T at `scales` (StepComponents.total_s with roofline 1, up to rounding) and d log T / d log scale_j for
+    the five scales (the point's Jacobian row). Each term is linear in the scales it carries; a smooth_max
+    s = (a^p + b^p)^(1/p) splits by shares: d s / d log a = s a^p / (a^p + b^p), and b takes the rest. (The two
+    smooth_max are written out: this runs for every point several times per tick.)"""
     ms, cs, ov, pr, dr = scales
     fixed, per_request, memory, compute, allreduce, prefill, draft_fixed, draft_memory, draft_compute, passes = t
-    overhead = ov * (fixed + pr * per_request)
-    target = _smooth_max(ms * memory, cs * compute) + cs * prefill + allreduce
-    draft = passes * _smooth_max(ms * draft_memory, cs * draft_compute)
-    return overhead + dr * ov * draft_fixed + (target + dr * draft)
-
-
-def _shifted_logs(t: _Terms, base: _Scales5, shifted: _Scales5) -> _Scales5:
-    """log T with each scale in turn replaced by its shifted value (the finite-difference Jacobian's points);
-    the parts a scale does not enter are computed once and reused, which leaves every sum unchanged."""
-    fixed, per_request, memory, compute, allreduce, prefill, draft_fixed, draft_memory, draft_compute, passes = t
-    ms, cs, ov, pr, dr = base
-    ms2, cs2, ov2, pr2, dr2 = shifted
-    inner = fixed + pr * per_request
-    overhead = ov * inner
-    compute_s = cs * compute
-    prefill_s = cs * prefill
-    target = _smooth_max(ms * memory, compute_s) + prefill_s + allreduce
-    draft = passes * _smooth_max(ms * draft_memory, cs * draft_compute)
+    pw, inv_p = SMOOTH_MAX_P, _INV_P
+    a, b = ms * memory, cs * compute
+    top = b if b > a else a
+    if top > 0:
+        ra = math.pow(a / top, pw)
+        share = ra + math.pow(b / top, pw)
+        target, target_memory_share = top * math.pow(share, inv_p), ra / share
+    else:
+        target = target_memory_share = 0.0
+    a, b = ms * draft_memory, cs * draft_compute
+    top = b if b > a else a
+    if top > 0 and passes > 0:
+        ra = math.pow(a / top, pw)
+        share = ra + math.pow(b / top, pw)
+        draft, draft_memory_share = dr * passes * top * math.pow(share, inv_p), ra / share
+    else:
+        draft = draft_memory_share = 0.0
+    requests = ov * pr * per_request
+    overhead = ov * fixed + requests
     launches = dr * ov * draft_fixed
-    rest = target + dr * draft
-    log = math.log
-    return (
-        log(overhead + launches + ((_smooth_max(ms2 * memory, compute_s) + prefill_s + allreduce)
-                                   + dr * (passes * _smooth_max(ms2 * draft_memory, cs * draft_compute)))),
-        log(overhead + launches + ((_smooth_max(ms * memory, cs2 * compute) + cs2 * prefill + allreduce)
-                                   + dr * (passes * _smooth_max(ms * draft_memory, cs2 * draft_compute)))),
-        log(ov2 * inner + dr * ov2 * draft_fixed + rest),
-        log(ov * (fixed + pr2 * per_request) + launches + rest),
-        log(overhead + dr2 * ov * draft_fixed + (target + dr2 * draft)),
+    prefill_s = cs * prefill
+    total = overhead + launches + target + prefill_s + allreduce + draft
+    inv = 1.0 / total
+    return math.log(total), (
+        (target * target_memory_share + draft * draft_memory_share) * inv,
+        (target * (1.0 - target_memory_share) + prefill_s + draft * (1.0 - draft_memory_share)) * inv,
+        (overhead + launches) * inv,
+        requests * inv,
+        (launches + draft) * inv,
     )
+
+
+def _exp5(x: Sequence[float]) -> _Scales5:
+    return math.exp(x[0]), math.exp(x[1]), math.exp(x[2]), math.exp(x[3]), math.exp(x[4])
+
+
+@dataclass(frozen=True, slots=True)
+class _Evaluation:
+    """Every point priced at one x: log T and its Jacobian row, in point order."""
+
+    x: tuple[float, ...]
+    logs: tuple[float, ...]
+    slopes: tuple[_Scales5, ...]
+
+
+def _evaluate(terms: Sequence[_Terms], x: Sequence[float]) -> _Evaluation:
+    scales = _exp5(x)
+    priced = [_price(t, scales) for t in terms]
+    return _Evaluation(x=tuple(x), logs=tuple(p[0] for p in priced), slopes=tuple(p[1] for p in priced))
 
 
 def _solve(matrix: list[list[float]], vector: list[float]) -> list[float]:
@@ -314,69 +355,43 @@ class _Problem:
     telemetry: tuple[tuple[int, float, float], ...]
 
 
-def _exp5(x: Sequence[float]) -> _Scales5:
-    return math.exp(x[0]), math.exp(x[1]), math.exp(x[2]), math.exp(x[3]), math.exp(x[4])
-
-
-def _objective(problem: _Problem, x: Sequence[float], config: CalibrationConfig) -> tuple[float, list[float]]:
-    """The objective at x, and log T of every point there (what the next step's residuals start from)."""
-    scales = _exp5(x)
+def _objective(problem: _Problem, at: _Evaluation, config: CalibrationConfig) -> float:
+    """The objective at `at.x`, from the points' log T there."""
+    x = at.x
     total = 0.0
-    logs: list[float] = []
     noise, delta = config.step_noise, config.huber_delta
-    for t, log_obs, weight in zip(problem.terms, problem.log_observed, problem.weights, strict=True):
-        log_t = math.log(_total(t, scales))
-        logs.append(log_t)
-        u = (log_t - log_obs) / noise
-        total += weight * _huber(u, delta)
+    flat = 0.5 * delta * delta
+    for log_t, log_obs, weight in zip(at.logs, problem.log_observed, problem.weights, strict=True):
+        u = abs(log_t - log_obs) / noise
+        total += weight * (0.5 * u * u if u <= delta else delta * u - flat)  # Huber
     for index, log_obs, weight in problem.telemetry:
         total += weight * 0.5 * ((x[index] - log_obs) / config.telemetry_sigma) ** 2
-    return total + sum(0.5 * (xj / sj) ** 2 for xj, sj in zip(x, config.prior_sigma, strict=True)), logs
-
-
-def _huber(u: float, delta: float) -> float:
-    a = abs(u)
-    return 0.5 * u * u if a <= delta else delta * (a - 0.5 * delta)
+    return total + sum(0.5 * (xj / sj) ** 2 for xj, sj in zip(x, config.prior_sigma, strict=True))
 
 
 def _normal_equations(
-    problem: _Problem, x: list[float], logs: Sequence[float], config: CalibrationConfig
+    problem: _Problem, at: _Evaluation, config: CalibrationConfig
 ) -> tuple[list[list[float]], list[float]]:
-    """The undamped Gauss-Newton system at x with Huber IRLS weights (`logs`: log T per point at x). It depends
-    on x only, so a rejected step (same x, more damping) reuses it."""
+    """The undamped Gauss-Newton system at `at.x` with Huber IRLS weights. It depends on x only, so a rejected
+    step (same x, more damping) reuses it."""
+    x = at.x
     n = len(x)
-    base = _exp5(x)
-    shifted_x = [xj + _FD_STEP for xj in x]
-    shifted = _exp5(shifted_x)
     noise, delta = config.step_noise, config.huber_delta
-    noise2 = noise**2
-    # Per point, in point order: the weighted Jacobian rows and the residual.
-    weighted: list[list[float]] = [[] for _ in range(n)]
-    columns: list[list[float]] = [[] for _ in range(n)]
-    residuals: list[float] = []
-    for t, log_t, log_obs, weight in zip(problem.terms, logs, problem.log_observed, problem.weights, strict=True):
-        u = (log_t - log_obs) / noise
-        irls = 1.0 if abs(u) <= delta else delta / abs(u)
-        w = weight * irls / noise2
-        for j, log_shifted in enumerate(_shifted_logs(t, base, shifted)):
-            jac = (log_shifted - log_t) / _FD_STEP
-            columns[j].append(jac)
-            weighted[j].append(w * jac)
-        residuals.append(log_t - log_obs)
-    # Each sum runs over the points in order from 0.0, as accumulating point by point would.
-    gradient = [0.0] * n
+    cutoff = delta * noise  # |log residual| beyond which Huber's weight falls off as cutoff / |r|
+    inv_noise2 = 1.0 / noise**2
+    residuals = [log_t - log_obs for log_t, log_obs in zip(at.logs, problem.log_observed, strict=True)]
+    point_weights = [
+        weight * inv_noise2 * (1.0 if abs(r) <= cutoff else cutoff / abs(r))
+        for r, weight in zip(residuals, problem.weights, strict=True)
+    ]
+    # Column j holds every point's d log T / d log scale_j; the sums over points run in C (map, sum).
+    columns = list(zip(*at.slopes, strict=True))
+    weighted = [list(map(operator.mul, point_weights, column)) for column in columns]
+    gradient = [sum(map(operator.mul, weighted[a], residuals)) for a in range(n)]
     normal = [[0.0] * n for _ in range(n)]
     for a in range(n):
-        acc = 0.0
-        for wa, r in zip(weighted[a], residuals, strict=True):
-            acc += wa * r
-        gradient[a] = acc
-        row = normal[a]
-        for b in range(n):
-            acc = 0.0
-            for wa, jb in zip(weighted[a], columns[b], strict=True):
-                acc += wa * jb
-            row[b] = acc
+        for b in range(a, n):
+            normal[a][b] = normal[b][a] = sum(map(operator.mul, weighted[a], columns[b]))
     for index, log_obs, weight in problem.telemetry:
         precision = weight / config.telemetry_sigma**2
         normal[index][index] += precision
@@ -388,43 +403,116 @@ def _normal_equations(
 
 
 def _damped_step(
-    system: tuple[list[list[float]], list[float]], x: list[float], damping: float, config: CalibrationConfig
+    system: tuple[list[list[float]], list[float]], x: Sequence[float], damping: float, config: CalibrationConfig
 ) -> list[float]:
-    """One damped Gauss-Newton step from x; returns the proposed new x (bounded)."""
+    """One damped Gauss-Newton step from x; returns the proposed new x (bounded). A scale at its bound whose
+    gradient pushes it further out is held there (its row and column leave the system), so the others still get
+    a full step instead of one spoiled by clipping."""
     normal, gradient = system
-    damped = [list(row) for row in normal]
-    for j in range(len(x)):
-        damped[j][j] *= 1.0 + damping
-    delta = _solve(damped, [-g for g in gradient])
     bound = math.log(config.max_scale)
+    n = len(x)
+    held = [(x[j] >= bound and gradient[j] < 0) or (x[j] <= -bound and gradient[j] > 0) for j in range(n)]
+    damped = [
+        [0.0 if held[i] or held[j] else normal[i][j] * (1.0 + damping if i == j else 1.0) for j in range(n)]
+        for i in range(n)
+    ]
+    for j in range(n):
+        if held[j]:
+            damped[j][j] = 1.0
+    delta = _solve(damped, [0.0 if held[j] else -gradient[j] for j in range(n)])
     return [min(max(xj + dj, -bound), bound) for xj, dj in zip(x, delta, strict=True)]
 
 
+def _predicted_decrease(
+    system: tuple[list[list[float]], list[float]], x: Sequence[float], candidate: Sequence[float]
+) -> float:
+    """What the Gauss-Newton model says the step x -> candidate gains: -(g . d) - d^T N d / 2."""
+    normal, gradient = system
+    d = [c - xj for c, xj in zip(candidate, x, strict=True)]
+    linear = sum(g * dj for g, dj in zip(gradient, d, strict=True))
+    quadratic = sum(d[a] * sum(row[b] * d[b] for b in range(len(d))) for a, row in enumerate(normal))
+    return -linear - 0.5 * quadratic
+
+
+def _iterate(
+    problem: _Problem, start: _Evaluation, damping: float, budget: int, config: CalibrationConfig
+) -> tuple[_Evaluation, float, bool]:
+    """Up to `budget` Levenberg-Marquardt steps from `start` at `damping`; returns the points priced at the
+    final x, the damping, and whether it converged."""
+    at, value = start, _objective(problem, start, config)
+    system: tuple[list[list[float]], list[float]] | None = None
+    for _ in range(budget):
+        if system is None:
+            system = _normal_equations(problem, at, config)
+        candidate = _damped_step(system, at.x, damping, config)
+        moved = max(abs(c - xj) for c, xj in zip(candidate, at.x, strict=True))
+        if moved == 0.0:
+            return at, damping, True  # every scale held at a bound: nothing can move
+        if damping <= 1.0 and _predicted_decrease(system, at.x, candidate) <= config.objective_tolerance:
+            return at, damping, True  # the step could not gain anything that matters: no need to price it
+        priced = _evaluate(problem.terms, candidate)
+        candidate_value = _objective(problem, priced, config)
+        if candidate_value <= value:
+            # A short step is convergence only when it was not short for being damped (after rejections).
+            done = moved <= config.step_tolerance and damping <= 1.0
+            at, value, damping, system = priced, candidate_value, max(damping / 3.0, _MIN_DAMPING), None
+            if done:
+                return at, damping, True
+        else:
+            damping *= 4.0
+            if damping > _MAX_DAMPING:
+                return at, _INITIAL_DAMPING, True
+    return at, damping, False
+
+
+def _log_scales(scales: CostScales) -> tuple[float, ...]:
+    return tuple(math.log(getattr(scales, name)) for name in _PARAMS)
+
+
 def _cached_terms(state: CalibrationState, ctx: ModelContext) -> _TermsCache:
+    """The points' terms (and log step times), reusing those of points already priced for this context."""
     cache = state.cache
     if cache is not None and cache.points is state.points and cache.ctx is ctx:
         return cache
-    known: dict[int, _Terms] = {}
+    known: dict[int, tuple[_Terms, float]] = {}
     if cache is not None and (cache.ctx is ctx or cache.ctx == ctx):
-        known = {id(p): t for p, t in zip(cache.points, cache.terms, strict=True)}
-    terms = tuple(known.get(id(p)) or _terms(_components(ctx, p)) for p in state.points)
-    return _TermsCache(ctx=ctx, points=state.points, terms=terms)
+        known = {id(p): (t, o) for p, t, o in zip(cache.points, cache.terms, cache.log_observed, strict=True)}
+    fresh = [known.get(id(p)) or (_terms(_components(ctx, p)), math.log(p.step_s)) for p in state.points]
+    return _TermsCache(
+        ctx=ctx, points=state.points, terms=tuple(f[0] for f in fresh), log_observed=tuple(f[1] for f in fresh)
+    )
+
+
+def _start(state: CalibrationState, cache: _TermsCache, x: tuple[float, ...]) -> _Evaluation:
+    """The points priced at x, the previous fit's prices reused for the points it priced there (a tick usually
+    adds one point to a history of dozens at an unchanged x)."""
+    old = state.cache
+    if old is None or old.priced is None or old.priced.x != x or not (old.ctx is cache.ctx or old.ctx == cache.ctx):
+        return _evaluate(cache.terms, x)
+    known = {id(p): (log_t, row) for p, log_t, row in zip(old.points, old.priced.logs, old.priced.slopes, strict=True)}
+    scales = _exp5(x)
+    priced = [known.get(id(p)) or _price(t, scales) for p, t in zip(cache.points, cache.terms, strict=True)]
+    return _Evaluation(x=x, logs=tuple(p[0] for p in priced), slopes=tuple(p[1] for p in priced))
 
 
 def fit(
     state: CalibrationState, ctx: ModelContext, *, now_s: float, config: CalibrationConfig
 ) -> tuple[CalibrationState, CalibrationFit]:
-    """Refit the four scales to the points in `state` (weights decayed to `now_s`, Unix seconds) starting from
-    the previous fit; returns the state with the new scales and the fit's summary. No points: the scales relax
-    to the prior (1.0) and the error is None.
+    """Refit the five scales to the points in `state` (weights decayed to `now_s`, Unix seconds) starting from
+    the previous fit and its damping; returns the state with the new scales and the fit's summary. At most
+    `config.iterations` LM steps once warm (`cold_iterations` for a state never fitted); a converged state whose
+    points did not change since is returned as it is. No points: the scales relax to the prior (1.0) and the
+    error is None.
 
     Example: points from a server whose memory is really 2x slower than the profile says (every step's memory
     term doubled) at batches 1..256 -> memory scale ~2.0, compute/overhead near 1, error ~ the step noise.
     """
     if not state.points:
-        return replace(state, scales=CostScales(), cache=None), CalibrationFit(CostScales(), None, None, 0)
+        empty = CalibrationFit(CostScales(), None, None, 0)
+        return CalibrationState(points=state.points, converged=True, last_fit=empty), empty
     cache = _cached_terms(state, ctx)
-    terms = cache.terms
+    if state.converged and state.last_fit is not None and cache is state.cache:
+        return state, state.last_fit  # the same points at the same optimum: nothing to refit
     weights = tuple(0.5 ** (max(0.0, now_s - p.at_s) / config.half_life_s) for p in state.points)
     telemetry: list[tuple[int, float, float]] = []
     for p, w in zip(state.points, weights, strict=True):
@@ -433,37 +521,22 @@ def fit(
         if p.compute_scale_obs is not None and p.compute_scale_obs > 0:
             telemetry.append((1, math.log(p.compute_scale_obs), w))
     problem = _Problem(
-        terms=terms,
-        log_observed=tuple(math.log(p.step_s) for p in state.points),
-        weights=weights,
-        telemetry=tuple(telemetry),
+        terms=cache.terms, log_observed=cache.log_observed, weights=weights, telemetry=tuple(telemetry)
     )
-    previous = state.scales
-    x = [math.log(getattr(previous, name)) for name in _PARAMS]
-    damping = 1e-3
-    value, logs = _objective(problem, x, config)
-    system: tuple[list[list[float]], list[float]] | None = None
-    for _ in range(config.iterations):
-        if system is None:
-            system = _normal_equations(problem, x, logs, config)
-        candidate = _damped_step(system, x, damping, config)
-        candidate_value, candidate_logs = _objective(problem, candidate, config)
-        if candidate_value <= value:
-            converged = value - candidate_value < 1e-9 * max(1.0, value)
-            x, value, logs, damping = candidate, candidate_value, candidate_logs, max(damping / 3.0, 1e-6)
-            system = None
-            if converged:
-                break
-        else:
-            damping *= 4.0
-    scales = _scales(x)
-    five = (scales.memory, scales.compute, scales.overhead, scales.per_request, scales.draft)
-    errors = [_total(t, five) / p.step_s - 1.0 for t, p in zip(terms, state.points, strict=True)]
+    budget = config.iterations if state.last_fit is not None else config.cold_iterations
+    start = _start(state, cache, _log_scales(state.scales))
+    at, damping, converged = _iterate(problem, start, state.damping, budget, config)
+    scales = _scales(at.x)
+    # Predicted / observed - 1 per point, from the log step times the fit already has at its x.
+    errors = [math.exp(log_t - log_obs) - 1.0 for log_t, log_obs in zip(at.logs, cache.log_observed, strict=True)]
     recent = sorted(abs(e) for e in errors[-config.error_points :])
     middle = len(recent) // 2
     median = recent[middle] if len(recent) % 2 else 0.5 * (recent[middle - 1] + recent[middle])
-    fitted = replace(state, scales=scales, cache=cache)
-    return fitted, CalibrationFit(scales, median, errors[-1], len(state.points))
+    summary = CalibrationFit(scales, median, errors[-1], len(state.points))
+    # The next tick starts from log(scales): file the prices under that x (equal to at.x up to rounding).
+    cache = replace(cache, priced=replace(at, x=_log_scales(scales)))
+    fitted = replace(state, scales=scales, damping=damping, converged=converged, cache=cache, last_fit=summary)
+    return fitted, summary
 
 
 def update(

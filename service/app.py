@@ -41,11 +41,12 @@ from service.api import create_api
 from service.board import Board
 from service.exporter import MetricsPage, build_registry
 from service.logs import fields, get_logger
-from service.loop import AdvisorLoop, ContextResolver, ContextUnavailableError, GpuReader, TargetSpec
+from service.loop import AdvisorLoop, ContextResolver, ContextUnavailableError, GpuReader, Scraper, TargetSpec
 from service.settings import GpuSettings, Settings, SettingsError, TargetSettings
 from service.sources.dcgm import DcgmSource
 from service.sources.gpu import SOURCE_ABSENT, NoGpuSource
 from service.sources.nvml import NvmlSource
+from service.sources.prometheus import MAX_CONCURRENT_QUERIES, PrometheusFleetSource
 from service.sources.vllm import VllmScraper
 from service.whatif_api import create_whatif_router, live_targets_from_board
 
@@ -116,7 +117,9 @@ def build_sidecar(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        limits = httpx.Limits(max_connections=max(4, 2 * len(settings.targets)))
+        # A fleet target keeps up to MAX_CONCURRENT_QUERIES queries in flight; a pod target one scrape.
+        fleet_connections = MAX_CONCURRENT_QUERIES * sum(1 for t in settings.targets if t.fleet)
+        limits = httpx.Limits(max_connections=max(4, 2 * len(settings.targets)) + fleet_connections)
         async with contextlib.AsyncExitStack() as stack:
             client = await stack.enter_async_context(
                 httpx.AsyncClient(transport=transport, limits=limits, follow_redirects=False)
@@ -124,15 +127,7 @@ def build_sidecar(
             gpu = gpu_source if gpu_source is not None else stack.enter_context(_gpu_source(settings.gpu, client))
             targets = [
                 TargetSpec(
-                    name=t.name,
-                    model=t.model,
-                    scraper=VllmScraper(
-                        client,
-                        t.metrics_url,
-                        timeout_s=settings.scrape_timeout_s,
-                        max_body_bytes=settings.max_body_bytes,
-                    ),
-                    resolve_context=resolvers[t.name],
+                    name=t.name, model=t.model, scraper=_scraper(t, settings, client), resolve_context=resolvers[t.name]
                 )
                 for t in settings.targets
             ]
@@ -179,6 +174,24 @@ def build_sidecar(
         routers=[whatif],
     )
     return Sidecar(app=app, board=board, registry=registry, settings=settings)
+
+
+def _scraper(target: TargetSettings, settings: Settings, client: httpx.AsyncClient) -> Scraper:
+    """The target's evidence source: its pod's /metrics, or (fleet mode) its model's replicas in Prometheus."""
+    if target.prometheus_url is not None:
+        assert target.model is not None  # enforced by TargetSettings
+        return PrometheusFleetSource(
+            client,
+            target.prometheus_url,
+            model=target.model,
+            selector=target.selector,
+            rate_window_s=target.rate_window_s,
+            timeout_s=settings.scrape_timeout_s,
+            max_body_bytes=settings.max_body_bytes,
+        )
+    return VllmScraper(
+        client, target.metrics_url, timeout_s=settings.scrape_timeout_s, max_body_bytes=settings.max_body_bytes
+    )
 
 
 def _report_loop_exit(task: asyncio.Task[None]) -> None:

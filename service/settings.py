@@ -8,6 +8,7 @@ unit in its name and says why its default is what it is. Invalid settings fail a
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, Self
@@ -68,16 +69,40 @@ class DrafterSettings(_Section):
         return self
 
 
+# PromQL label matchers as written inside `{}`: `name op "value"`, comma-separated (op one of = != =~ !~).
+_MATCHER = r'\s*[A-Za-z_][A-Za-z0-9_]*\s*(?:=~|!~|!=|=)\s*"(?:[^"\\\n]|\\.)*"\s*'
+_SELECTOR = re.compile(rf"^(?:{_MATCHER}(?:,{_MATCHER})*,?\s*)?$")
+
+
 class TargetSettings(_Section):
     name: TargetName
-    url: str = Field(
-        description="The inference server's base URL (http://host:8000) or its full /metrics URL; the base URL gets "
-        "'/metrics' appended."
+    url: str | None = Field(
+        default=None,
+        description="Pod mode: the inference server's base URL (http://host:8000) or its full /metrics URL; the "
+        "base URL gets '/metrics' appended. Set this or prometheus_url, not both.",
+    )
+    prometheus_url: str | None = Field(
+        default=None,
+        description="Fleet mode: a Prometheus (or Thanos/Mimir) HTTP API base URL (http://prometheus:9090); the "
+        "model's replicas are read from it with rate() over rate_window_s, summed by model_name, instead of "
+        "scraping a pod. Needs `model`. Set this or url, not both.",
+    )
+    selector: str = Field(
+        default="",
+        description='Fleet mode: extra PromQL label matchers for the model\'s series, e.g. namespace="prod", '
+        'deployment=~"llama-.*". Default empty: every series of the model in that Prometheus.',
+    )
+    rate_window_s: float = Field(
+        default=60.0,
+        gt=0,
+        le=3600,
+        description="Fleet mode: the range of rate(). 60 s holds 4 samples at Prometheus' common 15 s scrape "
+        "interval (rate() needs 2; 4 rides out one missed scrape). Keep it >= 4x Prometheus' scrape interval.",
     )
     model: str | None = Field(
         default=None,
-        description="vLLM model_name label to advise on. Optional when the server serves exactly one model "
-        "(the usual case); required when it serves several.",
+        description="vLLM model_name label to advise on. Pod mode: optional when the server serves exactly one "
+        "model (the usual case), required when it serves several. Fleet mode: required.",
     )
     hardware: str = Field(
         default="auto",
@@ -98,10 +123,33 @@ class TargetSettings(_Section):
         default=1, ge=1, le=64, description="GPUs one model replica is sharded over (vLLM --tensor-parallel-size)."
     )
 
-    @field_validator("url")
+    @field_validator("url", "prometheus_url")
     @classmethod
-    def _http_url(cls, value: str) -> str:
-        return _check_http_url(value)
+    def _http_url(cls, value: str | None) -> str | None:
+        return None if value is None else _check_http_url(value)
+
+    @field_validator("selector")
+    @classmethod
+    def _promql_matchers(cls, value: str) -> str:
+        if "\n" in value or not _SELECTOR.match(value):
+            raise ValueError(
+                f"'{value}' is not a list of PromQL label matchers such as namespace=\"prod\", deployment=~\"llama-.*\""
+            )
+        return value
+
+    @model_validator(mode="after")
+    def _one_evidence_source(self) -> Self:
+        if (self.url is None) == (self.prometheus_url is None):
+            raise ValueError("set exactly one of url (scrape the pod) and prometheus_url (fleet mode)")
+        if self.prometheus_url is not None and not self.model:
+            raise ValueError("fleet mode (prometheus_url) needs model: the vLLM model_name to read")
+        if self.url is not None:
+            # Compared with the defaults, not "was it given": a dumped-and-reloaded pod target carries them.
+            defaults = type(self).model_fields
+            fleet_only = [n for n in ("rate_window_s", "selector") if getattr(self, n) != defaults[n].default]
+            if fleet_only:
+                raise ValueError(f"{', '.join(fleet_only)} only apply with prometheus_url (fleet mode)")
+        return self
 
     @model_validator(mode="after")
     def _one_model_source(self) -> Self:
@@ -112,7 +160,15 @@ class TargetSettings(_Section):
         return self
 
     @property
+    def fleet(self) -> bool:
+        """True in fleet mode (evidence from Prometheus), False when the pod is scraped."""
+        return self.prometheus_url is not None
+
+    @property
     def metrics_url(self) -> str:
+        """The pod's /metrics URL; ValueError for a fleet-mode target (it has none)."""
+        if self.url is None:
+            raise ValueError(f"target {self.name} reads Prometheus (fleet mode): it has no /metrics URL")
         parts = urlsplit(self.url)
         path = parts.path.rstrip("/")
         if not path.endswith("/metrics"):

@@ -150,3 +150,71 @@ def test_invalid_config_is_rejected() -> None:
         CalibrationConfig(prior_sigma=(1.0, 1.0))  # type: ignore[arg-type]
     with pytest.raises(ValueError):
         CalibrationConfig(half_life_s=0.0)
+
+
+def _scale_values(scales: CostScales) -> list[float]:
+    return [scales.memory, scales.compute, scales.overhead, scales.per_request, scales.draft]
+
+
+def _cold_full_fit(state: CalibrationState, *, now_s: float) -> CostScales:
+    # A fresh state with the same points, run to a tight optimum: the reference the incremental fit must reach.
+    reference = CalibrationConfig(cold_iterations=200, step_tolerance=1e-9)
+    return fit(CalibrationState(points=state.points), make_context(), now_s=now_s, config=reference)[1].scales
+
+
+@pytest.mark.parametrize(
+    "truth", [CostScales(memory=2.0), CostScales(memory=0.5, overhead=1.6), CostScales(compute=1.8, per_request=2.0)]
+)
+def test_warm_started_ticks_reach_the_cold_optimum(truth: CostScales) -> None:
+    # One point per tick as the loop delivers them, one LM step per tick (the tightest cap), then ticks with no
+    # new point until the fit says it converged (it then stops refitting). Converged means the last step moved no
+    # log-scale by more than 1e-3; Gauss-Newton near its optimum shrinks every step by at least the factor of the
+    # one before, so the distance left is of the order of that last step: within 2e-3 of the cold optimum.
+    ctx = make_context()
+    config = CalibrationConfig(iterations=1)
+    state, now = CalibrationState(), T0
+    for point in _synthetic(truth).points:
+        now = point.at_s
+        state, _ = fit(add_observation(state, point, config=config), ctx, now_s=now, config=config)
+    for _ in range(20):
+        if state.converged:
+            break
+        now += 5.0
+        state, _ = fit(state, ctx, now_s=now, config=config)
+    assert state.converged
+    cold = _cold_full_fit(state, now_s=now)
+    assert _scale_values(state.scales) == pytest.approx(_scale_values(cold), rel=2e-3)
+
+
+def test_a_burst_of_points_converges_across_capped_ticks() -> None:
+    # A warm fit on one point, then 23 more at once (e.g. a restart of the history): 1 LM step per tick is not
+    # enough in one tick, so the first tick reports not converged and the following ticks finish the job.
+    ctx = make_context()
+    config = CalibrationConfig(iterations=1)
+    points = _synthetic(CostScales(memory=2.0)).points
+    state, _ = fit(CalibrationState(points=points[:1]), ctx, now_s=points[0].at_s, config=config)
+    for point in points[1:]:
+        state = add_observation(state, point, config=config)
+    now = points[-1].at_s
+    state, _ = fit(state, ctx, now_s=now, config=config)
+    assert not state.converged
+    for _ in range(30):
+        if state.converged:
+            break
+        now += 5.0
+        state, _ = fit(state, ctx, now_s=now, config=config)
+    assert state.converged
+    assert _scale_values(state.scales) == pytest.approx(_scale_values(_cold_full_fit(state, now_s=now)), rel=2e-3)
+
+
+def test_a_converged_fit_without_new_points_is_not_redone() -> None:
+    ctx = make_context()
+    state, result = fit(_synthetic(CostScales(memory=2.0)), ctx, now_s=T0 + 720.0, config=CONFIG)
+    assert state.converged
+    # Same points five seconds later: the same state and fit come back (no refit).
+    again, again_result = fit(state, ctx, now_s=T0 + 725.0, config=CONFIG)
+    assert again is state and again_result == result
+    # A new point is new data: the fit runs again and now rests on 25 points.
+    newer = StepObservation(T0 + 750.0, 8.0, 1.0, 0, 1024.0, 0.0, state.points[-1].step_s)
+    moved, moved_result = fit(add_observation(state, newer, config=CONFIG), ctx, now_s=T0 + 750.0, config=CONFIG)
+    assert moved is not state and moved_result.points == 25

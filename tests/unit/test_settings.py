@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
+import yaml
 
 from policies.types import DraftMethod
 from service.app import calibration_config, objective_config
@@ -185,3 +186,66 @@ def test_model_sources_are_exclusive(tmp_path: Path) -> None:
 def test_target_name_for_url() -> None:
     assert target_name_for_url("http://127.0.0.1:8000/metrics") == "127.0.0.1:8000"
     assert target_name_for_url("http://vllm") == "vllm"
+
+
+FLEET = {"name": "llama-fleet", "prometheus_url": "http://prometheus:9090", "model": "meta-llama/Llama-3.1-8B-Instruct"}
+
+
+def test_fleet_target_from_yaml(tmp_path: Path) -> None:
+    config = write(
+        tmp_path / "fleet.yaml",
+        """
+targets:
+  - name: llama-fleet
+    prometheus_url: http://prometheus.monitoring:9090
+    model: meta-llama/Llama-3.1-8B-Instruct
+    selector: 'namespace="prod", deployment=~"llama-.*"'
+    rate_window_s: 120
+""",
+    )
+    (target,) = load_settings(config).targets
+    assert target.fleet and target.url is None
+    assert target.selector == 'namespace="prod", deployment=~"llama-.*"'
+    assert target.rate_window_s == 120.0
+    with pytest.raises(ValueError, match="no /metrics URL"):
+        _ = target.metrics_url
+    (default,) = load_settings(overrides={"targets": [FLEET]}).targets
+    assert default.rate_window_s == 60.0 and default.selector == ""
+
+
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        ({"name": "x"}, "exactly one of url"),
+        ({**FLEET, "url": "http://vllm:8000"}, "exactly one of url"),
+        ({k: v for k, v in FLEET.items() if k != "model"}, "needs model"),
+        ({**FLEET, "prometheus_url": "prometheus:9090"}, "not an http(s) URL"),
+        ({**FLEET, "selector": "namespace=prod"}, "PromQL label matchers"),
+        ({**FLEET, "selector": 'a="b"} or vector(1) or up{c="d"'}, "PromQL label matchers"),
+        ({**FLEET, "rate_window_s": 0}, "rate_window_s"),
+        ({"name": "x", "url": "http://vllm:8000", "selector": 'a="b"'}, "only apply with prometheus_url"),
+        ({"name": "x", "url": "http://vllm:8000", "rate_window_s": 30}, "only apply with prometheus_url"),
+    ],
+)
+def test_fleet_settings_are_validated(target: dict[str, object], message: str) -> None:
+    with pytest.raises(SettingsError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        load_settings(overrides={"targets": [target]})
+
+
+def test_the_example_files_fleet_target_is_valid_uncommented() -> None:
+    # deploy/config.example.yaml documents fleet mode as a commented-out second target: uncommented, it loads.
+    example = (Path(__file__).resolve().parents[2] / "deploy" / "config.example.yaml").read_text(encoding="utf-8")
+    start = example.index("  # - name: llama-8b-fleet")
+    block = example[start : example.index("\n\n", start)]
+    text = "targets:\n" + "\n".join(line.replace("  # ", "  ", 1) for line in block.splitlines())
+    (target,) = load_settings(overrides=yaml.safe_load(text)).targets
+    assert target.fleet and target.model == "meta-llama/Llama-3.1-8B-Instruct"
+    assert target.selector == 'namespace="inference", deployment=~"llama-8b-.*"'
+
+
+def test_dumped_settings_load_again_in_both_modes() -> None:
+    # A dump carries every default (selector "", rate_window_s 60) also for a pod target: that is not a fleet
+    # field given by mistake.
+    for targets in (ONE_TARGET, [FLEET]):
+        settings = load_settings(overrides={"targets": targets})
+        assert load_settings(overrides=settings.model_dump()) == settings
