@@ -106,10 +106,9 @@ def test_after_30_requests_histograms_are_read_with_cumulative_buckets() -> None
     assert len(itl.buckets) == 20  # 19 finite bounds + +Inf
     it = snap.iteration_tokens
     assert it is not None
-    # Raw lines: _count 162, _sum 4353; le=1 -> 1, le=8 -> 34, le=16 -> 142, le=512 and above -> 162.
+    # Raw lines: _count 162, _sum 4353. Only the mean tokens per step is used, so its buckets are not read.
     assert (it.count, it.sum) == (162, 4353)
-    assert it.buckets[:3] == ((1.0, 1), (8.0, 34), (16.0, 142))
-    assert it.buckets[-1] == (math.inf, 162)
+    assert it.buckets == ()
 
 
 def test_idle_capture_has_all_positions_at_zero() -> None:
@@ -340,7 +339,7 @@ def test_a_non_integer_position_is_invalid(position: str) -> None:
         f"vllm:num_requests_running{{{TINY}}}",
         f"vllm:kv_cache_usage_perc{{{TINY}}}",
         f"vllm:inter_token_latency_seconds_sum{{{TINY}}}",
-        'vllm:iteration_tokens_total_bucket{engine="0",le="8.0",model_name="tiny"}',
+        'vllm:inter_token_latency_seconds_bucket{engine="0",le="0.05",model_name="tiny"}',
         f"vllm:spec_decode_num_drafts_created{{{TINY}}}",
         f"vllm:estimated_flops_per_gpu_total{{{TINY}}}",
     ],
@@ -446,12 +445,13 @@ def test_a_histogram_without_sum_is_a_missing_family() -> None:
 
 
 def test_a_non_cumulative_histogram_is_invalid() -> None:
-    prefix = 'vllm:iteration_tokens_total_bucket{engine="0",le="16.0",model_name="tiny"}'
+    # Every ITL bucket of the capture holds 550; le=0.05 at 2 would make the cumulative counts fall.
+    prefix = 'vllm:inter_token_latency_seconds_bucket{engine="0",le="0.05",model_name="tiny"}'
     assert reason_of(replace_line(page(AFTER_30), prefix, f"{prefix} 2.0")) is ScrapeErrorReason.INVALID_VALUE
 
 
 def test_a_histogram_without_inf_bucket_is_invalid() -> None:
-    prefix = 'vllm:iteration_tokens_total_bucket{engine="0",le="+Inf",model_name="tiny"}'
+    prefix = 'vllm:inter_token_latency_seconds_bucket{engine="0",le="+Inf",model_name="tiny"}'
     assert reason_of(replace_line(page(AFTER_30), prefix, None)) is ScrapeErrorReason.INVALID_VALUE
 
 
