@@ -36,7 +36,7 @@ def advise(
     """
     curve: tuple[CurvePoint, ...] = ()
     if evidence.state == TargetState.OK and ctx is not None:
-        curve = speedup_curve(evidence, ctx, gamma_max=decide_config.gamma_max)
+        curve = speedup_curve(evidence, ctx, gamma_max=max(decide_config.gamma_max, evidence.deployed_k))
     return decide(evidence, curve, decide_config, decide_state, now_s)
 
 
@@ -85,8 +85,10 @@ def advise_target(
     why = ""
     if evidence.state == TargetState.OK and ctx is not None and fit is not None:
         point = operating_point(evidence)
+        # The curve reaches the deployed k even past gamma_max: the running setting's predicted speedup must be
+        # published (the "speculation costs throughput" alert reads it), though decide never picks above gamma_max.
         acceptance = acceptance_curve(
-            evidence.acceptance, method=ctx.drafter.method, gamma_max=decide_config.gamma_max
+            evidence.acceptance, method=ctx.drafter.method, gamma_max=max(decide_config.gamma_max, evidence.deployed_k)
         )
         workload = workload_from(evidence, context_tokens=point.context_tokens, prefill_tokens=point.prefill_tokens)
         curve, chosen, why = objective_curve(ctx, acceptance, workload, config=objective_config, scales=fit.scales)

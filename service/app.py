@@ -109,7 +109,7 @@ def build_sidecar(
     (tests and the demo); everything else comes from `settings`. Raises SettingsError for profiles that do not
     exist, before anything starts.
     """
-    resolvers = {target.name: _context_resolver(target, fallback_hardware=settings.fallback_hardware)
+    resolvers = {target.name: context_resolver(target, fallback_hardware=settings.fallback_hardware)
                  for target in settings.targets}
     board = Board(((t.name, t.model) for t in settings.targets), started_at_s=clock())
     version = package_version()
@@ -225,7 +225,7 @@ def _gpu_source(settings: GpuSettings, client: httpx.AsyncClient) -> Iterator[Gp
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def _context_resolver(target: TargetSettings, *, fallback_hardware: str) -> ContextResolver:
+def context_resolver(target: TargetSettings, *, fallback_hardware: str) -> ContextResolver:
     """Check what can be checked now (named profiles exist, config.json parses), defer what needs the server."""
     fixed_hardware = (
         None if target.hardware == "auto" else _named_hardware(target.hardware, f"target {target.name}: hardware")

@@ -17,9 +17,9 @@ from typing import Any
 import httpx
 
 from service.app import (
-    _context_resolver,  # the sidecar's own resolver, so the benchmark resolves profiles exactly as production
     build_sidecar,
     calibration_config,
+    context_resolver,  # the sidecar's own resolver, so the benchmark resolves profiles exactly as production
     decide_config,
     estimator_config,
     gpu_source_name,
@@ -127,7 +127,7 @@ class AdvisorController:
             scraper=VllmScraper(
                 self._client, target.metrics_url, timeout_s=s.scrape_timeout_s, max_body_bytes=s.max_body_bytes
             ),
-            resolve_context=_context_resolver(target, fallback_hardware=s.fallback_hardware),
+            resolve_context=context_resolver(target, fallback_hardware=s.fallback_hardware),
         )
         self._loop = AdvisorLoop(
             [spec],
