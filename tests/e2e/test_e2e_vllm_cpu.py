@@ -199,7 +199,9 @@ async def _exact_window(server: VllmServer, sidecar: RunningSidecar) -> tuple[Ra
 async def _phase(server: VllmServer, sidecar: RunningSidecar, *, concurrency: int) -> SidecarReading:
     """Hold `concurrency` requests in flight until the sidecar shows a window that lies wholly inside the phase."""
     phase_start_s = time.time()
-    duration_s = SIDECAR.window_s + 8 * SIDECAR.scrape_interval_s
+    # The window must slide wholly into the phase: window_s plus the base scrape before it, plus scrapes that take
+    # seconds when 32 requests load these 2 cores (8 intervals of slack was seen to run out in CI).
+    duration_s = SIDECAR.window_s + 20 * SIDECAR.scrape_interval_s
     load = asyncio.create_task(
         run_for(
             server.base_url,
