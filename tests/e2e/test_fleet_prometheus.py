@@ -13,27 +13,32 @@ here is stopped at teardown.
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import pytest
 import yaml
-from e2e_processes import Started, free_port, log_tail, start_process, stop_process, wait_ready
+from e2e_processes import Started, free_port, stop_process
 from e2e_sidecar import epoch_s, start_sidecar
 from e2e_vllm import E2E_ENV_VAR, e2e_enabled
+from monitoring_stack import (
+    PROMETHEUS_NAMES,
+    READY_TIMEOUT_S,
+    log_tails,
+    poll,
+    require_binary,
+    start_prometheus,
+    wait_process_ready,
+)
 
 pytestmark = pytest.mark.e2e
-
-T = TypeVar("T")
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm"
 MODEL = "tiny"
@@ -42,7 +47,6 @@ SCRAPE_INTERVAL_S = 1.0  # Prometheus' scrape interval
 RATE_WINDOW_S = 10.0  # rate() over 10 scrapes
 WINDOW_S = 20.0  # the sidecar's estimator window
 SIDECAR_INTERVAL_S = 1.0
-READY_TIMEOUT_S = 60.0
 SETTLE_TIMEOUT_S = 90.0
 
 # The counter and histogram samples a replica grows; gauges (running, KV usage) and `_created` stay put.
@@ -118,18 +122,6 @@ class GrowingCapture:
         self._thread.join(timeout=10.0)
 
 
-def _prometheus_binary() -> Path:
-    """`prometheus` from PATH, or $SPEC_ADVISOR_PROMETHEUS; missing fails the test (the e2e switch is on)."""
-    found = os.environ.get("SPEC_ADVISOR_PROMETHEUS") or shutil.which("prometheus")
-    if not found or not Path(found).is_file():
-        pytest.fail(
-            "SPEC_ADVISOR_E2E=1 but Prometheus is not installed (no `prometheus` on PATH, $SPEC_ADVISOR_PROMETHEUS "
-            "unset): run scripts/setup-observability-tools.sh",
-            pytrace=False,
-        )
-    return Path(found)
-
-
 @dataclass(frozen=True, slots=True)
 class Fleet:
     replicas: tuple[GrowingCapture, GrowingCapture]
@@ -139,9 +131,8 @@ class Fleet:
     sidecar_url: str
 
 
-def _start_prometheus(tmp_path: Path, replicas: tuple[GrowingCapture, ...]) -> tuple[Started, str]:
-    port = free_port()
-    config = tmp_path / "prometheus.yml"
+def _write_prometheus_config(path: Path, replicas: tuple[GrowingCapture, ...]) -> None:
+    # Not monitoring_stack.write_prometheus_config: that one is a job per target with rules and an Alertmanager.
     interval = f"{SCRAPE_INTERVAL_S:g}s"
     document = {
         "global": {"scrape_interval": interval, "scrape_timeout": interval, "evaluation_interval": interval},
@@ -153,17 +144,19 @@ def _start_prometheus(tmp_path: Path, replicas: tuple[GrowingCapture, ...]) -> t
             }
         ],
     }
-    config.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
-    argv = [
-        str(_prometheus_binary()),
-        f"--config.file={config}",
-        f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-        f"--web.listen-address=127.0.0.1:{port}",
-        "--log.level=warn",
-    ]
-    started = start_process("Prometheus", argv, env=dict(os.environ), log_path=tmp_path / "prometheus.log")
+    path.write_text(yaml.safe_dump(document, sort_keys=False), encoding="utf-8")
+
+
+def _start_prometheus(tmp_path: Path, replicas: tuple[GrowingCapture, ...]) -> tuple[Started, str]:
+    binary = require_binary("Prometheus", PROMETHEUS_NAMES, env_var="SPEC_ADVISOR_PROMETHEUS_BIN")
+    config = tmp_path / "prometheus.yml"
+    _write_prometheus_config(config, replicas)
+    port = free_port()
+    started = start_prometheus(
+        binary, config=config, storage=tmp_path / "tsdb", port=port, log_path=tmp_path / "prometheus.log"
+    )
     url = f"http://127.0.0.1:{port}"
-    wait_ready(started, f"{url}/-/ready", timeout_s=READY_TIMEOUT_S, poll_s=0.2)
+    wait_process_ready(started, url)
     return started, url
 
 
@@ -225,22 +218,6 @@ def fleet(tmp_path: Path) -> Iterator[Fleet]:
             replica.stop()
 
 
-def _poll(what: str, probe: Callable[[], T | None], *, timeout_s: float, logs: Callable[[], str]) -> T:
-    deadline = time.monotonic() + timeout_s
-    last = "no attempt"
-    while time.monotonic() < deadline:
-        try:
-            value = probe()
-        except (httpx.HTTPError, KeyError, ValueError) as exc:
-            last = f"{type(exc).__name__}: {exc}"
-        else:
-            if value is not None:
-                return value
-            last = "not yet"
-        time.sleep(0.5)
-    pytest.fail(f"timed out after {timeout_s:.0f} s waiting for {what} (last: {last})\n{logs()}", pytrace=False)
-
-
 def _target(client: httpx.Client, url: str, path: str) -> dict[str, Any]:
     (target,) = client.get(f"{url}{path}", params={"target": TARGET}).raise_for_status().json()["targets"]
     assert isinstance(target, dict)
@@ -248,7 +225,7 @@ def _target(client: httpx.Client, url: str, path: str) -> dict[str, Any]:
 
 
 def _logs(fleet: Fleet) -> str:
-    return "\n".join(f"--- {p.name} log:\n{log_tail(p.log_path, 3000)}" for p in (fleet.prometheus, fleet.sidecar))
+    return log_tails((fleet.prometheus, fleet.sidecar))
 
 
 def test_fleet_mode_reads_two_replicas_from_a_real_prometheus(fleet: Fleet) -> None:
@@ -267,7 +244,7 @@ def test_fleet_mode_reads_two_replicas_from_a_real_prometheus(fleet: Fleet) -> N
             return evidence
 
         start_s = time.time()
-        evidence = _poll("a settled ok evidence", settled, timeout_s=SETTLE_TIMEOUT_S, logs=lambda: _logs(fleet))
+        evidence = poll("a settled ok evidence", settled, timeout_s=SETTLE_TIMEOUT_S, diagnostics=lambda: _logs(fleet))
         recommendation = _target(client, fleet.sidecar_url, "/v1/recommendation")
 
     # The truth: each replica grows by its capture's counts x scale per scrape. Over the sidecar's window the fleet's
@@ -291,12 +268,18 @@ def test_fleet_mode_reads_two_replicas_from_a_real_prometheus(fleet: Fleet) -> N
     # the fleet's r1 = (51500 + 93600) / (54000 + 120000) = 0.834. Both replicas' rates come from the same scrape
     # cadence, so timing errors move numerator and denominator together: a 10% misread of A's rate against B's
     # shifts r by w_A (1 - w_A) (r_A - r_B) x 0.1 <= 0.004 at most; 0.01 absolute covers it.
-    per_pos_a = [replica_a.value(
-        f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",model_name="{MODEL}",position="{i}"}}'
-    ) for i in range(3)]
-    per_pos_b = [replica_b.value(
-        f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",model_name="{MODEL}",position="{i}"}}'
-    ) for i in range(3)]
+    per_pos_a = [
+        replica_a.value(
+            f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",model_name="{MODEL}",position="{i}"}}'
+        )
+        for i in range(3)
+    ]
+    per_pos_b = [
+        replica_b.value(
+            f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{engine="0",model_name="{MODEL}",position="{i}"}}'
+        )
+        for i in range(3)
+    ]
     expected = [(a + b) / (drafts_a + drafts_b) for a, b in zip(per_pos_a, per_pos_b, strict=True)]
     assert acceptance["per_position"] == pytest.approx(expected, abs=0.01)
     # Gauges are per-replica means: A runs 0 requests, B 14 -> batch 7.
@@ -312,6 +295,6 @@ def test_fleet_mode_reads_two_replicas_from_a_real_prometheus(fleet: Fleet) -> N
             rec = _target(client, fleet.sidecar_url, "/v1/recommendation")
             return rec if rec["state"] == "stale" else None
 
-        held = _poll("a stale recommendation", stale, timeout_s=30.0, logs=lambda: _logs(fleet))
+        held = poll("a stale recommendation", stale, timeout_s=30.0, diagnostics=lambda: _logs(fleet))
     assert "scrape failed (connect)" in held["reason"]
     assert held["enabled"] == recommendation["enabled"]
