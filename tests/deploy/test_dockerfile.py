@@ -30,6 +30,7 @@ from typing import IO
 
 import httpx
 import pytest
+from deploy_tools import require_tool
 
 from service.settings import Settings
 
@@ -37,25 +38,12 @@ ROOT = Path(__file__).resolve().parents[2]
 DOCKERFILE = ROOT / "Dockerfile"
 HADOLINT_CONFIG = ROOT / ".hadolint.yaml"
 CAPTURE = ROOT / "tests" / "fixtures" / "vllm" / "vllm-0.32.0-cpu-ngram-k3-idle.txt"
-TOOLS_ENV = "SPEC_ADVISOR_DEPLOY_TOOLS"
 
 # Generous bounds for a 2-core machine that other jobs share; they stop a hung step, nothing asserts on them.
 INSTALL_TIMEOUT_S = 600.0
 START_TIMEOUT_S = 60.0
 READY_TIMEOUT_S = 60.0
 STOP_TIMEOUT_S = 20.0
-
-
-def require_tool(name: str) -> str:
-    """The tool's path: the project venv's bin first (pinned by the setup script), then PATH."""
-    in_venv = Path(sys.executable).parent / name
-    found = str(in_venv) if in_venv.is_file() else shutil.which(name)
-    if found is not None:
-        return found
-    message = f"{name} is not installed: run `bash scripts/setup-deploy-tools.sh`"
-    if os.environ.get(TOOLS_ENV) == "1":
-        pytest.fail(f"{message} ({TOOLS_ENV}=1 requires it)")
-    pytest.skip(f"{message} (set {TOOLS_ENV}=1 to fail instead)")
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -17,9 +17,7 @@ ALERTS). Syntax itself is promtool's job: every panel query is also parsed by `p
 from __future__ import annotations
 
 import json
-import os
 import re
-import shutil
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping
@@ -29,6 +27,7 @@ from typing import Any
 
 import pytest
 import yaml
+from deploy_tools import require_tool
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -451,13 +450,7 @@ def test_rule_expressions_reference_real_metrics(known: dict[str, set[str] | Non
 
 
 def _promtool() -> str:
-    path = shutil.which("promtool")
-    if path is None:
-        message = "promtool not found: run scripts/setup-observability-tools.sh"
-        if os.environ.get("SPEC_ADVISOR_DEPLOY_TOOLS") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
-    return path
+    return require_tool("promtool", setup_script="scripts/setup-observability-tools.sh")
 
 
 def test_every_dashboard_query_parses_with_promtool(tmp_path: Path) -> None:

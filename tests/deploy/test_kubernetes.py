@@ -16,9 +16,7 @@ import copy
 import json
 import os
 import re
-import shutil
 import subprocess
-import sys
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -26,6 +24,7 @@ from urllib.parse import urlsplit
 
 import pytest
 import yaml
+from deploy_tools import require_tool
 from starlette.routing import Route
 
 from service.app import build_sidecar
@@ -34,7 +33,6 @@ from service.settings import Settings, load_settings
 ROOT = Path(__file__).resolve().parents[2]
 KUBERNETES = ROOT / "deploy" / "kubernetes"
 DOCKERFILE = ROOT / "Dockerfile"
-TOOLS_ENV = "SPEC_ADVISOR_DEPLOY_TOOLS"
 ADVISOR_CONTAINER = "spec-advisor"
 
 Doc = dict[str, Any]
@@ -66,18 +64,6 @@ ENDPOINT_FIELDS = {
 ENDPOINTS_KEY = {"PodMonitor": "podMetricsEndpoints", "ServiceMonitor": "endpoints"}
 # The CRD's pattern for a Prometheus duration (monitoring.coreos.com/v1 Duration).
 DURATION = re.compile(r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$")
-
-
-def require_tool(name: str) -> str:
-    """The tool's path: the project venv's bin first (pinned by the setup script), then PATH."""
-    in_venv = Path(sys.executable).parent / name
-    found = str(in_venv) if in_venv.is_file() else shutil.which(name)
-    if found is not None:
-        return found
-    message = f"{name} is not installed: run `bash scripts/setup-deploy-tools.sh`"
-    if os.environ.get(TOOLS_ENV) == "1":
-        pytest.fail(f"{message} ({TOOLS_ENV}=1 requires it)")
-    pytest.skip(f"{message} (set {TOOLS_ENV}=1 to fail instead)")
 
 
 def kustomization_roots() -> list[Path]:

@@ -8,9 +8,7 @@ skip, except when SPEC_ADVISOR_DEPLOY_TOOLS=1 (CI), where a missing tool is a fa
 from __future__ import annotations
 
 import importlib.util
-import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -19,6 +17,7 @@ from typing import Any
 
 import pytest
 import yaml
+from deploy_tools import require_tool
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCE = ROOT / "deploy" / "rules_source.yaml"
@@ -51,13 +50,7 @@ GEN = _generator()
 
 @pytest.fixture(scope="module")
 def promtool() -> str:
-    path = shutil.which("promtool")
-    if path is None:
-        message = "promtool not found: run scripts/setup-observability-tools.sh"
-        if os.environ.get("SPEC_ADVISOR_DEPLOY_TOOLS") == "1":
-            pytest.fail(message)
-        pytest.skip(message)
-    return path
+    return require_tool("promtool", setup_script="scripts/setup-observability-tools.sh")
 
 
 def _run(*args: str) -> subprocess.CompletedProcess[str]:
