@@ -97,6 +97,7 @@ class Board:
         self.timings = StepTimings()
         self._version = 0
         self._gpu_errors: dict[tuple[str, str], int] = {}
+        self._listener_errors: dict[str, int] = {}
 
     @property
     def version(self) -> int:
@@ -161,6 +162,16 @@ class Board:
         key = (source, reason)
         self._gpu_errors[key] = self._gpu_errors.get(key, 0) + 1
         self._version += 1
+
+    def record_listener_error(self, listener: str) -> None:
+        """Count one exception escaping an iteration listener (`service.loop.IterationListener`), by class name."""
+        self._listener_errors[listener] = self._listener_errors.get(listener, 0) + 1
+        self._version += 1
+
+    @property
+    def listener_errors(self) -> Mapping[str, int]:
+        """Exceptions that escaped iteration listeners so far, by listener class name (a bug in ours, not input)."""
+        return MappingProxyType(self._listener_errors)
 
     @property
     def gpu_errors(self) -> Mapping[tuple[str, str], int]:

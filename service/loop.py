@@ -45,6 +45,13 @@ class GpuReader(Protocol):
     async def read(self, now_s: float) -> GpuSnapshot: ...
 
 
+class IterationListener(Protocol):
+    """Runs after each iteration has published every target (the actuation runner reads the board then).
+    Exceptions are caught, logged and counted as an internal error of the iteration; the loop goes on."""
+
+    async def after_iteration(self, now_s: float) -> None: ...
+
+
 class ContextUnavailableError(Exception):
     """The cost model cannot be set up for a target (unknown model or hardware profile); the message says why."""
 
@@ -92,6 +99,7 @@ class AdvisorLoop:
         calibration_config: CalibrationConfig | None = None,
         objective_config: ObjectiveConfig | None = None,
         gpu_source_name: str = SOURCE_ABSENT,
+        listeners: Sequence[IterationListener] = (),
     ) -> None:
         """`gpu_source_name` ("nvml", "dcgm", "absent") labels a GPU read that raised instead of reporting."""
         self._targets = [
@@ -108,6 +116,7 @@ class AdvisorLoop:
         self._timer = timer
         self._log = logger if logger is not None else get_logger("loop")
         self._gpu_errors_logged: dict[str, None] = {}  # insertion-ordered set of logged GPU exceptions
+        self._listeners = tuple(listeners)
 
     async def run_once(self, now_s: float) -> None:
         """One iteration at `now_s` (Unix seconds). A failing target, or a GPU source that raises, never stops the
@@ -124,6 +133,14 @@ class AdvisorLoop:
                     raise result  # cancellation and interpreter exits are not ours to swallow
                 self._internal_error(runtime, result, now_s)
         self._board.finish_iteration(now_s)
+        for listener in self._listeners:
+            try:
+                await listener.after_iteration(now_s)
+            except Exception as exc:  # acting is optional; advising must go on whatever the actuator does
+                self._log.error(
+                    "iteration listener failed", exc_info=exc, extra=fields(listener=type(listener).__name__)
+                )
+                self._board.record_listener_error(type(listener).__name__)
 
     async def run_forever(
         self,
