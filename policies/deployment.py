@@ -22,6 +22,7 @@ class ActuatorError(StrEnum):
     CONFLICT = "conflict"  # 409, or the object changed since it was read (another writer)
     NO_VLLM_CONTAINER = "no_vllm_container"  # the pod template has no container we can identify as vLLM
     MALFORMED_ARGS = "malformed_args"  # args/command in a form we cannot edit safely (e.g. one shell string)
+    NO_SPECULATIVE_CONFIG = "no_speculative_config"  # asked to turn on, but no speculative config is known
     NO_BACKEND = "no_backend"  # routing: the HTTPRoute lacks the speculation-on or -off backendRef
     INVALID = "invalid"  # 422 / 400 / 415: the API server rejected the patch
     UNEXPECTED = "unexpected"
