@@ -4,12 +4,13 @@ decision. Pure; the loop's only policy entry point.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from policies.acceptance import acceptance_curve
 from policies.calibrate import CalibrationConfig, CalibrationFit, CalibrationState, update
 from policies.costmodel import ModelContext, operating_point, speedup_curve
 from policies.decide import DecideConfig, DecideState, decide
+from policies.memory import AcceptanceMemory, MemoryConfig, Recall, recall, remember
 from policies.objectives import ObjectiveConfig, objective_curve, workload_from
 from policies.types import CurvePoint, Decision, Evidence, TargetState
 
@@ -42,12 +43,15 @@ def advise(
 
 @dataclass(frozen=True, slots=True)
 class Advice:
-    """One tick's outcome: the decision to publish, the states to carry to the next tick, the calibration fit."""
+    """One tick's outcome: the decision to publish, the states to carry to the next tick (the acceptance memory
+    among them), the calibration fit, and the remembered profile the curve rested on (None: live or prior)."""
 
     decision: Decision
     decide_state: DecideState
     calibration_state: CalibrationState
     calibration: CalibrationFit | None
+    memory: AcceptanceMemory = field(default_factory=AcceptanceMemory)
+    recalled: Recall | None = None
 
 
 def advise_target(
@@ -60,6 +64,8 @@ def advise_target(
     now_s: float,
     calibration_config: CalibrationConfig | None = None,
     objective_config: ObjectiveConfig | None = None,
+    memory: AcceptanceMemory | None = None,
+    memory_config: MemoryConfig | None = None,
 ) -> Advice:
     """The full pipeline for one target at `now_s` (Unix seconds): add the evidence's step time to the online
     calibration (policies/calibrate.py) and refit; price S(gamma), gamma = 0..gamma_max, with the fitted scales in
@@ -71,15 +77,29 @@ def advise_target(
     `decide` holds the last recommendation (the calibration still learns from insufficient_data windows, whose
     step times are valid).
 
+    Acceptance memory (policies/memory.py): ok evidence measured while speculating is remembered per model
+    (`Advice.memory` is the memory to carry on). When nothing usable is measured (speculation off, or on with too
+    few drafts in the window) and the model's remembered profile is still usable, the curve is priced from the
+    aged profile instead of the method prior, and the reason says so with the profile's age; its widened band is
+    what decide's "low end clears 1 + margin" rule reads, so an old memory must promise more to switch on. A
+    thin window (insufficient_data while speculating) then counts as ok: the remembered profile is the evidence.
+    A memory too old to use is named in the reason and the prior prices the curve, as with no memory at all.
+
     Example: B = 256 with 50 waiting and the cache at 62%: objective capacity (max_num_seqs, not KV, is the
     limit, so every option holds 256); the reason ends "; objective capacity (capacity-bound: 50 waiting,
-    KV 62%); model calibration error 4.1% over 12 points".
+    KV 62%); model calibration error 4.1% over 12 points". Speculation off at B = 2 with r = (0.8, 0.6, 0.45)
+    remembered 12 min ago over 9000 drafts: n_eff = 2000 x 2^(-720 / 1800) = 1516, the curve uses r with
+    Wilson bands at 1516 drafts, and the reason carries "acceptance: remembered acceptance from 12 min ago (k=3,
+    9000 drafts, aged to 1516 effective)".
     """
     calibration_config = calibration_config or CalibrationConfig()
     objective_config = objective_config or ObjectiveConfig()
+    memory_config = memory_config or MemoryConfig()
+    memory = remember(memory or AcceptanceMemory(), evidence, config=memory_config, now_s=now_s)
     fit: CalibrationFit | None = None
     if ctx is not None:
         calibration_state, fit = update(calibration_state, evidence, ctx, now_s=now_s, config=calibration_config)
+    recalled, evidence, memory_note = _with_memory(evidence, memory, config=memory_config, now_s=now_s)
     curve: tuple[CurvePoint, ...] = ()
     objective = ""
     why = ""
@@ -96,6 +116,8 @@ def advise_target(
     decision, decide_state = decide(evidence, curve, decide_config, decide_state, now_s)
     error = fit.error_ratio if fit is not None else None
     notes: list[str] = []
+    if memory_note and decision.state == TargetState.OK:
+        notes.append(memory_note)
     if objective:
         notes.append(f"objective {objective} ({why})")
     # Only an ok decision rests on the model; on a hold (insufficient_data, stale, error) the reason is about the
@@ -104,4 +126,42 @@ def advise_target(
         notes.append(f"model calibration error {error:.1%} over {fit.points} points")
     reason = "; ".join([decision.reason, *notes]) if notes else decision.reason
     decision = replace(decision, reason=reason, objective=objective, calibration_error_ratio=error)
-    return Advice(decision=decision, decide_state=decide_state, calibration_state=calibration_state, calibration=fit)
+    return Advice(
+        decision=decision,
+        decide_state=decide_state,
+        calibration_state=calibration_state,
+        calibration=fit,
+        memory=memory,
+        recalled=recalled if recalled is not None and recalled.usable else None,
+    )
+
+
+def _with_memory(
+    evidence: Evidence, memory: AcceptanceMemory, *, config: MemoryConfig, now_s: float
+) -> tuple[Recall | None, Evidence, str]:
+    """The evidence the curve is priced from, the recalled profile and a note for the reason.
+
+    Live acceptance wins whenever the estimator trusts it. Otherwise (off, or a thin window while on) a usable
+    remembered profile stands in; an unusable one is only named, and the prior prices the curve.
+    """
+    off = evidence.state is TargetState.OK and not evidence.speculation_on
+    thin = evidence.state is TargetState.INSUFFICIENT_DATA and evidence.speculation_on
+    if not (off or thin) or not evidence.model:
+        return None, evidence, ""
+    entry = memory.get(evidence.model)
+    if entry is None:
+        return None, evidence, ""
+    recalled = recall(entry, config=config, now_s=now_s)
+    if not recalled.usable or recalled.acceptance is None:
+        return recalled, evidence, f"acceptance: {recalled.describe()}; priced from the drafter's prior"
+    note = f"acceptance: {recalled.describe()}"
+    if thin:
+        # The window's own drafts are too few to trust; the remembered profile is the better evidence until
+        # the window fills (then live evidence replaces the memory).
+        note += f" in place of a thin live window ({_one_line(evidence.reason)})"
+        return recalled, replace(evidence, state=TargetState.OK, acceptance=recalled.acceptance), note
+    return recalled, replace(evidence, acceptance=recalled.acceptance), note
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())

@@ -1,6 +1,13 @@
 """The advisor's iteration: `run_once(now)` = read GPU, then per target (concurrently) scrape -> estimate -> advise
--> publish to the Board. `run_forever` only sleeps around it. Time comes in as an argument; nothing here reads the
-wall clock (a monotonic timer, injected, only measures step durations).
+-> publish to the Board, then save the acceptance memory when it changed. `run_forever` only sleeps around it. Time
+comes in as an argument; nothing here reads the wall clock (a monotonic timer, injected, only measures step
+durations).
+
+Acceptance memory (policies/memory.py): each target carries the last trusted acceptance profile per model, so a
+target whose speculation is off is still priced from what was measured. With a `memory_store` it survives
+restarts: loaded when the loop is built, saved after an iteration that changed it, at most once per
+`memory_save_interval_s`, except that a new model, a new k or a first real window after a cold start is saved at
+once (that is what the next restart most needs).
 """
 
 from __future__ import annotations
@@ -17,10 +24,12 @@ from policies.calibrate import CalibrationConfig, CalibrationState
 from policies.costmodel import ModelContext
 from policies.decide import DecideConfig, DecideState
 from policies.estimate import EstimatorConfig, EstimatorState, estimate, observe
+from policies.memory import AcceptanceMemory, MemoryConfig
 from policies.objectives import ObjectiveConfig
 from policies.types import Decision, EngineSnapshot, Evidence, GpuSnapshot, TargetState
 from service.board import Board
 from service.logs import fields, get_logger
+from service.memory_store import LoadResult
 from service.sources.errors import ScrapeError, ScrapeErrorReason
 from service.sources.gpu import ERROR_UNEXPECTED, SOURCE_ABSENT, gpu_error_reason
 
@@ -52,6 +61,15 @@ class IterationListener(Protocol):
     async def after_iteration(self, now_s: float) -> None: ...
 
 
+class AcceptanceMemoryStore(Protocol):
+    """Where the acceptance memory persists (service.memory_store.MemoryStore). `load` never raises: a bad file
+    comes back as `LoadResult.error`; `save` may raise OSError, which the loop logs and survives."""
+
+    def load(self) -> LoadResult: ...
+
+    def save(self, memories: Mapping[str, AcceptanceMemory], *, now_s: float) -> None: ...
+
+
 class ContextUnavailableError(Exception):
     """The cost model cannot be set up for a target (unknown model or hardware profile); the message says why."""
 
@@ -80,6 +98,18 @@ class _TargetRuntime:
     context: ModelContext | None = None
     context_key: tuple[str, str | None] | None = None  # (served model, GPU device name) it was resolved for
     context_error: str | None = None
+    memory: AcceptanceMemory = field(default_factory=AcceptanceMemory)
+
+
+# What makes a memory change worth saving at once: per target, the models it remembers, each profile's k and
+# whether it is still a cold start (lifetime counters) or a real window.
+_MemoryShape = frozenset[tuple[str, str, int, bool]]
+
+
+def _shape(memories: Mapping[str, AcceptanceMemory]) -> _MemoryShape:
+    return frozenset(
+        (target, e.model, e.k, e.cold_start) for target, memory in memories.items() for e in memory.entries
+    )
 
 
 class AdvisorLoop:
@@ -100,8 +130,13 @@ class AdvisorLoop:
         objective_config: ObjectiveConfig | None = None,
         gpu_source_name: str = SOURCE_ABSENT,
         listeners: Sequence[IterationListener] = (),
+        memory_store: AcceptanceMemoryStore | None = None,
+        memory_config: MemoryConfig | None = None,
+        memory_save_interval_s: float = 60.0,
     ) -> None:
-        """`gpu_source_name` ("nvml", "dcgm", "absent") labels a GPU read that raised instead of reporting."""
+        """`gpu_source_name` ("nvml", "dcgm", "absent") labels a GPU read that raised instead of reporting.
+        `memory_store` None keeps the acceptance memory in this process only; otherwise it is loaded here (a bad
+        file is logged, kept in `memory_load_error` and ignored) and saved as the module docstring says."""
         self._targets = [
             _TargetRuntime(spec=spec, estimator_state=EstimatorState(), decide_state=DecideState()) for spec in targets
         ]
@@ -117,6 +152,19 @@ class AdvisorLoop:
         self._log = logger if logger is not None else get_logger("loop")
         self._gpu_errors_logged: dict[str, None] = {}  # insertion-ordered set of logged GPU exceptions
         self._listeners = tuple(listeners)
+        self._memory_config = memory_config or MemoryConfig()
+        self._memory_store = memory_store
+        self._memory_save_interval_s = memory_save_interval_s
+        self._memory_saved: dict[str, AcceptanceMemory] = {}
+        self._memory_attempt_s: float | None = None  # last save attempt (success or not): the throttle's clock
+        self._memory_save_error: str | None = None
+        self.memory_load_error: str | None = None
+        if memory_store is not None:
+            loaded = memory_store.load()
+            self.memory_load_error = loaded.error
+            for runtime in self._targets:
+                runtime.memory = loaded.memories.get(runtime.spec.name, AcceptanceMemory())
+            self._memory_saved = self._memories()
 
     async def run_once(self, now_s: float) -> None:
         """One iteration at `now_s` (Unix seconds). A failing target, or a GPU source that raises, never stops the
@@ -133,6 +181,7 @@ class AdvisorLoop:
                     raise result  # cancellation and interpreter exits are not ours to swallow
                 self._internal_error(runtime, result, now_s)
         self._board.finish_iteration(now_s)
+        await self._save_memory(now_s, force=False)
         for listener in self._listeners:
             try:
                 await listener.after_iteration(now_s)
@@ -154,7 +203,45 @@ class AdvisorLoop:
             await self.run_once(started_s)
             await sleep(max(0.0, started_s + self._interval_s - clock()))
 
+    async def flush_memory(self, now_s: float) -> None:
+        """Save the acceptance memory now if it changed since the last save (at shutdown); never raises for I/O."""
+        await self._save_memory(now_s, force=True)
+
+    def memories(self) -> dict[str, AcceptanceMemory]:
+        """The acceptance memory of every target, by target name (what a save would write)."""
+        return self._memories()
+
     # ---------------------------------------------------------------------------------------------------------
+
+    def _memories(self) -> dict[str, AcceptanceMemory]:
+        return {runtime.spec.name: runtime.memory for runtime in self._targets}
+
+    async def _save_memory(self, now_s: float, *, force: bool) -> None:
+        store = self._memory_store
+        if store is None:
+            return
+        current = self._memories()
+        if current == self._memory_saved:
+            return
+        last = self._memory_attempt_s
+        due = last is None or now_s - last >= self._memory_save_interval_s
+        # A new model or k is saved at once, unless the last attempt failed (then the throttle spaces retries).
+        urgent = self._memory_save_error is None and _shape(current) != _shape(self._memory_saved)
+        if not (force or due or urgent):
+            return
+        self._memory_attempt_s = now_s
+        try:
+            await asyncio.to_thread(store.save, current, now_s=now_s)
+        except OSError as exc:
+            error = f"{type(exc).__name__}: {exc}"
+            if error != self._memory_save_error:  # once per distinct failure, not every interval
+                self._log.warning("acceptance memory not saved; it is kept in memory", extra=fields(error=error))
+            self._memory_save_error = error
+            return
+        if self._memory_save_error is not None:
+            self._log.info("acceptance memory saved again", extra=fields(after=self._memory_save_error))
+        self._memory_save_error = None
+        self._memory_saved = current
 
     async def _read_gpu(self, now_s: float) -> GpuSnapshot:
         try:
@@ -199,9 +286,12 @@ class AdvisorLoop:
             now_s=now_s,
             calibration_config=self._calibration_config,
             objective_config=self._objective_config,
+            memory=runtime.memory,
+            memory_config=self._memory_config,
         )
         decision, runtime.decide_state = advice.decision, advice.decide_state
         runtime.calibration_state = advice.calibration_state
+        runtime.memory = advice.memory
         self._board.timings.observe("advise", self._timer() - started)
 
         started = self._timer()
