@@ -367,7 +367,24 @@ def test_rbac_grants_only_get_and_patch_on_named_objects(renders: dict[str, list
             assert rule["resourceNames"], (name, rule)
             assert "*" not in rule["resourceNames"] + rule["resources"] + rule["apiGroups"], (name, rule)
         granted = {(g, r) for rule in role["rules"] for g in rule["apiGroups"] for r in rule["resources"]}
-        assert granted == {("apps", "deployments"), ("gateway.networking.k8s.io", "httproutes")}, name
+        # One mode's Role grants one kind: Deployments (kubernetes/schedule) or HTTPRoutes (routing), never both.
+        expected = {
+            "spec-advisor-toggle": {("apps", "deployments")},
+            "spec-advisor-routing": {("gateway.networking.k8s.io", "httproutes")},
+        }
+        assert granted == expected[role["metadata"]["name"]], name
+
+
+def test_routing_rbac_names_both_routes_and_no_deployment(renders: dict[str, list[Doc]]) -> None:
+    docs = renders["overlays/standalone-routing"]
+    (role,) = by_kind(docs, "Role")
+    (binding,) = by_kind(docs, "RoleBinding")
+    (rule,) = role["rules"]
+    assert rule["resources"] == ["httproutes"]
+    assert rule["resourceNames"] == ["vllm-llama-8b", "vllm-qwen3-8b"]
+    assert binding["roleRef"]["name"] == role["metadata"]["name"] == "spec-advisor-routing"
+    (deployment,) = by_kind(docs, "Deployment")
+    assert deployment["spec"]["template"]["spec"]["serviceAccountName"] == "spec-advisor"
 
 
 def test_the_sidecar_role_names_the_deployment_it_runs_in(renders: dict[str, list[Doc]]) -> None:
