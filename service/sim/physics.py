@@ -59,10 +59,17 @@ def forward_flops(scenario: Scenario, *, tokens: float, attention_pairs: float) 
     return 2.0 * model.active_params * tokens + model.attention_flops_per_token_ctx * attention_pairs
 
 
-def forward_read_bytes(scenario: Scenario, *, kv_tokens_read: float) -> float:
-    """Bytes one target forward streams from memory: all the weights plus the cached KV it attends to."""
+def forward_read_bytes(scenario: Scenario, *, kv_tokens_read: float, tokens: float = 1.0) -> float:
+    """Bytes one target forward over `tokens` tokens streams: the weights it uses plus the cached KV it attends to.
+
+    A dense model reads all its weights whatever `tokens` is; a mixture of experts reads its always-used weights
+    plus the routed experts these tokens touch (`MixtureOfExperts.experts_touched`).
+    """
     model = scenario.model
-    return model.weight_bytes + model.kv_bytes_per_token * kv_tokens_read
+    weights = model.weight_bytes
+    if model.moe is not None:
+        weights += model.moe.expert_bytes * model.moe.experts_touched(tokens)
+    return weights + model.kv_bytes_per_token * kv_tokens_read
 
 
 def target_step_time_s(scenario: Scenario, *, tokens: int, kv_tokens_read: float, attention_pairs: float) -> float:
@@ -73,7 +80,7 @@ def target_step_time_s(scenario: Scenario, *, tokens: int, kv_tokens_read: float
     hw = scenario.hardware
     bandwidth = hw.memory_bandwidth_bytes_per_s * hw.achieved_bandwidth_ratio
     flops_rate = hw.dense_flops_per_s * _flops_ratio(scenario, tokens)
-    memory_s = forward_read_bytes(scenario, kv_tokens_read=kv_tokens_read) / bandwidth
+    memory_s = forward_read_bytes(scenario, kv_tokens_read=kv_tokens_read, tokens=tokens) / bandwidth
     # Compute runs in whole tiles: a 3-token step costs as much matrix work as a full tile.
     padded = math.ceil(tokens / hw.compute_tile_tokens) * hw.compute_tile_tokens
     compute_s = forward_flops(scenario, tokens=padded, attention_pairs=attention_pairs) / flops_rate

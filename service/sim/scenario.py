@@ -86,10 +86,42 @@ class HardwareTruth(_Model):
         return self
 
 
+class MixtureOfExperts(_Model):
+    """A mixture-of-experts target: which expert weights a step streams depends on the tokens it runs.
+
+    With uniform routing, a step over N tokens touches E x (1 - (1 - k/E)^N) distinct experts per layer (E =
+    `num_experts`, k = `experts_per_token`), so verifying drafts streams more expert weights than decoding one
+    token: speculation is far less free at batch 1 than on a dense model, and cheaper once a batch touches them all.
+    """
+
+    num_experts: int = Field(ge=2, le=4096, description="Routed experts per MoE layer.")
+    experts_per_token: int = Field(ge=1, description="Experts each token is routed to (top-k).")
+    expert_bytes: float = Field(gt=0, description="Bytes of ONE expert's weights summed over all MoE layers.")
+
+    @model_validator(mode="after")
+    def _check_routing(self) -> MixtureOfExperts:
+        if self.experts_per_token > self.num_experts:
+            raise ValueError("experts_per_token must be <= num_experts")
+        return self
+
+    def experts_touched(self, tokens: float) -> float:
+        """Expected distinct experts (per layer) a step over `tokens` tokens reads; 0 tokens read none."""
+        if tokens <= 0:
+            return 0.0
+        miss = 1.0 - self.experts_per_token / self.num_experts
+        return float(self.num_experts * (1.0 - miss**tokens))
+
+
 class ModelTruth(_Model):
-    """The target model as the hardware sees it (what a step streams and computes)."""
+    """The target model as the hardware sees it (what a step streams and computes).
+
+    Dense models stream `weight_bytes` every step. With `moe`, `weight_bytes` is the always-read part (attention,
+    embeddings, router, shared experts) and each step adds the routed experts its tokens touch (see
+    `MixtureOfExperts`); `active_params` is then the parameters one token uses (shared + its top-k experts).
+    """
 
     weight_bytes: float = Field(gt=0, description="Bytes of weights streamed once per step (per GPU).")
+    moe: MixtureOfExperts | None = Field(default=None, description="Routed experts; None = a dense model.")
     active_params: float = Field(gt=0, description="Parameters used per token (active experts only for MoE).")
     kv_bytes_per_token: float = Field(gt=0, description="KV-cache bytes one token of context occupies.")
     attention_flops_per_token_ctx: float = Field(
@@ -152,12 +184,25 @@ class EngineLimits(_Model):
     kv_capacity_tokens: int = Field(ge=1, description="KV-cache capacity in tokens (num_gpu_blocks x block_size).")
     block_size: int = Field(default=16, ge=1, le=1024, description="Tokens per KV-cache block.")
     max_model_len: int = Field(ge=1, description="Longest prompt + output; also sets the token histograms' buckets.")
-    restart_delay_s: float = Field(ge=0, description="Downtime when speculation is reconfigured (a restart).")
+    restart_delay_s: float = Field(
+        ge=0, description="How long one replica is down when speculation is reconfigured (a restart)."
+    )
+    replicas: int = Field(
+        default=1, ge=1, le=64, description="Identical replicas behind a load balancer; the world simulates the "
+        "average one (the workload's rate is per replica)."
+    )
+    reconfigure: Literal["restart", "rolling"] = Field(
+        default="restart",
+        description="restart: every replica restarts at once, nothing is served for restart_delay_s. rolling "
+        "(replicas >= 2): one replica at a time, capacity drops by 1/replicas for restart_delay_s per replica.",
+    )
 
     @model_validator(mode="after")
     def _check_blocks(self) -> EngineLimits:
         if self.kv_capacity_tokens < self.block_size:
             raise ValueError("kv_capacity_tokens must hold at least one block (>= block_size)")
+        if self.reconfigure == "rolling" and self.replicas < 2:
+            raise ValueError("reconfigure 'rolling' needs replicas >= 2 (a single replica can only restart)")
         return self
 
 

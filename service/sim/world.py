@@ -169,6 +169,11 @@ class World:
             max_model_len=limits.max_model_len,
         )
         self._k = scenario.drafter.num_speculative_tokens
+        # The k engine steps run with: the configured k, except during a rolling update (see set_speculation).
+        self._run_k = self._k
+        # Share of seq slots and KV blocks in service: below 1 while a rolling update has a replica down.
+        self._capacity_ratio = 1.0
+        self._rollout: deque[tuple[float, str]] = deque()  # (time, event) of a rolling update under way
         self._metrics = EngineMetrics.fresh(
             created_s=start_s, num_speculative_tokens=self._k, max_model_len=limits.max_model_len
         )
@@ -206,6 +211,11 @@ class World:
     @property
     def serving(self) -> bool:
         return self._down_until_s is None
+
+    @property
+    def rolling_update_remaining_s(self) -> float:
+        """Seconds until a rolling update under way has every replica on the configured k; 0.0 when none is."""
+        return max(0.0, self._rollout[-1][0] - self._now_s) if self._rollout else 0.0
 
     @property
     def restart_remaining_s(self) -> float:
@@ -246,7 +256,7 @@ class World:
     def conditional_acceptance(self) -> tuple[float, ...]:
         """True conditional acceptance per position now, for positions 0..max(k, profile length)-1."""
         d = self._scenario.drafter
-        width = max(self._k, len(d.conditional_acceptance), len(d.conditional_acceptance_drift_to or ()))
+        width = max(self._k, self._run_k, len(d.conditional_acceptance), len(d.conditional_acceptance_drift_to or ()))
         return acceptance_at(self._scenario, self._now_s - self._start_s, width)
 
     @property
@@ -270,20 +280,38 @@ class World:
     # -- control ----------------------------------------------------------------------------------------------
 
     def set_speculation(self, k: int, *, now_s: float) -> None:
-        """Reconfigure to k draft tokens (0 = off) at `now_s`: a restart that drops in-flight requests, serves
-        nothing for the scenario's `restart_delay_s`, then starts with zeroed counters. Asking for the k already
-        configured does nothing (no restart, and a restart under way is not prolonged)."""
+        """Reconfigure to k draft tokens (0 = off) at `now_s`, paying what the scenario's `engine.reconfigure` says.
+
+        restart: in-flight requests are dropped, nothing is served for `restart_delay_s`, then the engine starts
+        with zeroed counters. rolling (replicas N >= 2): replica j restarts at now + j x restart_delay_s, j = 0..N-1;
+        while one is down, seq slots and KV blocks drop by 1/N and its in-flight share (1/N of the requests) is
+        dropped when it goes down. The average replica simulated here runs the new k once more than half the
+        replicas do, and its counters reset then (the scraped replica restarted); `/metrics` keeps answering.
+        Events apply at the first group boundary at or after their time (groups span <= `simulation.quantum_s`).
+        Asking for the k already configured does nothing (no restart, and a restart under way is not prolonged);
+        a new k during a rolling update starts a new rollout from `now_s`."""
         if not 0 <= k <= MAX_SPECULATIVE_TOKENS:
             raise ValueError(f"num_speculative_tokens must be in 0..{MAX_SPECULATIVE_TOKENS}, got {k}")
         self.advance_to(now_s)
         if k == self._k:
             return  # already running it, or a restart to it is already under way (a retried rollout)
+        engine = self._scenario.engine
+        if engine.reconfigure == "rolling" and self._down_until_s is None:
+            n, delay = engine.replicas, engine.restart_delay_s
+            self._k = k
+            events = [(self._now_s + j * delay, "replica-down") for j in range(n)]
+            events.append((self._now_s + (n // 2 + 1) * delay, "switch-k"))
+            events.append((self._now_s + n * delay, "done"))
+            self._rollout = deque(sorted(events, key=lambda e: e[0]))
+            return
         self._lost += len(self._running) + len(self._waiting)
         self._running.clear()
         self._waiting.clear()
         self._plan = None
         self._kv_usage = 0.0
-        self._k = k
+        self._k = self._run_k = k
+        self._rollout.clear()
+        self._capacity_ratio = 1.0
         self._down_until_s = self._now_s + self._scenario.engine.restart_delay_s
         self.advance_to(self._now_s)
 
@@ -300,11 +328,17 @@ class World:
                 self._come_up(up_at)
                 continue
             if self._plan is None:
+                self._apply_rollout_until(self._t_engine)
                 self._enqueue_arrivals_until(self._t_engine)
                 if not self._running and not self._waiting:
-                    if self._next_arrival_s > t_s:
+                    idle_until = min(self._next_arrival_s, self._rollout[0][0]) if self._rollout else (
+                        self._next_arrival_s
+                    )
+                    if idle_until > t_s:
                         return
-                    self._t_engine = self._next_arrival_s
+                    self._t_engine = max(self._t_engine, idle_until)
+                    if idle_until < self._next_arrival_s:
+                        self._apply_rollout_until(self._t_engine)
                     continue
                 self._plan = self._plan_group(self._t_engine)
             if self._plan.end_s > t_s:
@@ -356,6 +390,32 @@ class World:
             created_s=up_at, num_speculative_tokens=self._k, max_model_len=self._scenario.engine.max_model_len
         )
 
+    def _apply_rollout_until(self, t_s: float) -> None:
+        """Apply the rolling-update events due by `t_s` (called at group boundaries only, so no planned group
+        loses requests it already holds)."""
+        n = self._scenario.engine.replicas
+        while self._rollout and self._rollout[0][0] <= t_s:
+            at, event = self._rollout.popleft()
+            if event == "replica-down":
+                self._capacity_ratio = (n - 1) / n
+                # The restarting replica's share of the requests: every n-th one, its clients get errors.
+                gone = self._running[::n]
+                self._running = [r for i, r in enumerate(self._running) if i % n]
+                queued = list(self._waiting)
+                self._waiting = deque(r for i, r in enumerate(queued) if i % n)
+                self._lost += len(gone) + len(queued[::n])
+            elif event == "switch-k":
+                self._run_k = self._k
+                self._last_steps = 1
+                self._metrics = EngineMetrics.fresh(
+                    created_s=at, num_speculative_tokens=self._k, max_model_len=self._scenario.engine.max_model_len
+                )
+            else:
+                self._capacity_ratio = 1.0
+
+    def _blocks_in_service(self) -> int:
+        return max(1, math.floor(self._num_blocks * self._capacity_ratio))
+
     # -- scheduling -------------------------------------------------------------------------------------------
 
     def _preempt(self, request: _Request) -> None:
@@ -367,23 +427,25 @@ class World:
         self._waiting.appendleft(request)
 
     def _schedule(self, t0: float) -> None:
-        limits, k, bs = self._scenario.engine, self._k, self._scenario.engine.block_size
+        limits, k, bs = self._scenario.engine, self._run_k, self._scenario.engine.block_size
+        num_blocks = self._blocks_in_service()
+        max_seqs = max(1, math.floor(limits.max_num_seqs * self._capacity_ratio))
         acceptance = acceptance_at(self._scenario, t0 - self._start_s, k)
         # Like vLLM: admit on the blocks a request needs now (its context plus k lookahead slots), and preempt the
         # newest requests when the running ones would outgrow the cache during the coming group.
         growth = math.ceil(self._last_steps * expected_tokens_per_verification(self._scenario.drafter, k, acceptance))
         projected = [(r.prompt_tokens + r.generated + growth + k + bs - 1) // bs for r in self._running]
         total = sum(projected)
-        while total > self._num_blocks and len(self._running) > 1:
+        while (total > num_blocks or len(self._running) > max_seqs) and len(self._running) > 1:
             total -= projected.pop()
             self._preempt(self._running.pop())
         used = sum((r.prompt_tokens + r.generated + k + bs - 1) // bs for r in self._running)
         pending = sum(r.prefill_left for r in self._running)
         budget = limits.max_num_batched_tokens * self._last_steps
-        while self._waiting and len(self._running) < limits.max_num_seqs and pending < budget:
+        while self._waiting and len(self._running) < max_seqs and pending < budget:
             candidate = self._waiting[0]
             blocks = (candidate.prompt_tokens + candidate.generated + k + bs - 1) // bs
-            if used + blocks > self._num_blocks:
+            if used + blocks > num_blocks:
                 break
             self._waiting.popleft()
             self._running.append(candidate)
@@ -395,7 +457,7 @@ class World:
     def _plan_group(self, t0: float) -> _GroupPlan:
         self._schedule(t0)
         s, rng = self._scenario, self._engine_rng
-        k = self._k
+        k = self._run_k
         if self._disable_by_batch_size is not None and len(self._running) >= self._disable_by_batch_size:
             k = 0  # KV lookahead slots stay reserved for the configured k (as admitted in _schedule)
         decode_list: list[_Request] = []
@@ -497,7 +559,7 @@ class World:
             gone = {id(r) for r, _ in finished}
             self._running = [r for r in self._running if id(r) not in gone]
         self._last_steps = n
-        bs, reserved = s.engine.block_size, self._k
+        bs, reserved = s.engine.block_size, self._run_k
         held = sum(
             (r.prompt_tokens + r.generated - r.prefill_left + (reserved if r.prefill_left == 0 else 0) + bs - 1)
             // bs
@@ -550,7 +612,7 @@ class World:
                 iteration.observe(tokens)
             pairs = active * q * plan.decode_ctx + chunk * plan.prefill_ctx
             m.estimated_flops += forward_flops(s, tokens=tokens, attention_pairs=pairs)
-            m.estimated_read_bytes += forward_read_bytes(s, kv_tokens_read=plan.kv_tokens_read)
+            m.estimated_read_bytes += forward_read_bytes(s, kv_tokens_read=plan.kv_tokens_read, tokens=tokens)
             m.estimated_write_bytes += kv_bytes * tokens
             active -= finishing_at[j]
 
