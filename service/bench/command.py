@@ -7,7 +7,7 @@ file was invalid (the valid ones still run).
 
 from __future__ import annotations
 
-import asyncio
+import os
 import sys
 from collections.abc import Sequence
 from importlib import resources
@@ -33,9 +33,15 @@ def _progress(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def run_bench(files: Sequence[Path], *, duration_s: float | None, out_dir: Path, plots: bool) -> int:
+def _quiet_logs() -> None:
     # The sidecar logs scrape failures while the simulated engine restarts: expected here, not news.
     configure_logging(log_format="text", level="error")
+
+
+def run_bench(files: Sequence[Path], *, duration_s: float | None, out_dir: Path, plots: bool,
+              jobs: int | None = None) -> int:
+    """`jobs`: scenarios run at once in worker processes; None = one per CPU core."""
+    _quiet_logs()
     paths = list(files) or packaged_scenarios()
     benches: list[BenchScenario] = []
     invalid: list[ScenarioResult] = []
@@ -46,7 +52,9 @@ def run_bench(files: Sequence[Path], *, duration_s: float | None, out_dir: Path,
             _progress(f"invalid scenario: {exc}")
             invalid.append(ScenarioResult(name=path.stem, source=str(path), duration_s=0.0, itl_slo_s=None,
                                           error=str(exc)))
-    results = [*invalid, *asyncio.run(run_suite(benches, duration_s=duration_s, progress=_progress))]
+    workers = jobs if jobs is not None else os.cpu_count() or 1
+    results = [*invalid, *run_suite(benches, duration_s=duration_s, progress=_progress, jobs=workers,
+                                    worker_init=_quiet_logs)]
     table = format_table(results)
     print(table, flush=True)
     status = EXIT_INVALID if invalid else EXIT_FAILED if any(r.error for r in results) else 0

@@ -3,16 +3,22 @@ failing one: its error is recorded and the rest go on."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import multiprocessing
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
+from service.bench.checks import QualityChecks, crossing_lags, flaps, steady_changes, steady_ticks
 from service.bench.controllers import Controller
 from service.bench.oracle import Oracle
 from service.bench.pipeline import AdvisorController, SimClock, advisor_settings
-from service.bench.runner import ControllerFactory, PolicySpec, RunResult, run_policy
+from service.bench.runner import EPOCH_S, ControllerFactory, PolicySpec, RunResult, run_policy
 from service.bench.spec import BenchScenario
+from service.settings import Settings
+from service.sim.physics import acceptance_at, arrival_rate_at
 from service.sim.world import World
 
 ADVISOR = "advisor"
@@ -47,6 +53,7 @@ class ScenarioResult:
     outcomes: dict[str, PolicyOutcome] = field(default_factory=dict)
     error: str | None = None
     wall_s: float = 0.0
+    quality: QualityChecks | None = None
 
     def headline(self, policy: str) -> float:
         """The figure policies are ranked by: SLO goodput when the scenario sets an SLO, else goodput."""
@@ -70,7 +77,7 @@ def best_of(runs: Sequence[RunResult], itl_slo_s: float | None) -> RunResult:
     return min(close, key=lambda r: r.metrics.mean_itl_s if r.metrics.mean_itl_s is not None else float("inf"))
 
 
-def _advisor_factory(bench: BenchScenario) -> ControllerFactory:
+def _advisor_factory(bench: BenchScenario) -> tuple[ControllerFactory, Settings]:
     section = bench.bench
     settings = advisor_settings(
         model_name=bench.scenario.model_name,
@@ -88,25 +95,38 @@ def _advisor_factory(bench: BenchScenario) -> ControllerFactory:
         async with AdvisorController(settings, world=world, clock=SimClock(start_s)) as controller:
             yield controller
 
-    return factory
+    return factory, settings
 
 
-def _oracle(bench: BenchScenario, start_s: float) -> Oracle:
-    return Oracle(
-        bench.scenario,
-        start_s=start_s,
-        gamma_max=bench.gamma_max,
-        horizon_s=max(300.0, 10.0 * bench.scenario.engine.restart_delay_s),
-        itl_slo_s=bench.bench.itl_slo_s,
-    )
-
-
-def _oracle_factory(bench: BenchScenario) -> ControllerFactory:
+def _oracle_factory(oracle: Oracle) -> ControllerFactory:
     @contextlib.asynccontextmanager
     async def factory(world: World, start_s: float) -> AsyncIterator[Controller]:
-        yield _oracle(bench, start_s)
+        yield oracle
 
     return factory
+
+
+def quality_checks(bench: BenchScenario, *, advisor: RunResult, oracle: RunResult, planner: Oracle,
+                   settings: Settings) -> QualityChecks:
+    """The advisor's per-tick checks against the oracle's run (service.bench.checks), in the advisor's own units:
+    lags in decision windows (its estimator window), flaps against its dwell period."""
+    interval = bench.bench.decision_interval_s
+    dwell = settings.decide.dwell_s
+    adv = [t.k for t in advisor.ticks]
+    orc = [t.k for t in oracle.ticks]
+    times = [t.t_s for t in advisor.ticks]
+    rates = [arrival_rate_at(bench.scenario, t) for t in times]
+    first_acceptance = [acceptance_at(bench.scenario, t, 1)[0] for t in times]
+    steady = steady_ticks(rates, first_acceptance, interval_s=interval, span_s=max(dwell, 2 * interval))
+    initial = bench.scenario.drafter.num_speculative_tokens
+    change_times = [times[i] for i, k in enumerate(adv) if k != (adv[i - 1] if i else initial)]
+    return QualityChecks(
+        crossings=crossing_lags(adv, orc, oracle_initial_k=planner.initial_k(), interval_s=interval,
+                                utility=planner.utility),
+        window_s=settings.estimator.window_s,
+        flaps=flaps(change_times, dwell_s=dwell),
+        steady_changes=steady_changes(adv, steady, initial_k=initial, utility=planner.utility),
+    )
 
 
 async def run_scenario(bench: BenchScenario, *, duration_s: float | None = None,
@@ -117,7 +137,7 @@ async def run_scenario(bench: BenchScenario, *, duration_s: float | None = None,
     slo = bench.bench.itl_slo_s
     say = progress or (lambda _msg: None)
     # Bad advisor settings fail here, before any run, with the settings' own message.
-    advisor_factory = _advisor_factory(bench)
+    advisor_factory, settings = _advisor_factory(bench)
 
     async def run(spec: PolicySpec) -> RunResult:
         result = await run_policy(bench, spec, duration_s=duration)
@@ -133,8 +153,9 @@ async def run_scenario(bench: BenchScenario, *, duration_s: float | None = None,
     ]
     best_fixed = best_of(fixed, slo)
     best_threshold = best_of(thresholds, slo)
-    oracle_start_k = _oracle(bench, 0.0).initial_k()
-    oracle = await run(PolicySpec(name=ORACLE, initial_k=oracle_start_k, controller=_oracle_factory(bench)))
+    planner = Oracle(bench.scenario, start_s=EPOCH_S, gamma_max=bench.gamma_max,
+                     interval_s=bench.bench.decision_interval_s, duration_s=duration, itl_slo_s=slo)
+    oracle = await run(PolicySpec(name=ORACLE, initial_k=planner.initial_k(), controller=_oracle_factory(planner)))
     advisor = await run(
         PolicySpec(name=ADVISOR, initial_k=bench.scenario.drafter.num_speculative_tokens,
                    controller=advisor_factory)
@@ -147,31 +168,60 @@ async def run_scenario(bench: BenchScenario, *, duration_s: float | None = None,
         BEST_FIXED: PolicyOutcome(best_fixed, setting=best_fixed.policy.removeprefix("fixed ")),
         ORACLE: PolicyOutcome(oracle),
     }
-    return ScenarioResult(name=bench.name, source=bench.source, duration_s=duration, itl_slo_s=slo, outcomes=outcomes)
+    quality = quality_checks(bench, advisor=advisor, oracle=oracle, planner=planner, settings=settings)
+    return ScenarioResult(name=bench.name, source=bench.source, duration_s=duration, itl_slo_s=slo, outcomes=outcomes,
+                          quality=quality)
 
 
-async def run_suite(
-    benches: Sequence[BenchScenario], *, duration_s: float | None = None, progress: Progress | None = None
-) -> list[ScenarioResult]:
-    """Run every scenario; one that raises is reported with its error and the next one runs."""
+def _failed(bench: BenchScenario, duration_s: float | None, exc: BaseException) -> ScenarioResult:
+    duration = duration_s if duration_s is not None else bench.bench.duration_s
+    return ScenarioResult(name=bench.name, source=bench.source, duration_s=duration, itl_slo_s=bench.bench.itl_slo_s,
+                          error=f"{type(exc).__name__}: {exc}")
+
+
+def run_one(bench: BenchScenario, duration_s: float | None, progress: Progress | None) -> ScenarioResult:
+    """One scenario, start to end, in this process (also the worker of a parallel suite); never raises: a
+    broken scenario (or a bug it exposes) is reported with its error so the others' results are kept."""
+    started = time.perf_counter()
     say = progress or (lambda _msg: None)
-    results: list[ScenarioResult] = []
+    try:
+        result = asyncio.run(run_scenario(bench, duration_s=duration_s, progress=progress))
+    except Exception as exc:  # one broken scenario must not lose the others' results
+        result = _failed(bench, duration_s, exc)
+        say(f"  {bench.name}: FAILED: {result.error}")
+    wall = time.perf_counter() - started
+    say(f"  {bench.name}: {'failed' if result.error else 'done'} in {wall:.1f} s")
+    return ScenarioResult(
+        name=result.name, source=result.source, duration_s=result.duration_s, itl_slo_s=result.itl_slo_s,
+        outcomes=result.outcomes, error=result.error, wall_s=wall, quality=result.quality,
+    )
+
+
+def run_suite(
+    benches: Sequence[BenchScenario],
+    *,
+    duration_s: float | None = None,
+    progress: Progress | None = None,
+    jobs: int = 1,
+    worker_init: Callable[[], None] | None = None,
+) -> list[ScenarioResult]:
+    """Run every scenario, in order, or `jobs` at a time in worker processes (each scenario is independent and
+    single-threaded, so a 2-core machine runs the suite in about half the time). Results come back in the order
+    of `benches`; one that raises is reported with its error and the others run. With jobs > 1, `progress` and
+    `worker_init` must be picklable (module-level functions): workers are spawned, not forked."""
+    say = progress or (lambda _msg: None)
     for i, bench in enumerate(benches, 1):
-        started = time.perf_counter()
-        say(f"[{i}/{len(benches)}] {bench.name} ({bench.source})")
-        try:
-            result = await run_scenario(bench, duration_s=duration_s, progress=progress)
-        except Exception as exc:  # one broken scenario (or a bug it exposes) must not lose the others' results
-            duration = duration_s if duration_s is not None else bench.bench.duration_s
-            result = ScenarioResult(
-                name=bench.name, source=bench.source, duration_s=duration, itl_slo_s=bench.bench.itl_slo_s,
-                error=f"{type(exc).__name__}: {exc}",
-            )
-            say(f"  {bench.name}: FAILED: {result.error}")
-        wall = time.perf_counter() - started
-        results.append(ScenarioResult(
-            name=result.name, source=result.source, duration_s=result.duration_s, itl_slo_s=result.itl_slo_s,
-            outcomes=result.outcomes, error=result.error, wall_s=wall,
-        ))
-        say(f"  {bench.name}: {'failed' if result.error else 'done'} in {wall:.1f} s")
-    return results
+        say(f"[{i}/{len(benches)}] queued {bench.name} ({bench.source})")
+    if jobs <= 1 or len(benches) <= 1:
+        return [run_one(bench, duration_s, progress) for bench in benches]
+    context = multiprocessing.get_context("spawn")  # a fresh interpreter: no inherited event loop or locks
+    with ProcessPoolExecutor(max_workers=min(jobs, len(benches)), mp_context=context,
+                             initializer=worker_init) as pool:
+        futures = [pool.submit(run_one, bench, duration_s, progress) for bench in benches]
+        results = []
+        for bench, future in zip(benches, futures, strict=True):
+            try:
+                results.append(future.result())
+            except Exception as exc:  # the worker itself died (e.g. out of memory): report, keep the rest
+                results.append(_failed(bench, duration_s, exc))
+        return results

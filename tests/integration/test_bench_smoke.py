@@ -31,6 +31,10 @@ def test_oracle_is_at_least_every_static_policy_and_off_never_changes(tmp_path: 
     result = asyncio.run(run_scenario(bench))
     assert result.error is None
     assert set(result.outcomes) == set(POLICIES)
+    assert result.quality is not None
+    # Steady load and acceptance: the oracle's program keeps one gamma, so there is no crossing to lag behind.
+    assert result.quality.crossings == ()
+    assert result.outcomes[ORACLE].run.config_changes == 0
     assert result.outcomes[ALWAYS_OFF].run.config_changes == 0
     assert all(t.k == 0 for t in result.outcomes[ALWAYS_OFF].run.ticks)
     oracle = result.headline(ORACLE)
@@ -46,7 +50,7 @@ def test_oracle_is_at_least_every_static_policy_and_off_never_changes(tmp_path: 
 def test_cli_runs_valid_files_reports_the_invalid_one_and_writes_table_and_plots(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    good = [_tiny(tmp_path, "low-load"), _tiny(tmp_path, "never-worth-it")]
+    good = [_tiny(tmp_path, "low-load"), _tiny(tmp_path, "rolling-update")]
     bad = tmp_path / "broken.yaml"
     data = yaml.safe_load(good[0].read_text(encoding="utf-8"))
     data["drafter"]["conditional_acceptance"] = [1.5]
@@ -59,10 +63,16 @@ def test_cli_runs_valid_files_reports_the_invalid_one_and_writes_table_and_plots
     assert status == 2  # an invalid file; the valid ones still ran
     assert str(bad) in captured.err and "drafter.conditional_acceptance" in captured.err
     table = captured.out
-    for name in ("tiny-low-load", "tiny-never-worth-it"):
-        rows = [line for line in table.splitlines() if line.startswith(name + " ")]
+    policy_table = table[:table.index("goodput:")]
+    for name in ("tiny-low-load", "tiny-rolling-update"):
+        rows = [line for line in policy_table.splitlines() if line.startswith(name + " ")]
         assert {row.split()[1] for row in rows} == set(POLICIES), name
         assert (out / f"{name}.png").stat().st_size > 0
     assert "broken" in table and "FAILED" in table
     assert "worst advisor/oracle" in table
+    # The quality table: one row per valid scenario, ending in its targets verdict.
+    quality = table[table.index("targets"):].splitlines()
+    for name in ("tiny-low-load", "tiny-rolling-update"):
+        [row] = [line for line in quality if line.startswith(name + " ")]
+        assert row.rstrip().endswith("ok") or "MISS" in row
     assert (out / "bench.txt").read_text(encoding="utf-8").strip() == table.strip()

@@ -88,8 +88,8 @@ def test_plain_simulator_scenarios_load_with_bench_defaults() -> None:
     assert bench.bench.itl_slo_s is None
     # demo deploys k=3; the grid goes to max(k, 5)
     assert bench.gamma_max == 5
-    # powers of two from 4 below max_num_seqs 256
-    assert bench.batch_thresholds == (4, 8, 16, 32, 64, 128)
+    # powers of 4 from 4 below max_num_seqs 256 (4, 16, 64) plus 256 / 2 = 128
+    assert bench.batch_thresholds == (4, 16, 64, 128)
 
 
 def test_world_records_completions_only_when_asked() -> None:

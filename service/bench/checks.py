@@ -1,0 +1,115 @@
+"""Per-tick decision-quality checks of a run against the oracle's plan (docs/bench.md, "Quality checks").
+
+Inputs are the k each policy had configured after each decision tick (tick i at (i + 1) x interval) and the
+oracle's true utility u(interval, gamma) (its steady-state score over the best gamma's, 0..1; see
+`service.bench.oracle`), so every check is a pure function of k sequences, u, and when the load was steady.
+
+- crossings: ticks where the oracle's choice changes (a load shift or drift across a crossover, as the true physics
+  sees it). The lag of a crossing is the time from it until the advisor's choice agrees with the oracle's: its
+  true utility is within `AGREE_MARGIN` of the oracle's choice (a gamma as good as the oracle's counts; a
+  near-tie is not a disagreement). A crossing the advisor never matches before the next one (or the end) is missed.
+- flaps: consecutive changes closer together than the advisor's dwell period (more than one change per dwell).
+- steady changes: changes while load and acceptance were steady that did not raise the policy's true utility by
+  at least `AGREE_MARGIN` (corrections towards the oracle do not count; noise-driven changes do).
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+# Two choices whose true utilities are within this of each other are equally right (2%: the advisor's own
+# min_speedup_gain_to_change_gamma, and about the step-time jitter of a decision window).
+AGREE_MARGIN = 0.02
+
+# utility(interval index, gamma) -> 0..1, the oracle's normalised true score.
+Utility = Callable[[int, int], float]
+
+
+@dataclass(frozen=True, slots=True)
+class Crossing:
+    """One oracle on/off change: when (seconds into the run) and how long until the advisor agreed (None: never
+    before the next crossing or the end of the run)."""
+
+    t_s: float
+    lag_s: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class QualityChecks:
+    """The advisor's per-tick checks for one scenario (see the module docstring)."""
+
+    crossings: tuple[Crossing, ...]
+    window_s: float  # one decision window: the unit lags are reported in
+    flaps: int
+    steady_changes: int
+
+    @property
+    def worst_lag_windows(self) -> float | None:
+        """The longest lag in decision windows; inf when a crossing was missed, None without crossings."""
+        if not self.crossings:
+            return None
+        return max(float("inf") if c.lag_s is None else c.lag_s / self.window_s for c in self.crossings)
+
+
+def change_ticks(initial_k: int, ks: Sequence[int]) -> list[int]:
+    """Indices of the ticks at which k differs from the tick before (tick 0 compares with `initial_k`)."""
+    previous = initial_k
+    out = []
+    for i, k in enumerate(ks):
+        if k != previous:
+            out.append(i)
+        previous = k
+    return out
+
+
+def agrees(utility: Utility, tick: int, k: int, oracle_k: int) -> bool:
+    """Whether k is as good as the oracle's choice at `tick` (decided at its end, so judged on the next interval)."""
+    return utility(tick + 1, k) >= utility(tick + 1, oracle_k) - AGREE_MARGIN
+
+
+def crossing_lags(policy_k: Sequence[int], oracle_k: Sequence[int], *, oracle_initial_k: int, interval_s: float,
+                  utility: Utility) -> tuple[Crossing, ...]:
+    """Each change of the oracle's choice and the policy's lag to agree with it (module docstring)."""
+    n = min(len(policy_k), len(oracle_k))
+    flips = change_ticks(oracle_initial_k, oracle_k[:n])
+    out = []
+    for j, start in enumerate(flips):
+        end = flips[j + 1] if j + 1 < len(flips) else n
+        lag = next(((i - start) * interval_s for i in range(start, end)
+                    if agrees(utility, i, policy_k[i], oracle_k[i])), None)
+        out.append(Crossing(t_s=(start + 1) * interval_s, lag_s=lag))
+    return tuple(out)
+
+
+def flaps(change_times_s: Sequence[float], *, dwell_s: float) -> int:
+    """Changes that came less than `dwell_s` after the previous change."""
+    return sum(1 for a, b in itertools.pairwise(change_times_s) if b - a < dwell_s)
+
+
+def steady_changes(policy_k: Sequence[int], steady: Sequence[bool], *, initial_k: int, utility: Utility) -> int:
+    """Changes at steady ticks that did not raise the policy's true utility by AGREE_MARGIN (module docstring)."""
+    count = 0
+    for i in change_ticks(initial_k, policy_k):
+        if i >= len(steady) or not steady[i]:
+            continue
+        before = policy_k[i - 1] if i else initial_k
+        if utility(i + 1, policy_k[i]) < utility(i + 1, before) + AGREE_MARGIN:
+            count += 1
+    return count
+
+
+def steady_ticks(rates: Sequence[float], acceptances: Sequence[float], *, interval_s: float, span_s: float,
+                 rate_tolerance: float = 0.1, acceptance_tolerance: float = 0.02) -> list[bool]:
+    """Whether, at each tick, the true arrival rate stayed within +-`rate_tolerance` (relative) of its current
+    value and the true first-position acceptance within +-`acceptance_tolerance` over the last `span_s`."""
+    back = max(1, round(span_s / interval_s))
+    out = []
+    for i, (rate, acc) in enumerate(zip(rates, acceptances, strict=True)):
+        lo = max(0, i - back)
+        out.append(
+            all(abs(r - rate) <= rate_tolerance * max(rate, 1e-9) for r in rates[lo:i + 1])
+            and all(abs(a - acc) <= acceptance_tolerance for a in acceptances[lo:i + 1])
+        )
+    return out

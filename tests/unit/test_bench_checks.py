@@ -1,0 +1,92 @@
+"""Per-tick quality checks: crossover lag, flapping, steady-load changes (pure functions over k sequences)."""
+
+from __future__ import annotations
+
+from service.bench.checks import (
+    QualityChecks,
+    Utility,
+    change_ticks,
+    crossing_lags,
+    flaps,
+    steady_changes,
+    steady_ticks,
+)
+
+
+def on_off_utility(best: list[int]) -> Utility:
+    """u(i, g): 1.0 when g is the best gamma of interval i, 0.5 otherwise."""
+
+    def utility(i: int, g: int) -> float:
+        return 1.0 if g == best[min(i, len(best) - 1)] else 0.5
+
+    return utility
+
+
+def test_change_ticks_compares_the_first_tick_with_the_initial_k() -> None:
+    assert change_ticks(3, [3, 0, 0, 2]) == [1, 3]
+    assert change_ticks(0, [3, 3]) == [0]
+
+
+def test_lag_counts_ticks_until_the_policy_agrees() -> None:
+    oracle = [3, 3, 0, 0, 0, 0, 0, 0]
+    policy = [3, 3, 3, 3, 3, 0, 0, 0]
+    best = [3, 3, 3, 0, 0, 0, 0, 0, 0]  # interval i+1 is what tick i's choice runs in
+    utility = on_off_utility(best)
+    [crossing] = crossing_lags(policy, oracle, oracle_initial_k=3, interval_s=5.0, utility=utility)
+    # The oracle switched at tick 2 (t = 3 x 5 s = 15 s); the policy agreed at tick 5: 3 ticks x 5 s = 15 s.
+    assert crossing.t_s == 15.0
+    assert crossing.lag_s == 15.0
+    checks = QualityChecks(crossings=(crossing,), window_s=60.0, flaps=0, steady_changes=0)
+    assert checks.worst_lag_windows == 15.0 / 60.0
+
+
+def test_a_crossing_never_matched_is_missed() -> None:
+    oracle = [0, 0, 3, 3]
+    policy = [3, 3, 0, 0]
+    best = [0, 0, 0, 3, 3]
+    crossings = crossing_lags(policy, oracle, oracle_initial_k=3, interval_s=5.0,
+                              utility=on_off_utility(best))
+    # Two oracle changes (tick 0: 3 -> 0, tick 2: 0 -> 3); the policy is opposite throughout.
+    assert [c.lag_s for c in crossings] == [None, None]
+    assert QualityChecks(crossings=crossings, window_s=60.0, flaps=0, steady_changes=0).worst_lag_windows == float(
+        "inf"
+    )
+
+
+def test_an_equally_good_gamma_agrees() -> None:
+    oracle = [3, 2]
+    policy = [3, 3]
+
+    def utility(i: int, g: int) -> float:
+        return 0.99 if g == 3 else 1.0  # gamma 3 is within the 2% margin of the best
+
+    [crossing] = crossing_lags(policy, oracle, oracle_initial_k=3, interval_s=5.0, utility=utility)
+    assert crossing.lag_s == 0.0
+
+
+def test_flaps_are_changes_within_a_dwell_of_the_previous() -> None:
+    # Gaps: 30 s (flap at dwell 120), 200 s, 100 s (flap).
+    assert flaps([100.0, 130.0, 330.0, 430.0], dwell_s=120.0) == 2
+    assert flaps([100.0], dwell_s=120.0) == 0
+
+
+def test_steady_changes_skip_corrections_and_count_the_rest() -> None:
+    best = [5] * 10
+    utility = on_off_utility(best)
+    policy = [3, 5, 3, 5, 5]
+    steady = [True] * 5
+    # Tick 1 (3 -> 5) raises utility 0.5 -> 1.0: a correction. Tick 2 (5 -> 3) lowers it and tick 3 raises it back
+    # (a correction again): one noise change.
+    assert steady_changes(policy, steady, initial_k=3, utility=utility) == 1
+    assert steady_changes(policy, [False] * 5, initial_k=3, utility=utility) == 0
+
+
+def test_steady_ticks_need_constant_rate_and_acceptance_over_the_span() -> None:
+    rates = [1.0, 1.0, 1.0, 5.0, 5.0, 5.0, 5.0]
+    acceptance = [0.7] * 7
+    # Span 10 s = 2 ticks back: ticks 3 and 4 still have 1.0 within their span (ticks 1..3, 2..4); tick 5 looks
+    # at ticks 3..5, all 5.0: steady again.
+    assert steady_ticks(rates, acceptance, interval_s=5.0, span_s=10.0) == [True, True, True, False, False, True,
+                                                                           True]
+    drifting = [0.7, 0.7, 0.75, 0.75, 0.75]
+    assert steady_ticks([1.0] * 5, drifting, interval_s=5.0, span_s=10.0) == [True, True, False, False, True]
