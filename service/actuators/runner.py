@@ -1,0 +1,497 @@
+"""The actuation runner: an `IterationListener` that, after each advisor iteration and per actuated target,
+observes the deployment, computes the wanted setting from the Board's published decision, asks the pure gate
+(`policies.actuation.plan_action`) whether to act, applies (or dry-runs) the change, writes the audit log and counts.
+
+One action in flight: `after_iteration` starts one background pass over the targets (sequentially) and returns at
+once, so a slow API server never stalls the advisor loop (and /healthz); a tick that finds the previous pass still
+running starts nothing (`busy_ticks` counts them). Operator commands (pause, resume, override) change the gate state
+directly: a pass writes its next state before it awaits the actuator, so a command issued meanwhile is never lost.
+At start-up `restore` rebuilds the pause switch, overrides and recent actions from the audit log. Nothing here
+raises into the loop: an actuator that raises or hangs is an `unexpected` / `unreachable` error in the
+audit log and the counters, and the recommendation keeps being served.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+from typing import Any
+
+from policies.actuation import (
+    DAY_S,
+    HOUR_S,
+    ActionPlan,
+    ActuationConfig,
+    ActuationState,
+    Override,
+    SkipReason,
+    actions_within,
+    active_override,
+    cooldown_remaining_s,
+    desired_setting,
+    plan_action,
+)
+from policies.deployment import ActuatorError, ApplyResult, DeploymentObservation, SpeculationSetting
+from policies.schedule import BatchSchedule, plan_from_evidence, schedule_for
+from policies.types import Decision, TargetState
+from service.actuators.audit import AuditLog, SkipThrottle, rfc3339
+from service.actuators.base import Actuator
+from service.board import Board, TargetStatus
+from service.logs import fields, get_logger
+
+RESULTS = ("applied", "dry_run", "failed")
+
+
+@dataclass(frozen=True, slots=True)
+class RunnerOptions:
+    """How the runner acts: the mode ("kubernetes", "schedule", "routing"), the gate's numbers, and what the wanted
+    setting is computed from (per target, the routing on-pool's k; the schedule's batch range, gamma limit and
+    margin)."""
+
+    mode: str
+    config: ActuationConfig
+    on_pool_k: Mapping[str, int] = field(default_factory=dict)  # routing: target -> the on-pool's k
+    schedule_max_num_seqs: int = 256
+    schedule_gamma_max: int = 8
+    schedule_margin: float = 0.0
+    actuator_timeout_s: float = 30.0
+    skip_interval_s: float = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class TargetActuation:
+    """One target's actuation state at `now_s`, for GET /v1/actions and the exporter."""
+
+    target: str
+    target_ref: str
+    mode: str
+    dry_run: bool
+    paused: bool
+    override: Override | None
+    cooldown_remaining_s: float
+    cooldown_until_s: float | None
+    actions_last_hour: int
+    actions_last_day: int
+    last_observation: DeploymentObservation | None
+    last_plan: ActionPlan | None
+    last_action_s: float | None
+    last_result: str | None
+    actions: Mapping[str, int]  # by result: applied, dry_run, failed
+    skipped: Mapping[str, int]  # by SkipReason value
+    errors: Mapping[str, int]  # by ActuatorError value
+
+    @property
+    def last_observation_error(self) -> str | None:
+        obs = self.last_observation
+        if obs is None or obs.error is None:
+            return None
+        return f"{obs.error.value}: {obs.detail}" if obs.detail else obs.error.value
+
+
+@dataclass(slots=True)
+class _Runtime:
+    target: str
+    actuator: Actuator
+    state: ActuationState = field(default_factory=ActuationState)
+    last_observation: DeploymentObservation | None = None
+    last_plan: ActionPlan | None = None
+    last_result: str | None = None
+    actions: dict[str, int] = field(default_factory=dict)
+    skipped: dict[str, int] = field(default_factory=dict)
+    errors: dict[str, int] = field(default_factory=dict)
+
+
+class UnknownTargetError(KeyError):
+    """A command named a target the runner does not act on."""
+
+
+class ActuationRunner:
+    """Acts on `actuators` (target name -> Actuator) from `board`'s decisions; every step lands in `audit`."""
+
+    def __init__(
+        self,
+        board: Board,
+        actuators: Mapping[str, Actuator],
+        *,
+        options: RunnerOptions,
+        audit: AuditLog,
+        logger: logging.Logger | None = None,
+    ) -> None:
+        self._board = board
+        self._options = options
+        self._audit = audit
+        self._throttle = SkipThrottle(options.skip_interval_s)
+        self._runtimes = {name: _Runtime(target=name, actuator=actuator) for name, actuator in actuators.items()}
+        self._log = logger if logger is not None else get_logger("actuation")
+        self._task: asyncio.Task[None] | None = None
+        self.busy_ticks = 0
+        self.audit_errors = 0
+        self.version = 0  # grows with every change a reader could see
+
+    @property
+    def mode(self) -> str:
+        return self._options.mode
+
+    @property
+    def dry_run(self) -> bool:
+        return self._options.config.dry_run
+
+    @property
+    def config(self) -> ActuationConfig:
+        return self._options.config
+
+    @property
+    def target_names(self) -> tuple[str, ...]:
+        return tuple(self._runtimes)
+
+    # -- the listener ------------------------------------------------------------------------------------------
+
+    async def after_iteration(self, now_s: float) -> None:
+        """Start one pass over the targets at `now_s` unless the previous one is still running."""
+        if self._task is not None and not self._task.done():
+            self.busy_ticks += 1
+            self.version += 1
+            return
+        self._task = asyncio.create_task(self._pass(now_s), name="spec-advisor-actuation")
+
+    async def idle(self) -> None:
+        """Wait for the pass in flight (if any) to finish."""
+        if self._task is not None:
+            await asyncio.shield(self._task)
+
+    async def aclose(self, *, grace_s: float = 5.0) -> None:
+        """Let a pass in flight finish for up to `grace_s`, then cancel it (at shutdown)."""
+        task = self._task
+        if task is None or task.done():
+            return
+        with contextlib.suppress(TimeoutError, asyncio.CancelledError):
+            await asyncio.wait_for(asyncio.shield(task), grace_s)
+        if not task.done():
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _pass(self, now_s: float) -> None:
+        for runtime in self._runtimes.values():
+            try:
+                await self._step(runtime, now_s)
+            except Exception as exc:  # a bug of ours: keep acting on the other targets, keep advising
+                self._log.error("actuation step failed", exc_info=exc, extra=fields(target=runtime.target))
+                runtime.errors[ActuatorError.UNEXPECTED.value] = runtime.errors.get("unexpected", 0) + 1
+                self.version += 1
+
+    async def _step(self, runtime: _Runtime, now_s: float) -> None:
+        status = self._board.get(runtime.target)
+        decision = status.decision if status is not None else None
+        observation = await self._observe(runtime, now_s)
+        runtime.last_observation = observation
+        if observation.error is not None:
+            runtime.errors[observation.error.value] = runtime.errors.get(observation.error.value, 0) + 1
+        desired = await self._desired(runtime.target, decision, status)
+        plan, runtime.state = plan_action(
+            decision, observation, desired, config=self._options.config, state=runtime.state, now_s=now_s
+        )
+        runtime.last_plan = plan
+        self.version += 1
+        if not plan.act:
+            assert plan.skip is not None
+            runtime.skipped[plan.skip.value] = runtime.skipped.get(plan.skip.value, 0) + 1
+            # An observation error's cause is part of its key: forbidden then unreachable is news worth a line.
+            key = plan.skip.value if observation.error is None else f"{plan.skip.value}:{observation.error.value}"
+            if self._throttle.should_write(runtime.target, key, now_s):
+                await self._write(self._record(runtime, "skip", now_s, status=status, observation=observation,
+                                               desired=plan.desired, reason=plan.skip.value, detail=plan.detail,
+                                               result="skipped"))
+            return
+        assert plan.desired is not None
+        result = await self._apply(runtime, plan.desired, observation)
+        label = "failed" if result.error is not None else ("dry_run" if result.dry_run else "applied")
+        runtime.actions[label] = runtime.actions.get(label, 0) + 1
+        runtime.last_result = label
+        if result.error is not None:
+            runtime.errors[result.error.value] = runtime.errors.get(result.error.value, 0) + 1
+        self.version += 1
+        self._throttle.reset(runtime.target)
+        self._log.log(
+            logging.WARNING if result.error is not None else logging.INFO,
+            "actuation " + label,
+            extra=fields(target=runtime.target, ref=runtime.actuator.target_ref, mode=self._options.mode,
+                         desired=_setting_json(plan.desired), error=result.error and result.error.value,
+                         detail=result.detail),
+        )
+        reason = "override" if plan.via_override else "recommendation"
+        detail = plan.detail if result.error is None else f"{plan.detail}; {result.detail}".strip("; ")
+        await self._write(self._record(
+            runtime, "action", now_s, status=status, observation=observation, desired=plan.desired, reason=reason,
+            detail=detail, result=label, apply=result,
+        ))
+
+    async def _observe(self, runtime: _Runtime, now_s: float) -> DeploymentObservation:
+        try:
+            return await asyncio.wait_for(runtime.actuator.observe(now_s), self._options.actuator_timeout_s)
+        except TimeoutError:
+            return DeploymentObservation(
+                at_s=now_s, setting=None, rollout_in_progress=False, error=ActuatorError.UNREACHABLE,
+                detail=f"no answer within {self._options.actuator_timeout_s:g} s",
+            )
+        except Exception as exc:  # the actuator broke its never-raise contract
+            self._log.error("actuator observe raised", exc_info=exc, extra=fields(target=runtime.target))
+            return DeploymentObservation(
+                at_s=now_s, setting=None, rollout_in_progress=False, error=ActuatorError.UNEXPECTED,
+                detail=f"{type(exc).__name__}: {exc}",
+            )
+
+    async def _apply(
+        self, runtime: _Runtime, desired: SpeculationSetting, observation: DeploymentObservation
+    ) -> ApplyResult:
+        dry_run = self._options.config.dry_run
+        try:
+            return await asyncio.wait_for(
+                runtime.actuator.apply(desired, observation, dry_run=dry_run), self._options.actuator_timeout_s
+            )
+        except TimeoutError:
+            return ApplyResult(applied=False, dry_run=dry_run, patch=None, patch_type=None,
+                               error=ActuatorError.UNREACHABLE,
+                               detail=f"no answer within {self._options.actuator_timeout_s:g} s (the next observation "
+                                      "shows whether it landed)")
+        except Exception as exc:
+            self._log.error("actuator apply raised", exc_info=exc, extra=fields(target=runtime.target))
+            return ApplyResult(applied=False, dry_run=dry_run, patch=None, patch_type=None,
+                               error=ActuatorError.UNEXPECTED, detail=f"{type(exc).__name__}: {exc}")
+
+    async def _desired(
+        self, target: str, decision: Decision | None, status: TargetStatus | None
+    ) -> SpeculationSetting | None:
+        if decision is None or decision.state != TargetState.OK:
+            return None
+        schedule: BatchSchedule | None = None
+        if self._options.mode == "schedule":
+            schedule = await asyncio.to_thread(self._schedule, status)
+            if schedule is None:
+                return None
+        return desired_setting(decision, mode=self._options.mode, schedule=schedule,
+                               on_pool_k=self._options.on_pool_k.get(target))
+
+    def _schedule(self, status: TargetStatus | None) -> BatchSchedule | None:
+        if status is None or status.evidence is None or status.context is None:
+            return None
+        try:
+            plan = plan_from_evidence(
+                status.evidence, status.context, max_num_seqs=self._options.schedule_max_num_seqs,
+                gamma_max=self._options.schedule_gamma_max, margin=self._options.schedule_margin,
+            )
+            return schedule_for(plan)
+        except ValueError as exc:
+            self._log.warning("no schedule for the target", extra=fields(target=status.target, reason=str(exc)))
+            return None
+
+    # -- restart -----------------------------------------------------------------------------------------------
+
+    def restore(self, records: Sequence[Mapping[str, Any]], *, now_s: float) -> None:
+        """Rebuild each target's gate state from audit records (oldest first) read back at start-up: the pause
+        switch, an unexpired override, and the actions of the last day (cooldown and caps). So a restart neither
+        un-pauses a target nor resets its rate limits. The dwell starts afresh (it needs fresh good data anyway)."""
+        for record in records:
+            runtime = self._runtimes.get(str(record.get("target")))
+            at_s = record.get("at_s")
+            if runtime is None or not isinstance(at_s, int | float):
+                continue
+            state, kind = runtime.state, record.get("kind")
+            if kind in ("pause", "resume"):
+                state = replace(state, paused=kind == "pause")
+            elif kind == "override":
+                state = _restored_override(state, record, float(at_s))
+            elif kind == "override_cleared":
+                state = replace(state, override=None)
+            elif kind == "action" and record.get("result") in RESULTS and now_s - at_s < DAY_S:
+                when = float(at_s)
+                state = replace(state, last_action_s=when, recent_actions_s=(*state.recent_actions_s, when))
+            runtime.state = state
+        for runtime in self._runtimes.values():
+            if runtime.state.override is not None and active_override(runtime.state, now_s) is None:
+                runtime.state = replace(runtime.state, override=None)
+        self.version += 1
+
+    # -- operator commands -------------------------------------------------------------------------------------
+
+    async def pause(self, target: str | None, *, reason: str, now_s: float) -> list[str]:
+        """Pause one target (or all when None); returns the targets paused."""
+        return await self._command(target, "pause", reason, now_s, lambda s: replace(s, paused=True))
+
+    async def resume(self, target: str | None, *, reason: str, now_s: float) -> list[str]:
+        return await self._command(target, "resume", reason, now_s, lambda s: replace(s, paused=False))
+
+    async def set_override(
+        self, target: str, *, num_speculative_tokens: int, expires_in_s: float, reason: str, now_s: float
+    ) -> Override:
+        """Make `target` run k = `num_speculative_tokens` (0 = off) until now + `expires_in_s`. In routing mode any
+        k >= 1 means "the on-pool" (whose k is fixed)."""
+        k = num_speculative_tokens
+        on_pool_k = self._options.on_pool_k.get(target)
+        if self._options.mode == "routing" and k > 0 and on_pool_k is not None:
+            k = on_pool_k
+        override = Override(setting=SpeculationSetting(k), expires_at_s=now_s + expires_in_s, reason=reason,
+                            set_at_s=now_s)
+        await self._command(target, "override", reason, now_s, lambda s: replace(s, override=override),
+                            desired=override.setting, detail=f"until {rfc3339(override.expires_at_s)}",
+                            expires_at_s=override.expires_at_s)
+        return override
+
+    async def clear_override(self, target: str, *, reason: str, now_s: float) -> bool:
+        """Drop `target`'s override; False when it had none in force."""
+        runtime = self._runtime(target)
+        had = active_override(runtime.state, now_s) is not None
+        await self._command(target, "override_cleared", reason, now_s, lambda s: replace(s, override=None))
+        return had
+
+    async def _command(
+        self,
+        target: str | None,
+        kind: str,
+        reason: str,
+        now_s: float,
+        change: Callable[[ActuationState], ActuationState],
+        *,
+        desired: SpeculationSetting | None = None,
+        detail: str = "",
+        expires_at_s: float | None = None,
+    ) -> list[str]:
+        runtimes = list(self._runtimes.values()) if target is None else [self._runtime(target)]
+        for runtime in runtimes:
+            runtime.state = change(runtime.state)
+            self._throttle.reset(runtime.target)
+        self.version += 1
+        for runtime in runtimes:
+            self._log.info("actuation " + kind, extra=fields(target=runtime.target, reason=reason))
+            status = self._board.get(runtime.target)
+            await self._write(self._record(runtime, kind, now_s, status=status, observation=runtime.last_observation,
+                                           desired=desired, reason=reason, detail=detail, result="ok",
+                                           expires_at_s=expires_at_s))
+        return [runtime.target for runtime in runtimes]
+
+    def _runtime(self, target: str) -> _Runtime:
+        runtime = self._runtimes.get(target)
+        if runtime is None:
+            raise UnknownTargetError(target)
+        return runtime
+
+    # -- what readers see --------------------------------------------------------------------------------------
+
+    def statuses(self, now_s: float) -> tuple[TargetActuation, ...]:
+        return tuple(self._status(runtime, now_s) for runtime in self._runtimes.values())
+
+    def _status(self, runtime: _Runtime, now_s: float) -> TargetActuation:
+        state = runtime.state
+        config = self._options.config
+        remaining = cooldown_remaining_s(state, config, now_s)
+        return TargetActuation(
+            target=runtime.target,
+            target_ref=runtime.actuator.target_ref,
+            mode=self._options.mode,
+            dry_run=config.dry_run,
+            paused=state.paused,
+            override=active_override(state, now_s),
+            cooldown_remaining_s=remaining,
+            cooldown_until_s=None if state.last_action_s is None else state.last_action_s + config.cooldown_s,
+            actions_last_hour=actions_within(state, HOUR_S, now_s),
+            actions_last_day=actions_within(state, DAY_S, now_s),
+            last_observation=runtime.last_observation,
+            last_plan=runtime.last_plan,
+            last_action_s=state.last_action_s,
+            last_result=runtime.last_result,
+            actions=MappingProxyType(dict(runtime.actions)),
+            skipped=MappingProxyType(dict(runtime.skipped)),
+            errors=MappingProxyType(dict(runtime.errors)),
+        )
+
+    # -- the audit log -----------------------------------------------------------------------------------------
+
+    def _record(
+        self,
+        runtime: _Runtime,
+        kind: str,
+        now_s: float,
+        *,
+        status: TargetStatus | None,
+        observation: DeploymentObservation | None,
+        desired: SpeculationSetting | None,
+        reason: str,
+        detail: str,
+        result: str,
+        apply: ApplyResult | None = None,
+        expires_at_s: float | None = None,
+    ) -> dict[str, Any]:
+        return {
+            "time": rfc3339(now_s),
+            "at_s": now_s,
+            "kind": kind,
+            "target": runtime.target,
+            "target_ref": runtime.actuator.target_ref,
+            "mode": self._options.mode,
+            "dry_run": self._options.config.dry_run,
+            "desired": _setting_json(desired),
+            "observed": None if observation is None else _setting_json(observation.setting),
+            "observed_error": None if observation is None or observation.error is None else observation.error.value,
+            "reason": reason,
+            "detail": detail,
+            "patch": None if apply is None else apply.patch,
+            "patch_type": None if apply is None else apply.patch_type,
+            "result": result,
+            "error": None if apply is None or apply.error is None else apply.error.value,
+            "resource_version": None if apply is None else apply.resource_version,
+            "evidence": _evidence_summary(status),
+            "expires_at_s": expires_at_s,
+        }
+
+    async def _write(self, record: dict[str, Any]) -> None:
+        try:
+            await asyncio.to_thread(self._audit.append, record)
+        except (OSError, RuntimeError) as exc:  # a full disk must not stop advising; the counter shows it
+            self.audit_errors += 1
+            self.version += 1
+            self._log.error("audit log write failed", extra=fields(path=str(self._audit.path), error=str(exc)))
+
+
+def skip_reasons() -> tuple[str, ...]:
+    """Every skip reason, so counters can start at 0 for each."""
+    return tuple(reason.value for reason in SkipReason)
+
+
+def _restored_override(state: ActuationState, record: Mapping[str, Any], at_s: float) -> ActuationState:
+    desired, expires_at_s = record.get("desired"), record.get("expires_at_s")
+    k = desired.get("num_speculative_tokens") if isinstance(desired, dict) else None
+    if not isinstance(k, int) or not isinstance(expires_at_s, int | float):
+        return state
+    override = Override(setting=SpeculationSetting(k), expires_at_s=float(expires_at_s),
+                        reason=str(record.get("reason", "")), set_at_s=at_s)
+    return replace(state, override=override)
+
+
+def _setting_json(setting: SpeculationSetting | None) -> dict[str, Any] | None:
+    if setting is None:
+        return None
+    return {"num_speculative_tokens": setting.num_speculative_tokens,
+            "schedule": [list(band) for band in setting.schedule]}
+
+
+def _evidence_summary(status: TargetStatus | None) -> dict[str, Any] | None:
+    if status is None or status.decision is None:
+        return None
+    decision, evidence = status.decision, status.evidence
+    acceptance = evidence.acceptance if evidence is not None else None
+    return {
+        "decision_state": decision.state.value,
+        "recommended_enabled": decision.enabled,
+        "recommended_num_speculative_tokens": decision.num_speculative_tokens,
+        "expected_speedup": decision.expected_speedup,
+        "expected_speedup_low": decision.expected_speedup_low,
+        "objective": decision.objective,
+        "batch": None if evidence is None else evidence.batch,
+        "acceptance_rate": None if acceptance is None else acceptance.acceptance_rate,
+        "mean_acceptance_length": None if acceptance is None else acceptance.mean_acceptance_length,
+        "decision_reason": decision.reason,
+    }
