@@ -11,8 +11,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import time
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
@@ -21,6 +22,7 @@ import httpx
 from fastapi import FastAPI
 from prometheus_client.registry import CollectorRegistry
 
+from policies.actuation import ActuationConfig
 from policies.calibrate import CalibrationConfig
 from policies.costmodel import ModelContext
 from policies.decide import DecideConfig
@@ -37,12 +39,16 @@ from policies.profiles import (
     model_from_hf_config,
 )
 from policies.types import GpuSnapshot
+from service.actions_api import create_actions_router, install_auth_errors
+from service.actuators.audit import AUDIT_FILE_NAME, DEFAULT_TAIL_RECORDS, AuditLog
+from service.actuators.base import Actuator
+from service.actuators.runner import ActuationRunner, RunnerOptions
 from service.api import create_api
 from service.board import Board
 from service.exporter import MetricsPage, build_registry
 from service.logs import fields, get_logger
 from service.loop import AdvisorLoop, ContextResolver, ContextUnavailableError, GpuReader, Scraper, TargetSpec
-from service.settings import GpuSettings, Settings, SettingsError, TargetSettings
+from service.settings import ActuationSettings, GpuSettings, Settings, SettingsError, TargetSettings, write_token
 from service.sources.dcgm import DcgmSource
 from service.sources.gpu import SOURCE_ABSENT, NoGpuSource
 from service.sources.nvml import NvmlSource
@@ -68,6 +74,18 @@ class Sidecar:
     board: Board
     registry: CollectorRegistry
     settings: Settings
+    actuation: ActuationRunner | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Actuation:
+    """What acting needs at run time: the runner (a loop listener), its audit log, the write endpoints' token, and
+    what to close at shutdown (the Kubernetes client)."""
+
+    runner: ActuationRunner
+    audit: AuditLog
+    token: str | None
+    closers: tuple[Callable[[], Awaitable[None]], ...] = ()
 
 
 def estimator_config(settings: Settings) -> EstimatorConfig:
@@ -104,16 +122,24 @@ def build_sidecar(
     clock: Callable[[], float] = time.time,
     gpu_source: GpuReader | None = None,
     transport: httpx.AsyncBaseTransport | None = None,
+    actuators: Mapping[str, Actuator] | None = None,
+    environ: Mapping[str, str] | None = None,
 ) -> Sidecar:
     """Compose the sidecar. `gpu_source`/`transport` replace the configured GPU source / the HTTP transport
-    (tests and the demo); everything else comes from `settings`. Raises SettingsError for profiles that do not
-    exist, before anything starts.
+    (tests and the demo); `actuators` (target name -> Actuator) replace the Kubernetes actuators of the configured
+    actuation mode; `environ` replaces os.environ for the write token. Everything else comes from `settings`.
+    Raises SettingsError for profiles that do not exist, and when actuation is enabled with write endpoints but
+    no token, before anything starts.
     """
     resolvers = {target.name: context_resolver(target, fallback_hardware=settings.fallback_hardware)
                  for target in settings.targets}
     board = Board(((t.name, t.model) for t in settings.targets), started_at_s=clock())
     version = package_version()
-    registry = build_registry(board, clock=clock, version=version)
+    actuation = build_actuation(
+        settings, board, actuators=actuators, environ=os.environ if environ is None else environ, now_s=clock()
+    )
+    runner = actuation.runner if actuation is not None else None
+    registry = build_registry(board, clock=clock, version=version, actuation=runner)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -141,7 +167,10 @@ def build_sidecar(
                 calibration_config=calibration_config(settings),
                 objective_config=objective_config(settings),
                 gpu_source_name=gpu_source_name(settings.gpu),
+                listeners=() if runner is None else (runner,),
             )
+            if actuation is not None:
+                stack.push_async_callback(_close_actuation, actuation)
             task = asyncio.create_task(loop.run_forever(clock), name="spec-advisor-loop")
             task.add_done_callback(_report_loop_exit)
             _log.info(
@@ -166,14 +195,129 @@ def build_sidecar(
     )
     app = create_api(
         board,
-        metrics=MetricsPage(board, clock=clock, version=version),
+        metrics=MetricsPage(board, clock=clock, version=version, actuation=runner),
         clock=clock,
         stall_after_s=settings.stall_after_intervals * settings.scrape_interval_s,
         version=version,
         lifespan=lifespan,
-        routers=[whatif],
+        routers=[whatif, create_actions_router(
+            runner,
+            actuation.audit if actuation is not None else None,
+            clock=clock,
+            token=actuation.token if actuation is not None else None,
+            max_override_s=settings.actuation.max_override_s,
+            mode=settings.actuation.mode,
+        )],
     )
-    return Sidecar(app=app, board=board, registry=registry, settings=settings)
+    install_auth_errors(app)
+    return Sidecar(app=app, board=board, registry=registry, settings=settings, actuation=runner)
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# Actuation (opt-in): the runner, its audit log, the write endpoints' token, the Kubernetes actuators
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def actuation_config(settings: ActuationSettings) -> ActuationConfig:
+    return ActuationConfig(
+        dwell_s=settings.dwell_s,
+        cooldown_s=settings.cooldown_s,
+        max_actions_per_hour=settings.max_actions_per_hour,
+        max_actions_per_day=settings.max_actions_per_day,
+        min_schedule_change_share=settings.min_schedule_change_share,
+        dry_run=settings.dry_run,
+    )
+
+
+def build_actuation(
+    settings: Settings,
+    board: Board,
+    *,
+    actuators: Mapping[str, Actuator] | None,
+    environ: Mapping[str, str],
+    now_s: float,
+) -> Actuation | None:
+    """The runner for the configured mode, or None in recommend-only; its gate state (pause, override, recent
+    actions) restored from the audit log's tail as of `now_s`. Refuses (SettingsError) write endpoints without a
+    token, an unwritable state_dir, and a Kubernetes configuration that cannot be loaded."""
+    a = settings.actuation
+    if not a.enabled:
+        return None
+    token = write_token(a, environ) if a.write_endpoints else None
+    if a.write_endpoints and token is None:
+        raise SettingsError(
+            "actuation: the write endpoints (pause/resume/override) need a bearer token: put it in the file named "
+            f"by actuation.write_token_file or in env {a.write_token_env}, or set actuation.write_endpoints: false"
+        )
+    closers: tuple[Callable[[], Awaitable[None]], ...] = ()
+    if actuators is None:
+        actuators, close = _kube_actuators(a)
+        closers = (close,)
+    missing = sorted({t.target for t in a.targets} - set(actuators))
+    if missing:
+        raise SettingsError(f"actuation: no actuator for {', '.join(missing)}")
+    audit = AuditLog(a.state_dir / AUDIT_FILE_NAME)
+    try:
+        audit.open()
+    except OSError as exc:
+        raise SettingsError(
+            f"actuation.state_dir: cannot write the audit log {audit.path}: {exc.strerror or exc}"
+        ) from None
+    on_pool_k = {t.target: t.on_pool_k for t in a.targets if t.on_pool_k is not None}
+    options = RunnerOptions(
+        mode=a.mode,
+        config=actuation_config(a),
+        on_pool_k=on_pool_k,
+        schedule_max_num_seqs=a.schedule_max_num_seqs,
+        schedule_gamma_max=settings.decide.gamma_max,
+        actuator_timeout_s=a.actuator_timeout_s,
+        skip_interval_s=a.skip_log_interval_s,
+    )
+    runner = ActuationRunner(board, {t.target: actuators[t.target] for t in a.targets}, options=options, audit=audit)
+    runner.restore(audit.recent(DEFAULT_TAIL_RECORDS), now_s=now_s)
+    _log.info(
+        "actuation enabled",
+        extra=fields(mode=a.mode, dry_run=a.dry_run, targets=[t.target for t in a.targets], audit=str(audit.path),
+                     write_endpoints=a.write_endpoints),
+    )
+    return Actuation(runner=runner, audit=audit, token=token, closers=closers)
+
+
+def _kube_actuators(a: ActuationSettings) -> tuple[dict[str, Actuator], Callable[[], Awaitable[None]]]:
+    # Imported here: recommend-only never needs the Kubernetes client library.
+    from service.actuators.kube_client import kube_client  # noqa: PLC0415
+
+    try:
+        client = kube_client(api_url=a.api_url, kubeconfig=a.kubeconfig, token_file=a.token_file,
+                             namespace=a.namespace, timeout_s=a.kube_timeout_s)
+    except Exception as exc:  # lightkube's ConfigError and the OSErrors of reading the files
+        raise SettingsError(f"actuation: cannot configure the Kubernetes client: {type(exc).__name__}: {exc}") from None
+    actuators: dict[str, Actuator] = {}
+    if a.mode == "routing":
+        from service.actuators.routing import RoutingActuator  # noqa: PLC0415
+
+        for t in a.targets:
+            assert t.route and t.on_backend and t.off_backend and t.on_pool_k  # enforced by ActuatedTargetSettings
+            actuators[t.target] = RoutingActuator(client, namespace=a.namespace, route=t.route,
+                                                  on_backend=t.on_backend, off_backend=t.off_backend,
+                                                  on_pool_k=t.on_pool_k)
+    else:
+        from service.actuators.kubernetes import DeploymentActuator  # noqa: PLC0415
+
+        for t in a.targets:
+            assert t.deployment  # enforced by ActuatedTargetSettings
+            actuators[t.target] = DeploymentActuator(client, namespace=a.namespace, deployment=t.deployment,
+                                                     container=t.container, schedule_mode=a.mode == "schedule",
+                                                     speculative_config=t.speculative_config)
+    return actuators, client.close
+
+
+async def _close_actuation(actuation: Actuation) -> None:
+    await actuation.runner.aclose()
+    for close in actuation.closers:
+        with contextlib.suppress(Exception):  # shutting down: a failed close must not mask the real exit
+            await close()
+    actuation.audit.close()
 
 
 def _scraper(target: TargetSettings, settings: Settings, client: httpx.AsyncClient) -> Scraper:

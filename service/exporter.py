@@ -19,7 +19,10 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from policies.actuation import SkipReason
+from policies.deployment import ActuatorError
 from policies.types import TargetState
+from service.actuators.runner import RESULTS, ActuationRunner
 from service.board import SCRAPE_ERROR_REASONS, Board, TargetStatus
 
 PREFIX = "specadvisor"
@@ -48,6 +51,7 @@ class BoardCollector(Collector):
         yield from _gpu(statuses)
         yield from _freshness(statuses)
         yield from _gpu_errors(self._board)
+        yield from _listener_errors(self._board)
         yield from _loop(self._board)
 
 
@@ -70,11 +74,31 @@ class ScrapeAgeCollector(Collector):
         yield age
 
 
-def build_registry(board: Board, *, clock: Callable[[], float], version: str) -> CollectorRegistry:
-    """A new registry holding the advisor's collectors (no process/platform collectors: the pod has those)."""
+class ActuationCollector(Collector):
+    """The actuation runner's families (actions, skips, actuator errors, pause, cooldown), read per scrape: the
+    cooldown moves with the clock, and the runner changes outside the board's writes."""
+
+    def __init__(self, runner: ActuationRunner, *, clock: Callable[[], float]) -> None:
+        self._runner = runner
+        self._clock = clock
+
+    def describe(self) -> Iterable[Metric]:
+        return ()
+
+    def collect(self) -> Iterator[Metric]:
+        yield from _actuation(self._runner, self._clock())
+
+
+def build_registry(
+    board: Board, *, clock: Callable[[], float], version: str, actuation: ActuationRunner | None = None
+) -> CollectorRegistry:
+    """A new registry holding the advisor's collectors (no process/platform collectors: the pod has those);
+    `actuation` adds the runner's families when acting is enabled."""
     registry = CollectorRegistry(auto_describe=False)
     registry.register(BoardCollector(board, version=version))
     registry.register(ScrapeAgeCollector(board, clock=clock))
+    if actuation is not None:
+        registry.register(ActuationCollector(actuation, clock=clock))
     return registry
 
 
@@ -85,12 +109,21 @@ class MetricsPage:
 
     content_type = CONTENT_TYPE_LATEST
 
-    def __init__(self, board: Board, *, clock: Callable[[], float], version: str) -> None:
+    def __init__(
+        self,
+        board: Board,
+        *,
+        clock: Callable[[], float],
+        version: str,
+        actuation: ActuationRunner | None = None,
+    ) -> None:
         self._board = board
         self._board_registry = CollectorRegistry(auto_describe=False)
         self._board_registry.register(BoardCollector(board, version=version))
         self._age_registry = CollectorRegistry(auto_describe=False)
         self._age_registry.register(ScrapeAgeCollector(board, clock=clock))
+        if actuation is not None:  # per request, like the age: small, and it moves with the clock
+            self._age_registry.register(ActuationCollector(actuation, clock=clock))
         self._key: tuple[int, int] | None = None
         self._board_text = b""
 
@@ -290,3 +323,57 @@ def _loop(board: Board) -> Iterator[Metric]:
     for step in sorted(timings.counts):
         steps.add_metric([step], buckets=timings.cumulative(step), sum_value=timings.sums_s.get(step, 0.0))
     yield steps
+
+
+def _listener_errors(board: Board) -> Iterator[Metric]:
+    errors = CounterMetricFamily(
+        f"{PREFIX}_listener_errors",
+        "Exceptions that escaped an iteration listener (e.g. the actuation runner), by listener: a bug of ours; "
+        "the advisor kept advising.",
+        labels=["listener"],
+    )
+    for listener, count in sorted(board.listener_errors.items()):
+        errors.add_metric([listener], float(count))
+    yield errors
+
+
+def _actuation(runner: ActuationRunner, now_s: float) -> Iterator[Metric]:
+    actions = CounterMetricFamily(
+        f"{PREFIX}_actions", "Actions taken on a deployment by result (applied, dry_run, failed).",
+        labels=["target", "mode", "result"],
+    )
+    skipped = CounterMetricFamily(
+        f"{PREFIX}_actions_skipped", "Ticks on which the safety gate held an action back, by reason.",
+        labels=["target", "reason"],
+    )
+    errors = CounterMetricFamily(
+        f"{PREFIX}_actuator_errors", "Failed reads or patches of the managed object, by reason.",
+        labels=["target", "reason"],
+    )
+    paused = _gauge("actuation_paused", "1 while acting on the target is paused by an operator.", labels=("target",))
+    override = _gauge(
+        "actuation_override_active", "1 while a manual override is in force on the target.", labels=("target",)
+    )
+    cooldown = _gauge(
+        "actuation_cooldown_remaining_seconds", "Seconds until the cooldown allows the next action.",
+        labels=("target",),
+    )
+    dry_run = _gauge("actuation_dry_run", "1 when actions are computed and logged but not sent.", labels=("target",))
+    for status in runner.statuses(now_s):
+        target = status.target
+        for result in RESULTS:  # every label from 0: the first failure is an increase(), not a new series
+            actions.add_metric([target, status.mode, result], float(status.actions.get(result, 0)))
+        for reason in SkipReason:
+            skipped.add_metric([target, reason.value], float(status.skipped.get(reason.value, 0)))
+        for error in ActuatorError:
+            errors.add_metric([target, error.value], float(status.errors.get(error.value, 0)))
+        paused.add_metric([target], 1.0 if status.paused else 0.0)
+        override.add_metric([target], 1.0 if status.override is not None else 0.0)
+        cooldown.add_metric([target], status.cooldown_remaining_s)
+        dry_run.add_metric([target], 1.0 if status.dry_run else 0.0)
+    audit_errors = CounterMetricFamily(
+        f"{PREFIX}_audit_write_errors", "Audit log records that could not be written (disk full, I/O error).",
+        labels=[],
+    )
+    audit_errors.add_metric([], float(runner.audit_errors))
+    yield from (actions, skipped, errors, paused, override, cooldown, dry_run, audit_errors)

@@ -278,6 +278,177 @@ class CalibrationSettings(_Section):
     )
 
 
+# A Kubernetes object name (RFC 1123 DNS subdomain; Deployments and HTTPRoutes use it).
+_K8S_NAME = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
+K8sName = Annotated[str, Field(pattern=_K8S_NAME, description="A Kubernetes object name.")]
+ActuationMode = Literal["recommend-only", "kubernetes", "schedule", "routing"]
+
+
+class ActuatedTargetSettings(_Section):
+    """One advised target the sidecar may change, and the Kubernetes object it changes."""
+
+    target: TargetName = Field(description="The name of a configured target (its recommendation drives the action).")
+    deployment: K8sName | None = Field(
+        default=None, description="kubernetes/schedule modes: the vLLM Deployment to patch (in actuation.namespace)."
+    )
+    container: str | None = Field(
+        default=None,
+        description="kubernetes/schedule modes: the vLLM container's name. Default None: the one container that "
+        "runs vLLM (refused when none or several do).",
+    )
+    speculative_config: dict[str, Any] | None = Field(
+        default=None,
+        description="kubernetes/schedule modes: the --speculative-config JSON to start from when turning "
+        "speculation on and the Deployment has none (e.g. {method: eagle3, model: yuhuili/EAGLE3-LLaMA3.1-"
+        "Instruct-8B}); num_speculative_tokens (and the schedule) are filled in. Default None: turn on only "
+        "deployments that already carry one.",
+    )
+    route: K8sName | None = Field(default=None, description="routing mode: the Gateway API HTTPRoute to re-weight.")
+    on_backend: K8sName | None = Field(
+        default=None, description="routing mode: the backendRef (Service) of the speculation-on pool."
+    )
+    off_backend: K8sName | None = Field(
+        default=None, description="routing mode: the backendRef (Service) of the speculation-off pool."
+    )
+    on_pool_k: int | None = Field(
+        default=None, ge=1, le=32, description="routing mode: the num_speculative_tokens the on-pool runs."
+    )
+
+    def check_mode(self, mode: str) -> list[str]:
+        """The problems of this entry under `mode` (empty when it fits)."""
+        problems: list[str] = []
+        kube_fields = ("deployment", "container", "speculative_config")
+        route_fields = ("route", "on_backend", "off_backend", "on_pool_k")
+        if mode in ("kubernetes", "schedule"):
+            if not self.deployment:
+                problems.append(f"target {self.target}: mode {mode} needs deployment (the vLLM Deployment's name)")
+            extra = [name for name in route_fields if getattr(self, name) is not None]
+        else:  # routing
+            missing = [name for name in route_fields if getattr(self, name) is None]
+            if missing:
+                problems.append(f"target {self.target}: mode routing needs {', '.join(missing)}")
+            elif self.on_backend == self.off_backend:
+                problems.append(f"target {self.target}: on_backend and off_backend must differ")
+            extra = [name for name in kube_fields if getattr(self, name) is not None]
+        if extra:
+            problems.append(f"target {self.target}: {', '.join(extra)} do not apply in mode {mode}")
+        return problems
+
+
+class ActuationSettings(_Section):
+    """Opt-in acting on the recommendation (docs/actuation.md). Default recommend-only: nothing is changed."""
+
+    mode: ActuationMode = Field(
+        default="recommend-only",
+        description="recommend-only (publish only), kubernetes (patch the Deployment's --speculative-config), "
+        "schedule (write vLLM's per-batch schedule into the Deployment) or routing (shift HTTPRoute weights).",
+    )
+    dry_run: bool = Field(
+        default=False,
+        description="Run the whole gate and log the exact patch each action would send, without sending it. Try "
+        "a mode with dry_run: true first.",
+    )
+    targets: list[ActuatedTargetSettings] = Field(
+        default_factory=list, description="The targets acted on (at least one outside recommend-only)."
+    )
+    dwell_s: float = Field(
+        default=300.0,
+        ge=0,
+        le=7 * 24 * 3600,
+        description="The wanted setting must hold on good data this long before an action (on top of "
+        "decide.dwell_s): a rollout restarts pods, so only a sustained change is worth one.",
+    )
+    cooldown_s: float = Field(
+        default=900.0,
+        ge=0,
+        le=7 * 24 * 3600,
+        description="Minimum time between two actions on a target: 15 min lets a large model's rollout finish "
+        "and the new setting show in the evidence before the next change.",
+    )
+    max_actions_per_hour: int = Field(default=2, ge=1, le=60, description="Actions per target per sliding hour.")
+    max_actions_per_day: int = Field(default=8, ge=1, le=1000, description="Actions per target per sliding day.")
+    min_schedule_change_share: float = Field(
+        default=0.10,
+        gt=0,
+        le=1,
+        description="schedule mode: roll out a new schedule only when k moved over at least this share of the "
+        "batch range, log-weighted so each doubling of the batch counts the same (docs/actuation.md).",
+    )
+    schedule_max_num_seqs: int = Field(
+        default=256, ge=1, le=16384, description="schedule mode: the engine's --max-num-seqs (the schedule's range)."
+    )
+    actuator_timeout_s: float = Field(
+        default=30.0, gt=0, le=600, description="Longest wait for one read or patch of the Kubernetes object."
+    )
+    skip_log_interval_s: float = Field(
+        default=600.0,
+        ge=0,
+        le=86400,
+        description="A skipped action with an unchanged reason is written to the audit log at most once per this "
+        "many seconds per target (a new reason is written at once).",
+    )
+    state_dir: Path = Field(
+        default=Path("/var/lib/spec-advisor"),
+        description="Where the audit log (actions.jsonl) and the acceptance memory live; mount a volume that "
+        "outlives the pod to keep them across restarts.",
+    )
+    api_url: str | None = Field(
+        default=None,
+        description="Kubernetes API server URL. Default None: in-cluster configuration, else the kubeconfig.",
+    )
+    kubeconfig: Path | None = Field(default=None, description="A kubeconfig file (outside a cluster).")
+    token_file: Path | None = Field(
+        default=None, description="A bearer token file for api_url (default: the ServiceAccount's in a pod)."
+    )
+    namespace: K8sName = Field(default="default", description="The namespace of the Deployments/HTTPRoutes.")
+    kube_timeout_s: float = Field(default=10.0, gt=0, le=300, description="Kubernetes API request timeout.")
+    write_endpoints: bool = Field(
+        default=True,
+        description="Serve POST /v1/actions/pause|resume|override and DELETE /v1/actions/override (bearer token "
+        "required). The sidecar refuses to start with them enabled and no token.",
+    )
+    write_token_file: Path | None = Field(
+        default=None, description="File holding the write endpoints' bearer token (e.g. a mounted Secret)."
+    )
+    write_token_env: str = Field(
+        default="SPEC_ADVISOR_ACTIONS_TOKEN",
+        pattern=r"^[A-Za-z_][A-Za-z0-9_]*$",
+        description="Environment variable holding the token when write_token_file is not set.",
+    )
+    max_override_s: float = Field(
+        default=24 * 3600.0,
+        gt=0,
+        le=30 * 86400,
+        description="Longest expires_in_s a manual override may ask for: an override forgotten for a day is enough.",
+    )
+
+    @field_validator("api_url")
+    @classmethod
+    def _kube_url(cls, value: str | None) -> str | None:
+        return None if value is None else _check_http_url(value)
+
+    @model_validator(mode="after")
+    def _targets_fit_mode(self) -> Self:
+        if self.mode == "recommend-only":
+            return self
+        if not self.targets:
+            raise ValueError(f"actuation.mode {self.mode} needs actuation.targets (the targets it may change)")
+        problems = [problem for target in self.targets for problem in target.check_mode(self.mode)]
+        names = [target.target for target in self.targets]
+        repeated = sorted({name for name in names if names.count(name) > 1})
+        if repeated:
+            problems.append(f"each target at most once; repeated: {', '.join(repeated)}")
+        if self.max_actions_per_day < self.max_actions_per_hour:
+            problems.append("max_actions_per_day must be at least max_actions_per_hour")
+        if problems:
+            raise ValueError("; ".join(problems))
+        return self
+
+    @property
+    def enabled(self) -> bool:
+        return self.mode != "recommend-only"
+
+
 class Settings(BaseSettings):
     """Everything the sidecar needs to run; built once by `load_settings` and never mutated."""
 
@@ -319,6 +490,7 @@ class Settings(BaseSettings):
     estimator: EstimatorSettings = Field(default_factory=EstimatorSettings)
     decide: DecideSettings = Field(default_factory=DecideSettings)
     calibration: CalibrationSettings = Field(default_factory=CalibrationSettings)
+    actuation: ActuationSettings = Field(default_factory=ActuationSettings)
 
     @model_validator(mode="after")
     def _cross_field(self) -> Self:
@@ -341,6 +513,9 @@ class Settings(BaseSettings):
         duplicates = sorted({name for name in names if names.count(name) > 1})
         if duplicates:
             raise ValueError(f"target names must be unique; repeated: {', '.join(duplicates)}")
+        unknown = sorted({t.target for t in self.actuation.targets} - set(names))
+        if unknown:
+            raise ValueError(f"actuation.targets name targets that are not configured: {', '.join(unknown)}")
         return self
 
     @classmethod
@@ -354,6 +529,21 @@ class Settings(BaseSettings):
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         # Flags (init) beat env, env beats the file (added by load_settings); no .env or secrets dir magic.
         return (init_settings, env_settings)
+
+
+def write_token(actuation: ActuationSettings, environ: Mapping[str, str]) -> str | None:
+    """The write endpoints' bearer token from `write_token_file` (stripped) or the env var; None when neither
+    holds one. Raises SettingsError when the file cannot be read."""
+    if actuation.write_token_file is not None:
+        try:
+            token = actuation.write_token_file.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise SettingsError(
+                f"actuation.write_token_file: cannot read {actuation.write_token_file}: {exc.strerror or exc}"
+            ) from None
+    else:
+        token = environ.get(actuation.write_token_env, "").strip()
+    return token or None
 
 
 def target_name_for_url(url: str) -> str:
