@@ -48,6 +48,7 @@ from service.board import Board
 from service.exporter import MetricsPage, build_registry
 from service.logs import fields, get_logger
 from service.loop import AdvisorLoop, ContextResolver, ContextUnavailableError, GpuReader, Scraper, TargetSpec
+from service.memory_store import MemoryStore
 from service.settings import ActuationSettings, GpuSettings, Settings, SettingsError, TargetSettings, write_token
 from service.sources.dcgm import DcgmSource
 from service.sources.gpu import SOURCE_ABSENT, NoGpuSource
@@ -111,6 +112,18 @@ def calibration_config(settings: Settings) -> CalibrationConfig:
     return CalibrationConfig(half_life_s=settings.calibration.half_life_s)
 
 
+MEMORY_FILE_NAME = "acceptance-memory.json"
+
+
+def memory_store(settings: Settings) -> MemoryStore | None:
+    """The acceptance memory's file: in actuation.state_dir when actuation is on (the dir is checked writable there)
+    or when state_dir is set explicitly; otherwise (the demo, recommend-only with defaults) it lives in memory."""
+    a = settings.actuation
+    if not a.enabled and "state_dir" not in a.model_fields_set:
+        return None
+    return MemoryStore(a.state_dir / MEMORY_FILE_NAME)
+
+
 def gpu_source_name(settings: GpuSettings) -> str:
     """The GpuSnapshot.source the configured telemetry reports ("nvml", "dcgm", or "absent" for none)."""
     return SOURCE_ABSENT if settings.telemetry == "none" else settings.telemetry
@@ -168,6 +181,7 @@ def build_sidecar(
                 objective_config=objective_config(settings),
                 gpu_source_name=gpu_source_name(settings.gpu),
                 listeners=() if runner is None else (runner,),
+                memory_store=memory_store(settings),
             )
             if actuation is not None:
                 stack.push_async_callback(_close_actuation, actuation)
@@ -183,6 +197,7 @@ def build_sidecar(
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
+                await loop.flush_memory(clock())  # keep the last minute's acceptance memory across a clean stop
                 _log.info("advisor stopped", extra=fields(iterations=board.iterations))
 
     def context_for(target: str) -> ModelContext | None:
