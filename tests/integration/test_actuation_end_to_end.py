@@ -1,0 +1,129 @@
+"""The whole auto-toggle path with nothing faked but the Kubernetes API server: the sidecar scrapes a vLLM-format
+/metrics over real HTTP, advises, and its runner patches a Deployment through lightkube on the loopback
+kube-apiserver (real HTTP, bearer token, RBAC, resourceVersion); the audit log on disk and /v1/actions show it, a
+rollout in progress holds further actions back, and pause (with the bearer token) stops acting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import httpx
+from kube_apiserver import DEPLOYMENTS, FakeKubeApiServer, patches
+from sidecar_http import FIXTURES, CaptureServer, serving, wait_for
+
+from service.app import build_sidecar
+from service.settings import load_settings
+from service.sources.gpu import NoGpuSource
+
+NS = "llm-serving"
+NAME = "vllm-llama-8b"
+USER = "system:serviceaccount:llm-serving:spec-advisor"
+KUBE_TOKEN = "kube-sa-token"
+WRITE_TOKEN = "write-endpoints-token"
+# An implausible k, so whatever the advisor recommends from the eagle k=3 capture, the runner has a change to make.
+DEPLOYED = {"method": "eagle", "model": "yuhuili/EAGLE-LLaMA3.1-Instruct-8B", "num_speculative_tokens": 7}
+OTHER_ARGS = ["--port", "8000", "--max-num-seqs", "256", "--gpu-memory-utilization", "0.92"]
+
+
+def vllm_deployment() -> dict[str, Any]:
+    args = ["meta-llama/Llama-3.1-8B-Instruct", *OTHER_ARGS, "--speculative-config", json.dumps(DEPLOYED)]
+    return {
+        "metadata": {"name": NAME, "namespace": NS},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "vllm"}},
+            "template": {
+                "metadata": {"labels": {"app": "vllm"}},
+                "spec": {"containers": [{"name": "vllm", "image": "vllm/vllm-openai:v0.32.0",
+                                         "command": ["vllm", "serve"], "args": args}]},
+            },
+        },
+    }
+
+
+def speculative_config(deployment: dict[str, Any]) -> tuple[list[str], dict[str, Any] | None]:
+    """(the args other than the speculative config, the parsed config or None when absent)."""
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    args: list[str] = container["args"]
+    if "--speculative-config" not in args:
+        return args, None
+    i = args.index("--speculative-config")
+    config: dict[str, Any] = json.loads(args[i + 1])
+    return args[:i] + args[i + 2:], config
+
+
+def test_the_sidecar_patches_the_deployment_through_the_gate_and_records_it(tmp_path: Path) -> None:
+    token_file = tmp_path / "sa-token"
+    token_file.write_text(KUBE_TOKEN, encoding="utf-8")
+    state = tmp_path / "state"
+    grants = {(USER, verb, "deployments", NAME) for verb in ("get", "patch")}
+
+    async def scenario(api: FakeKubeApiServer) -> None:
+        capture = CaptureServer(FIXTURES / "synthetic-eagle-k3.txt")
+        async with serving(capture) as capture_url:
+            settings = load_settings(overrides={
+                "targets": [{"name": "llama", "url": capture_url, "hardware": "h100-sxm",
+                             "drafter": {"method": "eagle"}}],
+                "scrape_interval_s": 0.1,
+                "scrape_timeout_s": 0.1,
+                "estimator": {"window_s": 0.4, "stale_after_s": 1.0},
+                "decide": {"dwell_s": 0},
+                "gpu": {"telemetry": "none"},
+                "actuation": {
+                    "mode": "kubernetes", "dry_run": False, "dwell_s": 0.3, "cooldown_s": 0,
+                    "state_dir": str(state), "api_url": api.url, "token_file": str(token_file), "namespace": NS,
+                    "targets": [{"target": "llama", "deployment": NAME}],
+                },
+            })
+            sidecar = build_sidecar(settings, gpu_source=NoGpuSource(),
+                                    environ={"SPEC_ADVISOR_ACTIONS_TOKEN": WRITE_TOKEN})
+            async with serving(sidecar.app) as url, httpx.AsyncClient(base_url=url, timeout=5.0) as client:
+                body = (await wait_for(client, "/v1/actions",
+                                       lambda r: r.json()["targets"][0]["actions"].get("applied") == 1)).json()
+                (action,) = [r for r in body["records"] if r["kind"] == "action"]
+                assert action["result"] == "applied" and action["observed"]["num_speculative_tokens"] == 7
+
+                # What the API server now holds is what the audit record says was wanted, and nothing else moved.
+                others, config = speculative_config(api.get(DEPLOYMENTS, NS, NAME))
+                assert others == ["meta-llama/Llama-3.1-8B-Instruct", *OTHER_ARGS]
+                wanted = action["desired"]["num_speculative_tokens"]
+                if wanted == 0:
+                    assert config is None
+                else:
+                    assert config == {**DEPLOYED, "num_speculative_tokens": wanted}
+                (patch,) = list(patches(api.requests))
+                # Authenticated as the ServiceAccount the RBAC names, as a strategic merge patch of the Deployment.
+                assert patch.user == USER and patch.path == f"/apis/apps/v1/namespaces/{NS}/deployments/{NAME}"
+                assert patch.content_type == "application/strategic-merge-patch+json"
+
+                # The rollout has not finished (the fake's status lags until told): nothing more is sent.
+                await wait_for(client, "/v1/actions", lambda r: any(
+                    rec.get("skip") == "rollout_in_progress" or rec.get("reason") == "rollout_in_progress"
+                    for rec in r.json()["records"]))
+                assert len(list(patches(api.requests))) == 1
+
+                # Pausing needs the write token; once paused, the runner says so for every later tick.
+                pause = {"target": "llama", "reason": "maintenance window"}
+                denied = await client.post("/v1/actions/pause", json=pause)
+                assert denied.status_code == 401
+                paused = await client.post("/v1/actions/pause", json=pause,
+                                           headers={"Authorization": f"Bearer {WRITE_TOKEN}"})
+                assert paused.status_code == 200
+                api.finish_rollout(NS, NAME)
+                await wait_for(client, "/v1/actions", lambda r: r.json()["targets"][0]["paused"] is True)
+                await asyncio.sleep(0.5)  # several ticks after the rollout finished, while paused
+                assert len(list(patches(api.requests))) == 1
+
+        # Every record is on disk as one JSON line; the applied action is among them.
+        lines = (state / "actions.jsonl").read_text(encoding="utf-8").splitlines()
+        records = [json.loads(line) for line in lines]
+        assert [r["result"] for r in records if r["kind"] == "action"] == ["applied"]
+
+    with FakeKubeApiServer(tokens={KUBE_TOKEN: USER}, grants=grants) as api:
+        api.put(DEPLOYMENTS, vllm_deployment())
+        api.finish_rollout(NS, NAME)  # a settled Deployment: its status caught up with its spec
+        asyncio.run(scenario(api))
