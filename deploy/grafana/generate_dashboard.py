@@ -26,9 +26,11 @@ UID = "spec-advisor"
 DATASOURCE = {"type": "prometheus", "uid": "${datasource}"}
 GRID_WIDTH = 24
 
-# Label filters, written once: the advisor's per-target series and vLLM's per-model series.
+# Label filters, written once: the advisor's per-target series and vLLM's per-model series. The auto-toggle's
+# series (A) carry a target and no model label, so $model does not filter them.
 T = 'target=~"$target", model=~"$model"'
 V = 'model_name=~"$model"'
+A = 'target=~"$target"'
 
 Json = dict[str, Any]
 
@@ -155,6 +157,66 @@ def _decision_state_code() -> str:
     parts = [f'{code} * max without (state) (specadvisor_decision_state{{{T}, state="{state}"}})'
              for code, state in ((1, "ok"), (2, "insufficient_data"), (3, "stale"), (4, "error"))]
     return "\n  + ".join(parts)
+
+
+def _actuation_row(layout: Layout) -> None:
+    # Empty for an advisor in recommend-only (the default): these families exist only with actuation.mode set.
+    layout.row("Actuation")
+    layout.add(timeseries(
+        "Actions by result",
+        "Actions on the Deployment/HTTPRoute in the last hour, by result: applied, dry_run (computed and written to "
+        "the audit log, not sent) and failed (see Actuator errors). Capped by actuation.max_actions_per_hour. Empty "
+        "in recommend-only.",
+        [q(f"sum by (target, mode, result) (increase(specadvisor_actions_total{{{A}}}[1h]))",
+           "{{target}} {{mode}} {{result}}")],
+        minimum=0,
+    ), w=8, h=8)
+    layout.add(timeseries(
+        "Skipped actions by reason",
+        "Ticks on which the safety gate held an action back, by the first rule that held it (paused, "
+        "rollout_in_progress, stale, insufficient_data, already_applied, dwell, cooldown, hourly_cap, daily_cap, "
+        "...), per $__rate_interval; already_applied is the quiet steady state. Only reasons that occurred are "
+        "drawn.",
+        [q(f"sum by (target, reason) (increase(specadvisor_actions_skipped_total{{{A}}}[$__rate_interval])) > 0",
+           "{{target}} {{reason}}")],
+        minimum=0,
+    ), w=8, h=8)
+    layout.add(timeseries(
+        "Actuator errors by reason",
+        "Failed reads or patches of the managed object in the last 30 minutes, by reason (forbidden, not_found, "
+        "unreachable, conflict, malformed_args, ...); SpecAdvisorActuatorErrors fires above 0. Nothing is "
+        "half-applied.",
+        [q(f"sum by (target, reason) (increase(specadvisor_actuator_errors_total{{{A}}}[30m])) > 0",
+           "{{target}} {{reason}}")],
+        minimum=0,
+    ), w=8, h=8)
+    layout.add(state_timeline(
+        "Auto-toggle state",
+        "Per target: dry run (actions logged, not sent; the shipped default), paused by an operator "
+        "(SpecAdvisorActuationPausedLong after 6 h), and a manual override in force (SpecAdvisorOverrideActiveLong "
+        "after 6 h).",
+        [q(f"specadvisor_actuation_dry_run{{{A}}}", "dry run {{target}}"),
+         q(f"specadvisor_actuation_paused{{{A}}}", "paused {{target}}"),
+         q(f"specadvisor_actuation_override_active{{{A}}}", "override {{target}}")],
+        _value_map((0, "no", "text"), (1, "yes", "orange")),
+    ), w=12, h=7)
+    layout.add(timeseries(
+        "Cooldown remaining",
+        "Seconds until the cooldown (actuation.cooldown_s after the last action) allows the next action on the "
+        "target; 0 = free to act when the other rules allow.",
+        [q(f"specadvisor_actuation_cooldown_remaining_seconds{{{A}}}", "{{target}}")],
+        unit="s", minimum=0,
+    ), w=12, h=7)
+    layout.add(timeseries(
+        "Audit log and listener errors",
+        "Audit records the advisor could not write (SpecAdvisorAuditWriteFailing: the safety record is "
+        "incomplete) and exceptions that escaped an iteration listener (SpecAdvisorListenerErrors: a bug), in the "
+        "last 15 minutes, per advisor.",
+        [q("sum by (instance) (increase(specadvisor_audit_write_errors_total[15m]))", "audit {{instance}}"),
+         q("sum by (instance, listener) (increase(specadvisor_listener_errors_total[15m]))",
+           "{{listener}} {{instance}}")],
+        minimum=0,
+    ), w=24, h=6)
 
 
 def build() -> Json:
@@ -315,6 +377,8 @@ def build() -> Json:
         [q("count by (version) (specadvisor_build_info)", "{{version}}", instant=True)],
         text_mode="name", thresholds=[(None, "blue")],
     ), w=12, h=4)
+
+    _actuation_row(layout)
 
     query_variable: Json = {"type": "query", "datasource": dict(DATASOURCE), "refresh": 2, "includeAll": True,
                             "multi": True, "allValue": ".*", "sort": 1, "current": {}, "hide": 0, "regex": ""}

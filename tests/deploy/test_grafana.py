@@ -31,6 +31,8 @@ from deploy_tools import require_tool
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from policies.actuation import ActuationConfig
+from policies.deployment import ApplyResult, DeploymentObservation, SpeculationSetting
 from policies.types import (
     AcceptanceEvidence,
     CurvePoint,
@@ -39,6 +41,8 @@ from policies.types import (
     GpuSnapshot,
     TargetState,
 )
+from service.actuators.audit import AuditLog
+from service.actuators.runner import ActuationRunner, RunnerOptions
 from service.board import Board
 from service.exporter import build_registry
 
@@ -230,10 +234,37 @@ def _populated_board() -> Board:
     return board
 
 
+class _IdleActuator:
+    """An actuator that is never called: the exporter only reads the runner's per-target status."""
+
+    mode = "kubernetes"
+    target_ref = "deployment/llm/vllm"
+
+    async def observe(self, now_s: float) -> DeploymentObservation:
+        raise AssertionError("not called by the exporter")
+
+    async def apply(
+        self, desired: SpeculationSetting, observed: DeploymentObservation, *, dry_run: bool
+    ) -> ApplyResult:
+        raise AssertionError("not called by the exporter")
+
+
 @pytest.fixture(scope="module")
-def sidecar_metrics() -> dict[str, set[str]]:
-    registry = build_registry(_populated_board(), clock=lambda: NOW_S, version="test")
-    return _label_sets(generate_latest(registry).decode())
+def sidecar_metrics(tmp_path_factory: pytest.TempPathFactory) -> dict[str, set[str]]:
+    """The sidecar's families with the auto-toggle on (an actuation runner over the board's target) and an
+    iteration listener that has failed once, so the actuation families are in the inventory too."""
+    board = _populated_board()
+    board.record_listener_error("ActuationRunner")
+    audit = AuditLog(tmp_path_factory.mktemp("state") / "actions.jsonl")
+    audit.open()
+    runner = ActuationRunner(board, {"llama": _IdleActuator()},
+                             options=RunnerOptions(mode="kubernetes", config=ActuationConfig(dry_run=True)),
+                             audit=audit)
+    registry = build_registry(board, clock=lambda: NOW_S, version="test", actuation=runner)
+    try:
+        return _label_sets(generate_latest(registry).decode())
+    finally:
+        audit.close()
 
 
 @pytest.fixture(scope="module")
@@ -273,6 +304,14 @@ def test_the_inventory_is_the_real_one(sidecar_metrics: dict[str, set[str]], vll
     # The calibration alert's and panel's series, rendered from the board's decision.
     assert sidecar_metrics["specadvisor_calibration_relative_error_ratio"] >= {"target", "model"}
     assert sidecar_metrics["specadvisor_objective_info"] >= {"target", "model", "objective"}
+    # The auto-toggle's families, from a real ActuationRunner.
+    assert sidecar_metrics["specadvisor_actions_total"] >= {"target", "mode", "result"}
+    assert sidecar_metrics["specadvisor_actions_skipped_total"] >= {"target", "reason"}
+    assert sidecar_metrics["specadvisor_actuator_errors_total"] >= {"target", "reason"}
+    assert sidecar_metrics["specadvisor_listener_errors_total"] >= {"listener"}
+    assert "specadvisor_audit_write_errors_total" in sidecar_metrics
+    for gauge in ("paused", "override_active", "cooldown_remaining_seconds", "dry_run"):
+        assert sidecar_metrics[f"specadvisor_actuation_{gauge}"] >= {"target"}, gauge
     assert vllm_metrics["vllm:spec_decode_num_accepted_tokens_per_pos_total"] >= {"model_name", "position"}
     assert "vllm:inter_token_latency_seconds_sum" in vllm_metrics
 
@@ -405,6 +444,11 @@ def test_dashboard_shows_what_an_operator_needs() -> None:
         "specadvisor_decision_state",
         "specadvisor_scrape_errors_total", "specadvisor_last_good_scrape_age_seconds",  # scrape health
         "specadvisor_calibration_relative_error_ratio",
+        # the auto-toggle: what it did, what held it back, what failed, its switches
+        "specadvisor_actions_total", "specadvisor_actions_skipped_total", "specadvisor_actuator_errors_total",
+        "specadvisor_actuation_paused", "specadvisor_actuation_override_active", "specadvisor_actuation_dry_run",
+        "specadvisor_actuation_cooldown_remaining_seconds", "specadvisor_audit_write_errors_total",
+        "specadvisor_listener_errors_total",
     }
     alert_annotations = [a for a in dashboard["annotations"]["list"] if "ALERTS" in a.get("expr", "")]
     assert alert_annotations and alert_annotations[0]["enable"]
@@ -419,6 +463,7 @@ def test_dashboard_queries_filter_by_the_target_and_model_variables(known: dict[
             labels = known.get(selector.metric) or set()
             if "target" in labels:
                 assert selector.matchers.get("target") == ("=~", "$target"), f"{where}: {selector.metric}"
+            if "model" in labels:  # the actuation families are per target, with no model label
                 assert selector.matchers.get("model") == ("=~", "$model"), f"{where}: {selector.metric}"
             elif selector.metric.startswith("model_name"):
                 assert selector.matchers.get("model_name") == ("=~", "$model"), f"{where}: {selector.metric}"

@@ -27,7 +27,7 @@ import yaml
 from deploy_tools import require_tool
 from starlette.routing import Route
 
-from service.app import build_sidecar
+from service.app import Sidecar, build_sidecar
 from service.settings import Settings, load_settings
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -136,6 +136,32 @@ def advisor_settings(
     for variable in container.get("env", []):
         monkeypatch.setenv(variable["name"], variable["value"])
     return load_settings(settings_file)
+
+
+class _IdleActuator:
+    """Stands in for the Kubernetes actuators when composing the sidecar: there is no API server here."""
+
+    mode = "kubernetes"
+    target_ref = "deployment/llm-serving/x"
+
+    async def observe(self, now_s: float) -> Any:
+        raise AssertionError("not called while composing")
+
+    async def apply(self, desired: Any, observed: Any, *, dry_run: bool) -> Any:
+        raise AssertionError("not called while composing")
+
+
+def compose(settings: Settings, workdir: Path) -> Sidecar:
+    """build_sidecar as the container runs it. With actuation on, the sidecar refuses to start without its token
+    file and a writable state_dir: both are moved under `workdir` (their mounts are tested on their own), and
+    stand-in actuators replace the Kubernetes client (no API server here)."""
+    if not settings.actuation.enabled:
+        return build_sidecar(settings)
+    token = workdir / "token"
+    token.write_text("not-a-real-token\n", encoding="utf-8")
+    actuation = settings.actuation.model_copy(update={"state_dir": workdir / "state", "write_token_file": token})
+    local = settings.model_copy(update={"actuation": actuation})
+    return build_sidecar(local, actuators={t.target: _IdleActuator() for t in actuation.targets})
 
 
 def served_paths() -> set[str]:
@@ -277,7 +303,7 @@ def test_the_settings_in_the_configmap_load_and_match_the_pod(
         workdir = tmp_path / str(index)
         workdir.mkdir()
         settings = advisor_settings(docs, deployment, container, workdir, monkeypatch)
-        build_sidecar(settings)  # the profiles it names exist (raises SettingsError otherwise)
+        compose(settings, workdir)  # the profiles it names exist (raises SettingsError otherwise)
         assert settings.host == "0.0.0.0", name  # reachable by the kubelet's probes and Prometheus
         assert container_port(container, container["ports"][0]["name"]) == settings.port, name
 
@@ -414,3 +440,154 @@ def test_without_the_rbac_component_the_advisor_gets_no_api_token(renders: dict[
         assert not by_kind(docs, "Role") and not by_kind(docs, "ServiceAccount"), name
     (standalone,) = by_kind(renders["overlays/standalone"], "Deployment")
     assert standalone["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The opt-in auto-toggle overlays (docs/actuation.md)
+# ----------------------------------------------------------------------------------------------------------------
+
+# Render -> (mode, the base settings file its config must equal apart from `actuation`, the file it ships).
+AUTO_TOGGLE = {
+    "overlays/sidecar-auto-toggle": (
+        "kubernetes", "sidecar/config.yaml", "overlays/sidecar-auto-toggle/settings/config.yaml"),
+    "overlays/standalone-auto-toggle": (
+        "kubernetes", "standalone/config.yaml", "overlays/standalone-auto-toggle/config.yaml"),
+    "overlays/standalone-routing": ("routing", "standalone/config.yaml", "overlays/standalone-routing/config.yaml"),
+}
+
+
+def the_advisor(renders: Mapping[str, list[Doc]], name: str) -> tuple[list[Doc], Doc, Doc]:
+    ((_, docs, deployment, container),) = [w for w in advisor_workloads(renders) if w[0] == name]
+    return docs, deployment, container
+
+
+def mount_of(deployment: Doc, container: Doc, path: Path) -> tuple[Doc, Doc]:
+    """The volumeMount holding `path` (the deepest one), and its volume."""
+    holding = [m for m in container["volumeMounts"] if path.is_relative_to(m["mountPath"])]
+    assert holding, f"nothing is mounted at {path}"
+    mount = max(holding, key=lambda m: len(m["mountPath"]))
+    (volume,) = [v for v in deployment["spec"]["template"]["spec"]["volumes"] if v["name"] == mount["name"]]
+    return mount, volume
+
+
+def test_the_auto_toggle_settings_compose_a_sidecar(
+    renders: dict[str, list[Doc]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # With actuation on, the sidecar refuses to start without its token and a writable state_dir: give it both
+    # under tmp_path (their mounts are the next tests' business) and stand-in actuators, and it must compose.
+    for index, name in enumerate(AUTO_TOGGLE):
+        docs, deployment, container = the_advisor(renders, name)
+        workdir = tmp_path / str(index)
+        workdir.mkdir()
+        sidecar = compose(advisor_settings(docs, deployment, container, workdir, monkeypatch), workdir)
+        assert sidecar.actuation is not None, name
+        assert (workdir / "state" / "actions.jsonl").exists(), name
+
+
+def test_the_auto_toggle_overlays_ship_a_dry_run_of_their_mode(
+    renders: dict[str, list[Doc]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for index, (name, (mode, _, _)) in enumerate(AUTO_TOGGLE.items()):
+        workdir = tmp_path / str(index)
+        workdir.mkdir()
+        docs, deployment, container = the_advisor(renders, name)
+        actuation = advisor_settings(docs, deployment, container, workdir, monkeypatch).actuation
+        assert actuation.mode == mode, name
+        assert actuation.dry_run is True, f"{name}: operators flip dry_run, the shipped default is a dry run"
+        assert actuation.write_endpoints is True, name
+        # The Role grants in one namespace: the advisor must act in that one.
+        assert actuation.namespace == deployment["metadata"]["namespace"], name
+    for name in ("overlays/sidecar", "overlays/standalone"):
+        workdir = tmp_path / name.replace("/", "-")
+        workdir.mkdir()
+        docs, deployment, container = the_advisor(renders, name)
+        assert advisor_settings(docs, deployment, container, workdir, monkeypatch).actuation.mode == "recommend-only"
+        assert not by_kind(docs, "PersistentVolumeClaim"), name
+
+
+def test_the_routing_overlay_acts_on_the_routes_its_role_names(
+    renders: dict[str, list[Doc]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    docs, deployment, container = the_advisor(renders, "overlays/standalone-routing")
+    actuation = advisor_settings(docs, deployment, container, tmp_path, monkeypatch).actuation
+    assert actuation.mode == "routing"
+    (role,) = by_kind(docs, "Role")
+    (rule,) = role["rules"]
+    assert sorted(t.route for t in actuation.targets if t.route) == sorted(rule["resourceNames"])
+    assert all(t.deployment is None for t in actuation.targets)
+
+
+def test_the_kubernetes_overlays_act_on_the_deployments_their_role_names(
+    renders: dict[str, list[Doc]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for index, name in enumerate(("overlays/sidecar-auto-toggle", "overlays/standalone-auto-toggle")):
+        workdir = tmp_path / str(index)
+        workdir.mkdir()
+        docs, deployment, container = the_advisor(renders, name)
+        actuation = advisor_settings(docs, deployment, container, workdir, monkeypatch).actuation
+        (role,) = by_kind(docs, "Role")
+        (rule,) = role["rules"]
+        assert sorted(t.deployment for t in actuation.targets if t.deployment) == sorted(rule["resourceNames"]), name
+    # The sidecar acts on the Deployment it runs in.
+    docs, deployment, container = the_advisor(renders, "overlays/sidecar-auto-toggle")
+    actuation = advisor_settings(docs, deployment, container, tmp_path, monkeypatch).actuation
+    assert [t.deployment for t in actuation.targets] == [deployment["metadata"]["name"]]
+
+
+def test_the_auto_toggle_mounts_a_persistent_writable_state_dir_at_state_dir(
+    renders: dict[str, list[Doc]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for index, name in enumerate(AUTO_TOGGLE):
+        workdir = tmp_path / str(index)
+        workdir.mkdir()
+        docs, deployment, container = the_advisor(renders, name)
+        state_dir = advisor_settings(docs, deployment, container, workdir, monkeypatch).actuation.state_dir
+        mount, volume = mount_of(deployment, container, state_dir)
+        # Exactly there (the root filesystem is read-only), writable, and on a claim the render ships: the gate's
+        # memory (pause, cooldown, caps) is rebuilt from the audit log, so it must outlive the pod.
+        assert mount["mountPath"] == str(state_dir), name
+        assert mount.get("readOnly", False) is False, name
+        assert container["securityContext"]["readOnlyRootFilesystem"] is True, name
+        claim = volume["persistentVolumeClaim"]["claimName"]
+        (pvc,) = [p for p in by_kind(docs, "PersistentVolumeClaim") if p["metadata"]["name"] == claim]
+        assert pvc["spec"]["accessModes"] == ["ReadWriteOnce"], name
+        # Writable by the non-root advisor: the kubelet gives the volume the advisor's group.
+        pod = deployment["spec"]["template"]["spec"]
+        assert pod["securityContext"]["fsGroup"] == container["securityContext"]["runAsGroup"], name
+        # One writer of a ReadWriteOnce claim: one replica, and no rolling update that overlaps two pods.
+        assert deployment["spec"]["replicas"] == 1, name
+        assert deployment["spec"]["strategy"]["type"] == "Recreate", name
+
+
+def test_the_write_token_file_is_the_mounted_secret_and_no_token_is_shipped(
+    renders: dict[str, list[Doc]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for index, name in enumerate(AUTO_TOGGLE):
+        workdir = tmp_path / str(index)
+        workdir.mkdir()
+        docs, deployment, container = the_advisor(renders, name)
+        token_file = advisor_settings(docs, deployment, container, workdir, monkeypatch).actuation.write_token_file
+        assert token_file is not None, name
+        mount, volume = mount_of(deployment, container, token_file)
+        assert mount["readOnly"] is True, name
+        secret = volume["secret"]
+        # The file the settings name is the Secret key the volume projects there.
+        (item,) = [i for i in secret["items"] if i["path"] == str(token_file.relative_to(mount["mountPath"]))]
+        assert item["key"] == "token", name
+        assert secret["secretName"] == "spec-advisor-actions-token", name
+        # Owned by root with the pod's fsGroup: the non-root advisor reads it through the group bit.
+        assert secret["defaultMode"] & 0o040 and not secret["defaultMode"] & 0o007, name
+    # Never a token in the manifests: operators create the Secret (kubectl create secret, see deploy/kubernetes/
+    # actuation).
+    for name, docs in renders.items():
+        assert not by_kind(docs, "Secret"), name
+
+
+def test_the_auto_toggle_settings_are_the_base_settings_plus_actuation() -> None:
+    # The overlays replace the base ConfigMap with a whole file: anything else that differs is drift.
+    for name, (_, base, shipped) in AUTO_TOGGLE.items():
+        base_values = yaml.safe_load((KUBERNETES / base).read_text(encoding="utf-8"))
+        values = yaml.safe_load((KUBERNETES / shipped).read_text(encoding="utf-8"))
+        assert "actuation" not in base_values, base
+        assert values.pop("actuation"), name
+        assert values == base_values, name

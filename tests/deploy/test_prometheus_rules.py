@@ -28,7 +28,9 @@ RUNBOOK = ROOT / "docs" / "runbook.md"
 PROMTOOL_TESTS = sorted((Path(__file__).resolve().parent / "promtool").glob("*.yaml"))
 SEVERITIES = {"critical", "warning", "info"}
 # Alerts whose value is only an indicator (up == 0; a one-hot state): their numbers are in the labels they print.
-INDICATOR_ALERTS = {"SpecAdvisorDown", "SpecAdvisorDecisionError"}
+INDICATOR_ALERTS = {
+    "SpecAdvisorDown", "SpecAdvisorDecisionError", "SpecAdvisorActuationPausedLong", "SpecAdvisorOverrideActiveLong",
+}
 
 
 def _load(path: Path) -> Any:
@@ -81,8 +83,8 @@ def test_promtool_accepts_the_plain_rules_and_the_prometheusrule_groups(promtool
     unwrapped.write_text(yaml.safe_dump(_load(OPERATOR)["spec"]), encoding="utf-8")
     result = _run(promtool, "check", "rules", str(PLAIN), str(unwrapped))
     assert result.returncode == 0, result.stdout + result.stderr
-    # 12 recording rules + 7 alerts, counted in deploy/rules_source.yaml.
-    assert result.stdout.count("SUCCESS: 19 rules found") == 2, result.stdout
+    # 12 recording rules + 7 advisor alerts + 5 auto-toggle alerts, counted in deploy/rules_source.yaml.
+    assert result.stdout.count("SUCCESS: 24 rules found") == 2, result.stdout
 
 
 def test_promtool_unit_tests_pass(promtool: str) -> None:
@@ -150,6 +152,9 @@ def test_every_alert_has_severity_numbers_and_a_runbook_section() -> None:
         "SpecAdvisorSpeculationCostsThroughput", "SpecAdvisorAcceptanceCollapsed", "SpecAdvisorDown",
         "SpecAdvisorStale", "SpecAdvisorDecisionError", "SpecAdvisorCalibrationErrorHigh",
         "SpecAdvisorRecommendationNotApplied",
+        # the opt-in auto-toggle (docs/actuation.md)
+        "SpecAdvisorActuatorErrors", "SpecAdvisorAuditWriteFailing", "SpecAdvisorListenerErrors",
+        "SpecAdvisorActuationPausedLong", "SpecAdvisorOverrideActiveLong",
     }
     for name, rule in alerts.items():
         assert rule["labels"]["severity"] in SEVERITIES, name
