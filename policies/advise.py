@@ -4,14 +4,15 @@ decision. Pure; the loop's only policy entry point.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from policies.acceptance import acceptance_curve
 from policies.calibrate import CalibrationConfig, CalibrationFit, CalibrationState, update
 from policies.costmodel import ModelContext, operating_point, speedup_curve
-from policies.decide import DecideConfig, DecideState, decide
+from policies.decide import DecideConfig, DecideState, Probe, best_point, change_cost_of, decide, point_at
 from policies.memory import AcceptanceMemory, MemoryConfig, Recall, recall, remember
-from policies.objectives import ObjectiveConfig, objective_curve, workload_from
+from policies.objectives import ObjectiveConfig, Workload, objective_curve, workload_from
 from policies.types import CurvePoint, Decision, Evidence, TargetState
 
 
@@ -103,6 +104,7 @@ def advise_target(
     curve: tuple[CurvePoint, ...] = ()
     objective = ""
     why = ""
+    workload: Workload | None = None
     if evidence.state == TargetState.OK and ctx is not None and fit is not None:
         point = operating_point(evidence)
         # The curve reaches the deployed k even past gamma_max: the running setting's predicted speedup must be
@@ -113,7 +115,24 @@ def advise_target(
         workload = workload_from(evidence, context_tokens=point.context_tokens, prefill_tokens=point.prefill_tokens)
         curve, chosen, why = objective_curve(ctx, acceptance, workload, config=objective_config, scales=fit.scales)
         objective = chosen.value
-    decision, decide_state = decide(evidence, curve, decide_config, decide_state, now_s)
+    probe: Probe | None = None
+    usable = recalled is not None and recalled.usable
+    if decide_config.explore and usable and not evidence.speculation_on and workload is not None and ctx is not None and fit is not None:
+        # Off on a remembered profile: is it time to look again? (probe_for; the prior is what it may find.)
+        prior = acceptance_curve(None, method=ctx.drafter.method, gamma_max=decide_config.gamma_max)
+        prior_curve = objective_curve(ctx, prior, workload, config=objective_config, scales=fit.scales)[0]
+        assert recalled is not None  # usable says so; mypy cannot follow it
+        probe = probe_for(
+            age_s=recalled.age_s,
+            gamma=recalled.entry.k,
+            remembered=curve,
+            prior=prior_curve,
+            batch=evidence.batch,
+            waiting=evidence.waiting,
+            config=decide_config,
+            half_life_s=memory_config.half_life_s,
+        )
+    decision, decide_state = decide(evidence, curve, decide_config, decide_state, now_s, probe=probe)
     error = fit.error_ratio if fit is not None else None
     notes: list[str] = []
     if memory_note and decision.state == TargetState.OK:
@@ -134,6 +153,60 @@ def advise_target(
         memory=memory,
         recalled=recalled if recalled is not None and recalled.usable else None,
     )
+
+
+def probe_for(
+    *,
+    age_s: float,
+    gamma: int,
+    remembered: Sequence[CurvePoint],
+    prior: Sequence[CurvePoint],
+    batch: float,
+    waiting: float,
+    config: DecideConfig,
+    half_life_s: float,
+) -> Probe | None:
+    """Whether to switch on for a while to re-measure acceptance, while off on a profile remembered `age_s` ago.
+
+    Nothing is measured while off, so a workload that turned drafter-friendly (chat -> code) stays invisible
+    until someone looks. Looking costs: two changes (on, and back off if the profile still holds), each
+    `change_cost_s` x (1 + W / B) seconds of service (decide.change_cost_of), plus the time it runs at the
+    remembered speedup S_mem(gamma) (< 1 is a loss) before the advisor may turn it off again: on_s = max(dwell_s,
+    probe_min_s), the dwell or one estimator window to measure, whichever is longer. It pays when the expected gain
+    over the payback horizon exceeds that:
+
+        p(age) x (S_prior* - 1) x payback_horizon_s > 2 x change_cost_s x (1 + W/B) + on_s x max(0, 1 - S_mem)
+
+    p(age) = 1 - 2^(-age / half_life_s) is the chance the workload has moved since the profile was measured, on
+    the memory's own half-life (the rate at which it says a profile goes stale); S_prior* is the best point
+    speedup in 1..gamma_max priced with the drafter's prior acceptance (what the drafter does on a typical
+    workload) in the objective that applies. Under an ITL SLO that plain decoding misses, S_prior* is large (off
+    delivers little goodput), so looking is cheap against what it may find; when speculation would not pay even
+    at the prior (S_prior* <= 1) it never probes. The probe runs at the remembered k (`gamma`, >= 1), where the
+    positions will be measured again. Units: seconds; speedups are dimensionless ratios vs plain decoding.
+
+    Example (cost 20 s, horizon 600 s, dwell 120 s, half-life 1800 s, W 0): S_prior* 1.5, S_mem 0.9. At age 600 s
+    p = 1 - 2^(-1/3) = 0.206, 0.206 x 0.5 x 600 = 61.9 s > 2 x 20 + 120 x 0.1 = 52 s -> probe at the remembered
+    k. At age 450 s p = 0.159 -> 47.7 s < 52 s -> None. `config.explore` False: callers do not ask.
+    """
+    star = best_point(prior, config.gamma_max)
+    if star is None or star.speedup <= 1.0 or gamma < 1:
+        return None
+    here = point_at(remembered, gamma)
+    s_mem = here.speedup if here is not None else 1.0
+    chance = 1.0 - 0.5 ** (max(0.0, age_s) / half_life_s)
+    won = chance * (star.speedup - 1.0) * config.payback_horizon_s
+    one_change = change_cost_of(batch=batch, waiting=waiting, change_cost_s=config.change_cost_s)
+    on_for_s = max(config.dwell_s, config.probe_min_s)
+    cost = 2.0 * one_change + on_for_s * max(0.0, 1.0 - s_mem)
+    if won <= cost:
+        return None
+    why = (
+        f"remembered profile is {age_s:.0f}s old, P(workload moved) {chance:.1%} x prior S({star.gamma})="
+        f"{star.speedup:.2f} gain x {config.payback_horizon_s:.0f}s = {won:.1f}s > probe cost {cost:.1f}s "
+        f"(2 changes + {on_for_s:.0f}s at remembered S({gamma})={s_mem:.2f})"
+    )
+    return Probe(gamma=gamma, why=why)
 
 
 def _with_memory(

@@ -13,7 +13,25 @@ the caller's `now_s`. It is built from the helpers in `hysteresis.py`:
    gets its new position measured, and the next step is decided on data. Without it a k=3 deployment whose
    extrapolated S(8)=2.99 edges out the measured S(3) would be told to jump 3 -> 8 on no evidence at all.
    Switching on from off is not capped here: that is governed by the low end clearing 1 + margin (rule 2).
-4. Dwell: the resulting (enabled, gamma) candidate, if it differs from what is published, becomes the pending
+4. Cost of changing (when `change_cost_s` > 0): a change (on, off, or another gamma) must also pay for the
+   service interruption it causes. vLLM cannot change speculation without restarting the engine: in-flight
+   requests are dropped and nothing is served for about the restart time. The change is recommended only when
+
+       gain x payback_horizon_s > change_cost_s x (1 + W / B)        gain = S(new) / S(current) - 1  (off: S = 1)
+
+   gain is the relative improvement of the objective's rate (per-sequence speed, server throughput or SLO goodput,
+   whichever `objectives.py` chose: the curve is in its units), so gain x horizon is the seconds of service at
+   the current rate the change wins back over the horizon; the right side is the seconds of service it costs:
+   the outage, felt by the B running requests and also by the W queued ones a restart drops (1 + W / B more
+   requests interrupted). The same rule prices latency-driven changes (no queue, no SLO): a 10% faster token
+   stream for 600 s is 60 s of decoding time saved per sequence against a 20 s stall, so a large latency gain is
+   still taken, a 2% one is not. A change held back by its cost keeps what runs, and the reason says so.
+   Example: change_cost_s 20, horizon 600 s, B 32, W 0: moving S 1.40 -> 1.45 gains 3.6% x 600 = 21 s > 20 s:
+   recommended; 1.40 -> 1.43 gains 2.1% x 600 = 13 s < 20 s: held back. With W 32 the bar doubles to 40 s.
+   change_cost_s = 0 (an engine that adapts per batch) switches the rule off.
+5. Probe: while off on a remembered profile, `advise.probe_for` may ask to switch on to re-measure (the only way
+   to see acceptance again); the probe is the candidate and waits out the dwell like any change.
+6. Dwell: the resulting (enabled, gamma) candidate, if it differs from what is published, becomes the pending
    change, which must persist for `dwell_s` before it is published.
 
 How the dwell and the gamma choice share one clock. Near the optimum S(gamma) is flat, so the best gamma can
@@ -47,6 +65,7 @@ good data must not count toward the dwell.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -65,6 +84,14 @@ class DecideConfig:
     dwell_s: float = 120.0  # a changed recommendation must persist this long before it is published
     gamma_max: int = 8
     min_speedup_gain_to_change_gamma: float = 0.02  # don't move gamma for a predicted gain smaller than this
+    # Seconds of service one change interrupts (~ the engine's restart time; 0 = the engine adapts per batch).
+    change_cost_s: float = 0.0
+    # Seconds over which a change must pay its cost back (how long a recommendation is expected to hold).
+    payback_horizon_s: float = 600.0
+    # Probe while off on a remembered profile (advise.probe_for); a probe runs at least `probe_min_s` (one
+    # estimator window, 60 s by default, to measure the positions again) before it can be undone.
+    explore: bool = True
+    probe_min_s: float = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,12 +129,26 @@ def point_at(curve: Sequence[CurvePoint], gamma: int) -> CurvePoint | None:
     return next((p for p in curve if p.gamma == gamma), None)
 
 
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """A request to switch speculation on at `gamma` (>= 1) to re-measure acceptance, with `why` for the reason.
+
+    Made by `advise.probe_for` while off on a remembered profile (nothing is measured while off); `decide` takes
+    it as the candidate in place of "stay off", and it then waits out the dwell like any change.
+    """
+
+    gamma: int
+    why: str
+
+
 def decide(
     evidence: Evidence,
     curve: Sequence[CurvePoint],
     config: DecideConfig,
     state: DecideState,
     now_s: float,
+    *,
+    probe: Probe | None = None,
 ) -> tuple[Decision, DecideState]:
     """One decision tick: returns the Decision to publish and the state to pass to the next tick.
 
@@ -138,6 +179,23 @@ def decide(
 
     current = _key(published)
     candidate, head = _candidate(current, star, curve, evidence, config)
+    if probe is not None and candidate == current and not current[0]:
+        # The probe's own test already priced its restarts (advise.probe_for): it is not weighed again here.
+        candidate = (True, max(1, min(probe.gamma, config.gamma_max)))
+        head += f"; probing: {probe.why}"
+    elif candidate != current:
+        pays, cost_note = change_pays(
+            gain=_relative_gain(curve, current, candidate),
+            batch=evidence.batch,
+            waiting=evidence.waiting,
+            change_cost_s=config.change_cost_s,
+            payback_horizon_s=config.payback_horizon_s,
+        )
+        if not pays:
+            head += f"; {_describe(candidate)} held back by its cost: {cost_note}, keeps {_describe(current)}"
+            candidate = current
+        elif cost_note:
+            head += f"; pays for its cost: {cost_note}"
     pending = _pending(state)
     candidate, continues, note = _against_pending(candidate, pending, current, curve, config)
     head += note
@@ -229,6 +287,58 @@ def _candidate(
     if clears_min_change(current=here.speedup, proposed=choice.speedup, min_gain=min_gain):
         return (True, choice.gamma), head + f"; {gain_text} >= {min_gain:.2f}"
     return current, head + f"; {gain_text} < {min_gain:.2f} keeps gamma {current[1]}"
+
+
+def change_pays(
+    *, gain: float | None, batch: float, waiting: float, change_cost_s: float, payback_horizon_s: float
+) -> tuple[bool, str]:
+    """Whether a change's predicted gain pays back its interruption over the horizon, and the numbers as text.
+
+    `gain` is S(new) / S(current) - 1 (dimensionless; None when either side has no prediction: then nothing can
+    be weighed and the change is allowed); `batch` B (running requests, clipped to >= 1) and `waiting` W
+    (requests, NaN or negative read as 0) size how many requests one restart interrupts; `change_cost_s` (s,
+    >= 0) is the service one change interrupts, `payback_horizon_s` (s, > 0) how long it must pay back over.
+    Pays when gain x horizon > change_cost_s x (1 + W / B) (module docstring, rule 4); change_cost_s = 0 always
+    pays with an empty text.
+
+    Example: gain 0.036, B 32, W 0, cost 20 s, horizon 600 s: 0.036 x 600 = 21.6 s > 20 x (1 + 0) = 20 s ->
+    (True, "gain 3.6% x 600s horizon = 21.6s vs change cost 20.0s"); with W 32 the cost is 40 s -> False.
+    """
+    if change_cost_s <= 0 or gain is None:
+        return True, ""
+    w = waiting if math.isfinite(waiting) and waiting > 0 else 0.0
+    b = max(batch, 1.0) if math.isfinite(batch) else 1.0
+    cost = change_cost_of(batch=batch, waiting=waiting, change_cost_s=change_cost_s)
+    won = gain * payback_horizon_s
+    queue = f" x (1 + {w:.0f} waiting / {b:.0f} running)" if w > 0 else ""
+    text = f"gain {gain:.1%} x {payback_horizon_s:.0f}s horizon = {won:.1f}s vs change cost {change_cost_s:.1f}s{queue}"
+    if w > 0:
+        text += f" = {cost:.1f}s"
+    return won > cost, text
+
+
+def change_cost_of(*, batch: float, waiting: float, change_cost_s: float) -> float:
+    """Seconds of service one change costs: change_cost_s x (1 + W / B) (module docstring, rule 4).
+
+    `batch` B (running requests, clipped to >= 1; NaN -> 1), `waiting` W (requests; NaN or negative -> 0),
+    `change_cost_s` (s, >= 0). Example: B 32, W 16, cost 20 s -> 20 x 1.5 = 30 s.
+    """
+    w = waiting if math.isfinite(waiting) and waiting > 0 else 0.0
+    b = max(batch, 1.0) if math.isfinite(batch) else 1.0
+    return max(0.0, change_cost_s) * (1.0 + w / b)
+
+
+def _relative_gain(curve: Sequence[CurvePoint], current: _Key, candidate: _Key) -> float | None:
+    def speed(key: _Key) -> float | None:
+        if not key[0]:
+            return 1.0  # plain decoding is the curve's unit
+        point = point_at(curve, key[1])
+        return point.speedup if point is not None else None
+
+    now, new = speed(current), speed(candidate)
+    if now is None or new is None or now <= 0:
+        return None
+    return new / now - 1.0
 
 
 def reachable_gamma_limit(*, current_gamma: int, measured_k: int, gamma_max: int) -> int:

@@ -101,6 +101,8 @@ def decide_config(settings: Settings) -> DecideConfig:
         dwell_s=s.dwell_s,
         gamma_max=s.gamma_max,
         min_speedup_gain_to_change_gamma=s.min_speedup_gain_to_change_gamma,
+        change_cost_s=s.change_cost_s,
+        payback_horizon_s=s.payback_horizon_s,
     )
 
 

@@ -256,6 +256,24 @@ class DecideSettings(_Section):
         description="While on, move gamma only for a predicted gain at least this large: a 2% gain is within the "
         "model's error and not worth a restart.",
     )
+    change_cost_s: float = Field(
+        default=0.0,
+        ge=0,
+        le=3600,
+        allow_inf_nan=False,
+        description="Seconds of service one change of the speculation config interrupts: about the engine's restart "
+        "time (vLLM restarts to change it; in-flight requests are dropped). A change is recommended only when its "
+        "predicted gain x payback_horizon_s exceeds this x (1 + waiting / running). 0 = the engine adapts per "
+        "batch, changes are free. Example: 20 (a 20 s rollout).",
+    )
+    payback_horizon_s: float = Field(
+        default=600.0,
+        gt=0,
+        le=86400,
+        allow_inf_nan=False,
+        description="Seconds over which a change must pay back its cost: how long a recommendation is expected to "
+        "hold before the load or workload moves again. Example: 600 (a 3% gain wins back 18 s).",
+    )
     itl_slo_s: float | None = Field(
         default=None,
         gt=0,

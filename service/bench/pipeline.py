@@ -79,8 +79,13 @@ def advisor_settings(
     interval_s: float,
     itl_slo_s: float | None,
     extra: Mapping[str, Any],
+    change_cost_s: float = 0.0,
 ) -> Settings:
-    """The sidecar's settings for one benchmark world; raises SettingsError (one line per bad field)."""
+    """The sidecar's settings for one benchmark world; raises SettingsError (one line per bad field).
+
+    `change_cost_s` (s) is what the operator knows of their rollout: the service one change interrupts
+    (`decide.change_cost_s`); it goes under the scenario's own settings, which may override it.
+    """
     ours: dict[str, Any] = {
         "targets": [
             {
@@ -98,8 +103,10 @@ def advisor_settings(
     }
     if itl_slo_s is not None:
         ours["decide"] = {"itl_slo_s": itl_slo_s}
-    # The scenario's extra settings first, ours on top: the benchmark owns the target, the tick and the SLO.
-    return load_settings(None, overrides=_merge(extra, ours))
+    # The operator's rollout time is a default the scenario's advisor settings may override; the target, the
+    # tick and the SLO are the benchmark's and go on top.
+    known = {"decide": {"change_cost_s": change_cost_s}}
+    return load_settings(None, overrides=_merge(_merge(known, extra), ours))
 
 
 class AdvisorController:

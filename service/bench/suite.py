@@ -19,6 +19,7 @@ from service.bench.runner import EPOCH_S, ControllerFactory, PolicySpec, RunResu
 from service.bench.spec import BenchScenario
 from service.settings import Settings
 from service.sim.physics import acceptance_at, arrival_rate_at
+from service.sim.scenario import Scenario
 from service.sim.world import World
 
 ADVISOR = "advisor"
@@ -77,6 +78,16 @@ def best_of(runs: Sequence[RunResult], itl_slo_s: float | None) -> RunResult:
     return min(close, key=lambda r: r.metrics.mean_itl_s if r.metrics.mean_itl_s is not None else float("inf"))
 
 
+def change_cost_s(scenario: Scenario) -> float:
+    """The seconds of full service one change of k interrupts in this world, as its operator would know it.
+
+    restart: nothing is served for restart_delay_s. rolling: each of the N replicas is down for restart_delay_s in
+    turn, 1/N of the capacity each time: N x restart_delay_s x 1/N = restart_delay_s of full service, the same
+    number (an upper bound: at light load the other replicas absorb the share). Example: restart_delay_s 20 -> 20.
+    """
+    return scenario.engine.restart_delay_s
+
+
 def _advisor_factory(bench: BenchScenario) -> tuple[ControllerFactory, Settings]:
     section = bench.bench
     settings = advisor_settings(
@@ -88,6 +99,7 @@ def _advisor_factory(bench: BenchScenario) -> tuple[ControllerFactory, Settings]
         interval_s=section.decision_interval_s,
         itl_slo_s=section.itl_slo_s,
         extra=section.advisor.settings,
+        change_cost_s=change_cost_s(bench.scenario),
     )
 
     @contextlib.asynccontextmanager

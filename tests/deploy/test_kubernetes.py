@@ -590,4 +590,8 @@ def test_the_auto_toggle_settings_are_the_base_settings_plus_actuation() -> None
         values = yaml.safe_load((KUBERNETES / shipped).read_text(encoding="utf-8"))
         assert "actuation" not in base_values, base
         assert values.pop("actuation"), name
+        # Acting through a rollout costs a vLLM restart, so those overlays price it into the decision; routing is free.
+        restart_cost = values["decide"].pop("change_cost_s")
+        assert base_values["decide"].pop("change_cost_s") == 0, base
+        assert (restart_cost > 0) == (name != "overlays/standalone-routing"), name
         assert values == base_values, name
