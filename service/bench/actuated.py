@@ -198,6 +198,7 @@ def actuated_settings(bench: BenchScenario, *, state_dir: Path) -> Settings:
         draft_model_profile=section.advisor.draft_model_profile,
         interval_s=section.decision_interval_s,
         itl_slo_s=section.itl_slo_s,
+        change_cost_s=bench.scenario.engine.restart_delay_s,  # as the plain advisor's: the operator's rollout time
         extra=_overlay(section.advisor.settings, ours),
     )
 

@@ -79,9 +79,11 @@ async def run_policy(bench: BenchScenario, policy: PolicySpec, *, duration_s: fl
             now = start + i * interval
             world.advance_to(now)
             if controller is not None:
+                k_before = world.num_speculative_tokens
                 k = await controller.choose(world, now)
                 if k != world.num_speculative_tokens:
                     world.set_speculation(k, now_s=now)
+                if world.num_speculative_tokens != k_before:  # a controller with an actuator changes the world itself
                     changes += 1
             finished = world.drain_completions()
             done.extend(finished)

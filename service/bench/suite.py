@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
+from service.bench.actuated import ACTUATED_ADVISOR, actuated_advisor_policy
 from service.bench.checks import QualityChecks, crossing_lags, flaps, steady_changes, steady_ticks
 from service.bench.controllers import Controller
 from service.bench.oracle import Oracle
@@ -28,7 +29,7 @@ ALWAYS_OFF = "always-off"
 ALWAYS_ON = "always-on"
 BEST_THRESHOLD = "best-threshold"
 BEST_FIXED = "best-fixed-gamma"
-POLICIES: tuple[str, ...] = (ADVISOR, ALWAYS_OFF, ALWAYS_ON, BEST_THRESHOLD, BEST_FIXED, ORACLE)
+POLICIES: tuple[str, ...] = (ADVISOR, ACTUATED_ADVISOR, ALWAYS_OFF, ALWAYS_ON, BEST_THRESHOLD, BEST_FIXED, ORACLE)
 STATIC_POLICIES: tuple[str, ...] = (ALWAYS_OFF, ALWAYS_ON, BEST_THRESHOLD, BEST_FIXED)
 
 # Two runs whose headline figures are within this share of each other are a tie: the lower mean ITL wins.
@@ -172,8 +173,10 @@ async def run_scenario(bench: BenchScenario, *, duration_s: float | None = None,
         PolicySpec(name=ADVISOR, initial_k=bench.scenario.drafter.num_speculative_tokens,
                    controller=advisor_factory)
     )
+    actuated = await run(actuated_advisor_policy(bench))
     outcomes = {
         ADVISOR: PolicyOutcome(advisor),
+        ACTUATED_ADVISOR: PolicyOutcome(actuated),
         ALWAYS_OFF: PolicyOutcome(fixed[0]),
         ALWAYS_ON: PolicyOutcome(always_on, setting=f"k={k}"),
         BEST_THRESHOLD: PolicyOutcome(best_threshold, setting=best_threshold.policy.removeprefix("threshold ")),
