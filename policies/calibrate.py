@@ -5,13 +5,24 @@ The server tells us, every window, its mean step time T_obs at the operating poi
 passes, context ctx and prefill tokens per step P. Each window becomes one `StepObservation`; the fitter state
 (`CalibrationState`) carries the recent ones across loop iterations, per target, like `DecideState`.
 
-What is fitted: five multipliers of policies/roofline.py's `CostScales`, in log space x = log(scale):
+What is fitted: six multipliers of policies/roofline.py's `CostScales` in log space x = log(scale), and the
+GEMM efficiency elasticity beta as it is:
     memory       1 / (effective bandwidth error)    T's memory term      M(B, q, ctx, P) x memory
-    compute      1 / (effective FLOP/s error)       T's compute term     C(B, q, ctx, P) x compute
+    compute      1 / (effective FLOP/s error)       T's compute terms    C(B, q, ctx, P) x compute
     overhead     fixed host costs                   step, speculative-step and draft-launch fixed terms
     per_request  per-running-request host costs     plain + speculative bookkeeping + n-gram lookups (x B)
     draft        the drafter's own cost             draft launches and its passes' roofline
-  T(x; point) = StepComponents(point).total_s(exp(x))      (roofline stays 1: it is memory/compute together)
+    fill         the GEMM wave-fill floor           N_fill x fill rows: a small decode step's least math
+    gemm_slope   efficiency elasticity beta         decode GEMM math x (N_ref / G)^beta (0 = one rate)
+  T(x; point) = StepComponents(point).total_s(scales(x))   (roofline stays 1: it is memory/compute together)
+Why fill and gemm_slope: how a decode step's math grows with its tokens is set by the kernels' tiles and how
+well small GEMMs use the tensor cores, which no datasheet gives; with one rate and a fixed floor, a fit over a
+server's mixed steps missed pure-decode steps by 18-27% on the simulator (policies/roofline.py). Both are
+identified by decode steps of different sizes: batches across the load's range, and gamma 0 vs gamma k steps
+at one batch (k + 1 times the tokens). Each window must hold its batch: a window whose batch moved (a load
+ramp) has a mean batch no step ran at, so a history whose mid-size batches all come from ramps (the demo
+simulator's load jumps between 1 and 24 requests/s) leaves the terms to those windows and ends up to ~21%
+off at mid-size batches; held loads give 8% (tests/integration/test_model_sim_calibration.py).
 
 Objective (a damped, bounded, robust least squares; Levenberg-Marquardt on the normal equations):
     minimise  sum_i  w_i rho(r_i / s)  +  sum_j (x_j / sigma_j)^2 / 2  [+ telemetry terms]
@@ -20,10 +31,11 @@ Objective (a damped, bounded, robust least squares; Levenberg-Marquardt on the n
     rho   = Huber with delta = `huber_delta` (in units of s): quadratic for small residuals, linear beyond, so a
             window dominated by a prefill burst or a stall pulls with a bounded force instead of a squared one
     s     = `step_noise` (0.05): the relative scatter one window's mean step time has (jitter, mix changes)
-    prior = x_j ~ N(0, sigma_j^2): the physics (datasheet peaks x documented efficiencies) is the starting
+    prior = x_j ~ N(0, sigma_j^2) (`prior_sigma`, `fill_sigma`, `gemm_slope_sigma` for beta itself): the
+            physics (datasheet peaks x documented efficiencies, one GEMM rate) is the starting
             point; directions the data cannot tell apart (e.g. fixed overhead vs weight streaming when every
             point is memory-bound at one batch) stay at the prior instead of wandering
-    bound = |x_j| <= log(`max_scale`) (default 8x either way)
+    bound = |x_j| <= log(`max_scale`) (default 8x either way) for the scales; 0 <= beta <= `max_gemm_slope`
 Incremental, as an online estimator: each tick starts from the previous tick's scales and damping (warm start)
 and runs at most `iterations` LM steps, so a fit that needs more converges across ticks; a tick that added no
 point to a converged fit refits nothing (the data did not change; only every weight decayed by the same factor,
@@ -34,7 +46,9 @@ to `cold_iterations`. Converged means the last accepted step moved no log-scale 
 for the step (an active set), so a profile off by more than `max_scale` converges at the bound instead of
 bouncing off it. The Jacobian is analytic: with s = smooth_max(a, b) = (a^p + b^p)^(1/p),
     d s / d log a = s a^p / (a^p + b^p)       (and likewise for b),
-so one pass over the points prices log T and all five derivatives.
+and through the GEMM rows G = smooth_max(n + pad, N_fill x fill) and the factor (N_ref / G)^beta,
+    d log gemm / d log fill = share_fill (1 - beta),    d log gemm / d beta = ln(N_ref / G)    (G < N_ref),
+so one pass over the points prices log T and all seven derivatives.
 
 Hardware activity as extra evidence (when present). vLLM's `estimated_read_bytes_per_gpu` / `estimated_flops_
 per_gpu` counters say how much work was done per second; DCGM's DRAM / tensor activity ratios say what fraction
@@ -59,10 +73,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from policies.costmodel import ModelContext, operating_point
-from policies.roofline import SMOOTH_MAX_P, CostScales, StepComponents, step_components
+from policies.roofline import (
+    GEMM_REFERENCE_TOKENS,
+    SMOOTH_MAX_P,
+    CostScales,
+    StepComponents,
+    gemm_rows,
+    step_components,
+)
 from policies.types import Evidence, TargetState
 
-_PARAMS = ("memory", "compute", "overhead", "per_request", "draft")
+_PARAMS = ("memory", "compute", "overhead", "per_request", "draft", "fill", "gemm_slope")
+_LOG_PARAMS = 6  # the first six are log-scales; gemm_slope is fitted as it is
 _ACCEPTED_STATES = frozenset({TargetState.OK, TargetState.INSUFFICIENT_DATA})
 _MIN_ACTIVITY_RATIO = 0.05
 _INITIAL_DAMPING = 1e-3
@@ -79,7 +101,11 @@ class CalibrationConfig:
     overlap: consecutive scrapes describe mostly the same steps). `min_step_samples`: ITL samples a window needs.
     `prior_sigma`: per scale (memory, compute, overhead, per_request); 0.35 = a 1.4x error is one sd, generous
     for datasheet peaks x 80-90% efficiencies; host overheads vary more between engine versions and CPUs (0.7,
-    1.0). `max_scale`: bound on each scale either way. `step_noise`, `huber_delta`, `telemetry_sigma`: module
+    1.0). `fill_sigma` (log-space) and `gemm_slope_sigma` (beta itself): the priors of the GEMM terms; a kernel's
+    tiles put the floor anywhere from one 64-row tile to a few hundred rows (0.7: 2x is one sd), and small
+    GEMMs reach roughly 1/3 to all of the large-GEMM rate (0.2: beta 0.4 = a 256-row step at 0.44 of it is two
+    sd). `max_scale`: bound on each scale either way; `max_gemm_slope`: upper bound on beta (lower: 0, an
+    efficiency that falls with the GEMM's size is not physical). `step_noise`, `huber_delta`, `telemetry_sigma`: module
     docstring. `iterations`: LM iterations per tick once warm (3-4 suffice: one new point moves the optimum a
     little); `cold_iterations`: for a fit with no previous one; `step_tolerance`: converged when an accepted
     step moves no log-scale by more than this; `objective_tolerance`: converged when the next step is predicted
@@ -92,7 +118,10 @@ class CalibrationConfig:
     min_spacing_s: float = 20.0
     min_step_samples: float = 20.0
     prior_sigma: tuple[float, float, float, float, float] = (0.5, 0.5, 0.7, 0.5, 0.5)
+    fill_sigma: float = 0.7
+    gemm_slope_sigma: float = 0.2
     max_scale: float = 8.0
+    max_gemm_slope: float = 0.8
     step_noise: float = 0.05
     huber_delta: float = 1.5
     telemetry_sigma: float = 0.15
@@ -105,8 +134,10 @@ class CalibrationConfig:
     def __post_init__(self) -> None:
         if not (self.half_life_s > 0 and self.max_points >= 1 and self.min_spacing_s >= 0):
             raise ValueError("half_life_s must be > 0, max_points >= 1, min_spacing_s >= 0")
-        if len(self.prior_sigma) != len(_PARAMS) or min(self.prior_sigma) <= 0:
+        if len(self.prior_sigma) != 5 or min(self.prior_sigma) <= 0:
             raise ValueError("prior_sigma needs 5 positive values (memory compute overhead per_request draft)")
+        if not (self.fill_sigma > 0 and self.gemm_slope_sigma > 0 and 0 < self.max_gemm_slope <= 1):
+            raise ValueError("fill_sigma and gemm_slope_sigma must be > 0, max_gemm_slope in (0, 1]")
         if not (self.max_scale > 1 and self.step_noise > 0 and self.huber_delta > 0 and self.telemetry_sigma > 0):
             raise ValueError("max_scale must be > 1; step_noise, huber_delta, telemetry_sigma > 0")
         if self.iterations < 1 or self.cold_iterations < 1 or self.error_points < 1:
@@ -239,7 +270,7 @@ def add_observation(
 def _scales(x: Sequence[float]) -> CostScales:
     return CostScales(
         memory=math.exp(x[0]), compute=math.exp(x[1]), overhead=math.exp(x[2]), per_request=math.exp(x[3]),
-        draft=math.exp(x[4]),
+        draft=math.exp(x[4]), fill=math.exp(x[5]), gemm_slope=x[6],
     )
 
 
@@ -256,26 +287,53 @@ def _components(ctx: ModelContext, point: StepObservation) -> StepComponents:
 # dominated the cost of a fit that prices every point several times per tick.
 # ------------------------------------------------------------------------------------------------------------
 
-# (fixed, per_request, memory, compute, allreduce, prefill, draft_fixed, draft_memory, draft_compute, passes)
-_Terms = tuple[float, float, float, float, float, float, float, float, float, float]
-_Scales5 = tuple[float, float, float, float, float]  # (memory, compute, overhead, per_request, draft)
+# (fixed, per_request, memory, attention, allreduce, prefill, draft_fixed, draft_memory, draft_compute, passes,
+#  gemm_row_s, gemm_tokens + gemm_pad, gemm_fill): `attention` is the decode math besides the linear layers
+_Terms = tuple[
+    float, float, float, float, float, float, float, float, float, float, float, float, float
+]
+# (memory, compute, overhead, per_request, draft, fill, gemm_slope): six scales and beta
+_Scales7 = tuple[float, float, float, float, float, float, float]
 _INV_P = 1.0 / SMOOTH_MAX_P
+_LOG_REFERENCE = math.log(GEMM_REFERENCE_TOKENS)
 
 
 def _terms(comp: StepComponents) -> _Terms:
+    rows = comp.gemm_row_s * gemm_rows(comp.gemm_tokens, pad=comp.gemm_pad, fill=comp.gemm_fill)
     return (
-        comp.fixed_s, comp.per_request_s, comp.memory_s, comp.compute_s, comp.allreduce_s, comp.prefill_s,
-        comp.draft_fixed_s, comp.draft_memory_s, comp.draft_compute_s, float(comp.draft_passes),
+        comp.fixed_s, comp.per_request_s, comp.memory_s, max(comp.compute_s - rows, 0.0), comp.allreduce_s,
+        comp.prefill_s, comp.draft_fixed_s, comp.draft_memory_s, comp.draft_compute_s, float(comp.draft_passes),
+        comp.gemm_row_s, comp.gemm_tokens + comp.gemm_pad, comp.gemm_fill,
     )
 
 
-def _price(t: _Terms, scales: _Scales5) -> tuple[float, _Scales5]:
-    """log T at `scales` (StepComponents.total_s with roofline 1, up to rounding) and d log T / d log scale_j for
-    the five scales (the point's Jacobian row). Each term is linear in the scales it carries; a smooth_max
-    s = (a^p + b^p)^(1/p) splits by shares: d s / d log a = s a^p / (a^p + b^p), and b takes the rest. (The two
+def _gemm(row_s: float, rows_free: float, fill: float, beta: float) -> tuple[float, float, float]:
+    """(linear-layer math s, d log / d log fill, d log / d beta) for `rows_free` = tokens + pad rows against a
+    floor of `fill` rows at elasticity `beta` (policies/roofline.py `gemm_rows`, `gemm_efficiency_factor`)."""
+    top = fill if fill > rows_free else rows_free
+    if row_s <= 0.0 or top <= 0.0:
+        return 0.0, 0.0, 0.0
+    rb = math.pow(fill / top, SMOOTH_MAX_P)
+    share = math.pow(rows_free / top, SMOOTH_MAX_P) + rb
+    rows = top * math.pow(share, _INV_P)
+    fill_share = rb / share
+    if rows >= GEMM_REFERENCE_TOKENS:
+        return row_s * rows, fill_share, 0.0
+    size_log = _LOG_REFERENCE - math.log(rows if rows > 1.0 else 1.0)
+    gemm = row_s * rows * (math.exp(beta * size_log) if beta != 0.0 else 1.0)
+    return gemm, fill_share * (1.0 - beta if rows > 1.0 else 1.0), size_log
+
+
+def _price(t: _Terms, scales: _Scales7) -> tuple[float, _Scales7]:
+    """log T at `scales` (StepComponents.total_s with roofline 1, up to rounding) and d log T / d x_j for the
+    seven parameters (the point's Jacobian row). Each term is linear in the scales it carries; a smooth_max
+    s = (a^p + b^p)^(1/p) splits by shares: d s / d log a = s a^p / (a^p + b^p), and b takes the rest. (The
     smooth_max are written out: this runs for every point several times per tick.)"""
-    ms, cs, ov, pr, dr = scales
-    fixed, per_request, memory, compute, allreduce, prefill, draft_fixed, draft_memory, draft_compute, passes = t
+    ms, cs, ov, pr, dr, fs, beta = scales
+    (fixed, per_request, memory, attention, allreduce, prefill, draft_fixed, draft_memory, draft_compute, passes,
+     row_s, rows_free, fill) = t
+    gemm, gemm_fill_slope, gemm_beta_slope = _gemm(row_s, rows_free, fill * fs, beta)
+    compute = attention + gemm
     pw, inv_p = SMOOTH_MAX_P, _INV_P
     a, b = ms * memory, cs * compute
     top = b if b > a else a
@@ -299,17 +357,22 @@ def _price(t: _Terms, scales: _Scales5) -> tuple[float, _Scales5]:
     prefill_s = cs * prefill
     total = overhead + launches + target + prefill_s + allreduce + draft
     inv = 1.0 / total
+    target_compute = target * (1.0 - target_memory_share)
+    # d log T / d (log fill, beta) through the linear layers' share of the target's compute side.
+    gemm_part = target_compute * gemm / compute * inv if compute > 0 else 0.0
     return math.log(total), (
         (target * target_memory_share + draft * draft_memory_share) * inv,
-        (target * (1.0 - target_memory_share) + prefill_s + draft * (1.0 - draft_memory_share)) * inv,
+        (target_compute + prefill_s + draft * (1.0 - draft_memory_share)) * inv,
         (overhead + launches) * inv,
         requests * inv,
         (launches + draft) * inv,
+        gemm_part * gemm_fill_slope,
+        gemm_part * gemm_beta_slope,
     )
 
 
-def _exp5(x: Sequence[float]) -> _Scales5:
-    return math.exp(x[0]), math.exp(x[1]), math.exp(x[2]), math.exp(x[3]), math.exp(x[4])
+def _unpack(x: Sequence[float]) -> _Scales7:
+    return math.exp(x[0]), math.exp(x[1]), math.exp(x[2]), math.exp(x[3]), math.exp(x[4]), math.exp(x[5]), x[6]
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,11 +381,11 @@ class _Evaluation:
 
     x: tuple[float, ...]
     logs: tuple[float, ...]
-    slopes: tuple[_Scales5, ...]
+    slopes: tuple[_Scales7, ...]
 
 
 def _evaluate(terms: Sequence[_Terms], x: Sequence[float]) -> _Evaluation:
-    scales = _exp5(x)
+    scales = _unpack(x)
     priced = [_price(t, scales) for t in terms]
     return _Evaluation(x=tuple(x), logs=tuple(p[0] for p in priced), slopes=tuple(p[1] for p in priced))
 
@@ -355,6 +418,16 @@ class _Problem:
     telemetry: tuple[tuple[int, float, float], ...]
 
 
+def _sigmas(config: CalibrationConfig) -> tuple[float, ...]:
+    return (*config.prior_sigma, config.fill_sigma, config.gemm_slope_sigma)
+
+
+def _bounds(config: CalibrationConfig) -> tuple[tuple[float, ...], tuple[float, ...]]:
+    """(lower, upper) per parameter: +-log(max_scale) for the log-scales, [0, max_gemm_slope] for beta."""
+    bound = math.log(config.max_scale)
+    return (-bound,) * _LOG_PARAMS + (0.0,), (bound,) * _LOG_PARAMS + (config.max_gemm_slope,)
+
+
 def _objective(problem: _Problem, at: _Evaluation, config: CalibrationConfig) -> float:
     """The objective at `at.x`, from the points' log T there."""
     x = at.x
@@ -366,7 +439,7 @@ def _objective(problem: _Problem, at: _Evaluation, config: CalibrationConfig) ->
         total += weight * (0.5 * u * u if u <= delta else delta * u - flat)  # Huber
     for index, log_obs, weight in problem.telemetry:
         total += weight * 0.5 * ((x[index] - log_obs) / config.telemetry_sigma) ** 2
-    return total + sum(0.5 * (xj / sj) ** 2 for xj, sj in zip(x, config.prior_sigma, strict=True))
+    return total + sum(0.5 * (xj / sj) ** 2 for xj, sj in zip(x, _sigmas(config), strict=True))
 
 
 def _normal_equations(
@@ -396,7 +469,7 @@ def _normal_equations(
         precision = weight / config.telemetry_sigma**2
         normal[index][index] += precision
         gradient[index] += precision * (x[index] - log_obs)
-    for j, sigma in enumerate(config.prior_sigma):
+    for j, sigma in enumerate(_sigmas(config)):
         normal[j][j] += 1.0 / sigma**2
         gradient[j] += x[j] / sigma**2
     return normal, gradient
@@ -409,9 +482,9 @@ def _damped_step(
     gradient pushes it further out is held there (its row and column leave the system), so the others still get
     a full step instead of one spoiled by clipping."""
     normal, gradient = system
-    bound = math.log(config.max_scale)
+    lower, upper = _bounds(config)
     n = len(x)
-    held = [(x[j] >= bound and gradient[j] < 0) or (x[j] <= -bound and gradient[j] > 0) for j in range(n)]
+    held = [(x[j] >= upper[j] and gradient[j] < 0) or (x[j] <= lower[j] and gradient[j] > 0) for j in range(n)]
     damped = [
         [0.0 if held[i] or held[j] else normal[i][j] * (1.0 + damping if i == j else 1.0) for j in range(n)]
         for i in range(n)
@@ -420,7 +493,7 @@ def _damped_step(
         if held[j]:
             damped[j][j] = 1.0
     delta = _solve(damped, [0.0 if held[j] else -gradient[j] for j in range(n)])
-    return [min(max(xj + dj, -bound), bound) for xj, dj in zip(x, delta, strict=True)]
+    return [min(max(xj + dj, lo), hi) for xj, dj, lo, hi in zip(x, delta, lower, upper, strict=True)]
 
 
 def _predicted_decrease(
@@ -466,7 +539,8 @@ def _iterate(
 
 
 def _log_scales(scales: CostScales) -> tuple[float, ...]:
-    return tuple(math.log(getattr(scales, name)) for name in _PARAMS)
+    logs = tuple(math.log(getattr(scales, name)) for name in _PARAMS[:_LOG_PARAMS])
+    return (*logs, scales.gemm_slope)
 
 
 def _cached_terms(state: CalibrationState, ctx: ModelContext) -> _TermsCache:
@@ -490,7 +564,7 @@ def _start(state: CalibrationState, cache: _TermsCache, x: tuple[float, ...]) ->
     if old is None or old.priced is None or old.priced.x != x or not (old.ctx is cache.ctx or old.ctx == cache.ctx):
         return _evaluate(cache.terms, x)
     known = {id(p): (log_t, row) for p, log_t, row in zip(old.points, old.priced.logs, old.priced.slopes, strict=True)}
-    scales = _exp5(x)
+    scales = _unpack(x)
     priced = [known.get(id(p)) or _price(t, scales) for p, t in zip(cache.points, cache.terms, strict=True)]
     return _Evaluation(x=x, logs=tuple(p[0] for p in priced), slopes=tuple(p[1] for p in priced))
 
@@ -498,11 +572,12 @@ def _start(state: CalibrationState, cache: _TermsCache, x: tuple[float, ...]) ->
 def fit(
     state: CalibrationState, ctx: ModelContext, *, now_s: float, config: CalibrationConfig
 ) -> tuple[CalibrationState, CalibrationFit]:
-    """Refit the five scales to the points in `state` (weights decayed to `now_s`, Unix seconds) starting from
-    the previous fit and its damping; returns the state with the new scales and the fit's summary. At most
+    """Refit the seven parameters (six scales and beta) to the points in `state` (weights decayed to `now_s`, Unix
+    seconds) starting from the previous fit and its damping; returns the state with the new scales and the fit's
+    summary. At most
     `config.iterations` LM steps once warm (`cold_iterations` for a state never fitted); a converged state whose
-    points did not change since is returned as it is. No points: the scales relax to the prior (1.0) and the
-    error is None.
+    points did not change since is returned as it is. No points: the scales relax to the prior (1.0, beta 0) and
+    the error is None.
 
     Example: points from a server whose memory is really 2x slower than the profile says (every step's memory
     term doubled) at batches 1..256 -> memory scale ~2.0, compute/overhead near 1, error ~ the step noise.

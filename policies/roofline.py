@@ -12,20 +12,40 @@ For B sequences each verifying q tokens at mean context ctx, with P prompt (pref
                    (each prefilling request reads its cached prefix once per chunk; P_req = 1 when P > 0)
     flops        = 2 x P_active_matmul x N / tp  +  4 x layers x heads x head_dim x (B q ctx + P ctx_p) / tp
     memory_s     = memory_scale x (weight_bytes + kv_bytes) / (BW_peak x bandwidth_efficiency)
-    F            = F_peak(dtype) x flops_efficiency
-    compute_s    = compute_scale x (2 P_active_matmul x smooth_max(B q, N_fill) + 4 layers heads head_dim ctx B q)
-                   / tp / F
-                   N_fill = hardware.gemm_fill_tokens (128): GEMMs over few tokens do not fill the GPU's waves
-                   of tiles, so a step's linear layers cost at least about N_fill tokens' worth of math
+    F            = F_peak(dtype) x flops_efficiency            (the rate of a large, prefill-sized GEMM)
+    compute_s    = compute_scale x (2 P_active_matmul x G(B q) x (N_ref / clamp(G(B q), 1, N_ref))^beta
+                                    + 4 layers heads head_dim ctx B q) / tp / F
+                   G(n) = smooth_max(n + t/2, N_fill x fill_scale): the GEMM rows a step of n tokens computes.
+                          Rows run in whole tiles of t = min(64, N_fill) tokens (Hopper's wgmma instruction is
+                          m64nNk16, PTX ISA), and a window's batch fluctuates by more than a tile, so on average
+                          half a tile is padding. N_fill = hardware.gemm_fill_tokens (128 on GPUs, 1 on CPU):
+                          GEMMs over few tokens do not fill the GPU's waves of tiles, so a step's linear layers
+                          cost at least about N_fill tokens' worth of math. (t = 1 pads nothing.)
+                   beta (gemm_slope, 0 uncalibrated): GEMM efficiency elasticity. Small-M GEMMs reach less of
+                          the large-GEMM rate (fewer tiles than SMs leave a wave part empty; less operand reuse):
+                          the rate at n rows is F x (n / N_ref)^beta below N_ref = 2048 rows (a prefill chunk:
+                          vLLM's token budget is 2048-8192) and F above it. fill_scale and beta are fitted
+                          online (policies/calibrate.py): the profile cannot know a kernel's tiles.
     prefill_s    = compute_scale x (2 P_active_matmul + 4 layers heads head_dim ctx_p) x P / tp / F
+                   (prompt chunks are GEMMs of hundreds to thousands of rows: priced at F, no elasticity)
     roofline_s   = smooth_max(memory_s, compute_s) + prefill_s,   smooth_max(a, b) = (a^4 + b^4)^(1/4)
     allreduce_s  = tp > 1: 2 x layers x (latency + 2 (tp - 1)/tp x N hidden x 2 bytes / link_bytes_per_s)
     overhead_s   = overhead_scale x (step_fixed_s + per_request_scale x per_request_step_s x B)
     T_target     = overhead_s + roofline_scale x (roofline_s + allreduce_s)
 
 Ranges: B >= 1 (continuous: a window mean), q >= 1, ctx >= 0, P >= 0 tokens, tp >= 1. Worked example (H100 SXM,
-Llama-3.1-8B bf16, B=1, q=1, ctx=512, P=0): 15.08 GB / 2.85 TB/s = 5.30 ms memory, 0.025 ms compute,
-1.52 ms overhead -> 6.82 ms (vLLM measured 7.07 ms plain TPOT, vllm-eagle-k-sweep-bs1.csv).
+Llama-3.1-8B bf16, B=1, q=1, ctx=512, P=0): 15.08 GB / 2.85 TB/s = 5.30 ms memory; G(1) = smooth_max(33, 128)
+= 128.1 rows x 15.0 GFLOP / 5.936e14 FLOP/s = 3.24 ms compute; smooth_max -> 5.48 ms; + 1.52 ms overhead
+-> 7.0 ms (vLLM measured 7.07 ms plain TPOT, vllm-eagle-k-sweep-bs1.csv).
+
+Why an elasticity, a fitted fill and half-tile padding: on the simulator (service/sim, whose tensor cores run
+whole 64-token tiles and reach a step-size-dependent fraction of peak) one fixed rate with a fixed 128-token
+floor missed pure-decode step times by up to 18-27% after calibration, either over-pricing small decode steps
+or under-pricing large ones, whichever way the fit leaned; with the three terms, within 8.4% over a steady
+load sweep (tests/integration/test_model_sim_calibration.py: the fit finds fill 0.49 x 128 = 63 rows, the
+world's 64-token tile, and beta 0.39). Why the
+elasticity is on the linear layers only: attention is its own kernel (FlashAttention) whose work grows with
+B x ctx and keeps the GPU busy even at batch 1 with a long context.
 
 Why prefill is added outside the smooth max: prompts arrive in chunks of hundreds to thousands of tokens (up to
 the token budget, e.g. 8192), which are compute-bound, so each prompt token costs its full math whichever step
@@ -42,7 +62,8 @@ load cancels: see policies/costmodel.py.)
 
 Why a 4-norm smooth max: memory traffic and math overlap imperfectly near the ridge point; the 4-norm is at most
 2^(1/4) = 1.19x the larger term (at the crossover) and within 1.6% of it once one term is twice the other.
-The `CostScales` are what online calibration fits (policies/calibrate.py); all default to 1. Activations
+The `CostScales` are what online calibration fits (policies/calibrate.py); the multipliers default to 1 and
+the elasticity to 0 (the physics as the profile states it). Activations
 (a few MB per step) are left out of the bytes: below 1% of the weight bytes at decode batch sizes.
 
 Drafting (what a speculative step adds besides verifying more tokens), for gamma >= 1 drafts:
@@ -63,6 +84,8 @@ from policies.profiles import DrafterProfile, HardwareProfile, ModelProfile
 from policies.types import DraftMethod
 
 SMOOTH_MAX_P = 4.0
+GEMM_TILE_TOKENS = 64.0  # rows of one Hopper wgmma tile (m64nNk16), PTX ISA
+GEMM_REFERENCE_TOKENS = 2048.0  # rows of a prefill-sized GEMM: where the rate F applies (module docstring)
 ACTIVATION_BYTES = 2.0  # bf16 activations in the tensor-parallel all-reduce
 HOST_DRAFT_METHODS = frozenset({DraftMethod.NGRAM, DraftMethod.SUFFIX})
 # dynamic-sd-k0-overhead.csv: (15.317 - 14.374) = 0.943 ms at concurrency 2, (93.820 - 77.164) = 16.656 ms at 189.
@@ -78,9 +101,13 @@ class CostScales:
     policies/costmodel.py fits these two); `memory` scales memory time (1 / effective-bandwidth error), `compute`
     compute time (1 / effective-FLOP/s error), `per_request` the per-running-request host terms on top of
     `overhead`, `draft` every drafting pass (its launch and its roofline: drafter profiles are the least certain
-    numbers; EAGLE heads differ in layers and in whether they own an lm_head). The online fitter in
-    policies/calibrate.py fits these five, with `roofline` left at 1.
-    Example: memory 2.0 means the server streams bytes at half the bandwidth the profile assumed.
+    numbers; EAGLE heads differ in layers and in whether they own an lm_head). `fill` scales the GEMM wave-fill
+    floor N_fill and `gemm_slope` is the GEMM efficiency elasticity beta (not a multiplier: 0 uncalibrated,
+    valid in [0, 1]); module docstring. The online fitter in policies/calibrate.py fits all but `roofline`.
+    Example: memory 2.0 means the server streams bytes at half the bandwidth the profile assumed; fill 0.5
+    halves the H100's 128-row floor to one 64-row tile; gemm_slope 0.4 prices a 256-token decode step's
+    linear layers (290.8 rows) at (2048 / 290.8)^0.4 = 2.18x the math time of the same rows at the large-GEMM
+    rate.
     """
 
     overhead: float = 1.0
@@ -89,6 +116,8 @@ class CostScales:
     compute: float = 1.0
     per_request: float = 1.0
     draft: float = 1.0
+    fill: float = 1.0
+    gemm_slope: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,15 +166,44 @@ def expected_experts_touched(num_experts: int, experts_per_token: int, tokens: f
     return num_experts * (1.0 - math.pow(1.0 - experts_per_token / num_experts, tokens))
 
 
+def gemm_tile_tokens(hardware: HardwareProfile) -> float:
+    """Rows t of one GEMM tile (tokens): min(64, `hardware.gemm_fill_tokens`), at least 1 (1: no tiling).
+
+    Example: H100 (fill 128) -> 64; the CPU profile (fill 1) -> 1.
+    """
+    return max(1.0, min(GEMM_TILE_TOKENS, hardware.gemm_fill_tokens))
+
+
+def gemm_rows(tokens: float, *, pad: float, fill: float) -> float:
+    """G(n): GEMM rows (tokens' worth of linear-layer math) a step of `tokens` (>= 0) computes, with `pad` (>= 0,
+    half a tile) of mean padding and a wave-fill floor of `fill` (>= 0) rows: smooth_max(tokens + pad, fill).
+
+    Example: pad 32, fill 128: 1 token -> smooth_max(33, 128) = 128.1; 256 -> 288.0 x (1 + (128/288)^4)^(1/4)
+    = 290.8; fill 64 (calibrated 0.5): 64 tokens -> 96 x (1 + (64/96)^4)^(1/4) = 100.4.
+    """
+    return smooth_max(tokens + pad, fill)
+
+
+def gemm_efficiency_factor(rows: float, slope: float) -> float:
+    """How much longer `rows` (>= 0) GEMM rows take than at the large-GEMM rate, for elasticity `slope` (beta,
+    0..1): (N_ref / clamp(rows, 1, N_ref))^slope, >= 1, 1 at or above N_ref = 2048 rows or at slope 0.
+
+    Example: 288 rows, beta 0.4 -> (2048 / 288)^0.4 = 2.19; 4096 rows -> 1.0.
+    """
+    if slope == 0.0:
+        return 1.0
+    return math.exp(slope * math.log(GEMM_REFERENCE_TOKENS / min(max(rows, 1.0), GEMM_REFERENCE_TOKENS)))
+
+
 @dataclass(frozen=True, slots=True)
 class StepComponents:
     """One step's unscaled parts (seconds per GPU), priced by `total_s(scales)`: what calibration refits.
 
     `fixed_s`: step fixed + speculative per-step; `draft_fixed_s`: draft-pass launches; `per_request_s`: every
     per-running-request host term (plain, speculative bookkeeping, n-gram lookup); `memory_s`/`compute_s`: the
-    target forward's decode part;
-    `prefill_s`: the prompt tokens' math,
-    added outside the smooth max (module docstring);
+    target forward's decode part at unit scales, of which `gemm_row_s` x G(`gemm_tokens`) is the linear layers
+    (G with `gemm_pad` and `gemm_fill`: `gemm_rows`; repriced under the fill scale and elasticity);
+    `prefill_s`: the prompt tokens' math, added outside the smooth max (module docstring);
     `draft_memory_s`/`draft_compute_s`: ONE draft pass, run `draft_passes` times; `allreduce_s`: TP comms.
     """
 
@@ -159,17 +217,35 @@ class StepComponents:
     draft_memory_s: float = 0.0
     draft_compute_s: float = 0.0
     draft_passes: int = 0
+    gemm_row_s: float = 0.0
+    gemm_tokens: float = 0.0
+    gemm_pad: float = 0.0
+    gemm_fill: float = 0.0
+
+    def gemm_s(self, scales: CostScales | None = None) -> float:
+        """The linear layers' math time (s, before the compute scale) under `scales`' fill and elasticity:
+        gemm_row_s x G x (N_ref / G)^gemm_slope, G = gemm_rows(gemm_tokens, pad, gemm_fill x fill).
+
+        Example: 25.3 us per row, 256 tokens, pad 32, fill 128 -> G = 290.8 -> 7.36 ms at unit scales.
+        """
+        s = scales or CostScales()
+        rows = gemm_rows(self.gemm_tokens, pad=self.gemm_pad, fill=self.gemm_fill * s.fill)
+        return self.gemm_row_s * rows * gemm_efficiency_factor(rows, s.gemm_slope)
 
     def total_s(self, scales: CostScales | None = None) -> float:
         """overhead x (fixed + per_request x per-request + draft x draft_fixed) + roofline x (smooth_max(memory x
-        M, compute x C) + compute x prefill + allreduce + draft x passes x smooth_max(memory x M_d, compute x C_d)).
+        M, compute x C) + compute x prefill + allreduce + draft x passes x smooth_max(memory x M_d, compute x C_d)),
+        C = compute_s - gemm_s(unit scales) + gemm_s(scales).
 
         Example: fixed 1.5 ms, per-request 0.02 ms, M 5.3 ms, C 0.025 ms, no draft, unit scales -> 6.82 ms;
         memory 2.0 -> 1.52 + 10.6 = 12.12 ms.
         """
         s = scales or CostScales()
         overhead = s.overhead * (self.fixed_s + s.per_request * self.per_request_s)
-        compute = s.compute * self.compute_s
+        compute_s = self.compute_s
+        if (s.fill != 1.0 or s.gemm_slope != 0.0) and self.gemm_row_s > 0.0:
+            compute_s += self.gemm_s(s) - self.gemm_s()
+        compute = s.compute * compute_s
         target = smooth_max(s.memory * self.memory_s, compute) + s.compute * self.prefill_s + self.allreduce_s
         draft = self.draft_passes * smooth_max(s.memory * self.draft_memory_s, s.compute * self.draft_compute_s)
         return overhead + s.draft * s.overhead * self.draft_fixed_s + s.roofline * (target + s.draft * draft)
@@ -177,6 +253,24 @@ class StepComponents:
 
 def _kv_bytes_per_token_per_gpu(layers: int, kv_heads: int, head_dim: int, kv_dtype_bytes: float, tp: float) -> float:
     return 2.0 * layers * max(kv_heads / tp, 1.0) * head_dim * kv_dtype_bytes
+
+
+@dataclass(frozen=True, slots=True)
+class _TargetParts:
+    """One target forward's unscaled parts (see `_target_parts`)."""
+
+    weight_bytes: float
+    kv_bytes: float
+    flops: float
+    memory_s: float
+    compute_s: float  # decode math at unit scales: linear layers (gemm_row_s x G) + attention
+    attention_s: float
+    gemm_row_s: float  # seconds of linear-layer math per GEMM row (token)
+    gemm_tokens: float
+    gemm_pad: float
+    gemm_fill: float
+    allreduce_s: float
+    prefill_s: float
 
 
 def _target_parts(
@@ -189,9 +283,9 @@ def _target_parts(
     prefill_tokens: float,
     prefill_context_tokens: float,
     tensor_parallel: int,
-) -> tuple[float, float, float, float, float, float, float]:
-    """(weight_bytes, kv_bytes, flops, memory_s, compute_s, allreduce_s, prefill_s), unscaled: compute_s is the
-    decode tokens' math (with the wave-fill floor), prefill_s the prompt tokens' math; flops are the real ones."""
+) -> _TargetParts:
+    """The unscaled parts of one target forward: compute_s is the decode tokens' math (GEMM rows G(B q) plus
+    attention), prefill_s the prompt tokens' math; flops are the real ones."""
     tp = float(tensor_parallel)
     decode_tokens = batch * tokens_per_seq
     tokens = decode_tokens + prefill_tokens
@@ -204,20 +298,34 @@ def _target_parts(
     kv_bytes = per_token * (batch * context_tokens + prefix_read)
     matmul_params = model.active_params - model.input_embedding_params
     attention_per_pair = 4.0 * model.layers * model.num_heads * model.head_dim
-    decode_flops = (2.0 * matmul_params + attention_per_pair * context_tokens) * decode_tokens / tp
+    attention_flops = attention_per_pair * context_tokens * decode_tokens / tp
     prefill_flops = (2.0 * matmul_params + attention_per_pair * prefill_context_tokens) * prefill_tokens / tp
-    flops = decode_flops + prefill_flops
+    flops = 2.0 * matmul_params * decode_tokens / tp + attention_flops + prefill_flops
     memory_s = (weight_bytes + kv_bytes) / (hardware.mem_bandwidth_bytes_per_s * hardware.bandwidth_efficiency)
     flops_per_s = hardware.flops_for_dtype(model.dtype_bytes) * hardware.flops_efficiency
-    filled = smooth_max(decode_tokens, hardware.gemm_fill_tokens) - decode_tokens
-    compute_s = (decode_flops + 2.0 * matmul_params * filled / tp) / flops_per_s
-    prefill_s = prefill_flops / flops_per_s
+    tile = gemm_tile_tokens(hardware)
+    pad = 0.5 * tile if tile > 1.0 else 0.0
+    row_s = 2.0 * matmul_params / tp / flops_per_s
+    attention_s = attention_flops / flops_per_s
+    compute_s = row_s * gemm_rows(decode_tokens, pad=pad, fill=hardware.gemm_fill_tokens) + attention_s
     allreduce_s = 0.0
     if tensor_parallel > 1:
         message = tokens * model.hidden * ACTIVATION_BYTES
         ring = 2.0 * (tp - 1.0) / tp * message / hardware.interconnect_bytes_per_s
         allreduce_s = 2.0 * model.layers * (hardware.allreduce_latency_s + ring)
-    return weight_bytes, kv_bytes, flops, memory_s, compute_s, allreduce_s, prefill_s
+    return _TargetParts(
+        weight_bytes=weight_bytes, kv_bytes=kv_bytes, flops=flops, memory_s=memory_s, compute_s=compute_s,
+        attention_s=attention_s, gemm_row_s=row_s, gemm_tokens=decode_tokens, gemm_pad=pad,
+        gemm_fill=hardware.gemm_fill_tokens, allreduce_s=allreduce_s, prefill_s=prefill_flops / flops_per_s,
+    )
+
+
+def _decode_compute_s(parts: _TargetParts, scales: CostScales) -> float:
+    """The decode math (s) under the fill scale and elasticity, before the compute scale."""
+    if scales.fill == 1.0 and scales.gemm_slope == 0.0:
+        return parts.compute_s
+    rows = gemm_rows(parts.gemm_tokens, pad=parts.gemm_pad, fill=parts.gemm_fill * scales.fill)
+    return parts.gemm_row_s * rows * gemm_efficiency_factor(rows, scales.gemm_slope) + parts.attention_s
 
 
 def target_step_time(
@@ -246,21 +354,22 @@ def target_step_time(
     _check(batch=batch, tokens_per_seq=tokens_per_seq, context_tokens=context_tokens, tp=tensor_parallel)
     prefill_ctx = _check_prefill(prefill_tokens, prefill_context_tokens, context_tokens)
     scales = scales or CostScales()
-    weight_bytes, kv_bytes, flops, memory_s, compute_s, allreduce_s, prefill_s = _target_parts(
+    parts = _target_parts(
         hardware, model, batch=batch, tokens_per_seq=tokens_per_seq, context_tokens=context_tokens,
         prefill_tokens=prefill_tokens, prefill_context_tokens=prefill_ctx, tensor_parallel=tensor_parallel,
     )
-    memory_s *= scales.memory
-    compute_s *= scales.compute
+    memory_s = scales.memory * parts.memory_s
+    compute_s = scales.compute * _decode_compute_s(parts, scales)
     overhead = hardware.step_fixed_s + scales.per_request * hardware.per_request_step_s * batch
+    physics = smooth_max(memory_s, compute_s) + scales.compute * parts.prefill_s + parts.allreduce_s
     return StepTime(
-        weight_bytes=weight_bytes,
-        kv_bytes=kv_bytes,
-        flops=flops,
+        weight_bytes=parts.weight_bytes,
+        kv_bytes=parts.kv_bytes,
+        flops=parts.flops,
         memory_s=memory_s,
         compute_s=compute_s,
         overhead_s=scales.overhead * overhead,
-        physics_s=scales.roofline * (smooth_max(memory_s, compute_s) + scales.compute * prefill_s + allreduce_s),
+        physics_s=scales.roofline * physics,
     )
 
 
@@ -352,7 +461,7 @@ def step_components(
         raise ValueError(f"draft_passes must be >= 0, got {draft_passes}")
     prefill_ctx = _check_prefill(prefill_tokens, None, context_tokens)
     tp = float(tensor_parallel)
-    _, _, _, memory_s, compute_s, allreduce_s, prefill_s = _target_parts(
+    parts = _target_parts(
         hardware, model, batch=batch, tokens_per_seq=tokens_per_seq, context_tokens=context_tokens,
         prefill_tokens=prefill_tokens, prefill_context_tokens=prefill_ctx, tensor_parallel=tensor_parallel,
     )
@@ -374,14 +483,18 @@ def step_components(
     return StepComponents(
         fixed_s=fixed,
         per_request_s=per_request,
-        memory_s=memory_s,
-        compute_s=compute_s,
-        allreduce_s=allreduce_s,
-        prefill_s=prefill_s,
+        memory_s=parts.memory_s,
+        compute_s=parts.compute_s,
+        allreduce_s=parts.allreduce_s,
+        prefill_s=parts.prefill_s,
         draft_fixed_s=draft_fixed,
         draft_memory_s=draft_memory,
         draft_compute_s=draft_compute,
         draft_passes=passes,
+        gemm_row_s=parts.gemm_row_s,
+        gemm_tokens=parts.gemm_tokens,
+        gemm_pad=parts.gemm_pad,
+        gemm_fill=parts.gemm_fill,
     )
 
 
@@ -412,8 +525,9 @@ def crossover_batch(
     or None when it stays memory-bound up to `max_batch` (long contexts: each sequence adds KV bytes faster than
     FLOPs). Found by doubling then bisection to 1e-6 relative.
 
-    Example: H100, Llama-3.1-8B, q=1: memory_s = 5.27 ms + B x 46 ns x ctx, compute_s = B x (25.3 us + 0.88 ns x
-    ctx); ctx 128 -> B ~ 270; ctx 512 -> B ~ 2450; ctx >= ~560 -> None (the KV slope exceeds the FLOP slope).
+    Example: H100, Llama-3.1-8B, q=1: memory_s = 5.27 ms + B x 46 ns x ctx, compute_s = 0.81 ms (32 rows of
+    tile padding) + B x (25.3 us + 0.88 ns x ctx); ctx 128 -> B ~ 225; ctx 512 -> B ~ 2060; ctx >= ~560 -> None
+    (the KV slope exceeds the FLOP slope).
     """
 
     def compute_bound(batch: float) -> bool:

@@ -218,3 +218,43 @@ def test_a_converged_fit_without_new_points_is_not_redone() -> None:
     newer = StepObservation(T0 + 750.0, 8.0, 1.0, 0, 1024.0, 0.0, state.points[-1].step_s)
     moved, moved_result = fit(add_observation(state, newer, config=CONFIG), ctx, now_s=T0 + 750.0, config=CONFIG)
     assert moved is not state and moved_result.points == 25
+
+
+@pytest.mark.parametrize(
+    ("truth", "slope_tolerance"),
+    [
+        # A 64-row floor (half the H100 profile's 128) and small GEMMs at (n / 2048)^0.3 of the large-GEMM rate: the
+        # fill is seen only by the few compute-heavy small steps, so the prior (fill 1, slope 0) holds the estimate
+        # part of the way back (fill ~0.6, slope ~0.24); the predictions are what must be right.
+        (CostScales(fill=0.5, gemm_slope=0.3), 0.1),
+        # 1.5x slower tensor cores, a 256-row floor and elasticity 0.2: compute-heavy enough to pin all three.
+        (CostScales(compute=1.5, fill=2.0, gemm_slope=0.2), 0.05),
+    ],
+)
+def test_recovers_the_gemm_fill_and_elasticity(truth: CostScales, slope_tolerance: float) -> None:
+    ctx = make_context()
+    _, result = fit(_synthetic(truth), ctx, now_s=T0 + 720.0, config=CONFIG)
+    assert result.scales.gemm_slope == pytest.approx(truth.gemm_slope, abs=slope_tolerance)
+    assert result.error_ratio is not None and result.error_ratio < 0.01
+    # Pure decode at batches the points did not hold (48, 96, 192) at q 1 and 4, ctx 1024: within 5% (the step
+    # noise the fitter assumes), though the prior keeps the first world's fill and slope short of the truth.
+    for batch in (48.0, 96.0, 192.0):
+        for q, passes in ((1.0, 0), (4.0, 3)):
+            parts = step_components(
+                ctx.hardware, ctx.model, ctx.drafter, batch=batch, tokens_per_seq=q, draft_passes=passes,
+                context_tokens=1024.0,
+            )
+            assert parts.total_s(result.scales) == pytest.approx(parts.total_s(truth), rel=0.05), (batch, q)
+
+
+def test_the_elasticity_stays_at_its_physical_bound() -> None:
+    # A world with one GEMM rate (slope 0): the data push beta neither way and the prior holds it at 0; it is
+    # never negative (an efficiency that falls as the GEMM grows is not physical), and the fill stays near 1.
+    _, result = fit(_synthetic(CostScales(memory=2.0)), make_context(), now_s=T0 + 720.0, config=CONFIG)
+    assert 0.0 <= result.scales.gemm_slope < 0.02
+    assert result.scales.fill == pytest.approx(1.0, rel=0.05)
+    with pytest.raises(ValueError):
+        CalibrationConfig(max_gemm_slope=1.5)
+    with pytest.raises(ValueError):
+        CalibrationConfig(fill_sigma=0.0)
+
