@@ -117,7 +117,8 @@ def advise_target(
         objective = chosen.value
     probe: Probe | None = None
     usable = recalled is not None and recalled.usable
-    if decide_config.explore and usable and not evidence.speculation_on and workload is not None and ctx is not None and fit is not None:
+    off_on_memory = decide_config.explore and usable and not evidence.speculation_on
+    if off_on_memory and workload is not None and ctx is not None and fit is not None:
         # Off on a remembered profile: is it time to look again? (probe_for; the prior is what it may find.)
         prior = acceptance_curve(None, method=ctx.drafter.method, gamma_max=decide_config.gamma_max)
         prior_curve = objective_curve(ctx, prior, workload, config=objective_config, scales=fit.scales)[0]
