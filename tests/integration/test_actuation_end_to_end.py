@@ -16,7 +16,7 @@ from kube_apiserver import DEPLOYMENTS, FakeKubeApiServer, patches
 from sidecar_http import FIXTURES, CaptureServer, serving, wait_for
 
 from service.app import build_sidecar
-from service.settings import load_settings
+from service.settings import Settings, load_settings
 from service.sources.gpu import NoGpuSource
 
 NS = "llm-serving"
@@ -56,6 +56,23 @@ def speculative_config(deployment: dict[str, Any]) -> tuple[list[str], dict[str,
     return args[:i] + args[i + 2:], config
 
 
+def advisor_settings(capture_url: str, api_url: str, token_file: Path, state: Path, **actuation: Any) -> Settings:
+    """A fast-ticking sidecar on the capture, acting in mode kubernetes on NAME through the loopback API server."""
+    return load_settings(overrides={
+        "targets": [{"name": "llama", "url": capture_url, "hardware": "h100-sxm", "drafter": {"method": "eagle"}}],
+        "scrape_interval_s": 0.1,
+        "scrape_timeout_s": 0.1,
+        "estimator": {"window_s": 0.4, "stale_after_s": 1.0},
+        "decide": {"dwell_s": 0},
+        "gpu": {"telemetry": "none"},
+        "actuation": {
+            "mode": "kubernetes", "dry_run": False, "dwell_s": 0.3, "cooldown_s": 0,
+            "state_dir": str(state), "api_url": api_url, "token_file": str(token_file), "namespace": NS,
+            "targets": [{"target": "llama", "deployment": NAME}], **actuation,
+        },
+    })
+
+
 def test_the_sidecar_patches_the_deployment_through_the_gate_and_records_it(tmp_path: Path) -> None:
     token_file = tmp_path / "sa-token"
     token_file.write_text(KUBE_TOKEN, encoding="utf-8")
@@ -65,20 +82,7 @@ def test_the_sidecar_patches_the_deployment_through_the_gate_and_records_it(tmp_
     async def scenario(api: FakeKubeApiServer) -> None:
         capture = CaptureServer(FIXTURES / "synthetic-eagle-k3.txt")
         async with serving(capture) as capture_url:
-            settings = load_settings(overrides={
-                "targets": [{"name": "llama", "url": capture_url, "hardware": "h100-sxm",
-                             "drafter": {"method": "eagle"}}],
-                "scrape_interval_s": 0.1,
-                "scrape_timeout_s": 0.1,
-                "estimator": {"window_s": 0.4, "stale_after_s": 1.0},
-                "decide": {"dwell_s": 0},
-                "gpu": {"telemetry": "none"},
-                "actuation": {
-                    "mode": "kubernetes", "dry_run": False, "dwell_s": 0.3, "cooldown_s": 0,
-                    "state_dir": str(state), "api_url": api.url, "token_file": str(token_file), "namespace": NS,
-                    "targets": [{"target": "llama", "deployment": NAME}],
-                },
-            })
+            settings = advisor_settings(capture_url, api.url, token_file, state)
             sidecar = build_sidecar(settings, gpu_source=NoGpuSource(),
                                     environ={"SPEC_ADVISOR_ACTIONS_TOKEN": WRITE_TOKEN})
             async with serving(sidecar.app) as url, httpx.AsyncClient(base_url=url, timeout=5.0) as client:
@@ -126,4 +130,38 @@ def test_the_sidecar_patches_the_deployment_through_the_gate_and_records_it(tmp_
     with FakeKubeApiServer(tokens={KUBE_TOKEN: USER}, grants=grants) as api:
         api.put(DEPLOYMENTS, vllm_deployment())
         api.finish_rollout(NS, NAME)  # a settled Deployment: its status caught up with its spec
+        asyncio.run(scenario(api))
+
+
+def test_a_forbidden_patch_is_recorded_counted_and_the_advice_keeps_flowing(tmp_path: Path) -> None:
+    # RBAC that forgot `patch`: the advisor can read the Deployment but not change it.
+    token_file = tmp_path / "sa-token"
+    token_file.write_text(KUBE_TOKEN, encoding="utf-8")
+    state = tmp_path / "state"
+    grants = {(USER, "get", "deployments", NAME)}
+
+    async def scenario(api: FakeKubeApiServer) -> None:
+        capture = CaptureServer(FIXTURES / "synthetic-eagle-k3.txt")
+        async with serving(capture) as capture_url:
+            settings = advisor_settings(capture_url, api.url, token_file, state, write_endpoints=False)
+            sidecar = build_sidecar(settings, gpu_source=NoGpuSource())
+            async with serving(sidecar.app) as url, httpx.AsyncClient(base_url=url, timeout=5.0) as client:
+                body = (await wait_for(client, "/v1/actions",
+                                       lambda r: r.json()["targets"][0]["actions"].get("failed", 0) >= 1)).json()
+                (failed, *_) = [r for r in body["records"] if r["kind"] == "action"]
+                assert failed["result"] == "failed" and failed["error"] == "forbidden"
+                assert failed["patch"] is not None  # what it tried to send is on record
+                metrics = (await client.get("/metrics")).text
+                assert 'specadvisor_actuator_errors_total{reason="forbidden",target="llama"}' in metrics
+                recommendation = await client.get("/v1/recommendation")
+                assert recommendation.status_code == 200
+                assert recommendation.json()["targets"][0]["state"] == "ok"
+
+        # Nothing changed on the server: the only write was refused whole.
+        _, config = speculative_config(api.get(DEPLOYMENTS, NS, NAME))
+        assert config == DEPLOYED
+
+    with FakeKubeApiServer(tokens={KUBE_TOKEN: USER}, grants=grants) as api:
+        api.put(DEPLOYMENTS, vllm_deployment())
+        api.finish_rollout(NS, NAME)
         asyncio.run(scenario(api))
