@@ -171,6 +171,11 @@ class Evidence:
     # Prompt (prefill) tokens computed per engine step on average (chunked prefill shares each step with decode):
     # Δprompt_tokens / Δsteps, steps from the iteration-tokens histogram count. None when not measurable.
     prefill_tokens_per_step: float | None = None
+    # Sequences decoding per engine step on average: Δ(inter-token-latency histogram count) / Δsteps. vLLM observes
+    # one inter-token latency per request per step that gave it tokens, so this is the batch each step actually
+    # verified, free of the idle time and prefilling requests that the running-requests gauge averages in.
+    # None when not measurable (no steps in the window, or an engine without those histograms).
+    decode_seqs_per_step: float | None = None
 
 
 # ------------------------------------------------------------------------------------------------------------
