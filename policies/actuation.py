@@ -6,8 +6,10 @@ Pure: every input, the time included (`now_s`, Unix seconds), comes in as an arg
 1. paused                        -> PAUSED (the operator's kill switch: nothing is written, overrides included)
 2. the observation failed        -> OBSERVATION_ERROR (nothing to compare with, no resourceVersion to guard)
 3. a rollout is in progress      -> ROLLOUT_IN_PROGRESS (never stack a change on an unfinished one)
-4. an unexpired manual override  -> the override's setting is wanted, and steps 5 and 7-9 do not apply: a human
-   asked for it. It expires by itself at `expires_at_s`; from then on the recommendation rules again.
+4. an unexpired manual override  -> the override's setting is wanted, and steps 5, 7 and 9 do not apply: a human
+   asked for it, so its first attempt is immediate; a retry after an attempt under the same override (one that
+   failed: a success shows as ALREADY_APPLIED or ROLLOUT_IN_PROGRESS) waits out the cooldown -> COOLDOWN.
+   It expires by itself at `expires_at_s`; from then on the recommendation rules again.
 5. no decision / decision not ok -> NO_DECISION, STALE, ERROR, INSUFFICIENT_DATA; no desired setting -> NO_DESIRED
 6. already running it            -> ALREADY_APPLIED; schedule differs only immaterially -> BELOW_CHANGE_THRESHOLD
 7. dwell: the wanted setting must have been the same, on every tick with an `ok` decision, for `dwell_s`
@@ -200,6 +202,12 @@ def plan_action(
         wanted = state.override.setting
         if same_setting(observation.setting, wanted):
             return _skip(SkipReason.ALREADY_APPLIED, wanted, "the override's setting is running", True), state
+        # The first attempt under this override is immediate (a human asked); a retry after a failed attempt
+        # waits out the cooldown like any action, so a broken RBAC is not hammered every tick.
+        tried_s = state.last_action_s
+        if tried_s is not None and tried_s >= state.override.set_at_s and now_s - tried_s < config.cooldown_s:
+            left_s = config.cooldown_s - (now_s - tried_s)
+            return _skip(SkipReason.COOLDOWN, wanted, f"override retry: {left_s:.0f} s of cooldown left", True), state
         plan = ActionPlan(act=True, desired=wanted, detail=f"manual override: {state.override.reason}",
                           via_override=True)
         return plan, _count_action(state, now_s)

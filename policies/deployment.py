@@ -65,8 +65,10 @@ class DeploymentObservation:
 
 @dataclass(frozen=True, slots=True)
 class ApplyResult:
-    """The outcome of one attempted change. `patch` is the exact body sent (or, in dry run, that would be sent);
-    `patch_type` its content type (e.g. "application/json-patch+json"). `error` is None when it was accepted."""
+    """The outcome of one attempted change. `patch` is the exact body sent (or, in dry run, that would be sent),
+    None when nothing needed sending; `patch_type` its content type: "application/strategic-merge-patch+json" for
+    a Deployment (a patch naming the vLLM container, with `metadata.resourceVersion` so a concurrent writer gets a
+    409), "application/merge-patch+json" for an HTTPRoute. `error` is None when it was accepted."""
 
     applied: bool
     dry_run: bool

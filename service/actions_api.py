@@ -5,7 +5,8 @@ Reads are open like the rest of the API. Writes need `Authorization: Bearer <tok
 401 (with `WWW-Authenticate: Bearer`), a wrong token a 403; the token is compared with `hmac.compare_digest`, so
 the time taken does not depend on how much of it matched. The composition root only mounts the write endpoints
 when it has a token (and refuses to start when actuation is on, write endpoints are enabled and no token is
-configured). Error bodies are the API's `{"error": ..., "detail": ...}`.
+configured). Error bodies are the API's `{"error": ..., "detail": ...}`. A write whose audit record could not be
+persisted (disk full) is in force in memory but answers 503 `not_persisted`: a restart would forget it.
 """
 
 from __future__ import annotations
@@ -14,13 +15,13 @@ import hmac
 from collections.abc import Callable
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, Field
 
 from policies.deployment import SpeculationSetting
 from service.actuators.audit import AuditLog, rfc3339
-from service.actuators.runner import ActuationRunner, TargetActuation, UnknownTargetError
+from service.actuators.runner import ActuationRunner, AuditNotPersistedError, TargetActuation, UnknownTargetError
 
 MAX_RECORDS = 500
 DEFAULT_RECORDS = 100
@@ -160,7 +161,7 @@ def create_actions_router(
             raise _AuthError(403, "forbidden", "the bearer token is not the configured one")
 
     auth = [Depends(authorized)]
-    errors: dict[int | str, dict[str, Any]] = {401: {}, 403: {}, 422: {}}
+    errors: dict[int | str, dict[str, Any]] = {401: {}, 403: {}, 422: {}, 503: {}}
 
     @router.post("/v1/actions/pause", response_model=CommandOut, dependencies=auth, responses=errors)
     async def pause(body: PauseIn) -> Response:
@@ -169,6 +170,8 @@ def create_actions_router(
             targets = await runner.pause(body.target, reason=body.reason, now_s=clock())
         except UnknownTargetError:
             return _unknown(runner, body.target)
+        except AuditNotPersistedError as exc:
+            return _not_persisted(exc)
         return JSONResponse(content=CommandOut(targets=targets, paused=True).model_dump(mode="json"))
 
     @router.post("/v1/actions/resume", response_model=CommandOut, dependencies=auth, responses=errors)
@@ -178,6 +181,8 @@ def create_actions_router(
             targets = await runner.resume(body.target, reason=body.reason, now_s=clock())
         except UnknownTargetError:
             return _unknown(runner, body.target)
+        except AuditNotPersistedError as exc:
+            return _not_persisted(exc)
         return JSONResponse(content=CommandOut(targets=targets, paused=False).model_dump(mode="json"))
 
     @router.post("/v1/actions/override", response_model=CommandOut, dependencies=auth, responses=errors)
@@ -195,6 +200,8 @@ def create_actions_router(
             )
         except UnknownTargetError:
             return _unknown(runner, body.target)
+        except AuditNotPersistedError as exc:
+            return _not_persisted(exc)
         out = OverrideOut(setting=_setting(result.setting), expires_at=rfc3339(result.expires_at_s),
                           expires_in_s=result.expires_at_s - now_s, reason=result.reason, set_at=rfc3339(now_s))
         return JSONResponse(content=CommandOut(targets=[body.target], override=out).model_dump(mode="json"))
@@ -209,6 +216,8 @@ def create_actions_router(
             cleared = await runner.clear_override(target, reason=reason, now_s=clock())
         except UnknownTargetError:
             return _unknown(runner, target)
+        except AuditNotPersistedError as exc:
+            return _not_persisted(exc)
         return JSONResponse(content=CommandOut(targets=[target], cleared=cleared).model_dump(mode="json"))
 
     return router
@@ -227,14 +236,23 @@ async def auth_error_handler(request: Request, exc: Exception) -> Response:
     return _error(exc.status, exc.code, exc.detail, headers=headers)
 
 
-def install_auth_errors(app: Any) -> None:
+def install_auth_errors(app: FastAPI) -> FastAPI:
+    """Render refused writes as the API's error body on `app`; returns `app`."""
     app.add_exception_handler(_AuthError, auth_error_handler)
+    return app
 
 
 def _unknown(runner: ActuationRunner, target: str | None) -> Response:
     known = ", ".join(runner.target_names)
     return _error(422, "invalid_request", [{"loc": ["body", "target"],
                                             "msg": f"'{target}' is not acted on (acted on: {known})"}])
+
+
+def _not_persisted(exc: AuditNotPersistedError) -> Response:
+    # The command is in force now but a restart would forget it (the gate is rebuilt from the log): not a success.
+    return _error(503, "not_persisted", f"applied in memory, not persisted: the audit log could not record it for "
+                                        f"{', '.join(exc.targets)}; it holds until the next restart only (check the "
+                                        "state_dir's disk)")
 
 
 def _error(status: int, code: str, detail: object, *, headers: dict[str, str] | None = None) -> Response:

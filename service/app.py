@@ -40,7 +40,7 @@ from policies.profiles import (
 )
 from policies.types import GpuSnapshot
 from service.actions_api import create_actions_router, install_auth_errors
-from service.actuators.audit import AUDIT_FILE_NAME, DEFAULT_TAIL_RECORDS, AuditLog
+from service.actuators.audit import AUDIT_FILE_NAME, AuditLog
 from service.actuators.base import Actuator
 from service.actuators.runner import ActuationRunner, RunnerOptions
 from service.api import create_api
@@ -255,7 +255,7 @@ def build_actuation(
     now_s: float,
 ) -> Actuation | None:
     """The runner for the configured mode, or None in recommend-only; its gate state (pause, override, recent
-    actions) restored from the audit log's tail as of `now_s`. Refuses (SettingsError) write endpoints without a
+    actions) restored from the whole audit log as of `now_s`. Refuses (SettingsError) write endpoints without a
     token, an unwritable state_dir, and a Kubernetes configuration that cannot be loaded."""
     a = settings.actuation
     if not a.enabled:
@@ -291,7 +291,7 @@ def build_actuation(
         skip_interval_s=a.skip_log_interval_s,
     )
     runner = ActuationRunner(board, {t.target: actuators[t.target] for t in a.targets}, options=options, audit=audit)
-    runner.restore(audit.recent(DEFAULT_TAIL_RECORDS), now_s=now_s)
+    runner.restore(audit.gate_records(), now_s=now_s)  # from the whole log, not just its recent tail
     _log.info(
         "actuation enabled",
         extra=fields(mode=a.mode, dry_run=a.dry_run, targets=[t.target for t in a.targets], audit=str(audit.path),

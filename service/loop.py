@@ -232,7 +232,7 @@ class AdvisorLoop:
         self._memory_attempt_s = now_s
         try:
             await asyncio.to_thread(store.save, current, now_s=now_s)
-        except OSError as exc:
+        except (OSError, ValueError) as exc:  # ValueError: a non-finite number refused by allow_nan=False
             error = f"{type(exc).__name__}: {exc}"
             if error != self._memory_save_error:  # once per distinct failure, not every interval
                 self._log.warning("acceptance memory not saved; it is kept in memory", extra=fields(error=error))

@@ -549,9 +549,13 @@ class Settings(BaseSettings):
         return (init_settings, env_settings)
 
 
+MIN_WRITE_TOKEN_CHARS = 16
+
+
 def write_token(actuation: ActuationSettings, environ: Mapping[str, str]) -> str | None:
     """The write endpoints' bearer token from `write_token_file` (stripped) or the env var; None when neither
-    holds one. Raises SettingsError when the file cannot be read."""
+    holds one. Raises SettingsError when the file cannot be read or the token is shorter than
+    MIN_WRITE_TOKEN_CHARS."""
     if actuation.write_token_file is not None:
         try:
             token = actuation.write_token_file.read_text(encoding="utf-8").strip()
@@ -559,8 +563,16 @@ def write_token(actuation: ActuationSettings, environ: Mapping[str, str]) -> str
             raise SettingsError(
                 f"actuation.write_token_file: cannot read {actuation.write_token_file}: {exc.strerror or exc}"
             ) from None
+        source = f"actuation.write_token_file {actuation.write_token_file}"
     else:
         token = environ.get(actuation.write_token_env, "").strip()
+        source = f"env {actuation.write_token_env}"
+    if token and len(token) < MIN_WRITE_TOKEN_CHARS:
+        # A short token can be guessed; the write endpoints can pause acting or force a setting.
+        raise SettingsError(
+            f"{source}: the write token has {len(token)} characters, fewer than {MIN_WRITE_TOKEN_CHARS}; use a "
+            "long random one (e.g. `openssl rand -hex 32`)"
+        )
     return token or None
 
 

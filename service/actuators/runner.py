@@ -6,7 +6,12 @@ One action in flight: `after_iteration` starts one background pass over the targ
 once, so a slow API server never stalls the advisor loop (and /healthz); a tick that finds the previous pass still
 running starts nothing (`busy_ticks` counts them). Operator commands (pause, resume, override) change the gate state
 directly: a pass writes its next state before it awaits the actuator, so a command issued meanwhile is never lost.
-At start-up `restore` rebuilds the pause switch, overrides and recent actions from the audit log. Nothing here
+At start-up `restore` rebuilds the pause switch, overrides and recent actions from the audit log
+(`AuditLog.gate_records`, gathered from the whole file). A live apply is recorded twice: an "action_started" record
+with the exact patch, fsync'd before anything is sent, then the "action" record with the result (same `at_s`), so a
+`kill -9` in between still leaves the action in the log and a restart still counts it.
+The gate acts only when the board's evidence is ok too: a decision that advise.py kept ok on remembered acceptance
+over a thin live window (evidence insufficient_data) is good enough to advise, not to restart pods on. Nothing here
 raises into the loop: an actuator that raises or hangs is an `unexpected` / `unreachable` error in the
 audit log and the counters, and the recommendation keeps being served.
 """
@@ -43,7 +48,9 @@ from service.actuators.base import Actuator
 from service.board import Board, TargetStatus
 from service.logs import fields, get_logger
 
-RESULTS = ("applied", "dry_run", "failed")
+RESULTS = ("applied", "dry_run", "noop", "failed")
+# Results of an "action" record that count against the cooldown and caps at restore ("dry_run" only in dry run).
+_LIVE_RESULTS = ("applied", "noop", "failed")
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +114,15 @@ class _Runtime:
 
 class UnknownTargetError(KeyError):
     """A command named a target the runner does not act on."""
+
+
+class AuditNotPersistedError(Exception):
+    """An operator command changed the gate state in memory, but its audit record could not be written: it holds
+    until the next restart only (the restart rebuilds the gate from the log)."""
+
+    def __init__(self, targets: Sequence[str]) -> None:
+        super().__init__(f"applied in memory, not persisted to the audit log for {', '.join(targets)}")
+        self.targets = tuple(targets)
 
 
 class ActuationRunner:
@@ -185,9 +201,11 @@ class ActuationRunner:
                 self.version += 1
 
     async def _step(self, runtime: _Runtime, now_s: float) -> None:
-        status = self._board.get(runtime.target)
-        decision = status.decision if status is not None else None
         observation = await self._observe(runtime, now_s)
+        # The decision is read after the observation, which can take up to actuator_timeout_s: the gate must judge
+        # the recommendation in force now, not the one from before the wait.
+        status = self._board.get(runtime.target)
+        decision, thin_evidence = _gate_decision(status)
         runtime.last_observation = observation
         if observation.error is not None:
             runtime.errors[observation.error.value] = runtime.errors.get(observation.error.value, 0) + 1
@@ -195,6 +213,9 @@ class ActuationRunner:
         plan, runtime.state = plan_action(
             decision, observation, desired, config=self._options.config, state=runtime.state, now_s=now_s
         )
+        if thin_evidence is not None and plan.skip is not None and plan.skip.value == thin_evidence.value:
+            plan = replace(plan, detail=f"the recommendation is ok but the live evidence is {thin_evidence.value} "
+                                        "(an ok decision over a thin window rests on remembered acceptance)")
         runtime.last_plan = plan
         self.version += 1
         if not plan.act:
@@ -208,8 +229,9 @@ class ActuationRunner:
                                                result="skipped"))
             return
         assert plan.desired is not None
-        result = await self._apply(runtime, plan.desired, observation)
-        label = "failed" if result.error is not None else ("dry_run" if result.dry_run else "applied")
+        reason = "override" if plan.via_override else "recommendation"
+        result = await self._act(runtime, plan, observation, status=status, reason=reason, now_s=now_s)
+        label = _result_label(result)
         runtime.actions[label] = runtime.actions.get(label, 0) + 1
         runtime.last_result = label
         if result.error is not None:
@@ -223,12 +245,39 @@ class ActuationRunner:
                          desired=_setting_json(plan.desired), error=result.error and result.error.value,
                          detail=result.detail),
         )
-        reason = "override" if plan.via_override else "recommendation"
-        detail = plan.detail if result.error is None else f"{plan.detail}; {result.detail}".strip("; ")
+        detail = plan.detail if not result.detail else f"{plan.detail}; {result.detail}".strip("; ")
         await self._write(self._record(
             runtime, "action", now_s, status=status, observation=observation, desired=plan.desired, reason=reason,
             detail=detail, result=label, apply=result,
         ))
+
+    async def _act(
+        self,
+        runtime: _Runtime,
+        plan: ActionPlan,
+        observation: DeploymentObservation,
+        *,
+        status: TargetStatus | None,
+        reason: str,
+        now_s: float,
+    ) -> ApplyResult:
+        """Dry run: the patch, unsent. Live: compute the exact patch first (a dry run of the same apply), make an
+        "action_started" record of it durable, and only then send it. A patch that cannot be recorded is not sent."""
+        assert plan.desired is not None
+        if self._options.config.dry_run:
+            return await self._apply(runtime, plan.desired, observation, dry_run=True)
+        preview = await self._apply(runtime, plan.desired, observation, dry_run=True)
+        if preview.error is not None or preview.patch is None:
+            return replace(preview, dry_run=False)  # nothing to send, or it would fail the same way: nothing sent
+        started = await self._write(self._record(
+            runtime, "action_started", now_s, status=status, observation=observation, desired=plan.desired,
+            reason=reason, detail=plan.detail, result="started", apply=preview,
+        ))
+        if not started:
+            return ApplyResult(applied=False, dry_run=False, patch=preview.patch, patch_type=preview.patch_type,
+                               error=ActuatorError.UNEXPECTED,
+                               detail="not sent: the audit log could not record the action before it")
+        return await self._apply(runtime, plan.desired, observation, dry_run=False)
 
     async def _observe(self, runtime: _Runtime, now_s: float) -> DeploymentObservation:
         try:
@@ -246,9 +295,8 @@ class ActuationRunner:
             )
 
     async def _apply(
-        self, runtime: _Runtime, desired: SpeculationSetting, observation: DeploymentObservation
+        self, runtime: _Runtime, desired: SpeculationSetting, observation: DeploymentObservation, *, dry_run: bool
     ) -> ApplyResult:
-        dry_run = self._options.config.dry_run
         try:
             return await asyncio.wait_for(
                 runtime.actuator.apply(desired, observation, dry_run=dry_run), self._options.actuator_timeout_s
@@ -292,9 +340,14 @@ class ActuationRunner:
     # -- restart -----------------------------------------------------------------------------------------------
 
     def restore(self, records: Sequence[Mapping[str, Any]], *, now_s: float) -> None:
-        """Rebuild each target's gate state from audit records (oldest first) read back at start-up: the pause
-        switch, an unexpired override, and the actions of the last day (cooldown and caps). So a restart neither
-        un-pauses a target nor resets its rate limits. The dwell starts afresh (it needs fresh good data anyway)."""
+        """Rebuild each target's gate state from audit records (oldest first) read back at start-up
+        (`AuditLog.gate_records`): the pause switch, an unexpired override, and the actions of the last day
+        (cooldown and caps). So a restart neither un-pauses a target nor resets its rate limits. An
+        "action_started" record counts as an action (a crash may have cut off its result); its "action" record
+        (same target and `at_s`) is then not counted again. Dry-run actions count only while running in dry run:
+        they sent nothing, so they must not hold back the first live actions. The dwell starts afresh (it needs
+        fresh good data anyway)."""
+        started: dict[str, float] = {}  # target -> at_s of the last action_started record
         for record in records:
             runtime = self._runtimes.get(str(record.get("target")))
             at_s = record.get("at_s")
@@ -307,19 +360,27 @@ class ActuationRunner:
                 state = _restored_override(state, record, float(at_s))
             elif kind == "override_cleared":
                 state = replace(state, override=None)
-            elif kind == "action" and record.get("result") in RESULTS and now_s - at_s < DAY_S:
-                when = float(at_s)
-                state = replace(state, last_action_s=when, recent_actions_s=(*state.recent_actions_s, when))
+            elif kind == "action_started":
+                started[runtime.target] = float(at_s)
+                state = _restored_action(state, float(at_s), now_s)
+            elif kind == "action" and started.get(runtime.target) == float(at_s):
+                del started[runtime.target]  # the result of an action already counted from its started record
+            elif kind == "action" and self._counts_at_restore(record.get("result")):
+                state = _restored_action(state, float(at_s), now_s)
             runtime.state = state
         for runtime in self._runtimes.values():
             if runtime.state.override is not None and active_override(runtime.state, now_s) is None:
                 runtime.state = replace(runtime.state, override=None)
         self.version += 1
 
+    def _counts_at_restore(self, result: object) -> bool:
+        return result in _LIVE_RESULTS or (result == "dry_run" and self._options.config.dry_run)
+
     # -- operator commands -------------------------------------------------------------------------------------
 
     async def pause(self, target: str | None, *, reason: str, now_s: float) -> list[str]:
-        """Pause one target (or all when None); returns the targets paused."""
+        """Pause one target (or all when None); returns the targets paused. Every command raises
+        AuditNotPersistedError (after changing the state in memory) when its audit record could not be written."""
         return await self._command(target, "pause", reason, now_s, lambda s: replace(s, paused=True))
 
     async def resume(self, target: str | None, *, reason: str, now_s: float) -> list[str]:
@@ -365,12 +426,18 @@ class ActuationRunner:
             runtime.state = change(runtime.state)
             self._throttle.reset(runtime.target)
         self.version += 1
+        unpersisted: list[str] = []
         for runtime in runtimes:
             self._log.info("actuation " + kind, extra=fields(target=runtime.target, reason=reason))
             status = self._board.get(runtime.target)
-            await self._write(self._record(runtime, kind, now_s, status=status, observation=runtime.last_observation,
-                                           desired=desired, reason=reason, detail=detail, result="ok",
-                                           expires_at_s=expires_at_s))
+            written = await self._write(self._record(
+                runtime, kind, now_s, status=status, observation=runtime.last_observation, desired=desired,
+                reason=reason, detail=detail, result="ok", expires_at_s=expires_at_s,
+            ))
+            if not written:
+                unpersisted.append(runtime.target)
+        if unpersisted:
+            raise AuditNotPersistedError(unpersisted)
         return [runtime.target for runtime in runtimes]
 
     def _runtime(self, target: str) -> _Runtime:
@@ -447,18 +514,50 @@ class ActuationRunner:
             "expires_at_s": expires_at_s,
         }
 
-    async def _write(self, record: dict[str, Any]) -> None:
+    async def _write(self, record: dict[str, Any]) -> bool:
+        """Append `record`; False (counted, logged) when it could not be made durable."""
         try:
             await asyncio.to_thread(self._audit.append, record)
         except (OSError, RuntimeError) as exc:  # a full disk must not stop advising; the counter shows it
             self.audit_errors += 1
             self.version += 1
             self._log.error("audit log write failed", extra=fields(path=str(self._audit.path), error=str(exc)))
+            return False
+        return True
 
 
 def skip_reasons() -> tuple[str, ...]:
     """Every skip reason, so counters can start at 0 for each."""
     return tuple(reason.value for reason in SkipReason)
+
+
+def _gate_decision(status: TargetStatus | None) -> tuple[Decision | None, TargetState | None]:
+    """The decision the gate judges, and the evidence state when it downgraded an ok decision. An ok decision
+    needs ok live evidence too: otherwise it is handed to the gate in the evidence's state (insufficient_data when
+    there is no evidence), so the gate skips for that reason, restarts the dwell and still lets an override act."""
+    if status is None or status.decision is None:
+        return None, None
+    decision = status.decision
+    if decision.state != TargetState.OK:
+        return decision, None
+    evidence_state = status.evidence.state if status.evidence is not None else TargetState.INSUFFICIENT_DATA
+    if evidence_state == TargetState.OK:
+        return decision, None
+    return replace(decision, state=evidence_state), evidence_state
+
+
+def _result_label(result: ApplyResult) -> str:
+    if result.error is not None:
+        return "failed"
+    if result.patch is None:
+        return "noop"  # the object already ran the setting when the patch was computed: nothing was sent
+    return "dry_run" if result.dry_run else "applied"
+
+
+def _restored_action(state: ActuationState, at_s: float, now_s: float) -> ActuationState:
+    if now_s - at_s >= DAY_S:
+        return state
+    return replace(state, last_action_s=at_s, recent_actions_s=(*state.recent_actions_s, at_s))
 
 
 def _restored_override(state: ActuationState, record: Mapping[str, Any], at_s: float) -> ActuationState:
@@ -485,6 +584,7 @@ def _evidence_summary(status: TargetStatus | None) -> dict[str, Any] | None:
     acceptance = evidence.acceptance if evidence is not None else None
     return {
         "decision_state": decision.state.value,
+        "evidence_state": None if evidence is None else evidence.state.value,
         "recommended_enabled": decision.enabled,
         "recommended_num_speculative_tokens": decision.num_speculative_tokens,
         "expected_speedup": decision.expected_speedup,

@@ -11,6 +11,9 @@ Forms understood (all spellings vLLM's FlexibleArgumentParser accepts, underscor
   as the shell would (no `;`, `&&`, `|`, `$`, backticks, redirections, globs; `exec`, quotes and `\\`-newline
   continuations are fine).
 
+`--config file.yaml` (flags from a YAML file, speculative-config possibly among them) is refused: what runs
+cannot be read from the args alone.
+
 Every other word is kept byte for byte and in order: in a shell string only the spans of the edited words change.
 Failures raise `ArgsError` with an `ActuatorError` reason and a detail that says what to change.
 """
@@ -26,6 +29,7 @@ from typing import Any, Literal
 from policies.deployment import ActuatorError, SpeculationSetting
 
 FLAG = "--speculative-config"
+CONFIG_FILE_FLAG = "--config"  # vLLM's `--config file.yaml`: flags from a file we cannot read
 SCHEDULE_KEY = "num_speculative_tokens_per_batch_size"
 K_KEY = "num_speculative_tokens"
 SHELLS = frozenset({"sh", "bash", "dash", "ash", "zsh", "ksh"})
@@ -256,6 +260,15 @@ def _spec_args(words: Sequence[_Word]) -> list[_SpecArg]:
     i = 0
     while i < len(words):
         name, inline_value = _flag_name(words[i].value)
+        if name == CONFIG_FILE_FLAG:
+            # vLLM reads every flag, speculative-config included, from this YAML file too; we can neither see
+            # what it says nor edit it, so reading the args alone could be wrong and an edit could be overridden.
+            raise ArgsError(
+                ActuatorError.MALFORMED_ARGS,
+                f"{words[i].value.partition('=')[0]} reads flags from a YAML file, which may set speculative-config; "
+                "the advisor cannot see or edit it: put the speculative config in the args as "
+                "`--speculative-config '<json>'` and drop --config (or keep the file and leave actuation off)",
+            )
         if name == FLAG or name.startswith(FLAG + "."):
             flag_text = words[i].value.partition("=")[0]
             key = name[len(FLAG) + 1 :] if name != FLAG else None

@@ -4,18 +4,25 @@ Actuator stands in for Kubernetes): auth (none / wrong / right token), validatio
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import errno
+from collections.abc import Awaitable, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 from actuation_fakes import FakeActuator
+from fastapi import FastAPI
 from sidecar_http import FIXTURES, CaptureServer, serving, wait_for
 
+from policies.actuation import ActuationConfig
 from policies.deployment import SpeculationSetting
+from service.actions_api import create_actions_router, install_auth_errors
+from service.actuators.audit import AuditLog
 from service.actuators.base import Actuator
+from service.actuators.runner import ActuationRunner, RunnerOptions
 from service.app import build_sidecar
+from service.board import Board
 from service.settings import Settings, SettingsError, load_settings
 from service.sources.gpu import NoGpuSource
 
@@ -71,7 +78,8 @@ def test_the_loop_drives_the_runner_and_get_actions_shows_the_action(tmp_path: P
         (action,) = [r for r in body["records"] if r["kind"] == "action"]
         assert action["result"] == "applied" and action["patch"] is not None
         assert action["observed"] == {"num_speculative_tokens": 7, "schedule": []}
-        assert len(fake.applied) == 1 and fake.applied[0][0] != SpeculationSetting(7)
+        # One live action: the patch computed first (a dry run, recorded as action_started), then sent once.
+        assert [dry for _, dry in fake.applied] == [True, False] and fake.applied[1][0] != SpeculationSetting(7)
         metrics = (await client.get("/metrics")).text
         assert 'specadvisor_actions_total{mode="kubernetes",result="applied",target="llama"} 1.0' in metrics
         assert 'specadvisor_actuation_paused{target="llama"} 0.0' in metrics
@@ -202,3 +210,60 @@ def test_each_mode_composes_its_kubernetes_actuator(
     assert sidecar.actuation is not None and sidecar.actuation.mode == mode
     (status,) = sidecar.actuation.statuses(0.0)
     assert ref_kind in status.target_ref.lower() and "llm" in status.target_ref
+
+
+class FullDiskAuditLog(AuditLog):
+    """An audit log on a full disk: every append fails the way os.write does with ENOSPC."""
+
+    def append(self, record: Mapping[str, Any]) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+
+def test_a_command_whose_audit_record_is_not_persisted_answers_503(tmp_path: Path) -> None:
+    audit = FullDiskAuditLog(tmp_path / "actions.jsonl")
+    audit.open()
+    board = Board([("llama", None)], started_at_s=0.0)
+    actuators: dict[str, Actuator] = {"llama": FakeActuator()}
+    runner = ActuationRunner(board, actuators, audit=audit,
+                             options=RunnerOptions(mode="kubernetes", config=ActuationConfig()))
+    app = install_auth_errors(FastAPI())
+    app.include_router(create_actions_router(runner, audit, clock=lambda: 100.0, token=TOKEN))
+
+    async def scenario() -> None:
+        async with serving(app) as url, httpx.AsyncClient(base_url=url, timeout=5.0) as client:
+            paused = await client.post("/v1/actions/pause", json={"reason": "incident"}, headers=AUTH)
+            assert paused.status_code == 503
+            assert paused.json()["error"] == "not_persisted"
+            assert "applied in memory, not persisted" in paused.json()["detail"]
+            # It is in force (in memory) all the same, and the write error is counted.
+            body = (await client.get("/v1/actions")).json()
+            assert body["targets"][0]["paused"] is True and body["audit"]["write_errors"] == 1
+            override = await client.post("/v1/actions/override", headers=AUTH, json={
+                "target": "llama", "num_speculative_tokens": 2, "expires_in_s": 60, "reason": "try"})
+            assert override.status_code == 503 and override.json()["error"] == "not_persisted"
+            cleared = await client.delete("/v1/actions/override", params={"target": "llama"}, headers=AUTH)
+            assert cleared.status_code == 503
+            resumed = await client.post("/v1/actions/resume", json={"reason": "over"}, headers=AUTH)
+            assert resumed.status_code == 503
+
+    asyncio.run(scenario())
+    audit.close()
+
+
+def test_the_sidecar_restores_a_pause_written_long_before_the_last_500_records(tmp_path: Path) -> None:
+    state_dir = tmp_path / "state"
+    state_dir.mkdir()
+    log = AuditLog(state_dir / "actions.jsonl")
+    log.open()
+    log.append({"at_s": 1000.0, "kind": "pause", "target": "llama", "result": "ok", "reason": "incident"})
+    for i in range(600):  # 600 skip lines after it: more than the 500 records kept for GET /v1/actions
+        log.append({"at_s": 1001.0 + 600 * i, "kind": "skip", "target": "llama", "reason": "paused",
+                    "result": "skipped"})
+    log.close()
+    settings = settings_for("http://127.0.0.1:9", state_dir)
+    actuators: dict[str, Actuator] = {"llama": FakeActuator()}
+    sidecar = build_sidecar(settings, gpu_source=NoGpuSource(), actuators=actuators,
+                            environ={"SPEC_ADVISOR_ACTIONS_TOKEN": TOKEN})
+    assert sidecar.actuation is not None
+    (status,) = sidecar.actuation.statuses(400_000.0)
+    assert status.paused

@@ -3,6 +3,7 @@ nothing before it is lost, and the bounded read-back."""
 
 from __future__ import annotations
 
+import errno
 import os
 import random
 import signal
@@ -11,6 +12,9 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
+from service.actuators import audit as audit_module
 from service.actuators.audit import AuditLog, SkipThrottle, read_tail
 
 REPO = Path(__file__).resolve().parents[2]
@@ -110,3 +114,68 @@ def test_skip_throttle_writes_a_new_reason_at_once_and_a_repeated_one_once_per_i
     assert throttle.should_write("b", "cooldown", 1201.0)  # per target
     throttle.reset("a")
     assert throttle.should_write("a", "cooldown", 1202.0)
+
+
+def test_a_write_that_fails_part_way_never_glues_the_next_record_to_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "actions.jsonl"
+    log = AuditLog(path)
+    log.open()
+    log.append({"seq": 1})
+    real_write = os.write
+    calls = 0
+
+    def disk_fills_up(fd: int, data: bytes | memoryview) -> int:
+        # The kernel takes half of the record, then the disk is full (what ENOSPC mid-record looks like).
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            return real_write(fd, bytes(data[: len(data) // 2]))
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "write", disk_fills_up)
+    with pytest.raises(OSError):
+        log.append({"seq": 2, "detail": "lost to a full disk"})
+    monkeypatch.setattr(os, "write", real_write)  # space was freed
+    log.append({"seq": 3})
+    log.close()
+
+    result = read_tail(path)
+    # Record 3 is on a line of its own: the half of record 2 is one corrupt line, not a prefix of record 3.
+    assert [r["seq"] for r in result.records] == [1, 3]
+    assert result.report.corrupt_lines == 1 and result.report.torn_bytes == 0
+
+
+def test_gate_records_come_from_the_whole_file_however_long(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(audit_module, "_STREAM_CHUNK_BYTES", 100)  # many chunk boundaries inside records
+    path = tmp_path / "actions.jsonl"
+    day = 86400.0
+    log = AuditLog(path, tail_records=10)
+    log.open()
+    log.append({"at_s": 0.0, "kind": "pause", "target": "a"})
+    log.append({"at_s": 1.0, "kind": "override", "target": "a", "expires_at_s": 5 * day})
+    log.append({"at_s": 2.0, "kind": "action", "target": "a", "result": "applied"})
+    log.append({"at_s": 3.0, "kind": "resume", "target": "b"})
+    for i in range(300):
+        log.append({"at_s": 10.0 + i, "kind": "skip", "target": "a", "detail": "x" * (i % 50)})
+    # A day and a bit later: the action at 2 is now more than a day older than the newest action of "a".
+    log.append({"at_s": day + 5.0, "kind": "action_started", "target": "a"})
+    log.append({"at_s": day + 5.0, "kind": "action", "target": "a", "result": "applied"})
+    log.close()
+
+    reopened = AuditLog(path, tail_records=10)
+    report = reopened.open()
+    assert report.records == 306 and report.corrupt_lines == 0 and report.torn_bytes == 0  # 4 + 300 + 2
+    assert len(reopened.recent(500)) == 10  # GET /v1/actions keeps its bounded tail
+    kept = [(r["kind"], r["target"], r["at_s"]) for r in reopened.gate_records()]
+    # day + 5 - 2 >= one day: the old action is dropped; the pause, the override and b's resume stay.
+    assert kept == [("pause", "a", 0.0), ("override", "a", 1.0), ("resume", "b", 3.0),
+                    ("action_started", "a", day + 5.0), ("action", "a", day + 5.0)]
+    # Records appended after opening count too, and a later command replaces the earlier one.
+    reopened.append({"at_s": day + 6.0, "kind": "resume", "target": "a"})
+    assert [r["kind"] for r in reopened.gate_records() if r["target"] == "a"] == [
+        "override", "action_started", "action", "resume"]
+    reopened.close()

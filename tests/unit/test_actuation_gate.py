@@ -30,17 +30,18 @@ OFF = SpeculationSetting(0)
 K3 = SpeculationSetting(3)
 
 
-def decision(**overrides: object) -> Decision:
-    base = Decision(
-        target="llama", model="m", state=TargetState.OK, enabled=True, num_speculative_tokens=3,
+def decision(*, state: TargetState = TargetState.OK, enabled: bool = True, num_speculative_tokens: int = 3
+             ) -> Decision:
+    return Decision(
+        target="llama", model="m", state=state, enabled=enabled, num_speculative_tokens=num_speculative_tokens,
         expected_speedup=1.4, expected_speedup_low=1.3, expected_speedup_high=1.5, reason="on", evaluated_at_s=T0,
     )
-    return replace(base, **overrides)  # type: ignore[arg-type]
 
 
-def observed(setting: SpeculationSetting | None = OFF, **overrides: object) -> DeploymentObservation:
-    base = DeploymentObservation(at_s=T0, setting=setting, rollout_in_progress=False, resource_version="7")
-    return replace(base, **overrides)  # type: ignore[arg-type]
+def observed(setting: SpeculationSetting | None = OFF, *, rollout_in_progress: bool = False,
+             error: ActuatorError | None = None, detail: str = "") -> DeploymentObservation:
+    return DeploymentObservation(at_s=T0, setting=setting, rollout_in_progress=rollout_in_progress,
+                                 resource_version="7", error=error, detail=detail)
 
 
 def held(state: ActuationState | None = None, *, since: float = T0 - 400, wanted: SpeculationSetting = K3
@@ -161,8 +162,9 @@ def test_paused_blocks_everything_including_an_override() -> None:
 
 
 def test_an_override_wins_over_the_recommendation_cooldown_and_caps() -> None:
-    override = Override(setting=OFF, expires_at_s=T0 + 60, reason="incident", set_at_s=T0 - 10)
-    # The deployment runs k 3, the recommendation is stale and the cooldown has 890 s left: the override acts.
+    override = Override(setting=OFF, expires_at_s=T0 + 60, reason="incident", set_at_s=T0 - 5)
+    # The deployment runs k 3, the recommendation is stale and the cooldown of the action at T0 - 10 (before the
+    # override was set) has 890 s left: the override's first attempt acts.
     state = replace(ActuationState(), override=override, last_action_s=T0 - 10, recent_actions_s=(T0 - 10,))
     result, after = plan_action(decision(state=TargetState.STALE), observed(K3), K3, config=CONFIG, state=state,
                                 now_s=T0)
@@ -173,6 +175,26 @@ def test_an_override_wins_over_the_recommendation_cooldown_and_caps() -> None:
     assert skip == SkipReason.ALREADY_APPLIED
     _, skip, _ = plan(after, obs=observed(K3, rollout_in_progress=True))
     assert skip == SkipReason.ROLLOUT_IN_PROGRESS
+
+
+def test_a_failing_override_is_tried_at_once_then_retried_once_per_cooldown() -> None:
+    override = Override(setting=OFF, expires_at_s=T0 + 7200, reason="incident", set_at_s=T0)
+    # A recommendation action 100 s before the override does not hold back the override's first attempt.
+    state = replace(ActuationState(), override=override, last_action_s=T0 - 100, recent_actions_s=(T0 - 100,))
+    act, _, state = plan(state, now=T0, obs=observed(K3))
+    assert act
+    # The patch failed (the deployment still runs k 3): the next ticks are in the cooldown of that attempt.
+    result, state = plan_action(decision(), observed(K3), K3, config=CONFIG, state=state, now_s=T0 + 5)
+    assert not result.act and result.skip == SkipReason.COOLDOWN and result.via_override
+    assert "895 s" in result.detail  # 900 - (T0 + 5 - T0)
+    act, skip, state = plan(state, now=T0 + 899, obs=observed(K3))
+    assert skip == SkipReason.COOLDOWN
+    act, _, state = plan(state, now=T0 + 900, obs=observed(K3))  # 900 s after the first attempt: retried
+    assert act and state.last_action_s == T0 + 900
+    # A new override (set after the last attempt) gets its own immediate first attempt.
+    newer = Override(setting=SpeculationSetting(2), expires_at_s=T0 + 7200, reason="try k 2", set_at_s=T0 + 901)
+    act, _, _ = plan(replace(state, override=newer), now=T0 + 902, obs=observed(K3))
+    assert act
 
 
 def test_an_override_expires_by_itself() -> None:

@@ -72,15 +72,26 @@ def test_bad_values_are_named() -> None:
 
 def test_write_token_from_file_or_env(tmp_path: Path) -> None:
     a = settings().actuation
-    assert write_token(a, {"SPEC_ADVISOR_ACTIONS_TOKEN": " t0k \n"}) == "t0k"
+    assert write_token(a, {"SPEC_ADVISOR_ACTIONS_TOKEN": " t0k-0123456789abcdef \n"}) == "t0k-0123456789abcdef"
     assert write_token(a, {}) is None
     assert write_token(a, {"SPEC_ADVISOR_ACTIONS_TOKEN": "  "}) is None  # blank is no token
     token_file = tmp_path / "token"
-    token_file.write_text("from-file\n", encoding="utf-8")
+    token_file.write_text("from-file-0123456789\n", encoding="utf-8")
     from_file = settings(write_token_file=str(token_file)).actuation
-    assert write_token(from_file, {"SPEC_ADVISOR_ACTIONS_TOKEN": "env"}) == "from-file"  # the file wins
+    assert write_token(from_file, {"SPEC_ADVISOR_ACTIONS_TOKEN": "env-0123456789abcdef"}) == "from-file-0123456789"
     with pytest.raises(SettingsError, match="cannot read"):
         write_token(settings(write_token_file=str(tmp_path / "missing")).actuation, {})
+
+
+def test_a_write_token_shorter_than_16_characters_is_refused(tmp_path: Path) -> None:
+    a = settings().actuation
+    with pytest.raises(SettingsError, match="SPEC_ADVISOR_ACTIONS_TOKEN: the write token has 15 characters"):
+        write_token(a, {"SPEC_ADVISOR_ACTIONS_TOKEN": "x" * 15})
+    assert write_token(a, {"SPEC_ADVISOR_ACTIONS_TOKEN": "x" * 16}) == "x" * 16  # 16 is enough
+    token_file = tmp_path / "token"
+    token_file.write_text("short\n", encoding="utf-8")  # 5 characters once stripped
+    with pytest.raises(SettingsError, match=r"write_token_file .*5 characters, fewer than 16"):
+        write_token(settings(write_token_file=str(token_file)).actuation, {})
 
 
 def test_the_token_env_var_is_not_mistaken_for_a_setting(monkeypatch: pytest.MonkeyPatch) -> None:

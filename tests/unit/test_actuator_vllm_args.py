@@ -140,6 +140,20 @@ def test_a_wrapper_command_is_refused_because_it_may_ignore_edited_args() -> Non
     assert reason(["/app/entrypoint.sh"], [MODEL, "--speculative-config", SPEC_JSON]) is ActuatorError.MALFORMED_ARGS
 
 
+@pytest.mark.parametrize("args", [
+    [MODEL, "--config", "/etc/vllm/serve.yaml"],
+    [MODEL, "--config=/etc/vllm/serve.yaml", "--speculative-config", SPEC_JSON],
+    [MODEL, "--speculative-config", SPEC_JSON, "--config", "serve.yaml"],
+])
+def test_a_config_file_is_refused_since_it_may_set_speculative_config_unseen(args: list[str]) -> None:
+    with pytest.raises(ArgsError) as caught:
+        read_vllm_command(["vllm", "serve"], args)
+    assert caught.value.reason is ActuatorError.MALFORMED_ARGS
+    assert "--config" in caught.value.detail and "YAML" in caught.value.detail
+    with pytest.raises(ArgsError):  # and nothing is edited either
+        with_speculative_config(["vllm", "serve"], args, k(SPEC, 4))
+
+
 def test_config_without_an_integer_k_or_with_bad_bands_is_malformed() -> None:
     for config in ({"method": "mtp"}, {**SPEC, "num_speculative_tokens": "3"},
                    {**SPEC, "num_speculative_tokens_per_batch_size": [[1, 64]]},
