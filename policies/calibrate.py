@@ -19,10 +19,13 @@ Why fill and gemm_slope: how a decode step's math grows with its tokens is set b
 well small GEMMs use the tensor cores, which no datasheet gives; with one rate and a fixed floor, a fit over a
 server's mixed steps missed pure-decode steps by 18-27% on the simulator (policies/roofline.py). Both are
 identified by decode steps of different sizes: batches across the load's range, and gamma 0 vs gamma k steps
-at one batch (k + 1 times the tokens). Each window must hold its batch: a window whose batch moved (a load
-ramp) has a mean batch no step ran at, so a history whose mid-size batches all come from ramps (the demo
-simulator's load jumps between 1 and 24 requests/s) leaves the terms to those windows and ends up to ~21%
-off at mid-size batches; held loads give 8% (tests/integration/test_model_sim_calibration.py).
+at one batch (k + 1 times the tokens). Each window's batch and step must describe the same steps, even when the
+batch moved within it (a load ramp): the batch is the mean a step verified (`Evidence.decode_seqs_per_step`)
+and the step the mean duration of those steps (`costmodel.observed_step_s`). The running-requests gauge
+averaged over scrapes describes no step on a ramp; when the demo simulator's load jumps between 1 and 24
+requests/s, so that its mid-size batches all come from ramps, the gauge left the fit up to ~21% off at mid-size
+batches, and the per-step batch paired with the ITL mean (which weights steps by their batch) 28%; paired per
+step, 9% on the ramps and 7.5% on held loads (tests/integration/test_model_sim_calibration.py).
 
 Objective (a damped, bounded, robust least squares; Levenberg-Marquardt on the normal equations):
     minimise  sum_i  w_i rho(r_i / s)  +  sum_j (x_j / sigma_j)^2 / 2  [+ telemetry terms]
@@ -72,7 +75,7 @@ import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from policies.costmodel import ModelContext, operating_point
+from policies.costmodel import ModelContext, observed_step_s, operating_point, step_batch
 from policies.roofline import (
     GEMM_REFERENCE_TOKENS,
     SMOOTH_MAX_P,
@@ -208,14 +211,20 @@ def observation_from(evidence: Evidence, ctx: ModelContext, *, config: Calibrati
     """The evidence as a fitting point, or None when it carries no trustworthy step time (state not ok /
     insufficient_data, no ITL, fewer than `min_step_samples` samples, idle engine with batch < 0.5).
 
+    Batch and step describe the same steps: the batch is `costmodel.operating_point`'s (the sequences each engine
+    step verified, `decode_seqs_per_step`, when measured, else the running-requests mean) and the step is
+    `costmodel.observed_step_s` (the mean duration of those steps, not the ITL mean, which weights each step by
+    its batch). The running gauge is a mean over scrapes, which on a load ramp describes no step; with both
+    paired per step the demo's ramps converge like held loads (module docstring).
+
     Example: batch 64, speculation on at k=3 proposing 3.0, ctx 600, prefill 120 tokens/step, T 31 ms ->
     StepObservation(batch=64, tokens_per_seq=4.0, draft_passes=3, context_tokens=600, prefill_tokens=120,
     step_s=0.031).
     """
-    step = evidence.step_time_s
-    if evidence.state not in _ACCEPTED_STATES or step is None or not math.isfinite(step) or step <= 0:
+    step = observed_step_s(evidence)
+    if evidence.state not in _ACCEPTED_STATES or step is None:
         return None
-    if evidence.step_samples < config.min_step_samples or not evidence.batch >= 0.5:
+    if evidence.step_samples < config.min_step_samples or not step_batch(evidence) >= 0.5:
         return None
     point = operating_point(evidence)
     memory_obs, compute_obs = _activity_scales(evidence, ctx)

@@ -6,7 +6,13 @@ the ratio of tokens per second per sequence with gamma drafts to plain decoding 
 the inverse ratio of inter-token latencies). E[L] comes from policies/acceptance.py, T_target and T_draft from
 policies/roofline.py. The band uses the E[L] band with the same step times.
 
-Operating point: B = max(evidence.batch, 1) running sequences; ctx = evidence.context_tokens_per_seq, or
+Operating point: B = max(evidence.decode_seqs_per_step, 1) sequences per step, or max(evidence.batch, 1) running
+requests when the per-step count is unknown (no iteration-tokens / ITL histograms, no step in the window). Why the
+per-step count first: B is the batch a step verifies, and the observed step time (mean ITL) is measured over the
+steps the engine ran; the running gauge is a mean over scrapes that also counts idle gaps and requests still
+prefilling, and on a load ramp it misdescribes the steps (132 running on average where the steps held 70
+decoding, on the simulator). The step time paired with that batch must describe the same steps: see
+`observed_step_s`. ctx = evidence.context_tokens_per_seq, or
 DEFAULT_CONTEXT_TOKENS = 1024 when unknown (a typical chat turn: a few hundred prompt tokens plus history);
 P = evidence.prefill_tokens_per_step (prompt tokens chunked into each step, 0 when unknown) enters the
 calibration (the observed step includes it) but not S. Why: prompt tokens arrive at a rate R_p set by the
@@ -116,9 +122,9 @@ def operating_point(evidence: Evidence) -> OperatingPoint:
 
     Example: batch 0.4, no context, speculation on at k=3 proposing 2.79 tokens per draft, no prefill measured ->
     OperatingPoint(batch=1.0, context_tokens=1024.0, tokens_per_seq=3.79, draft_steps=3, prefill_tokens=0.0).
+    With decode_seqs_per_step 70.0 measured while the running gauge averaged 131.9 (a load ramp) -> batch 70.0.
     """
-    batch = evidence.batch if math.isfinite(evidence.batch) else 1.0
-    batch = max(batch, 1.0)
+    batch = max(step_batch(evidence), 1.0)
     context = evidence.context_tokens_per_seq
     if context is None or not math.isfinite(context) or context <= 0:
         context = DEFAULT_CONTEXT_TOKENS
@@ -136,6 +142,49 @@ def operating_point(evidence: Evidence) -> OperatingPoint:
         batch=batch, context_tokens=context, tokens_per_seq=1.0 + proposed, draft_steps=evidence.deployed_k,
         prefill_tokens=prefill,
     )
+
+
+def step_batch(evidence: Evidence) -> float:
+    """The batch an engine step verified (sequences, >= 0, not floored): `decode_seqs_per_step` when measured
+    (finite, >= 0), else the running-requests mean `batch` (module docstring), else 1.0 when that is not finite.
+
+    Example: decode_seqs_per_step 70.0, batch 131.9 -> 70.0; decode_seqs_per_step None, batch 12.5 -> 12.5.
+    """
+    per_step = evidence.decode_seqs_per_step
+    if per_step is not None and math.isfinite(per_step) and per_step >= 0:
+        return per_step
+    return evidence.batch if math.isfinite(evidence.batch) else 1.0
+
+
+def observed_step_s(evidence: Evidence, *, engines: int = 1) -> float | None:
+    """The mean engine step (s) to calibrate against at `step_batch(evidence)`; None without a usable ITL mean.
+
+    `evidence.step_time_s` is the ITL mean ΣnT/Σn over steps i that decoded n_i sequences for T_i seconds: a
+    mean weighted by each step's batch, so it describes a batch Σn²/Σn, larger than the per-step mean Σn/N that
+    `decode_seqs_per_step` measures whenever the batch varies within the window (a ramp, or just Poisson
+    arrivals: 11.2 per step but 12.4 ITL-weighted on a held simulator load; pairing the ITL mean with 11.2
+    over-predicted mid-size batches by up to 11% held and 28% on the demo's ramps). The per-step mean duration
+    ΣT/N pairs with Σn/N. It is bounded by two measurable quantities: the engines cannot have been busy longer
+    than the window, ΣT <= engines x window_s, so ΣT/N <= engines x window_s x decode_seqs_per_step /
+    step_samples (N = step_samples / decode_seqs_per_step); and ΣT/N <= ΣnT/Σn since longer steps are those
+    with more sequences. The first is tight on a busy engine, the second on a mostly idle one (a light load,
+    where the batch barely varies), so the lesser of the two is returned. Without a per-step batch the ITL mean
+    is returned as it is (it pairs with the running gauge no better, but nothing else was measured).
+    `engines` (>= 1): data-parallel engines summed in the evidence; 1 until Evidence carries the count.
+
+    Example: ITL mean 23.6 ms, window 30 s, 1,500 ITL samples at 17.8 sequences per step (N = 84.3 steps):
+    30 / 84.3 = 356 ms -> 23.6 ms (an idle window). On a busy window: 30 s, 26,700 samples at 17.8 per step
+    (N = 1,500): 30 / 1,500 = 20.0 ms < 23.6 ms -> 20.0 ms.
+    """
+    observed = evidence.step_time_s
+    if observed is None or not math.isfinite(observed) or observed <= 0:
+        return None
+    per_step = evidence.decode_seqs_per_step
+    usable = per_step is not None and math.isfinite(per_step) and per_step > 0
+    if not usable or not evidence.window_s > 0 or not evidence.step_samples > 0 or engines < 1:
+        return observed
+    assert per_step is not None  # narrowed by `usable`
+    return min(observed, engines * evidence.window_s * per_step / evidence.step_samples)
 
 
 def _step_parts(ctx: ModelContext, point: OperatingPoint) -> tuple[float, float]:
@@ -158,8 +207,8 @@ def _clamp(value: float, bounds: tuple[float, float]) -> float:
 def calibrate(evidence: Evidence, ctx: ModelContext) -> Calibration:
     """Fit the overhead (then, if needed, roofline) scale so the model reproduces `evidence.step_time_s`.
 
-    Uses the step time only when it is a finite positive number of seconds; otherwise returns scales (1, 1).
-    Formulas and clamps in the module docstring.
+    Uses the step time (`observed_step_s`: the mean step at the per-step batch) only when it is a finite positive
+    number of seconds; otherwise returns scales (1, 1). Formulas and clamps in the module docstring.
 
     Example: tiny-llama on the `cpu` profile, speculation off, B=1, ctx 1024: predicted O = 1.5 + 0.05 ms,
     P = (1.18 MB weights + 1.05 MB KV) / 14 GB/s = 0.16 ms; observed 3.2 ms -> s = (3.2 - 0.16) / 1.55 = 1.96,
@@ -168,8 +217,8 @@ def calibrate(evidence: Evidence, ctx: ModelContext) -> Calibration:
     point = operating_point(evidence)
     overhead, physics = _step_parts(ctx, point)
     predicted = overhead + physics
-    observed = evidence.step_time_s
-    if observed is None or not math.isfinite(observed) or observed <= 0:
+    observed = observed_step_s(evidence)
+    if observed is None:
         return Calibration(CostScales(), point, predicted, predicted, None)
     wanted = (observed - physics) / overhead if overhead > 0 else math.inf
     s = _clamp(wanted, OVERHEAD_SCALE_RANGE) if overhead > 0 else 1.0
@@ -257,9 +306,7 @@ def _given_scales(evidence: Evidence, ctx: ModelContext, scales: CostScales) -> 
         draft_passes=point.draft_steps, context_tokens=point.context_tokens, prefill_tokens=point.prefill_tokens,
         tensor_parallel=ctx.tensor_parallel,
     ).total_s(scales)
-    observed = evidence.step_time_s
-    usable = observed is not None and math.isfinite(observed) and observed > 0
-    return Calibration(scales, point, overhead + physics, scaled, observed if usable else None)
+    return Calibration(scales, point, overhead + physics, scaled, observed_step_s(evidence))
 
 
 def speedup_curve(

@@ -6,7 +6,7 @@ Two pure functions, with the window carried in an explicit state value:
   server's counters were reset or its speculation config changed, so no delta ever spans two counter epochs.
 - `estimate(state, target=..., config=..., now_s=...)` turns the counter deltas between the oldest kept
   snapshot and the newest into acceptance per position (with Wilson intervals), mean accepted length, batch,
-  context per sequence, step time and throughput rates.
+  sequences decoding per step, context per sequence, step time and throughput rates.
 
 Choices worth knowing:
 - Per-position acceptance is repaired to be non-increasing with the pool-adjacent-violators algorithm on the
@@ -23,12 +23,23 @@ Choices worth knowing:
   start-up, holding one scrape interval of drafts, would flip an ok cold start to insufficient_data and back
   once the window filled. Only the acceptance falls back: step time and rates from even one interval are fresh
   measurements, where lifetime averages could span days.
+- Two batches. `batch` is the running-requests gauge averaged over the window's scrapes: what dashboards show,
+  but it averages in idle time between scrapes and requests still prefilling, so on a load ramp it misstates the
+  batch the engine steps ran at (on the simulator 131.9 running on average where the steps held 70.0 decoding).
+  `decode_seqs_per_step` = Δ(ITL histogram count) / Δ(iteration-tokens histogram count) counts it from the
+  engine's own per-step records: vLLM v1 (`IterationStats.update_from_output`, `PrometheusStatLogger.record`)
+  observes one inter-token latency per request per step that gave that request tokens, its first token
+  excluded (that one is a time-to-first-token), and one iteration-tokens value per batch of engine outputs
+  (a step that emitted at least one token; a chunked-prefill step that emitted nothing is not counted). Both are
+  summed over data-parallel engines, so the ratio is per engine step, where the running gauge is the engines'
+  sum. The cost model reads the per-step one (policies/costmodel.py `operating_point`).
 - Speculation off (`spec is None`) is state OK with `acceptance=None`: nothing is wrong, there is just nothing
   to measure. The decision layer decides what "no acceptance measured" means (e.g. a remembered profile).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -224,7 +235,8 @@ def estimate(
     Δdraft_tokens / Δdrafts (<= k). `batch`, `waiting`: mean over the window's snapshots (requests).
     `context_tokens_per_seq` = KV usage ratio x KV capacity (tokens) / running requests, all from the newest
     snapshot. `step_time_s` = ITL Δsum / Δcount (s). Rates are Δcounter / Δt (per second). `prefill_tokens_per_step`
-    = Δprompt_tokens / Δiteration_tokens.count (tokens per engine step).
+    = Δprompt_tokens / Δiteration_tokens.count (tokens per engine step). `decode_seqs_per_step` = Δinter-token-
+    latency count / Δiteration_tokens.count (sequences per engine step, >= 0; see `_decode_seqs_per_step`).
     State: STALE when there is no snapshot or the newest is older than `stale_after_s`; else
     INSUFFICIENT_DATA when speculation is on with fewer than `min_drafts` drafts; else OK (speculation off is
     OK, with acceptance None).
@@ -282,7 +294,38 @@ def estimate(
         window_s=span.elapsed_s or 0.0,
         reason=reason,
         prefill_tokens_per_step=_prefill_per_step(span, prompt_tokens_per_s, step_time_s),
+        decode_seqs_per_step=_decode_seqs_per_step(span),
     )
+
+
+def _decode_seqs_per_step(span: _Span) -> float | None:
+    """Sequences decoding per engine step on average over the span: Δ(inter-token-latency count) / Δ(iteration-
+    tokens count), in sequences per step (>= 0; at most the engine's max_num_seqs, up to scrape skew).
+
+    vLLM records one inter-token latency per request per step that gave it tokens (first token excluded) and one
+    iteration-tokens value per step that emitted output, so the ratio is the mean number of requests each step
+    verified, a step that only finished prefills counting 0. None when either histogram is missing at either
+    end, no step ran in the span, or a reading is not a finite number (`_Span.delta` would turn a NaN into a
+    zero change; a reset inside the span is handled by `observe`, which starts a new baseline, and by
+    `_Span.delta`, which never returns a negative change).
+
+    Worked example (the vLLM 0.32 CPU captures, idle then after 30 requests): ITL count 0 -> 550, iteration
+    count 0 -> 162, so 550 / 162 = 3.40 sequences per step, while the running gauge read 0 at both scrapes.
+    """
+    ends = [span.newest] if span.base is None else [span.base, span.newest]
+    for snapshot in ends:
+        readings = (_itl_count(snapshot), _steps(snapshot))
+        if any(value is None or not math.isfinite(value) for value in readings):
+            return None
+    decode_seqs = span.delta(_itl_count)
+    steps = span.delta(_steps)
+    if decode_seqs is None or not steps:
+        return None
+    return decode_seqs / steps
+
+
+def _steps(snapshot: EngineSnapshot) -> float | None:
+    return snapshot.iteration_tokens.count if snapshot.iteration_tokens is not None else None
 
 
 def _prefill_per_step(span: _Span, prompt_tokens_per_s: float | None, step_time_s: float | None) -> float | None:
@@ -291,7 +334,7 @@ def _prefill_per_step(span: _Span, prompt_tokens_per_s: float | None, step_time_
     back to back on a busy engine). Chunked prefill spreads a prompt over several steps; over a window the mean
     per step is what the cost model needs (policies/roofline.py)."""
     prompts = span.delta(lambda s: s.prompt_tokens)
-    steps = span.delta(lambda s: s.iteration_tokens.count if s.iteration_tokens is not None else None)
+    steps = span.delta(_steps)
     if prompts is not None and steps:
         return prompts / steps
     if prompt_tokens_per_s is not None and step_time_s is not None:

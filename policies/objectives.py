@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 from policies.acceptance import AcceptancePoint
-from policies.costmodel import ModelContext, curve_for
+from policies.costmodel import ModelContext, curve_for, step_batch
 from policies.roofline import CostScales
 from policies.types import CurvePoint, Evidence
 
@@ -90,12 +90,17 @@ class Workload:
 def workload_from(evidence: Evidence, *, context_tokens: float, prefill_tokens: float) -> Workload:
     """The evidence's workload with the cost model's resolved context and prefill (costmodel.operating_point).
 
-    Example: batch 256, waiting 50, KV 0.62, k 3 -> Workload(256, 50, ctx, P, 0.62, 3).
+    The batch is the one the cost model prices, `costmodel.step_batch`: sequences each engine step verified
+    (`decode_seqs_per_step`) when measured, else the running-requests mean; floored at 1. The objectives compare
+    options at the batch the steps run at, and the step time they are calibrated on was measured over those steps,
+    not over the scrapes the running gauge averages (idle gaps, requests still prefilling).
+
+    Example: batch 256, waiting 50, KV 0.62, k 3, no per-step count -> Workload(256, 50, ctx, P, 0.62, 3); the same
+    with decode_seqs_per_step 240 -> Workload(240, ...).
     """
     waiting = evidence.waiting if math.isfinite(evidence.waiting) and evidence.waiting > 0 else 0.0
-    batch = evidence.batch if math.isfinite(evidence.batch) else 1.0
     return Workload(
-        batch=max(batch, 1.0),
+        batch=max(step_batch(evidence), 1.0),
         waiting=waiting,
         context_tokens=context_tokens,
         prefill_tokens=prefill_tokens,

@@ -34,10 +34,13 @@ Efficiency and overhead defaults on `HardwareProfile` (each one is calibrated on
 - `gemm_fill_tokens` 128: a linear layer over N tokens is tiled into ceil(N / 64) row blocks (Hopper's wgmma
   instruction is m64nNk16, PTX ISA) times d_out / 128-256 column blocks; with 132 SMs (H100 SXM) an 8B model's
   4096-wide projections need ~4-8 row blocks (256-512 tokens) to fill one wave, the 14336-wide MLP ~2. Below
-  that the math units idle, so a step's GEMMs cost about as much as smooth_max(N, 128) tokens (a smooth stand-in
-  for wave quantisation; the exact value depends on the kernel's tiles; calibration's compute scale absorbs it).
-  At decode batch sizes this floor (128 x 15 GFLOP / 0.59 PFLOP/s = 3.2 ms for an 8B model on H100) stays under
-  the weight streaming time (5.3 ms): the step is still memory-bound.
+  that the math units idle, so a step's GEMMs cost about as much as smooth_max(N + t/2, 128 x fill) tokens: the
+  rows are padded by half a tile t = min(64, gemm_fill_tokens) on average (a step's last tile is part-empty),
+  and the floor is a smooth stand-in for wave quantisation whose scale `fill` (and the GEMM efficiency
+  elasticity) calibration fits online (policies/roofline.py, policies/calibrate.py): the exact value depends on
+  the kernel's tiles, which no datasheet gives. 128 is the prior. At decode batch sizes this floor (128 x 15
+  GFLOP / 0.59 PFLOP/s = 3.2 ms for an 8B model on H100) stays under the weight streaming time (5.3 ms): the step
+  is still memory-bound.
 - `allreduce_latency_s` 8 us per all-reduce (vLLM custom all-reduce on NVLink; assumption).
 """
 

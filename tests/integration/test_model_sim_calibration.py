@@ -8,9 +8,13 @@ cores that reach 0.2 of peak on a one-token step, rising with the step's tokens 
 does not share: it fits a wave-fill floor and an efficiency elasticity, policies/roofline.py). The load is the
 demo's typical range held on six plateaus of 70 s (1, 6, 12, 16, 20 and 24 requests/s: from a few running
 requests to the 256-request cap with a queue), so that the sweep sees mid-size batches in steady state as well
-as the ends; the demo's own profile jumps from 1 to 24 requests/s and back, and a fit over it sees mid-size
-batches only while the batch is moving (the window's mean batch then misdescribes its steps: 132 running on
-average where the steps held 70 decoding) and misses the mid-batch points by up to 21%.
+as the ends; and the demo's own profile, which jumps from 1 to 24 requests/s and back, so that mid-size batches
+are seen only while the load ramps. Each window's point pairs the batch each step verified (ITL count per engine
+step, `Evidence.decode_seqs_per_step`) with the mean duration of those steps (`costmodel.observed_step_s`).
+With the running-requests gauge instead (132 running on average where the steps held 70 decoding) the ramp
+profile missed mid-size batches by up to 21%; with the per-step batch but the ITL mean (a mean weighted by each
+step's batch, so it describes a larger batch than the per-step mean) by up to 28%, held loads by 11%; paired per
+step, the worst graded point is 7.5% held and 9.2% on the ramps (fit error 1.4-1.7%).
 
 Graded: pure-decode steps at ctx 600 for B = 1..64 at gamma 0 and 3 and B = 128, 256 at gamma 3, and the
 gamma-3 speedup at B = 1..64. The truth at a batch B between 1 and the 256-request cap is the world's step time
@@ -22,7 +26,10 @@ tile boundaries (B = 64 at gamma 0, B = 32 at gamma 3). Not graded: pure decode 
 which this sweep never observes without ~500 prefill tokens per step (an extrapolation: the fit over-predicts
 it by 8-13%); and other contexts: with the 2x-too-fast profile the world's batch-1 step (as much tile-padded
 math as weight streaming) is explained by math, the memory scale stays ~1 instead of ~2, and a KV-heavy
-ctx 4000, B = 32 step comes out ~22% short (ctx 2000 within 7%).
+ctx 4000, B = 32 step comes out ~23% short (ctx 2000 within 8%). A long-context held level added to the sweep
+(prompts of median 3,500 tokens at 1.5, 2.5 or 4 requests/s for 240-600 s) does not make the memory scale
+identifiable: it runs 3 to 20 sequences per step, whose KV reads are a small share of the 16 GB of weights next
+to the prefill math those prompts bring, and the memory scale stayed at 0.97 (or fell to 0.75) instead of ~2.
 """
 
 from __future__ import annotations
@@ -130,9 +137,10 @@ def test_the_truth_is_a_poisson_mean_of_the_exact_steps() -> None:
     assert _truth(scenario, 256, 3) == _exact_truth(scenario, 256, 3)
 
 
+@pytest.mark.parametrize("profile", ["held", "demo-ramps"])
 @pytest.mark.parametrize("bandwidth_factor", [0.5, 2.0])
-def test_a_2x_wrong_bandwidth_converges_within_10_percent(bandwidth_factor: float) -> None:
-    scenario = _world_scenario()
+def test_a_2x_wrong_bandwidth_converges_within_10_percent(bandwidth_factor: float, profile: str) -> None:
+    scenario = _world_scenario() if profile == "held" else load_scenario(DEMO)
     assert scenario.hardware.compute_tile_tokens == 64 and scenario.hardware.small_step_flops_ratio is not None
     ctx = _advisor(bandwidth_factor)
     # Uncalibrated, the wrong profile misprices a batch-1 step (mostly weight streaming) by more than 15%: the
