@@ -156,7 +156,7 @@ def step_batch(evidence: Evidence) -> float:
     return evidence.batch if math.isfinite(evidence.batch) else 1.0
 
 
-def observed_step_s(evidence: Evidence, *, engines: int = 1) -> float | None:
+def observed_step_s(evidence: Evidence) -> float | None:
     """The mean engine step (s) to calibrate against at `step_batch(evidence)`; None without a usable ITL mean.
 
     `evidence.step_time_s` is the ITL mean ΣnT/Σn over steps i that decoded n_i sequences for T_i seconds: a
@@ -170,7 +170,8 @@ def observed_step_s(evidence: Evidence, *, engines: int = 1) -> float | None:
     with more sequences. The first is tight on a busy engine, the second on a mostly idle one (a light load,
     where the batch barely varies), so the lesser of the two is returned. Without a per-step batch the ITL mean
     is returned as it is (it pairs with the running gauge no better, but nothing else was measured).
-    `engines` (>= 1): data-parallel engines summed in the evidence; 1 until Evidence carries the count.
+    `evidence.engines` (>= 1) data-parallel engines step concurrently, so together they are busy up to
+    engines x window_s.
 
     Example: ITL mean 23.6 ms, window 30 s, 1,500 ITL samples at 17.8 sequences per step (N = 84.3 steps):
     30 / 84.3 = 356 ms -> 23.6 ms (an idle window). On a busy window: 30 s, 26,700 samples at 17.8 per step
@@ -181,7 +182,8 @@ def observed_step_s(evidence: Evidence, *, engines: int = 1) -> float | None:
         return None
     per_step = evidence.decode_seqs_per_step
     usable = per_step is not None and math.isfinite(per_step) and per_step > 0
-    if not usable or not evidence.window_s > 0 or not evidence.step_samples > 0 or engines < 1:
+    engines = max(1, evidence.engines)
+    if not usable or not evidence.window_s > 0 or not evidence.step_samples > 0:
         return observed
     assert per_step is not None  # narrowed by `usable`
     return min(observed, engines * evidence.window_s * per_step / evidence.step_samples)

@@ -295,6 +295,7 @@ def estimate(
         reason=reason,
         prefill_tokens_per_step=_prefill_per_step(span, prompt_tokens_per_s, step_time_s),
         decode_seqs_per_step=_decode_seqs_per_step(span),
+        engines=max(1, newest.engines),
     )
 
 

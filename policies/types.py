@@ -176,6 +176,8 @@ class Evidence:
     # verified, free of the idle time and prefilling requests that the running-requests gauge averages in.
     # None when not measurable (no steps in the window, or an engine without those histograms).
     decode_seqs_per_step: float | None = None
+    # Data-parallel engines whose counters the evidence sums (vLLM's `engine` label); steps run concurrently on them.
+    engines: int = 1
 
 
 # ------------------------------------------------------------------------------------------------------------

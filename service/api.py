@@ -139,6 +139,12 @@ class EvidenceOut(BaseModel):
     prefill_tokens_per_step: float | None = Field(
         description="Prompt tokens computed per engine step on average (chunked prefill shares steps with decode)."
     )
+    decode_seqs_per_step: float | None = Field(
+        default=None,
+        description="Sequences each engine step decoded, mean over the window's steps: the batch the cost model "
+        "prices (the running-requests mean also counts idle time and requests still prefilling).",
+    )
+    engines: int | None = Field(default=None, description="Data-parallel engines summed in this evidence.")
     window_s: float | None
     gpu: GpuOut | None
     engine_activity: dict[str, float] = Field(
@@ -456,6 +462,8 @@ def _evidence(status: TargetStatus) -> EvidenceOut:
         context_tokens_per_seq=evidence.context_tokens_per_seq,
         step_time_s=evidence.step_time_s,
         prefill_tokens_per_step=evidence.prefill_tokens_per_step,
+        decode_seqs_per_step=evidence.decode_seqs_per_step,
+        engines=evidence.engines,
         window_s=evidence.window_s,
         gpu=None if evidence.gpu is None else _gpu(evidence.gpu),
         engine_activity=dict(status.engine_activity),

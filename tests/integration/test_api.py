@@ -130,6 +130,7 @@ def test_evidence_contract() -> None:
             "hardware": "h100-sxm", "model": "llama-3.1-8b", "drafter": "eagle", "tensor_parallel": "1"
         }
         assert "prefill_tokens_per_step" in ev and "calibration_error_ratio" in ev
+        assert "decode_seqs_per_step" in ev and ev["engines"] == 1
         [rec] = (await client.get("/v1/recommendation")).json()["targets"]
         assert ev["calibration_error_ratio"] == rec["calibration_error_ratio"]
 

@@ -4,6 +4,8 @@ costmodel.operating_point / calibrate, calibrate.observation_from and objectives
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from costmodel_builders import make_context, make_evidence
 
@@ -36,7 +38,7 @@ def test_observed_step_on_a_busy_window_is_the_wall_clock_per_step() -> None:
     evidence = make_evidence(step_time_s=0.0236, window_s=30.0, step_samples=26_700.0, decode_seqs_per_step=17.8)
     assert observed_step_s(evidence) == pytest.approx(0.020)
     # Two data-parallel engines share the window: 2 x 30 s / 1,500 = 40 ms > 23.6 ms, the ITL mean bounds it.
-    assert observed_step_s(evidence, engines=2) == pytest.approx(0.0236)
+    assert observed_step_s(replace(evidence, engines=2)) == pytest.approx(0.0236)
 
 
 def test_observed_step_on_an_idle_window_is_the_itl_mean() -> None:

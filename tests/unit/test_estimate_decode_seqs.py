@@ -106,3 +106,17 @@ def test_real_vllm_captures_idle_then_after_30_requests() -> None:
     # Consistency of the counts themselves: 30 requests of 64 tokens each, the first token of each a TTFT, so at
     # most 30 x 63 = 1890 ITL observations; n-gram accepted 1415 drafts, so far fewer verifications (550).
     assert evidence.step_samples == pytest.approx(550.0)
+
+
+def test_evidence_carries_the_data_parallel_engine_count() -> None:
+    # The dp2 capture sums two engines' counters (engine="0" and engine="1"); observed_step_s needs to know that
+    # two engines were busy at once, so the evidence carries the count the snapshot parsed.
+    text = (VLLM / "synthetic-ngram-k5-dp2.txt").read_text(encoding="utf-8")
+    (snapshot,) = parse_vllm_metrics(text, taken_at_s=FIXTURE_TAKEN_AT_S).values()
+    assert snapshot.engines == 2
+    later = advance(snapshot, dt_s=10.0)
+    state = feed([snapshot, later], CONFIG)
+    assert estimate(state, target="t", config=CONFIG, now_s=later.taken_at_s).engines == 2
+    single = make_snapshot()
+    assert estimate(feed([single, advance(single, dt_s=10.0)], CONFIG), target="t", config=CONFIG,
+                    now_s=single.taken_at_s + 10.0).engines == 1
