@@ -54,6 +54,9 @@ from policies.types import CurvePoint, Evidence
 DEFAULT_CONTEXT_TOKENS = 1024.0
 OVERHEAD_SCALE_RANGE = (0.1, 10.0)
 ROOFLINE_SCALE_RANGE = (0.25, 4.0)
+# How far the window's ITL sum may exceed window x running requests before the counters are taken to run on
+# another clock than the scrapes (`_counters_match_window`): the gauge's scrape mean misses ramps by tens of %.
+_CLOCK_SLACK = 2.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,7 +171,10 @@ def observed_step_s(evidence: Evidence) -> float | None:
     than the window, ΣT <= engines x window_s, so ΣT/N <= engines x window_s x decode_seqs_per_step /
     step_samples (N = step_samples / decode_seqs_per_step); and ΣT/N <= ΣnT/Σn since longer steps are those
     with more sequences. The first is tight on a busy engine, the second on a mostly idle one (a light load,
-    where the batch barely varies), so the lesser of the two is returned. Without a per-step batch the ITL mean
+    where the batch barely varies), so the lesser of the two is returned. The first needs the counters and the
+    scrape clock to tick together; when the window's ITL sum shows more sequence-seconds of decoding than the
+    window held (`_counters_match_window`: a simulator run faster than real time) it is void and the ITL mean is
+    returned. Without a per-step batch the ITL mean
     is returned as it is (it pairs with the running gauge no better, but nothing else was measured).
     `evidence.engines` (>= 1) data-parallel engines step concurrently, so together they are busy up to
     engines x window_s.
@@ -186,7 +192,26 @@ def observed_step_s(evidence: Evidence) -> float | None:
     if not usable or not evidence.window_s > 0 or not evidence.step_samples > 0:
         return observed
     assert per_step is not None  # narrowed by `usable`
+    if not _counters_match_window(evidence):
+        return observed
     return min(observed, engines * evidence.window_s * per_step / evidence.step_samples)
+
+
+def _counters_match_window(evidence: Evidence) -> bool:
+    """Whether the engine's counters and the scrape clock plausibly tick at the same rate over the window.
+
+    The wall-clock bound of `observed_step_s` rests on it. Measurable check: the window's ITL sum ΣnT is
+    sequence-seconds of decoding, and a request accrues at most about one window of inter-token latency within a
+    window (plus the one interval straddling its start), so ΣnT <= window_s x (requests running). The running
+    gauge is a mean over scrapes (a ramp's scrapes can miss its peak), hence `_CLOCK_SLACK`. A simulator run
+    faster than real time (time x20: 20 simulated seconds of steps in one second of scrapes) breaks it by ~20x;
+    trusting the bound there made every step 20x too short (0.9 ms where the ITL mean was 13.6 ms at batch 2),
+    which drove the fitted scales to their 1/8 bounds.
+    """
+    assert evidence.step_time_s is not None  # checked by the caller
+    running = max(evidence.batch, evidence.decode_seqs_per_step or 0.0, 1.0)
+    itl_sum = evidence.step_time_s * evidence.step_samples
+    return itl_sum <= _CLOCK_SLACK * evidence.window_s * running
 
 
 def _step_parts(ctx: ModelContext, point: OperatingPoint) -> tuple[float, float]:

@@ -100,9 +100,13 @@ def test_recommendation_follows_the_load_to_what_the_world_rewards() -> None:
                 assert ev["batch"] > 64
                 gamma = loaded["num_speculative_tokens"]
                 assert isinstance(gamma, int)
+                # The world's truth at the batch each step verified (what the advice prices), not the running
+                # gauge, which also counts requests still prefilling on a ramp (seen: 131.9 running, 70 decoding).
+                step_batch = ev["decode_seqs_per_step"]
+                assert step_batch is not None and step_batch > 32
                 truth = {
                     g: true_speedup(
-                        world, start_s, gamma=g, batch=ev["batch"], context_tokens=ev["context_tokens_per_seq"]
+                        world, start_s, gamma=g, batch=step_batch, context_tokens=ev["context_tokens_per_seq"]
                     )
                     for g in range(0, 5)
                 }

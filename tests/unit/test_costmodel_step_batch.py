@@ -41,6 +41,29 @@ def test_observed_step_on_a_busy_window_is_the_wall_clock_per_step() -> None:
     assert observed_step_s(replace(evidence, engines=2)) == pytest.approx(0.0236)
 
 
+def test_counters_that_outrun_the_scrape_clock_void_the_wall_clock_bound() -> None:
+    # The sidecar test's simulator at time x20: 1 s between scrapes holds 20 simulated seconds of steps. Batch ~2:
+    # ITL mean 13.6 ms over 1,936 samples = 26.3 sequence-seconds of decoding in a 1 s window with 2 running,
+    # where one clock allows at most 1 s x 2 (x 2 slack for the gauge's scrape mean) = 4. The wall-clock bound
+    # would say 1 s x 1.9 / 1,936 = 0.98 ms per step, 14x below the ITL mean: the ITL mean is returned instead.
+    light = make_evidence(
+        batch=2.0, decode_seqs_per_step=1.9, step_time_s=0.0136, window_s=1.0, step_samples=1_936.0
+    )
+    assert observed_step_s(light) == 0.0136
+    # Saturated: 105.8 ms x 47,102 samples = 4,983 sequence-seconds in 1 s at 256 running (limit 2 x 256 = 512).
+    busy = make_evidence(
+        batch=256.0, decode_seqs_per_step=250.5, step_time_s=0.1058, window_s=1.0, step_samples=47_102.0
+    )
+    assert observed_step_s(busy) == 0.1058
+    # The same counters over a 20 s window of one clock (4,983 <= 2 x 20 x 256): the bound applies again,
+    # 20 s x 250.5 / 47,102 = 106.4 ms, here above the ITL mean, which stays the tighter bound.
+    assert observed_step_s(replace(busy, window_s=20.0)) == 0.1058
+    # A busy window of one clock whose ITL sum is 1.2x window x running (the gauge's scrape mean missed a peak):
+    # 36 ms x 20,000 samples = 720 sequence-seconds, 30 s x 20 running = 600; bound 30 s x 20 / 20,000 = 30 ms.
+    ramp = make_evidence(batch=20.0, decode_seqs_per_step=20.0, step_time_s=0.036, window_s=30.0, step_samples=20_000.0)
+    assert observed_step_s(ramp) == pytest.approx(0.030)
+
+
 def test_observed_step_on_an_idle_window_is_the_itl_mean() -> None:
     # 1,500 samples at 17.8 per step -> N = 84.3 steps in 30 s: 356 ms per step of wall clock, mostly idle, so the
     # ITL mean (23.6 ms) is the tighter bound.
