@@ -19,11 +19,10 @@ from lightkube.resources.apps_v1 import Deployment
 from lightkube.types import PatchType
 
 from policies.deployment import ActuatorError, ApplyResult, DeploymentObservation, SpeculationSetting
+from service.actuators.guarded_patch import PatchRefusedError, guarded_apply
 from service.actuators.kube_errors import (
     error_for_exception,
-    failed_apply,
     failed_observation,
-    unusable_observation,
 )
 from service.actuators.vllm_args import (
     ArgsError,
@@ -154,44 +153,23 @@ class DeploymentActuator:
     async def apply(
         self, desired: SpeculationSetting, observed: DeploymentObservation, *, dry_run: bool
     ) -> ApplyResult:
-        refused = unusable_observation(observed, dry_run=dry_run)
-        if refused is not None:
-            return refused
-        try:
-            deployment = await self._read()
-        except Exception as exc:
-            return failed_apply(dry_run, *error_for_exception(exc, target=self.target_ref))
-        version = (deployment.get("metadata") or {}).get("resourceVersion")
-        if version != observed.resource_version:
-            return failed_apply(
-                dry_run, ActuatorError.CONFLICT,
-                f"{self.target_ref} changed since it was observed (resourceVersion {observed.resource_version} -> "
-                f"{version}); observe again before acting",
-            )
-        try:
-            patch = self.patch_for(deployment, desired)
-        except ArgsError as exc:
-            return failed_apply(dry_run, exc.reason, f"{self.target_ref}: {exc.detail}")
-        if patch is None:
-            return ApplyResult(
-                applied=False, dry_run=dry_run, patch=None, patch_type=None,
-                detail=f"{self.target_ref} already runs the desired setting; nothing to send",
-            )
-        if dry_run:
-            return ApplyResult(applied=False, dry_run=True, patch=patch, patch_type=PATCH_TYPE.value)
-        try:
+        def patch_for(deployment: dict[str, Any]) -> dict[str, Any] | None:
+            try:
+                return self.patch_for(deployment, desired)
+            except ArgsError as exc:
+                raise PatchRefusedError(exc.reason, f"{self.target_ref}: {exc.detail}") from exc
+
+        async def send(patch: dict[str, Any]) -> str | None:
             result = await self._client.patch(
                 Deployment, self._deployment, patch, namespace=self._namespace, patch_type=PATCH_TYPE
             )
-        except Exception as exc:
-            return failed_apply(
-                dry_run, *error_for_exception(exc, target=self.target_ref), patch=patch, patch_type=PATCH_TYPE.value
-            )
-        return ApplyResult(
-            applied=True, dry_run=False, patch=patch, patch_type=PATCH_TYPE.value,
-            resource_version=result.metadata.resourceVersion if result.metadata is not None else None,
-        )
+            return result.metadata.resourceVersion if result.metadata is not None else None
 
+        return await guarded_apply(
+            target_ref=self.target_ref, observed=observed, dry_run=dry_run, read=self._read, patch_for=patch_for,
+            send=send, patch_type=PATCH_TYPE.value,
+            unchanged=f"{self.target_ref} already runs the desired setting; nothing to send",
+        )
 
 def _containers(deployment: Mapping[str, Any]) -> list[dict[str, Any]]:
     spec = (((deployment.get("spec") or {}).get("template") or {}).get("spec")) or {}

@@ -17,11 +17,10 @@ from lightkube.generic_resource import create_namespaced_resource
 from lightkube.types import PatchType
 
 from policies.deployment import ActuatorError, ApplyResult, DeploymentObservation, SpeculationSetting
+from service.actuators.guarded_patch import PatchRefusedError, guarded_apply
 from service.actuators.kube_errors import (
     error_for_exception,
-    failed_apply,
     failed_observation,
-    unusable_observation,
 )
 
 HTTPRoute = create_namespaced_resource("gateway.networking.k8s.io", "v1", "HTTPRoute", "httproutes")
@@ -131,45 +130,24 @@ class RoutingActuator:
     async def apply(
         self, desired: SpeculationSetting, observed: DeploymentObservation, *, dry_run: bool
     ) -> ApplyResult:
-        refused = unusable_observation(observed, dry_run=dry_run)
-        if refused is not None:
-            return refused
-        try:
-            route = await self._read()
-        except Exception as exc:
-            return failed_apply(dry_run, *error_for_exception(exc, target=self.target_ref))
-        version = (route.get("metadata") or {}).get("resourceVersion")
-        if version != observed.resource_version:
-            return failed_apply(
-                dry_run, ActuatorError.CONFLICT,
-                f"{self.target_ref} changed since it was observed (resourceVersion {observed.resource_version} -> "
-                f"{version}); observe again before acting",
-            )
-        try:
-            patch = self.patch_for(route, desired)
-        except _NoBackendError as exc:
-            return failed_apply(dry_run, ActuatorError.NO_BACKEND, str(exc))
-        if patch is None:
-            return ApplyResult(
-                applied=False, dry_run=dry_run, patch=None, patch_type=None,
-                detail=f"{self.target_ref} already routes to the desired pool; nothing to send",
-            )
-        if dry_run:
-            return ApplyResult(applied=False, dry_run=True, patch=patch, patch_type=PATCH_TYPE.value)
-        try:
+        def patch_for(route: dict[str, Any]) -> dict[str, Any] | None:
+            try:
+                return self.patch_for(route, desired)
+            except _NoBackendError as exc:
+                raise PatchRefusedError(ActuatorError.NO_BACKEND, str(exc)) from exc
+
+        async def send(patch: dict[str, Any]) -> str | None:
             result = await self._client.patch(
                 HTTPRoute, self._route, patch, namespace=self._namespace, patch_type=PATCH_TYPE
             )
-        except Exception as exc:
-            return failed_apply(
-                dry_run, *error_for_exception(exc, target=self.target_ref), patch=patch, patch_type=PATCH_TYPE.value
-            )
-        metadata = result.metadata
-        return ApplyResult(
-            applied=True, dry_run=False, patch=patch, patch_type=PATCH_TYPE.value,
-            resource_version=metadata.resourceVersion if metadata is not None else None,
-        )
+            metadata = result.metadata
+            return metadata.resourceVersion if metadata is not None else None
 
+        return await guarded_apply(
+            target_ref=self.target_ref, observed=observed, dry_run=dry_run, read=self._read, patch_for=patch_for,
+            send=send, patch_type=PATCH_TYPE.value,
+            unchanged=f"{self.target_ref} already routes to the desired pool; nothing to send",
+        )
 
 class _NoBackendError(Exception):
     pass
