@@ -13,7 +13,7 @@ import contextlib
 import json
 import os
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
 from typing import Any
@@ -47,7 +47,15 @@ from service.api import create_api
 from service.board import Board
 from service.exporter import MetricsPage, build_registry
 from service.logs import fields, get_logger
-from service.loop import AdvisorLoop, ContextResolver, ContextUnavailableError, GpuReader, Scraper, TargetSpec
+from service.loop import (
+    AdvisorLoop,
+    ContextResolver,
+    ContextUnavailableError,
+    GpuReader,
+    IterationListener,
+    Scraper,
+    TargetSpec,
+)
 from service.memory_store import MemoryStore
 from service.settings import ActuationSettings, GpuSettings, Settings, SettingsError, TargetSettings, write_token
 from service.sources.dcgm import DcgmSource
@@ -131,6 +139,48 @@ def gpu_source_name(settings: GpuSettings) -> str:
     return SOURCE_ABSENT if settings.telemetry == "none" else settings.telemetry
 
 
+def target_specs(
+    settings: Settings, client: httpx.AsyncClient, *, resolvers: Mapping[str, ContextResolver] | None = None
+) -> list[TargetSpec]:
+    """What the loop needs per configured target: its scraper on `client` (pod /metrics, or fleet Prometheus) and
+    its profile resolver (`resolvers` reuses ones already checked, else they are built here)."""
+    return [
+        TargetSpec(
+            name=t.name,
+            model=t.model,
+            scraper=_scraper(t, settings, client),
+            resolve_context=(resolvers or {}).get(t.name)
+            or context_resolver(t, fallback_hardware=settings.fallback_hardware),
+        )
+        for t in settings.targets
+    ]
+
+
+def advisor_loop(
+    settings: Settings,
+    targets: Sequence[TargetSpec],
+    *,
+    board: Board,
+    gpu: GpuReader,
+    listeners: Sequence[IterationListener] = (),
+) -> AdvisorLoop:
+    """The advisor's loop as the settings configure it (estimator, decide, calibration, objective, acceptance
+    memory); the sidecar's lifespan drives it in wall time, the benchmark calls `run_once(now)` in simulated time."""
+    return AdvisorLoop(
+        targets,
+        gpu=gpu,
+        board=board,
+        estimator_config=estimator_config(settings),
+        decide_config=decide_config(settings),
+        interval_s=settings.scrape_interval_s,
+        calibration_config=calibration_config(settings),
+        objective_config=objective_config(settings),
+        gpu_source_name=gpu_source_name(settings.gpu),
+        listeners=listeners,
+        memory_store=memory_store(settings),
+    )
+
+
 def build_sidecar(
     settings: Settings,
     *,
@@ -166,24 +216,9 @@ def build_sidecar(
                 httpx.AsyncClient(transport=transport, limits=limits, follow_redirects=False)
             )
             gpu = gpu_source if gpu_source is not None else stack.enter_context(_gpu_source(settings.gpu, client))
-            targets = [
-                TargetSpec(
-                    name=t.name, model=t.model, scraper=_scraper(t, settings, client), resolve_context=resolvers[t.name]
-                )
-                for t in settings.targets
-            ]
-            loop = AdvisorLoop(
-                targets,
-                gpu=gpu,
-                board=board,
-                estimator_config=estimator_config(settings),
-                decide_config=decide_config(settings),
-                interval_s=settings.scrape_interval_s,
-                calibration_config=calibration_config(settings),
-                objective_config=objective_config(settings),
-                gpu_source_name=gpu_source_name(settings.gpu),
+            loop = advisor_loop(
+                settings, target_specs(settings, client, resolvers=resolvers), board=board, gpu=gpu,
                 listeners=() if runner is None else (runner,),
-                memory_store=memory_store(settings),
             )
             if actuation is not None:
                 stack.push_async_callback(_close_actuation, actuation)
