@@ -10,7 +10,16 @@ from dataclasses import dataclass, field, replace
 from policies.acceptance import acceptance_curve
 from policies.calibrate import CalibrationConfig, CalibrationFit, CalibrationState, update
 from policies.costmodel import ModelContext, operating_point, speedup_curve
-from policies.decide import DecideConfig, DecideState, Probe, best_point, change_cost_of, decide, point_at
+from policies.decide import (
+    DecideConfig,
+    DecideState,
+    Probe,
+    best_point,
+    change_cost_of,
+    decide,
+    inflight_work_s,
+    point_at,
+)
 from policies.memory import AcceptanceMemory, MemoryConfig, Recall, recall, remember
 from policies.objectives import ObjectiveConfig, Workload, objective_curve, workload_from
 from policies.types import CurvePoint, Decision, Evidence, TargetState
@@ -100,6 +109,10 @@ def advise_target(
     fit: CalibrationFit | None = None
     if ctx is not None:
         calibration_state, fit = update(calibration_state, evidence, ctx, now_s=now_s, config=calibration_config)
+    # Measured live while speculating (not a remembered profile standing in for a thin window): what releases a
+    # held probe (decide rule 5).
+    measured = evidence.state is TargetState.OK and evidence.speculation_on and evidence.acceptance is not None
+    inflight_s = inflight_work_s(evidence)
     recalled, evidence, memory_note = _with_memory(evidence, memory, config=memory_config, now_s=now_s)
     curve: tuple[CurvePoint, ...] = ()
     objective = ""
@@ -128,12 +141,13 @@ def advise_target(
             gamma=recalled.entry.k,
             remembered=curve,
             prior=prior_curve,
-            batch=evidence.batch,
-            waiting=evidence.waiting,
+            inflight_s=inflight_s,
             config=decide_config,
             half_life_s=memory_config.half_life_s,
         )
-    decision, decide_state = decide(evidence, curve, decide_config, decide_state, now_s, probe=probe)
+    decision, decide_state = decide(
+        evidence, curve, decide_config, decide_state, now_s, probe=probe, measured=measured, inflight_s=inflight_s
+    )
     error = fit.error_ratio if fit is not None else None
     notes: list[str] = []
     if memory_note and decision.state == TargetState.OK:
@@ -162,8 +176,7 @@ def probe_for(
     gamma: int,
     remembered: Sequence[CurvePoint],
     prior: Sequence[CurvePoint],
-    batch: float,
-    waiting: float,
+    inflight_s: float,
     config: DecideConfig,
     half_life_s: float,
 ) -> Probe | None:
@@ -171,12 +184,12 @@ def probe_for(
 
     Nothing is measured while off, so a workload that turned drafter-friendly (chat -> code) stays invisible
     until someone looks. Looking costs: two changes (on, and back off if the profile still holds), each
-    `change_cost_s` x (1 + W / B) seconds of service (decide.change_cost_of), plus the time it runs at the
-    remembered speedup S_mem(gamma) (< 1 is a loss) before the advisor may turn it off again: on_s = max(dwell_s,
-    probe_min_s), the dwell or one estimator window to measure, whichever is longer. It pays when the expected gain
-    over the payback horizon exceeds that:
+    `change_cost_s` + `inflight_s` seconds of full service (decide.change_cost_of: the outage and the in-flight
+    work a restart drops, decide rule 4), plus the time it runs at the remembered speedup S_mem(gamma) (< 1 is a
+    loss) before the advisor may turn it off again: on_s = max(dwell_s, probe_min_s), the dwell or one estimator
+    window to measure, whichever is longer. It pays when the expected gain over the payback horizon exceeds that:
 
-        p(age) x (S_prior* - 1) x payback_horizon_s > 2 x change_cost_s x (1 + W/B) + on_s x max(0, 1 - S_mem)
+        p(age) x (S_prior* - 1) x payback_horizon_s > 2 x (change_cost_s + inflight_s) + on_s x max(0, 1 - S_mem)
 
     p(age) = 1 - 2^(-age / half_life_s) is the chance the workload has moved since the profile was measured, on
     the memory's own half-life (the rate at which it says a profile goes stale); S_prior* is the best point
@@ -184,11 +197,12 @@ def probe_for(
     workload) in the objective that applies. Under an ITL SLO that plain decoding misses, S_prior* is large (off
     delivers little goodput), so looking is cheap against what it may find; when speculation would not pay even
     at the prior (S_prior* <= 1) it never probes. The probe runs at the remembered k (`gamma`, >= 1), where the
-    positions will be measured again. Units: seconds; speedups are dimensionless ratios vs plain decoding.
+    positions will be measured again; once published, decide holds it until a window is measured (rule 5).
+    Units: seconds; speedups are dimensionless ratios vs plain decoding.
 
-    Example (cost 20 s, horizon 600 s, dwell 120 s, half-life 1800 s, W 0): S_prior* 1.5, S_mem 0.9. At age 600 s
-    p = 1 - 2^(-1/3) = 0.206, 0.206 x 0.5 x 600 = 61.9 s > 2 x 20 + 120 x 0.1 = 52 s -> probe at the remembered
-    k. At age 450 s p = 0.159 -> 47.7 s < 52 s -> None. `config.explore` False: callers do not ask.
+    Example (cost 20 s, in-flight 0 s, horizon 600 s, dwell 120 s, half-life 1800 s): S_prior* 1.5, S_mem 0.9. At
+    age 600 s p = 1 - 2^(-1/3) = 0.206, 0.206 x 0.5 x 600 = 61.9 s > 2 x 20 + 120 x 0.1 = 52 s -> probe at the
+    remembered k. At age 450 s p = 0.159 -> 47.7 s < 52 s -> None. `config.explore` False: callers do not ask.
     """
     star = best_point(prior, config.gamma_max)
     if star is None or star.speedup <= 1.0 or gamma < 1:
@@ -197,7 +211,7 @@ def probe_for(
     s_mem = here.speedup if here is not None else 1.0
     chance = 1.0 - 0.5 ** (max(0.0, age_s) / half_life_s)
     won = chance * (star.speedup - 1.0) * config.payback_horizon_s
-    one_change = change_cost_of(batch=batch, waiting=waiting, change_cost_s=config.change_cost_s)
+    one_change = change_cost_of(change_cost_s=config.change_cost_s, inflight_s=inflight_s)
     on_for_s = max(config.dwell_s, config.probe_min_s)
     cost = 2.0 * one_change + on_for_s * max(0.0, 1.0 - s_mem)
     if won <= cost:

@@ -14,23 +14,47 @@ the caller's `now_s`. It is built from the helpers in `hysteresis.py`:
    extrapolated S(8)=2.99 edges out the measured S(3) would be told to jump 3 -> 8 on no evidence at all.
    Switching on from off is not capped here: that is governed by the low end clearing 1 + margin (rule 2).
 4. Cost of changing (when `change_cost_s` > 0): a change (on, off, or another gamma) must also pay for the
-   service interruption it causes. vLLM cannot change speculation without restarting the engine: in-flight
-   requests are dropped and nothing is served for about the restart time. The change is recommended only when
+   service it destroys. vLLM cannot change speculation without restarting the engine, and a restart loses two
+   things, both counted in seconds of full service (the server's whole output rate for that long):
 
-       gain x payback_horizon_s > change_cost_s x (1 + W / B)        gain = S(new) / S(current) - 1  (off: S = 1)
+   - the outage: nothing is served for about the restart time, `change_cost_s` (the operator's rollout time;
+     for a rolling update, N replicas x delay x 1/N of the capacity is the same number);
+   - the in-flight work: the B running requests are dropped with, on average, half their decode done (a request
+     is caught at a uniformly random point of its life), and that work must be redone. Half a request's decode
+     time is O/2 tokens x ITL, with ITL = B / G the seconds per token of one sequence (G = generated tokens/s of
+     the whole server) and O the mean output length, read from the running context c (prompt + O/2 on average)
+     and the prompt/generation token-rate ratio rho = P / O (`inflight_work_s`): O = c / (rho + 1/2). In
+     full-service seconds: B sequences x O/2 tokens / G tokens/s = O/2 x B / G.
 
-   gain is the relative improvement of the objective's rate (per-sequence speed, server throughput or SLO goodput,
-   whichever `objectives.py` chose: the curve is in its units), so gain x horizon is the seconds of service at
-   the current rate the change wins back over the horizon; the right side is the seconds of service it costs:
-   the outage, felt by the B running requests and also by the W queued ones a restart drops (1 + W / B more
-   requests interrupted). The same rule prices latency-driven changes (no queue, no SLO): a 10% faster token
-   stream for 600 s is 60 s of decoding time saved per sequence against a 20 s stall, so a large latency gain is
-   still taken, a 2% one is not. A change held back by its cost keeps what runs, and the reason says so.
-   Example: change_cost_s 20, horizon 600 s, B 32, W 0: moving S 1.40 -> 1.45 gains 3.6% x 600 = 21 s > 20 s:
-   recommended; 1.40 -> 1.43 gains 2.1% x 600 = 13 s < 20 s: held back. With W 32 the bar doubles to 40 s.
-   change_cost_s = 0 (an engine that adapts per batch) switches the rule off.
+   Queued requests are not in the cost: they lose no computed work (a restart may drop them, and their clients
+   resend), and a queue is not a reason to keep running the slower setting: when requests queue the server is
+   the bottleneck, which is exactly when a faster setting pays most. The change is recommended only when
+
+       gain x payback_horizon_s > change_cost_s + in-flight work (s)        gain = S(new) / S(current) - 1
+
+   (off: S = 1). gain is the relative improvement of the objective's rate (per-sequence speed, server
+   throughput or SLO goodput, whichever `objectives.py` chose: the curve is in its units), so gain x horizon is
+   the seconds of service at the current rate the change wins back over the horizon. The same rule prices
+   latency-driven changes (no queue, no SLO): a 10% faster token stream for 600 s is 60 s of decoding time
+   saved per sequence against a 20 s stall, so a large latency gain is still taken, a 2% one is not. A change
+   held back by its cost keeps what runs, and the reason says so.
+   Example: change_cost_s 20 s, horizon 600 s, B 32 running at G 1600 tokens/s (ITL 20 ms), context 640 with
+   prompts at twice the generation rate (O = 640 / 2.5 = 256 tokens): in-flight work 128 x 0.02 = 2.56 s, cost
+   22.56 s. Moving S 1.40 -> 1.45 gains 3.6% x 600 = 21.4 s: held back; 1.40 -> 1.48 gains 5.7% x 600 = 34 s:
+   recommended. change_cost_s = 0 (an engine that adapts per batch, no restart) switches the rule off, the
+   in-flight term with it.
 5. Probe: while off on a remembered profile, `advise.probe_for` may ask to switch on to re-measure (the only way
-   to see acceptance again); the probe is the candidate and waits out the dwell like any change.
+   to see acceptance again); the probe is the candidate. It is published at once when the last published
+   change is at least a dwell old (else it waits out the rest of the dwell like any change): the dwell filters
+   noise in this tick's measurements, and a probe rests on the memory's age, which only grows, so waiting would
+   only delay the look (by a whole dwell on a workload that changed while off). Once a probe
+   is published it is HELD (`DecideState.probe_since_s`) until the engine actually speculates and a window is
+   measured (`measured`): until then the engine still runs off, the curve is still the remembered one that
+   says off, and without the hold the advisor would withdraw its own probe one dwell later and probe again,
+   flipping on/off every dwell for as long as nobody applies it. The hold ends when a live window is measured
+   (the rules then run on fresh data) or after `probe_timeout_s` (the operator or actuator did not apply it:
+   the advisor gives up, the usual rules apply, and no probe is asked again for `probe_backoff_s`). So an
+   unapplied probe costs two published changes per timeout + back-off + two dwells, not two per dwell.
 6. Dwell: the resulting (enabled, gamma) candidate, if it differs from what is published, becomes the pending
    change, which must persist for `dwell_s` before it is published.
 
@@ -92,6 +116,12 @@ class DecideConfig:
     # estimator window, 60 s by default, to measure the positions again) before it can be undone.
     explore: bool = True
     probe_min_s: float = 60.0
+    # A published probe is held until a live window is measured, at most this long (s): long enough for an
+    # actuator's own dwell and cooldown (300 s + 900 s by default in actuation) and a restart to apply it.
+    probe_timeout_s: float = 1800.0
+    # After a probe that was never applied, no new probe for this long (s): whoever did not apply the last one
+    # is unlikely to apply the next a dwell later, and each unapplied probe is two published changes.
+    probe_backoff_s: float = 3600.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,6 +132,8 @@ class DecideState:
     pending_enabled: bool | None = None  # the change waiting out the dwell
     pending_gamma: int | None = None  # may move within the minimum-change gain without restarting the clock
     pending_since_s: float | None = None  # when the pending change (its on/off state) was first the candidate
+    probe_since_s: float | None = None  # when a probe was published; held until a live window is measured
+    probe_after_s: float | None = None  # no probe before this time (back-off after a probe nobody applied)
 
 
 def best_point(curve: Sequence[CurvePoint], gamma_max: int) -> CurvePoint | None:
@@ -149,13 +181,18 @@ def decide(
     now_s: float,
     *,
     probe: Probe | None = None,
+    measured: bool | None = None,
+    inflight_s: float | None = None,
 ) -> tuple[Decision, DecideState]:
     """One decision tick: returns the Decision to publish and the state to pass to the next tick.
 
     `curve` holds one point per gamma 0..gamma_max (speedups are ratios vs plain decoding, gamma 0 = 1.0);
     `now_s` is epoch seconds from the caller's clock. The returned Decision's expected speedup band is that of
     the published (enabled, gamma) on this curve (1.0 when disabled) and its reason names the numbers behind
-    it.
+    it. `measured` says this tick's acceptance was measured live while speculating (None: read from the
+    evidence, ok + speculating + acceptance present; `advise_target` passes False when a remembered profile
+    stood in for a thin window); it releases a held probe (rule 5). `inflight_s` (s, >= 0) is the in-flight work
+    a restart loses (rule 4; None: `inflight_work_s(evidence)`).
 
     Example (margin 0.05, dwell 120 s, min gamma gain 0.02): published off, S(3)=1.42 [1.31..1.55] is the best
     point. 1.31 >= 1.05, so (on, 3) becomes the pending change at t=1000; ticks at t=1040 keep publishing off
@@ -169,6 +206,10 @@ def decide(
     if star is None:
         why = f"no predicted speedup for any gamma in 1..{config.gamma_max} (curve has {len(curve)} points)"
         return _hold(evidence, curve, state, now_s, kind=TargetState.ERROR, why=why)
+    if measured is None:
+        measured = evidence.speculation_on and evidence.acceptance is not None
+    if inflight_s is None:
+        inflight_s = inflight_work_s(evidence)
 
     prefix = ""
     published = state.published
@@ -179,16 +220,26 @@ def decide(
 
     current = _key(published)
     candidate, head = _candidate(current, star, curve, evidence, config)
-    if probe is not None and candidate == current and not current[0]:
-        # The probe's own test already priced its restarts (advise.probe_for): it is not weighed again here.
-        candidate = (True, max(1, min(probe.gamma, config.gamma_max)))
-        head += f"; probing: {probe.why}"
+    held, probe_since, probe_after, probe_note = _probe_hold(state, current, measured=measured, config=config,
+                                                             now_s=now_s)
+    head += probe_note
+    probing = False
+    if held:
+        # A published probe the engine has not run yet: the curve is still the remembered one (rule 5).
+        candidate = current
+    elif probe is not None and candidate == current and not current[0]:
+        if probe_after is not None and now_s < probe_after:
+            head += f"; no probe for another {probe_after - now_s:.0f}s (back-off after an unapplied probe)"
+        else:
+            # The probe's own test already priced its restarts (advise.probe_for): it is not weighed again here.
+            candidate = (True, max(1, min(probe.gamma, config.gamma_max)))
+            head += f"; probing: {probe.why}"
+            probing = True
     elif candidate != current:
         pays, cost_note = change_pays(
             gain=_relative_gain(curve, current, candidate),
-            batch=evidence.batch,
-            waiting=evidence.waiting,
             change_cost_s=config.change_cost_s,
+            inflight_s=inflight_s,
             payback_horizon_s=config.payback_horizon_s,
         )
         if not pays:
@@ -199,6 +250,13 @@ def decide(
     pending = _pending(state)
     candidate, continues, note = _against_pending(candidate, pending, current, curve, config)
     head += note
+    dwell_s = config.dwell_s
+    last_change_s = published.changed_at_s
+    if probing and last_change_s is not None and now_s - last_change_s >= config.dwell_s:
+        # A probe rests on the memory's age, which only grows, not on this tick's noisy measurements: waiting
+        # out a dwell would only delay it. At most one change per dwell still holds (the last was a dwell ago).
+        dwell_s = 0.0
+        head += f", at once (last change {now_s - last_change_s:.0f}s ago)"
     outcome = apply_dwell(
         published=current,
         candidate=candidate,
@@ -206,10 +264,12 @@ def decide(
         pending=candidate if continues else pending,
         pending_since_s=state.pending_since_s,
         now_s=now_s,
-        dwell_s=config.dwell_s,
+        dwell_s=dwell_s,
     )
     if outcome.changed:
-        tail = f"; {config.dwell_s:.0f}s dwell served, {_transition(current, outcome.publish)}"
+        tail = f"; {dwell_s:.0f}s dwell served, {_transition(current, outcome.publish)}"
+        # A probe published now is held until it is measured; any other change ends a hold.
+        probe_since = now_s if probing and outcome.publish[0] else None
     elif outcome.pending is not None:
         tail = (
             f"; waiting {outcome.waited_s:.0f}s of {config.dwell_s:.0f}s dwell before "
@@ -230,8 +290,34 @@ def decide(
         pending_enabled=None if pend is None else pend[0],
         pending_gamma=None if pend is None else pend[1],
         pending_since_s=outcome.pending_since_s,
+        probe_since_s=probe_since,
+        probe_after_s=probe_after,
     )
     return decision, next_state
+
+
+def _probe_hold(
+    state: DecideState, current: _Key, *, measured: bool, config: DecideConfig, now_s: float
+) -> tuple[bool, float | None, float | None, str]:
+    """(hold the published probe this tick, probe_since_s, probe_after_s, a note for the reason): rule 5."""
+    since, after = state.probe_since_s, state.probe_after_s
+    if since is None or not current[0]:
+        return False, None, after, ""
+    if measured:
+        return False, None, after, f"; probe at gamma {current[1]} measured, deciding on live data"
+    waited = max(0.0, now_s - since)
+    if waited >= config.probe_timeout_s:
+        after = now_s + config.probe_backoff_s
+        note = (
+            f"; probe at gamma {current[1]} not applied after {waited:.0f}s, given up "
+            f"(no probe for {config.probe_backoff_s:.0f}s)"
+        )
+        return False, None, after, note
+    note = (
+        f"; probing at gamma {current[1]}: held until the engine speculates and a window is measured "
+        f"({waited:.0f}s of at most {config.probe_timeout_s:.0f}s)"
+    )
+    return True, since, after, note
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -290,42 +376,66 @@ def _candidate(
 
 
 def change_pays(
-    *, gain: float | None, batch: float, waiting: float, change_cost_s: float, payback_horizon_s: float
+    *, gain: float | None, change_cost_s: float, inflight_s: float, payback_horizon_s: float
 ) -> tuple[bool, str]:
-    """Whether a change's predicted gain pays back its interruption over the horizon, and the numbers as text.
+    """Whether a change's predicted gain pays back what a restart destroys over the horizon, and the numbers.
 
     `gain` is S(new) / S(current) - 1 (dimensionless; None when either side has no prediction: then nothing can
-    be weighed and the change is allowed); `batch` B (running requests, clipped to >= 1) and `waiting` W
-    (requests, NaN or negative read as 0) size how many requests one restart interrupts; `change_cost_s` (s,
-    >= 0) is the service one change interrupts, `payback_horizon_s` (s, > 0) how long it must pay back over.
-    Pays when gain x horizon > change_cost_s x (1 + W / B) (module docstring, rule 4); change_cost_s = 0 always
-    pays with an empty text.
+    be weighed and the change is allowed); `change_cost_s` (s, >= 0) the outage one change causes, `inflight_s`
+    (s, >= 0; NaN or negative read as 0) the in-flight work a restart drops (`inflight_work_s`), both in
+    seconds of full service; `payback_horizon_s` (s, > 0) how long the change must pay back over. Pays when
+    gain x horizon > change_cost_s + inflight_s (module docstring, rule 4); change_cost_s = 0 (no restart)
+    always pays with an empty text.
 
-    Example: gain 0.036, B 32, W 0, cost 20 s, horizon 600 s: 0.036 x 600 = 21.6 s > 20 x (1 + 0) = 20 s ->
-    (True, "gain 3.6% x 600s horizon = 21.6s vs change cost 20.0s"); with W 32 the cost is 40 s -> False.
+    Example: gain 0.057, cost 20 s, in-flight 2.56 s, horizon 600 s: 0.057 x 600 = 34.2 s > 22.56 s -> (True,
+    "gain 5.7% x 600s horizon = 34.2s vs change cost 20.0s outage + 2.6s in-flight work = 22.6s"); gain 0.036
+    (21.6 s) -> False.
     """
     if change_cost_s <= 0 or gain is None:
         return True, ""
-    w = waiting if math.isfinite(waiting) and waiting > 0 else 0.0
-    b = max(batch, 1.0) if math.isfinite(batch) else 1.0
-    cost = change_cost_of(batch=batch, waiting=waiting, change_cost_s=change_cost_s)
+    lost = inflight_s if math.isfinite(inflight_s) and inflight_s > 0 else 0.0
+    cost = change_cost_of(change_cost_s=change_cost_s, inflight_s=lost)
     won = gain * payback_horizon_s
-    queue = f" x (1 + {w:.0f} waiting / {b:.0f} running)" if w > 0 else ""
-    text = f"gain {gain:.1%} x {payback_horizon_s:.0f}s horizon = {won:.1f}s vs change cost {change_cost_s:.1f}s{queue}"
-    if w > 0:
-        text += f" = {cost:.1f}s"
+    text = (
+        f"gain {gain:.1%} x {payback_horizon_s:.0f}s horizon = {won:.1f}s vs change cost {change_cost_s:.1f}s "
+        f"outage + {lost:.1f}s in-flight work = {cost:.1f}s"
+    )
     return won > cost, text
 
 
-def change_cost_of(*, batch: float, waiting: float, change_cost_s: float) -> float:
-    """Seconds of service one change costs: change_cost_s x (1 + W / B) (module docstring, rule 4).
+def change_cost_of(*, change_cost_s: float, inflight_s: float) -> float:
+    """Seconds of full service one change costs: the outage plus the in-flight work (module docstring, rule 4).
 
-    `batch` B (running requests, clipped to >= 1; NaN -> 1), `waiting` W (requests; NaN or negative -> 0),
-    `change_cost_s` (s, >= 0). Example: B 32, W 16, cost 20 s -> 20 x 1.5 = 30 s.
+    `change_cost_s` (s, >= 0; 0 = no restart, then nothing in flight is lost either), `inflight_s` (s; NaN or
+    negative -> 0). Example: outage 20 s, in-flight 2.56 s -> 22.56 s; outage 0 -> 0.
     """
-    w = waiting if math.isfinite(waiting) and waiting > 0 else 0.0
-    b = max(batch, 1.0) if math.isfinite(batch) else 1.0
-    return max(0.0, change_cost_s) * (1.0 + w / b)
+    if not (math.isfinite(change_cost_s) and change_cost_s > 0):
+        return 0.0
+    lost = inflight_s if math.isfinite(inflight_s) and inflight_s > 0 else 0.0
+    return change_cost_s + lost
+
+
+def inflight_work_s(evidence: Evidence) -> float:
+    """Seconds of full service a restart throws away with the running requests: half a request's decode time.
+
+    Each of the B running requests is caught, on average, halfway through its O output tokens, so B x O/2
+    tokens are redone at the server's G generated tokens/s: O/2 x B / G seconds (B / G is one sequence's
+    seconds per token). O is read from the evidence: the running context c = prompt + O/2 on average and the
+    prompt/generation rate ratio rho = P / O give O = c / (rho + 1/2). The prompt's prefill is redone too but at
+    prefill speed (hundreds of tokens per step), so it is left out. Returns 0.0 (s) when B, G or c is missing
+    or not positive: only the outage is then counted. Units: B requests, G and the prompt rate tokens/s, c
+    tokens.
+
+    Example: B 32, G 1600 tokens/s, prompt rate 3200 tokens/s (rho 2), c 640: O = 640 / 2.5 = 256, so 128 tokens
+    x 32 / 1600 = 2.56 s.
+    """
+    b, g, c = evidence.batch, evidence.generation_tokens_per_s, evidence.context_tokens_per_seq
+    if g is None or c is None or not all(math.isfinite(x) and x > 0 for x in (b, g, c)):
+        return 0.0
+    p = evidence.prompt_tokens_per_s
+    rho = p / g if p is not None and math.isfinite(p) and p > 0 else 0.0
+    output_tokens = c / (rho + 0.5)
+    return output_tokens / 2.0 * b / g
 
 
 def _relative_gain(curve: Sequence[CurvePoint], current: _Key, candidate: _Key) -> float | None:
@@ -424,7 +534,11 @@ def _hold(
     reason = f"{kind.value}: keeping {kept} from the last good decision {age_s:.0f}s ago; {why}"
     # The last good decision's speedups and curve stay together: the band shown is the one it was decided on.
     decision = replace(published, state=kind, reason=reason + dropped, evaluated_at_s=now_s)
-    return decision, DecideState(published=published)
+    # A held probe and its back-off outlive a spell of bad data (the engine restarting to apply the probe is one).
+    kept_state = DecideState(
+        published=published, probe_since_s=state.probe_since_s, probe_after_s=state.probe_after_s
+    )
+    return decision, kept_state
 
 
 def _why_not_ok(evidence: Evidence) -> str:

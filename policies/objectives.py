@@ -18,8 +18,15 @@ Three objectives (DESIGN.md section 4), chosen per tick from the evidence:
   inter-token latency is ITL(gamma) = T(B(gamma), gamma) / E[L](gamma); per-request ITLs spread around that mean,
   so the share meeting the SLO is taken as the soft indicator min(1, (SLO / ITL)^p), p = `slo_sharpness` (4: a
   mean 10% over the SLO keeps (1/1.1)^4 = 68% of its tokens, 25% over keeps 41%):
-      goodput(gamma) = throughput(gamma) x min(1, (SLO / ITL(gamma))^p),   S_slo = goodput(gamma) / goodput(0)
-  with B(gamma) from the capacity rule when capacity-bound, else the current B. Chunked prefill stretches every
+      goodput(gamma) = delivered(gamma) x min(1, (SLO / ITL(gamma))^p),   S_slo = goodput(gamma) / goodput(0)
+  Delivered tokens/s: when capacity-bound, the throughput B(gamma) E[L] / T (B(gamma) from the capacity rule);
+  when latency-bound the server already delivers everything asked of it, the same for every option, so
+      S_slo = share(gamma) / share(0)          (latency-bound)
+  and speed beyond the SLO earns nothing: a faster token stream is not more tokens meeting the SLO, and counting
+  it (as throughput at the current B) made the advisor restart a server whose every option met the SLO for a
+  "7.6% gain" that delivered nothing (always-worth-it, eagle3, draft-model in the decision benchmark). Example:
+  SLO 8 ms, off at 11 ms: share(0) = (8/11)^4 = 0.28; gamma 2 at 5.3 ms and gamma 3 at 4.7 ms both have share 1:
+  S(2) = S(3) = 1 / 0.28 = 3.57, so decide's minimum-change rule keeps whichever runs. Chunked prefill stretches every
   step by 1 / (1 - rho), rho = the share of the current step spent on prompt tokens, priced by the model as
   1 - T(B, 1, P = 0) / T(B, 1, P) (policies/costmodel.py: prompt load is a rate, the same for every gamma); the
   ITL above uses the stretched step. The throughput ratios are unaffected (the factor cancels).
@@ -177,7 +184,9 @@ def objective_curve(
                               scales=scales)[1]
         stretch = mixed / plain_now  # 1 / (1 - rho)
     plain_rate = b0 / base_step
-    plain_goodput = plain_rate * _slo_share(base_step * stretch, 1.0, config)
+    # Latency-bound under an SLO: every option delivers the offered load; only the share meeting the SLO differs.
+    delivered_fixed = objective is Objective.GOODPUT_SLO and not capacity
+    plain_goodput = (1.0 if delivered_fixed else plain_rate) * _slo_share(base_step * stretch, 1.0, config)
     points: list[CurvePoint] = []
     for acc in acceptance:
         b = held_batch(workload, acc.gamma, kv_full=kv_full)
@@ -189,7 +198,7 @@ def objective_curve(
             continue
 
         def ratio(length: float, step: float = point.step_time_s, batch: float = b) -> float:
-            rate = batch * length / step
+            rate = 1.0 if delivered_fixed else batch * length / step
             if objective is Objective.GOODPUT_SLO:
                 return rate * _slo_share(step * stretch, length, config) / plain_goodput if plain_goodput > 0 else 0.0
             return rate / plain_rate

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from policies.advise import probe_for
-from policies.decide import DecideConfig, change_cost_of, change_pays
-from policies.types import CurvePoint
+from policies.decide import DecideConfig, change_cost_of, change_pays, inflight_work_s
+from policies.types import CurvePoint, Evidence, TargetState
 
 
 def _curve(*speedups: float) -> tuple[CurvePoint, ...]:
@@ -15,40 +15,76 @@ def _curve(*speedups: float) -> tuple[CurvePoint, ...]:
     )
 
 
+def _evidence(**fields: float | None) -> Evidence:
+    base: dict[str, float | None] = {"batch": 32.0, "waiting": 0.0, "generation_tokens_per_s": 1600.0,
+                                     "prompt_tokens_per_s": 3200.0, "context_tokens_per_seq": 640.0}
+    base.update(fields)
+    return Evidence(target="t", model="m", at_s=0.0, state=TargetState.OK, speculation_on=True, deployed_k=3,
+                    acceptance=None, batch=base["batch"] or 0.0, waiting=base["waiting"] or 0.0,
+                    generation_tokens_per_s=base["generation_tokens_per_s"],
+                    prompt_tokens_per_s=base["prompt_tokens_per_s"],
+                    context_tokens_per_seq=base["context_tokens_per_seq"])
+
+
+def test_in_flight_work_is_half_a_requests_decode_time() -> None:
+    # rho = 3200 / 1600 = 2, O = 640 / (2 + 0.5) = 256 tokens; half of it, 128 tokens, at one sequence's
+    # 32 / 1600 = 0.02 s per token: 2.56 s of full service.
+    assert abs(inflight_work_s(_evidence()) - 2.56) < 1e-9
+
+
+def test_waiting_requests_add_no_cost() -> None:
+    # Queued requests lose no computed work: the cost is the same with 0 or 500 waiting.
+    assert inflight_work_s(_evidence(waiting=500.0)) == inflight_work_s(_evidence(waiting=0.0))
+
+
+def test_missing_rates_leave_only_the_outage() -> None:
+    assert inflight_work_s(_evidence(generation_tokens_per_s=None)) == 0.0
+    assert inflight_work_s(_evidence(context_tokens_per_seq=None)) == 0.0
+    # 20 s outage + 0 s in flight.
+    assert change_cost_of(change_cost_s=20.0, inflight_s=0.0) == 20.0
+
+
 def test_a_gain_that_pays_back_its_restart_is_recommended_and_a_small_one_is_not() -> None:
-    # 1.40 -> 1.45: gain 0.05 / 1.40 = 3.57%, x 600 s = 21.4 s > 20 s of restart.
-    assert change_pays(gain=1.45 / 1.40 - 1, batch=32, waiting=0, change_cost_s=20, payback_horizon_s=600)[0]
-    # 1.40 -> 1.43: 2.14% x 600 = 12.9 s < 20 s.
-    pays, text = change_pays(gain=1.43 / 1.40 - 1, batch=32, waiting=0, change_cost_s=20, payback_horizon_s=600)
+    # Cost: 20 s outage + 2.56 s in flight = 22.56 s.
+    # 1.40 -> 1.48: gain 0.08 / 1.40 = 5.71%, x 600 s = 34.3 s > 22.56 s.
+    assert change_pays(gain=1.48 / 1.40 - 1, change_cost_s=20, inflight_s=2.56, payback_horizon_s=600)[0]
+    # 1.40 -> 1.45: 3.57% x 600 = 21.4 s < 22.56 s (it would have paid the outage alone).
+    pays, text = change_pays(gain=1.45 / 1.40 - 1, change_cost_s=20, inflight_s=2.56, payback_horizon_s=600)
     assert not pays
-    assert "change cost 20.0s" in text
+    assert "change cost 20.0s outage + 2.6s in-flight work = 22.6s" in text
+    assert change_pays(gain=1.45 / 1.40 - 1, change_cost_s=20, inflight_s=0.0, payback_horizon_s=600)[0]
 
 
-def test_queued_requests_raise_the_bar() -> None:
-    # 32 waiting behind 32 running: 20 x (1 + 1) = 40 s, and 21.4 s no longer clears it.
-    assert change_cost_of(batch=32, waiting=32, change_cost_s=20) == 40.0
-    assert not change_pays(gain=1.45 / 1.40 - 1, batch=32, waiting=32, change_cost_s=20, payback_horizon_s=600)[0]
+def test_a_long_queue_does_not_block_a_change_that_pays() -> None:
+    # 4.5% better for 600 s = 27 s against 20 s + 2.56 s, however many wait (the old rule's 20 x (1 + W/B)
+    # was 60 s with 64 waiting behind 32 running, and kept the slower setting).
+    lost = inflight_work_s(_evidence(waiting=64.0))
+    assert change_pays(gain=0.045, change_cost_s=20, inflight_s=lost, payback_horizon_s=600)[0]
 
 
 def test_free_changes_always_pay() -> None:
-    assert change_pays(gain=0.001, batch=1, waiting=0, change_cost_s=0, payback_horizon_s=600) == (True, "")
+    assert change_pays(gain=0.001, change_cost_s=0, inflight_s=5.0, payback_horizon_s=600) == (True, "")
+    # No restart, no in-flight work lost either.
+    assert change_cost_of(change_cost_s=0.0, inflight_s=5.0) == 0.0
 
 
 def test_probe_waits_until_the_memory_is_old_enough_to_be_worth_a_look() -> None:
     config = DecideConfig(change_cost_s=20, payback_horizon_s=600, dwell_s=120)
     remembered = _curve(0.9, 0.8, 0.7)
     prior = _curve(1.3, 1.5, 1.4)
-    args = {"gamma": 1, "remembered": remembered, "prior": prior, "batch": 4.0, "waiting": 0.0,
+    args = {"gamma": 1, "remembered": remembered, "prior": prior, "inflight_s": 0.0,
             "config": config, "half_life_s": 1800.0}
     # Cost: 2 x 20 + 120 s x (1 - 0.9) = 52 s. Gain: p x (1.5 - 1) x 600.
     # age 600 s: p = 1 - 2^(-1/3) = 0.206 -> 61.9 s > 52 s; age 450 s: p = 0.159 -> 47.7 s < 52 s.
     probe = probe_for(age_s=600.0, **args)  # type: ignore[arg-type]
     assert probe is not None and probe.gamma == 1
     assert probe_for(age_s=450.0, **args) is None  # type: ignore[arg-type]
+    # 5 s in flight per change: 2 x 25 + 12 = 62 s > 61.9 s: not yet at 600 s.
+    assert probe_for(**{**args, "inflight_s": 5.0}, age_s=600.0) is None  # type: ignore[arg-type]
 
 
 def test_no_probe_when_even_the_prior_says_speculation_loses() -> None:
     config = DecideConfig(change_cost_s=0)
     below = _curve(0.9, 0.95)
-    assert probe_for(age_s=1e5, gamma=1, remembered=below, prior=below, batch=64, waiting=0, config=config,
+    assert probe_for(age_s=1e5, gamma=1, remembered=below, prior=below, inflight_s=0.0, config=config,
                      half_life_s=1800.0) is None

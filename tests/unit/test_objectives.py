@@ -80,13 +80,24 @@ def test_goodput_under_an_itl_slo() -> None:
     slo = 0.5 * (spec_itl + plain_step)
     curve, objective, _ = objective_curve(ctx, ACCEPTANCE, workload, config=ObjectiveConfig(itl_slo_s=slo))
     assert objective is Objective.GOODPUT_SLO
-    # goodput(0) = (1 / T0) x (SLO / T0)^4; goodput(3) = E[L] / T3 (meets the SLO): ratio = S(3) / (SLO/T0)^4.
+    # No queue: the server delivers the offered load whatever gamma runs, so goodput differs only by the share
+    # meeting the SLO: share(0) = (SLO / T0)^4 (plain misses it), share(3) = 1 (gamma 3 meets it): ratio
+    # 1 / (SLO / T0)^4.
     share_plain = (slo / plain_step) ** 4
-    assert curve[3].speedup == pytest.approx(plain_curve[3].speedup / share_plain)
-    assert curve[3].speedup > plain_curve[3].speedup
-    # A loose SLO that everything meets is just throughput.
+    assert curve[3].speedup == pytest.approx(1.0 / share_plain)
+    # A loose SLO that everything meets: no option delivers more tokens meeting it, speed beyond it earns nothing.
     loose, _, _ = objective_curve(ctx, ACCEPTANCE, workload, config=ObjectiveConfig(itl_slo_s=1.0))
-    assert loose[3].speedup == pytest.approx(plain_curve[3].speedup)
+    assert all(p.speedup == pytest.approx(1.0) for p in loose)
+
+
+def test_goodput_under_an_itl_slo_while_capacity_bound_counts_throughput() -> None:
+    ctx = make_context()
+    # 50 waiting: the server's throughput is what it delivers; a loose SLO everything meets is then throughput.
+    workload = Workload(256.0, 50.0, 512.0, kv_usage_ratio=0.62, deployed_k=3)
+    plain = curve_for(ctx, ACCEPTANCE, batch=256.0, context_tokens=512.0)[0]
+    loose, objective, _ = objective_curve(ctx, ACCEPTANCE, workload, config=ObjectiveConfig(itl_slo_s=10.0))
+    assert objective is Objective.GOODPUT_SLO
+    assert loose[3].speedup == pytest.approx(plain[3].speedup)
 
 
 def test_workload_from_evidence() -> None:

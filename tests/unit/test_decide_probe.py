@@ -1,0 +1,65 @@
+"""decide's handling of a re-measuring probe (rule 5): when it publishes, how long it is held, the back-off."""
+
+from __future__ import annotations
+
+from decide_builders import T0, make_curve, make_evidence
+
+from policies.decide import DecideConfig, DecideState, Probe, decide
+from policies.types import TargetState
+
+CONFIG = DecideConfig(margin=0.05, dwell_s=120.0, gamma_max=8, change_cost_s=20.0, probe_timeout_s=600.0,
+                      probe_backoff_s=1800.0)
+OFF_CURVE = make_curve(0.8, 0.7, 0.6)  # the remembered profile says off
+PROBE = Probe(gamma=3, why="memory is old")
+
+
+def _off_state(changed_at_s: float) -> DecideState:
+    # Published off since `changed_at_s`: one tick with no probe makes the published decision.
+    off = make_evidence(speculation_on=False, deployed_k=0, acceptance=None)
+    decision, _ = decide(off, OFF_CURVE, CONFIG, DecideState(), changed_at_s)
+    assert not decision.enabled
+    return DecideState(published=decision)
+
+
+def test_a_probe_publishes_at_once_when_the_last_change_is_a_dwell_old() -> None:
+    state = _off_state(T0)
+    off = make_evidence(speculation_on=False, deployed_k=0, acceptance=None)
+    # 300 s after the last change (>= 120 s dwell): published on the same tick.
+    decision, after = decide(off, OFF_CURVE, CONFIG, state, T0 + 300.0, probe=PROBE)
+    assert decision.enabled and decision.num_speculative_tokens == 3
+    assert after.probe_since_s == T0 + 300.0
+    # 60 s after the last change (< 120 s dwell): it becomes the pending change and waits out a dwell.
+    decision, pending = decide(off, OFF_CURVE, CONFIG, state, T0 + 60.0, probe=PROBE)
+    assert not decision.enabled and pending.pending_enabled is True
+
+
+def test_a_held_probe_survives_bad_data_and_is_given_up_after_the_timeout_then_backs_off() -> None:
+    off = make_evidence(speculation_on=False, deployed_k=0, acceptance=None)
+    _, state = decide(off, OFF_CURVE, CONFIG, _off_state(T0), T0 + 300.0, probe=PROBE)
+    stale = make_evidence(speculation_on=False, deployed_k=0, acceptance=None, state=TargetState.STALE,
+                          reason="503")
+    held, kept = decide(stale, (), CONFIG, state, T0 + 320.0)
+    assert held.enabled and kept.probe_since_s == T0 + 300.0
+    # Still not applied 599 s after publication: held (the curve says off, the probe stays published).
+    decision, kept = decide(off, OFF_CURVE, CONFIG, kept, T0 + 899.0, probe=PROBE)
+    assert decision.enabled and kept.pending_enabled is None
+    # 600 s: given up; off becomes the candidate (waits the dwell) and no probe until 900 + 1800 = 2700 s.
+    decision, gave_up = decide(off, OFF_CURVE, CONFIG, kept, T0 + 900.0, probe=PROBE)
+    assert decision.enabled and gave_up.probe_since_s is None and gave_up.pending_enabled is False
+    assert gave_up.probe_after_s == T0 + 900.0 + 1800.0
+    decision, state = decide(off, OFF_CURVE, CONFIG, gave_up, T0 + 1020.0, probe=PROBE)
+    assert not decision.enabled
+    decision, state = decide(off, OFF_CURVE, CONFIG, state, T0 + 2000.0, probe=PROBE)
+    assert not decision.enabled and "back-off" in decision.reason
+    decision, state = decide(off, OFF_CURVE, CONFIG, state, T0 + 2700.0, probe=PROBE)
+    assert decision.enabled
+
+
+def test_a_measured_window_releases_the_probe() -> None:
+    off = make_evidence(speculation_on=False, deployed_k=0, acceptance=None)
+    _, state = decide(off, OFF_CURVE, CONFIG, _off_state(T0), T0 + 300.0, probe=PROBE)
+    live = make_evidence(speculation_on=True, deployed_k=3)
+    decision, after = decide(live, OFF_CURVE, CONFIG, state, T0 + 360.0)
+    # Released: the live curve (S < 1) now argues off, which waits out the dwell.
+    assert after.probe_since_s is None
+    assert decision.enabled and after.pending_enabled is False
