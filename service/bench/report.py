@@ -78,9 +78,10 @@ def format_quality(results: Sequence[ScenarioResult]) -> str:
                  f">= {1 - TIE_RATIO:.3f}); cross: oracle choice")
     lines.append("changes; lag win: worst advisor lag to agree, in decision windows (estimator window; target <= 2); "
                  "missed: crossings never")
-    lines.append("matched; flaps: changes < dwell_s after the previous one; noise: changes in steady load that did "
-                 "not move toward the")
-    lines.append("oracle; acted / oracle: config changes of the advisor / the oracle.")
+    lines.append("matched; flaps: changes < dwell_s after the previous one; noise: changes in steady load that made "
+                 "nothing truly better")
+    lines.append("(not onto the oracle's gamma, no true utility or ITL gain); acted / oracle: config changes of the "
+                 "advisor / the oracle (both start at the deployed k).")
     return "\n".join(lines)
 
 

@@ -133,12 +133,16 @@ def quality_checks(bench: BenchScenario, *, advisor: RunResult, oracle: RunResul
     steady = steady_ticks(rates, first_acceptance, interval_s=interval, span_s=max(dwell, 2 * interval))
     initial = bench.scenario.drafter.num_speculative_tokens
     change_times = [times[i] for i, k in enumerate(adv) if k != (adv[i - 1] if i else initial)]
+    # Crossings are the oracle's changes after its first decision: correcting a wrong deployed k at the start is
+    # not a load shift or drift across a crossover, and the /oracle ratio already grades how fast it was made.
+    first = orc[0] if orc else planner.initial_k()
     return QualityChecks(
-        crossings=crossing_lags(adv, orc, oracle_initial_k=planner.initial_k(), interval_s=interval,
+        crossings=crossing_lags(adv, orc, oracle_initial_k=first, interval_s=interval,
                                 utility=planner.utility),
         window_s=settings.estimator.window_s,
         flaps=flaps(change_times, dwell_s=dwell),
-        steady_changes=steady_changes(adv, steady, initial_k=initial, utility=planner.utility),
+        steady_changes=steady_changes(adv, steady, initial_k=initial, utility=planner.utility, oracle_k=orc,
+                                      itl_s=planner.itl_s),
     )
 
 

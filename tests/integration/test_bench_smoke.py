@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 from service.bench.spec import load_bench_scenario
-from service.bench.suite import ALWAYS_OFF, ORACLE, POLICIES, STATIC_POLICIES, run_scenario
+from service.bench.suite import ALWAYS_OFF, ALWAYS_ON, ORACLE, POLICIES, run_scenario
 from service.cli import main
 
 BENCH = Path(__file__).resolve().parents[2] / "service" / "sim" / "scenarios" / "bench"
@@ -32,15 +32,17 @@ def test_oracle_is_at_least_every_static_policy_and_off_never_changes(tmp_path: 
     assert result.error is None
     assert set(result.outcomes) == set(POLICIES)
     assert result.quality is not None
-    # Steady load and acceptance: the oracle's program keeps one gamma, so there is no crossing to lag behind.
+    # Steady load and acceptance: the oracle starts at the deployed k and at most corrects it once (its first
+    # decision, not a crossing), so there is no crossing to lag behind.
     assert result.quality.crossings == ()
-    assert result.outcomes[ORACLE].run.config_changes == 0
+    assert result.outcomes[ORACLE].run.config_changes <= 1
     assert result.outcomes[ALWAYS_OFF].run.config_changes == 0
     assert all(t.k == 0 for t in result.outcomes[ALWAYS_OFF].run.ticks)
     oracle = result.headline(ORACLE)
-    for policy in STATIC_POLICIES:
-        # Same world seed for every policy; 2% covers the jitter of a 5-minute run.
-        assert oracle >= 0.98 * result.headline(policy), policy
+    # Always-on starts where the oracle starts and never moves: the oracle only moves when it pays. (The other
+    # static policies start configured for free, so the deployed-start oracle need not beat them.) Same world
+    # seed for every policy; 2% covers the jitter of a 5-minute run.
+    assert oracle >= 0.98 * result.headline(ALWAYS_ON)
     # With an SLO only speculation meets (8 ms; off runs at ~11 ms here), off delivers nothing under it.
     off = result.outcomes[ALWAYS_OFF].run.metrics
     assert off.slo_goodput_tokens_per_s is not None

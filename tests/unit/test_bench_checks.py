@@ -90,3 +90,32 @@ def test_steady_ticks_need_constant_rate_and_acceptance_over_the_span() -> None:
                                                                            True]
     drifting = [0.7, 0.7, 0.75, 0.75, 0.75]
     assert steady_ticks([1.0] * 5, drifting, interval_s=5.0, span_s=10.0) == [True, True, False, False, True]
+
+
+def test_a_steady_change_onto_the_oracles_gamma_is_not_noise_even_when_nearly_tied() -> None:
+    # Every gamma within 1% of the others (no SLO: latency only breaks ties): 3 -> 0 raises utility by 0.005 <
+    # 0.02, but 0 is what the oracle runs, so it moved towards the oracle; 0 -> 2 did not (the oracle stays at 0).
+    def tied(i: int, g: int) -> float:
+        return 1.0 if g == 0 else 0.995
+
+    policy = [0, 0, 2, 2]
+    oracle = [0, 0, 0, 0]
+    assert steady_changes(policy, [True] * 4, initial_k=3, utility=tied, oracle_k=oracle) == 1
+    # Without the oracle's choices both count (the utility test alone).
+    assert steady_changes(policy, [True] * 4, initial_k=3, utility=tied) == 2
+
+
+def test_a_steady_change_for_a_real_latency_gain_is_not_noise() -> None:
+    # Goodput tied (no SLO, the server keeps up): utility 0.995 for every gamma but 1 (1.0, the oracle's).
+    # 3 -> 0 halves the true ITL (20 -> 10 ms) at no loss of utility: a real gain, not noise. 0 -> 4 raises the
+    # ITL (10 -> 30 ms): noise.
+    def tied(i: int, g: int) -> float:
+        return 1.0 if g == 1 else 0.995
+
+    def itl(i: int, g: int) -> float:
+        return {0: 0.010, 1: 0.012, 3: 0.020, 4: 0.030}[g]
+
+    policy = [0, 0, 4, 4]
+    assert steady_changes(policy, [True] * 4, initial_k=3, utility=tied, oracle_k=[1] * 4, itl_s=itl) == 1
+    # Without the ITL both count.
+    assert steady_changes(policy, [True] * 4, initial_k=3, utility=tied, oracle_k=[1] * 4) == 2
