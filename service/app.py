@@ -111,6 +111,9 @@ def decide_config(settings: Settings) -> DecideConfig:
         min_speedup_gain_to_change_gamma=s.min_speedup_gain_to_change_gamma,
         change_cost_s=s.change_cost_s,
         payback_horizon_s=s.payback_horizon_s,
+        explore=s.explore,
+        probe_timeout_s=s.probe_timeout_s,
+        probe_backoff_s=s.probe_backoff_s,
     )
 
 

@@ -262,9 +262,10 @@ class DecideSettings(_Section):
         le=3600,
         allow_inf_nan=False,
         description="Seconds of service one change of the speculation config interrupts: about the engine's restart "
-        "time (vLLM restarts to change it; in-flight requests are dropped). A change is recommended only when its "
-        "predicted gain x payback_horizon_s exceeds this x (1 + waiting / running). 0 = the engine adapts per "
-        "batch, changes are free. Example: 20 (a 20 s rollout).",
+        "time (vLLM restarts to change it). A change is recommended only when its predicted gain x "
+        "payback_horizon_s exceeds this plus the in-flight work a restart drops (about half a request's decode "
+        "time, estimated live; policies/decide.py rule 4). 0 = the engine adapts per batch, changes are free. "
+        "Example: 20 (a 20 s rollout).",
     )
     payback_horizon_s: float = Field(
         default=600.0,
@@ -273,6 +274,25 @@ class DecideSettings(_Section):
         allow_inf_nan=False,
         description="Seconds over which a change must pay back its cost: how long a recommendation is expected to "
         "hold before the load or workload moves again. Example: 600 (a 3% gain wins back 18 s).",
+    )
+    explore: bool = Field(
+        default=True,
+        description="While off on a remembered acceptance profile, recommend turning speculation on now and then to "
+        "measure it again when the expected gain pays for it (policies/advise.py probe_for).",
+    )
+    probe_timeout_s: float = Field(
+        default=1800.0,
+        gt=0,
+        le=86400,
+        allow_inf_nan=False,
+        description="A re-measuring probe nobody applied within this many seconds is dropped.",
+    )
+    probe_backoff_s: float = Field(
+        default=3600.0,
+        ge=0,
+        le=7 * 86400,
+        allow_inf_nan=False,
+        description="After a dropped probe, no new probe is recommended for this many seconds.",
     )
     itl_slo_s: float | None = Field(
         default=None,
