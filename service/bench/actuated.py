@@ -31,27 +31,15 @@ from service.actuators.vllm_args import (
     setting_from_config,
     with_speculative_config,
 )
-from service.app import (
-    Actuation,
-    build_actuation,
-    build_sidecar,
-    calibration_config,
-    context_resolver,
-    decide_config,
-    estimator_config,
-    gpu_source_name,
-    memory_store,
-    objective_config,
-)
+from service.app import Actuation, advisor_loop, build_actuation, build_sidecar, target_specs
 from service.bench.controllers import Controller
 from service.bench.pipeline import TARGET, SimClock, WorldTransport, advisor_settings
 from service.bench.runner import PolicySpec
 from service.bench.spec import BenchScenario
-from service.loop import AdvisorLoop, TargetSpec
+from service.loop import AdvisorLoop
 from service.settings import ActuationSettings, Settings
 from service.sim.world import World
 from service.sources.gpu import NoGpuSource
-from service.sources.vllm import VllmScraper
 
 ACTUATED_ADVISOR = "advisor+k8s"
 NAMESPACE = "bench"
@@ -250,27 +238,9 @@ class ActuatedAdvisorController:
         self._stack.callback(actuation.audit.close)
         self._stack.push_async_callback(actuation.runner.aclose)  # runs before the audit log closes
         client = await self._stack.enter_async_context(httpx.AsyncClient(transport=self._transport))
-        [target] = s.targets
-        spec = TargetSpec(
-            name=target.name,
-            model=target.model,
-            scraper=VllmScraper(client, target.metrics_url, timeout_s=s.scrape_timeout_s,
-                                max_body_bytes=s.max_body_bytes),
-            resolve_context=context_resolver(target, fallback_hardware=s.fallback_hardware),
-        )
-        self._loop = AdvisorLoop(
-            [spec],
-            gpu=NoGpuSource(),
-            board=self._sidecar.board,
-            estimator_config=estimator_config(s),
-            decide_config=decide_config(s),
-            interval_s=s.scrape_interval_s,
-            calibration_config=calibration_config(s),
-            objective_config=objective_config(s),
-            gpu_source_name=gpu_source_name(s.gpu),
-            listeners=(actuation.runner,),
-            memory_store=memory_store(s),  # production keeps it in state_dir when acting
-        )
+        # The sidecar's own seam, with the runner as its listener and the memory in state_dir, as when acting.
+        self._loop = advisor_loop(s, target_specs(s, client), board=self._sidecar.board, gpu=NoGpuSource(),
+                                  listeners=(actuation.runner,))
         return self
 
     async def __aexit__(

@@ -2,9 +2,9 @@
 the world) -> estimate -> model -> decide -> publish, by `AdvisorLoop.run_once(now)`; an actuator then applies the
 published recommendation to the world.
 
-The composition follows `service.app.build_sidecar` (same settings, board, config helpers, context resolver).
-`build_sidecar` creates its `AdvisorLoop` inside the FastAPI lifespan, whose `run_forever` sleeps in wall time, so
-the loop object is not reachable from the `Sidecar` it returns: this module builds the loop from the same parts.
+The composition is the sidecar's: `build_sidecar` for the settings' checks and the board, and the composition
+root's public seam (`service.app.target_specs`, `advisor_loop`) for the loop, which the lifespan drives in wall
+time and this module steps in simulated time.
 """
 
 from __future__ import annotations
@@ -16,20 +16,11 @@ from typing import Any
 
 import httpx
 
-from service.app import (
-    build_sidecar,
-    calibration_config,
-    context_resolver,  # the sidecar's own resolver, so the benchmark resolves profiles exactly as production
-    decide_config,
-    estimator_config,
-    gpu_source_name,
-    objective_config,
-)
-from service.loop import AdvisorLoop, TargetSpec
+from service.app import advisor_loop, build_sidecar, target_specs
+from service.loop import AdvisorLoop
 from service.settings import Settings, load_settings
 from service.sim.world import EngineUnavailableError, World
 from service.sources.gpu import NoGpuSource
-from service.sources.vllm import VllmScraper
 
 TARGET = "sim"
 METRICS_URL = "http://sim.invalid/metrics"
@@ -127,26 +118,8 @@ class AdvisorController:
     async def __aenter__(self) -> AdvisorController:
         s = self._settings
         self._client = await self._stack.enter_async_context(httpx.AsyncClient(transport=self._transport))
-        [target] = s.targets
-        spec = TargetSpec(
-            name=target.name,
-            model=target.model,
-            scraper=VllmScraper(
-                self._client, target.metrics_url, timeout_s=s.scrape_timeout_s, max_body_bytes=s.max_body_bytes
-            ),
-            resolve_context=context_resolver(target, fallback_hardware=s.fallback_hardware),
-        )
-        self._loop = AdvisorLoop(
-            [spec],
-            gpu=NoGpuSource(),
-            board=self._sidecar.board,
-            estimator_config=estimator_config(s),
-            decide_config=decide_config(s),
-            interval_s=s.scrape_interval_s,
-            calibration_config=calibration_config(s),
-            objective_config=objective_config(s),
-            gpu_source_name=gpu_source_name(s.gpu),
-        )
+        # The sidecar's own seam: the same scrapers, resolvers and loop configuration as production.
+        self._loop = advisor_loop(s, target_specs(s, self._client), board=self._sidecar.board, gpu=NoGpuSource())
         return self
 
     async def __aexit__(
