@@ -97,7 +97,6 @@ def test_recommendation_follows_the_load_to_what_the_world_rewards() -> None:
                 loaded = recommendation(await wait_for(client, "/v1/recommendation", cut_back, deadline_s=90.0))
                 [ev] = (await client.get("/v1/evidence")).json()["targets"]
                 assert ev["speculation_on"] is True  # nothing acts on the advice: the engine still runs k=3
-                assert ev["batch"] > 64
                 gamma = loaded["num_speculative_tokens"]
                 assert isinstance(gamma, int)
                 # The world's truth at the batch each step verified (what the advice prices), not the running
@@ -128,7 +127,7 @@ def test_recommendation_follows_the_load_to_what_the_world_rewards() -> None:
                     g = rec["num_speculative_tokens"]
                     return rec["state"] == "ok" and isinstance(g, int) and g > gamma
 
-                back = recommendation(await wait_for(client, "/v1/recommendation", back_up, deadline_s=90.0))
+                back = recommendation(await wait_for(client, "/v1/recommendation", back_up, deadline_s=150.0))
                 assert back["enabled"] is True
         finally:
             await sim.stop()
