@@ -260,11 +260,12 @@ def test_sidecar_recommendation_on_live_vllm_follows_load(
     # each window). Not the running-requests gauge: it is sampled at scrape instants, and on a loaded 2-core box
     # those often fall between the steps' bursts (seen: 0.29 mean running under 32 clients vs 0.86 under one). Not
     # by 32x either: once the engine is stepping, new requests reach it only a few per second (its queue time stays
-    # ~0 while clients wait seconds), so a step under 32 clients verifies a few sequences, one under a single client
-    # at most one.
+    # ~0 while clients wait seconds), so a step under 32 clients verifies one to two sequences (seen: 1.62), one
+    # under a single client at most one (one request in flight: one ITL observation per step at most).
     low_seqs, high_seqs = low.evidence.get("decode_seqs_per_step"), high.evidence.get("decode_seqs_per_step")
     assert low_seqs is not None and high_seqs is not None, ("/v1/evidence lacks decode_seqs_per_step", low.evidence)
-    assert high_seqs > 2 * low_seqs, (low.evidence, high.evidence)
+    assert low_seqs <= 1.0 + 1e-9, low.evidence
+    assert high_seqs > 1.25 * low_seqs, (low.evidence, high.evidence)
     # ...and verifying k+1 tokens for many sequences per step is real compute on this CPU, so the speedup the
     # sidecar predicts at the deployed k must be lower under high load than under low load.
     low_speedup, high_speedup = low.speedup_at(k), high.speedup_at(k)
