@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -33,7 +33,7 @@ from service.actuators.vllm_args import (
 )
 from service.app import Actuation, advisor_loop, build_actuation, build_sidecar, target_specs
 from service.bench.controllers import Controller
-from service.bench.pipeline import TARGET, SimClock, WorldTransport, advisor_settings
+from service.bench.pipeline import TARGET, SimClock, WorldTransport, bench_advisor_settings
 from service.bench.runner import PolicySpec
 from service.bench.spec import BenchScenario
 from service.loop import AdvisorLoop
@@ -156,20 +156,11 @@ def _failed(
                        patch_type=None if patch is None else PATCH_TYPE.value, error=error, detail=detail)
 
 
-def _overlay(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
-    merged = dict(base)
-    for key, value in top.items():
-        old = merged.get(key)
-        merged[key] = _overlay(old, value) if isinstance(old, Mapping) and isinstance(value, Mapping) else value
-    return merged
-
-
 def actuated_settings(bench: BenchScenario, *, state_dir: Path) -> Settings:
     """The advisor's settings for `bench` (as the plain advisor's) plus an actuation section in mode kubernetes on
     the benchmark target, with the audit log and acceptance memory in `state_dir`. The gate's numbers are the
     settings' defaults (what an operator gets) unless the scenario's advisor settings set them. Raises
     SettingsError on bad settings."""
-    section = bench.bench
     ours = {
         "actuation": {
             "mode": "kubernetes",
@@ -178,17 +169,7 @@ def actuated_settings(bench: BenchScenario, *, state_dir: Path) -> Settings:
             "write_endpoints": False,  # nothing serves HTTP here; and a token would be needed for them
         }
     }
-    return advisor_settings(
-        model_name=bench.scenario.model_name,
-        hardware=section.advisor.hardware,
-        model_profile=section.advisor.model_profile,
-        drafter_method=section.advisor.drafter_method or bench.scenario.drafter.method,
-        draft_model_profile=section.advisor.draft_model_profile,
-        interval_s=section.decision_interval_s,
-        itl_slo_s=section.itl_slo_s,
-        change_cost_s=bench.scenario.engine.restart_delay_s,  # as the plain advisor's: the operator's rollout time
-        extra=_overlay(section.advisor.settings, ours),
-    )
+    return bench_advisor_settings(bench, extra=ours)
 
 
 class ActuatedAdvisorController:

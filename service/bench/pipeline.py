@@ -17,8 +17,10 @@ from typing import Any
 import httpx
 
 from service.app import advisor_loop, build_sidecar, target_specs
+from service.bench.spec import BenchScenario
 from service.loop import AdvisorLoop
 from service.settings import Settings, load_settings
+from service.sim.scenario import Scenario
 from service.sim.world import EngineUnavailableError, World
 from service.sources.gpu import NoGpuSource
 
@@ -98,6 +100,33 @@ def advisor_settings(
     # tick and the SLO are the benchmark's and go on top.
     known = {"decide": {"change_cost_s": change_cost_s}}
     return load_settings(None, overrides=_merge(_merge(known, extra), ours))
+
+
+def change_cost_s(scenario: Scenario) -> float:
+    """The seconds of full service one change of k interrupts in this world, as its operator would know it.
+
+    restart: nothing is served for restart_delay_s. rolling: each of the N replicas is down for restart_delay_s in
+    turn, 1/N of the capacity each time: N x restart_delay_s x 1/N = restart_delay_s of full service, the same
+    number (an upper bound: at light load the other replicas absorb the share). Example: restart_delay_s 20 -> 20.
+    """
+    return scenario.engine.restart_delay_s
+
+
+def bench_advisor_settings(bench: BenchScenario, *, extra: Mapping[str, Any] | None = None) -> Settings:
+    """The advisor's settings for one benchmark scenario (its advisor section, tick, SLO and restart cost), with
+    `extra` laid over the scenario's own advisor settings. Raises SettingsError."""
+    section = bench.bench
+    return advisor_settings(
+        model_name=bench.scenario.model_name,
+        hardware=section.advisor.hardware,
+        model_profile=section.advisor.model_profile,
+        drafter_method=section.advisor.drafter_method or bench.scenario.drafter.method,
+        draft_model_profile=section.advisor.draft_model_profile,
+        interval_s=section.decision_interval_s,
+        itl_slo_s=section.itl_slo_s,
+        extra=_merge(section.advisor.settings, extra or {}),
+        change_cost_s=change_cost_s(bench.scenario),
+    )
 
 
 class AdvisorController:

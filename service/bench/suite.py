@@ -15,12 +15,11 @@ from service.bench.actuated import ACTUATED_ADVISOR, actuated_advisor_policy
 from service.bench.checks import QualityChecks, crossing_lags, flaps, steady_changes, steady_ticks
 from service.bench.controllers import Controller
 from service.bench.oracle import Oracle
-from service.bench.pipeline import AdvisorController, SimClock, advisor_settings
+from service.bench.pipeline import AdvisorController, SimClock, bench_advisor_settings
 from service.bench.runner import EPOCH_S, ControllerFactory, PolicySpec, RunResult, run_policy
 from service.bench.spec import BenchScenario
 from service.settings import Settings
 from service.sim.physics import acceptance_at, arrival_rate_at
-from service.sim.scenario import Scenario
 from service.sim.world import World
 
 ADVISOR = "advisor"
@@ -79,29 +78,8 @@ def best_of(runs: Sequence[RunResult], itl_slo_s: float | None) -> RunResult:
     return min(close, key=lambda r: r.metrics.mean_itl_s if r.metrics.mean_itl_s is not None else float("inf"))
 
 
-def change_cost_s(scenario: Scenario) -> float:
-    """The seconds of full service one change of k interrupts in this world, as its operator would know it.
-
-    restart: nothing is served for restart_delay_s. rolling: each of the N replicas is down for restart_delay_s in
-    turn, 1/N of the capacity each time: N x restart_delay_s x 1/N = restart_delay_s of full service, the same
-    number (an upper bound: at light load the other replicas absorb the share). Example: restart_delay_s 20 -> 20.
-    """
-    return scenario.engine.restart_delay_s
-
-
 def _advisor_factory(bench: BenchScenario) -> tuple[ControllerFactory, Settings]:
-    section = bench.bench
-    settings = advisor_settings(
-        model_name=bench.scenario.model_name,
-        hardware=section.advisor.hardware,
-        model_profile=section.advisor.model_profile,
-        drafter_method=section.advisor.drafter_method or bench.scenario.drafter.method,
-        draft_model_profile=section.advisor.draft_model_profile,
-        interval_s=section.decision_interval_s,
-        itl_slo_s=section.itl_slo_s,
-        extra=section.advisor.settings,
-        change_cost_s=change_cost_s(bench.scenario),
-    )
+    settings = bench_advisor_settings(bench)
 
     @contextlib.asynccontextmanager
     async def factory(world: World, start_s: float) -> AsyncIterator[Controller]:
