@@ -34,7 +34,12 @@ the caller's `now_s`. It is built from the helpers in `hysteresis.py`:
 
    (off: S = 1). gain is the relative improvement of the objective's rate (per-sequence speed, server
    throughput or SLO goodput, whichever `objectives.py` chose: the curve is in its units), so gain x horizon is
-   the seconds of service at the current rate the change wins back over the horizon. The same rule prices
+   the seconds of service at the current rate the change wins back over the horizon. Under an SLO the gain is
+   counted per delivered token, the unit the cost is in: gain = (S(new) / S(current) - 1) x share(current),
+   share = the current option's share of tokens meeting the SLO (`CurvePoint.slo_share`), i.e. the tokens the
+   change moves across the SLO over the tokens served now. A ratio of SLO goodputs alone is blind to how few
+   tokens are at stake: with 1% of tokens meeting the SLO either way, 1% -> 2% is a "100% gain" worth 1% of
+   the service, not a whole horizon of it. The same rule prices
    latency-driven changes (no queue, no SLO): a 10% faster token stream for 600 s is 60 s of decoding time
    saved per sequence against a 20 s stall, so a large latency gain is still taken, a 2% one is not. A change
    held back by its cost keeps what runs, and the reason says so.
@@ -439,16 +444,18 @@ def inflight_work_s(evidence: Evidence) -> float:
 
 
 def _relative_gain(curve: Sequence[CurvePoint], current: _Key, candidate: _Key) -> float | None:
-    def speed(key: _Key) -> float | None:
+    def at(key: _Key) -> tuple[float, float | None] | None:
+        point = point_at(curve, key[1] if key[0] else 0)
         if not key[0]:
-            return 1.0  # plain decoding is the curve's unit
-        point = point_at(curve, key[1])
-        return point.speedup if point is not None else None
+            return 1.0, point.slo_share if point is not None else None  # plain decoding is the curve's unit
+        return (point.speedup, point.slo_share) if point is not None else None
 
-    now, new = speed(current), speed(candidate)
-    if now is None or new is None or now <= 0:
+    now, new = at(current), at(candidate)
+    if now is None or new is None or now[0] <= 0:
         return None
-    return new / now - 1.0
+    gain = new[0] / now[0] - 1.0
+    # SLO goodput: per delivered token, not per token now meeting the SLO (rule 4).
+    return gain * now[1] if now[1] is not None else gain
 
 
 def reachable_gamma_limit(*, current_gamma: int, measured_k: int, gamma_max: int) -> int:

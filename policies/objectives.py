@@ -15,18 +15,31 @@ Three objectives (DESIGN.md section 4), chosen per tick from the evidence:
   k = 3 deployed, 20 waiting: capacity 64 x 264 / 1.0 = 16896 tokens; gamma 0 holds min(84, 16896 / 261) =
   64.7 sequences, gamma 3 holds 64.0 -> if S(3) at B=64 is 1.50, S_cap(3) ~ 1.50 x 64.0 / 64.7 = 1.48.
 - goodput_slo (an inter-token-latency SLO is configured): tokens/s of requests meeting it. Each option's mean
-  inter-token latency is ITL(gamma) = T(B(gamma), gamma) / E[L](gamma); per-request ITLs spread around that mean,
-  so the share meeting the SLO is taken as the soft indicator min(1, (SLO / ITL)^p), p = `slo_sharpness` (4: a
-  mean 10% over the SLO keeps (1/1.1)^4 = 68% of its tokens, 25% over keeps 41%):
-      goodput(gamma) = delivered(gamma) x min(1, (SLO / ITL(gamma))^p),   S_slo = goodput(gamma) / goodput(0)
+  inter-token latency is ITL(gamma) = T(B(gamma), gamma) / E[L](gamma); a request's own mean ITL spreads around
+  that mean, and the share of requests meeting the SLO is taken as a log-normal CDF with log-spread sigma =
+  `slo_itl_spread` (0.10), floored at `slo_share_floor` (1%):
+      share(gamma) = max(floor, Phi(ln(SLO / ITL(gamma)) / sigma))
+      goodput(gamma) = delivered(gamma) x share(gamma),   S_slo = goodput(gamma) / goodput(0)
+  Why 0.10: with the batch shared, every request in a step sees the same step time; what sets one request apart
+  is its own acceptance (E[L] varies by about +-10% between requests of one workload when the per-request
+  acceptance rate varies by +-0.05 around 0.7 at k = 3: E[L] = (1 - a^4) / (1 - a) goes 2.53 -> 2.36..2.70) and
+  the load changing during its life. A power law (SLO / ITL)^4 was used before: it credits an option 37% over
+  the SLO with 28% of its tokens meeting it, where a spread of 10% gives 0.07%, and it made an advisor switch
+  speculation off on a server where neither option met the SLO at all (both "shares" looked like 0.28 vs 0.14,
+  a 2x "gain" in tokens nobody could count), which blinded it to the acceptance it could no longer measure.
+  The floor says that some requests always meet an SLO (very short ones, idle moments): without it S_slo is a
+  ratio of two vanishing numbers (1e-6 / 1e-9), meaningless and unreadable on a dashboard; with it S_slo stays in
+  [0.01, 100]. `slo_share` on each point is share(gamma): decide weighs a change by the tokens it moves across
+  the SLO per delivered token (rule 4), not by a ratio of shares.
   Delivered tokens/s: when capacity-bound, the throughput B(gamma) E[L] / T (B(gamma) from the capacity rule);
   when latency-bound the server already delivers everything asked of it, the same for every option, so
       S_slo = share(gamma) / share(0)          (latency-bound)
   and speed beyond the SLO earns nothing: a faster token stream is not more tokens meeting the SLO, and counting
   it (as throughput at the current B) made the advisor restart a server whose every option met the SLO for a
   "7.6% gain" that delivered nothing (always-worth-it, eagle3, draft-model in the decision benchmark). Example:
-  SLO 8 ms, off at 11 ms: share(0) = (8/11)^4 = 0.28; gamma 2 at 5.3 ms and gamma 3 at 4.7 ms both have share 1:
-  S(2) = S(3) = 1 / 0.28 = 3.57, so decide's minimum-change rule keeps whichever runs. Chunked prefill stretches every
+  SLO 8 ms, off at 11 ms: share(0) = max(0.01, Phi(ln(8/11) / 0.1) = Phi(-3.18) = 0.0007) = 0.01; gamma 2 at
+  5.3 ms (Phi(4.12) = 0.99998) and gamma 3 at 4.7 ms (Phi(5.32) = 1.0): S(2) = 99.998, S(3) = 100.0, so decide's
+  minimum-change rule keeps whichever runs. Chunked prefill stretches every
   step by 1 / (1 - rho), rho = the share of the current step spent on prompt tokens, priced by the model as
   1 - T(B, 1, P = 0) / T(B, 1, P) (policies/costmodel.py: prompt load is a rate, the same for every gamma); the
   ITL above uses the stretched step. The throughput ratios are unaffected (the factor cancels).
@@ -37,7 +50,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from policies.acceptance import AcceptancePoint
@@ -57,21 +70,25 @@ class Objective(StrEnum):
 @dataclass(frozen=True, slots=True)
 class ObjectiveConfig:
     """`itl_slo_s` (s, > 0, or None = no SLO): mean inter-token latency target. `kv_full_ratio` (0..1]: KV usage
-    counted as full. `waiting_threshold` (requests, >= 0): mean queue length counted as a queue. `slo_sharpness`
-    (> 0): p of the soft SLO indicator (module docstring)."""
+    counted as full. `waiting_threshold` (requests, >= 0): mean queue length counted as a queue.
+    `slo_itl_spread` (> 0): log-spread of per-request mean ITLs; `slo_share_floor` (0..1): the least share of
+    requests counted as meeting the SLO (module docstring)."""
 
     itl_slo_s: float | None = None
     kv_full_ratio: float = 0.90
     waiting_threshold: float = 0.5
-    slo_sharpness: float = 4.0
+    slo_itl_spread: float = 0.10
+    slo_share_floor: float = 0.01
 
     def __post_init__(self) -> None:
         if self.itl_slo_s is not None and not (math.isfinite(self.itl_slo_s) and self.itl_slo_s > 0):
             raise ValueError(f"itl_slo_s must be a positive number of seconds, got {self.itl_slo_s}")
         if not 0 < self.kv_full_ratio <= 1:
             raise ValueError(f"kv_full_ratio must be in (0, 1], got {self.kv_full_ratio}")
-        if self.waiting_threshold < 0 or self.slo_sharpness <= 0:
-            raise ValueError("waiting_threshold must be >= 0 and slo_sharpness > 0")
+        if self.waiting_threshold < 0 or not self.slo_itl_spread > 0:
+            raise ValueError("waiting_threshold must be >= 0 and slo_itl_spread > 0")
+        if not 0 < self.slo_share_floor < 1:
+            raise ValueError(f"slo_share_floor must be in (0, 1), got {self.slo_share_floor}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,8 +210,9 @@ def objective_curve(
         if b not in cache:
             cache[b] = at(b)[0]
         point = cache[b][acc.gamma]
+        slo = objective is Objective.GOODPUT_SLO
         if acc.gamma == 0:
-            points.append(point)
+            points.append(replace(point, slo_share=_slo_share(base_step * stretch, 1.0, config)) if slo else point)
             continue
 
         def ratio(length: float, step: float = point.step_time_s, batch: float = b) -> float:
@@ -213,14 +231,25 @@ def objective_curve(
                 step_time_s=point.step_time_s,
                 extrapolated=acc.extrapolated,
                 extrapolated_share=acc.extrapolated_share,
+                slo_share=_slo_share(point.step_time_s * stretch, acc.expected_length, config) if slo else None,
             )
         )
     return tuple(points), objective, why
 
 
-def _slo_share(step_s: float, length: float, config: ObjectiveConfig) -> float:
+def slo_share(itl_s: float, config: ObjectiveConfig) -> float:
+    """Share (floor..1) of requests whose own mean inter-token latency meets the SLO when the mean is `itl_s`
+    (s, > 0): max(floor, Phi(ln(SLO / ITL) / sigma)) (module docstring); 1.0 without an SLO.
+
+    Example: SLO 8 ms, sigma 0.10: ITL 8 ms -> 0.5; 7.2 ms -> Phi(1.05) = 0.853; 11 ms -> the floor 0.01.
+    """
     if config.itl_slo_s is None:
         return 1.0
-    itl = step_s / max(length, 1.0)
-    share: float = (config.itl_slo_s / itl) ** config.slo_sharpness
-    return min(1.0, share)
+    if not (math.isfinite(itl_s) and itl_s > 0):
+        return config.slo_share_floor
+    z = math.log(config.itl_slo_s / itl_s) / config.slo_itl_spread
+    return max(config.slo_share_floor, 0.5 * (1.0 + math.erf(z / math.sqrt(2.0))))
+
+
+def _slo_share(step_s: float, length: float, config: ObjectiveConfig) -> float:
+    return slo_share(step_s / max(length, 1.0), config)

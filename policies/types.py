@@ -193,6 +193,8 @@ class CurvePoint:
     `extrapolated` says the point rests on acceptance positions that were not measured;
     `extrapolated_share` (0..1) is how much of `expected_accepted_length` comes from them (all of E[L] - 1 when
     the acceptance is a prior: nothing was measured), so 0.0 means fully measured.
+    `slo_share` (0..1, or None when no ITL SLO is configured) is the share of this option's delivered tokens
+    predicted to meet the SLO (policies/objectives.py); the speedup is then in SLO goodput.
     """
 
     gamma: int
@@ -203,6 +205,7 @@ class CurvePoint:
     step_time_s: float
     extrapolated: bool = False
     extrapolated_share: float = 0.0
+    slo_share: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -62,6 +62,11 @@ class CurvePointOut(BaseModel):
         description="Share (0..1) of the expected accepted length resting on acceptance positions that were not "
         "measured (beyond the deployed k, or a prior); 0 = fully measured."
     )
+    slo_share: float | None = Field(
+        default=None,
+        description="Under an ITL SLO (decide.itl_slo_s): the share (0.01..1) of this option's tokens predicted to "
+        "meet it; the speedup is then in SLO goodput. null without an SLO.",
+    )
 
 
 _UNTIL_SCRAPED = "null until the target's first good scrape"
@@ -364,6 +369,7 @@ def _point(point: CurvePoint) -> CurvePointOut:
         speedup_high=point.speedup_high,
         extrapolated=point.extrapolated,
         extrapolated_share=point.extrapolated_share,
+        slo_share=point.slo_share,
     )
 
 

@@ -88,8 +88,9 @@ def test_recommendation_contract() -> None:
         datetime.fromisoformat(rec["evaluated_at"].replace("Z", "+00:00"))
         assert [point["gamma"] for point in rec["curve"]] == list(range(9))  # gamma_max 8
         assert set(rec["curve"][0]) == {
-            "gamma", "speedup", "speedup_low", "speedup_high", "extrapolated", "extrapolated_share"
+            "gamma", "speedup", "speedup_low", "speedup_high", "extrapolated", "extrapolated_share", "slo_share"
         }
+        assert all(point["slo_share"] is None for point in rec["curve"])  # no ITL SLO configured
         assert rec["curve"][0]["speedup"] == 1.0  # gamma 0 is plain decoding
         # Deployed k = 3 measures positions 1..3: gamma <= 3 rests on them alone, deeper gammas partly extrapolate.
         assert all(point["extrapolated_share"] == 0.0 for point in rec["curve"][:4])

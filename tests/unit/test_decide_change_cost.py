@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from policies.advise import probe_for
-from policies.decide import DecideConfig, change_cost_of, change_pays, inflight_work_s
+from policies.decide import DecideConfig, DecideState, change_cost_of, change_pays, decide, inflight_work_s
 from policies.types import CurvePoint, Evidence, TargetState
 
 
@@ -88,3 +88,35 @@ def test_no_probe_when_even_the_prior_says_speculation_loses() -> None:
     below = _curve(0.9, 0.95)
     assert probe_for(age_s=1e5, gamma=1, remembered=below, prior=below, inflight_s=0.0, config=config,
                      half_life_s=1800.0) is None
+
+
+def _slo_curve(s3: float, share0: float, share3: float) -> tuple[CurvePoint, ...]:
+    # An SLO-goodput curve: gamma 0 is the unit, gamma 3 at s3; each point carries its share meeting the SLO.
+    points = []
+    for g in range(4):
+        s = 1.0 if g == 0 else (s3 if g == 3 else 0.5 * s3)
+        share = share0 if g == 0 else (share3 if g == 3 else share3 / 2)
+        points.append(CurvePoint(gamma=g, speedup=s, speedup_low=s, speedup_high=s, expected_accepted_length=1.0,
+                                 step_time_s=0.01, slo_share=share))
+    return tuple(points)
+
+
+def _decide_on_k3(curve: tuple[CurvePoint, ...]) -> tuple[bool, str]:
+    # Published on at k=3 (the first decision adopts the deployment), then a dwell later: is off published?
+    config = DecideConfig(change_cost_s=20.0, payback_horizon_s=600.0)
+    first, state = decide(_evidence(), curve, config, DecideState(), 1000.0)
+    assert first.enabled and first.num_speculative_tokens == 3
+    _, state = decide(_evidence(), curve, config, state, 1005.0)
+    decision, _ = decide(_evidence(), curve, config, state, 1005.0 + config.dwell_s + 5.0)
+    return decision.enabled, decision.reason
+
+
+def test_slo_gain_is_counted_per_delivered_token_not_as_a_ratio_of_tiny_shares() -> None:
+    # Neither option meets the SLO: 2% of tokens off vs 1% on. Off "doubles SLO goodput" (S(3) = 0.5), but it
+    # moves 1% of the served tokens across the SLO: 0.01 x 600 s = 6 s < 20 s + in-flight: keep running (and
+    # keep measuring the acceptance, which turning off would blind).
+    enabled, reason = _decide_on_k3(_slo_curve(s3=0.5, share0=0.02, share3=0.01))
+    assert enabled and "change cost" in reason
+    # Off meets the SLO for 60% of tokens where k=3 meets it for 30%: 30% of the service, 180 s > the cost.
+    enabled, _ = _decide_on_k3(_slo_curve(s3=0.5, share0=0.6, share3=0.3))
+    assert not enabled

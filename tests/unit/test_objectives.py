@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import math
+from statistics import NormalDist
+
 import pytest
 from costmodel_builders import make_context, make_evidence
 
@@ -14,6 +17,7 @@ from policies.objectives import (
     choose_objective,
     held_batch,
     objective_curve,
+    slo_share,
     workload_from,
 )
 from policies.types import DraftMethod
@@ -81,13 +85,29 @@ def test_goodput_under_an_itl_slo() -> None:
     curve, objective, _ = objective_curve(ctx, ACCEPTANCE, workload, config=ObjectiveConfig(itl_slo_s=slo))
     assert objective is Objective.GOODPUT_SLO
     # No queue: the server delivers the offered load whatever gamma runs, so goodput differs only by the share
-    # meeting the SLO: share(0) = (SLO / T0)^4 (plain misses it), share(3) = 1 (gamma 3 meets it): ratio
-    # 1 / (SLO / T0)^4.
-    share_plain = (slo / plain_step) ** 4
-    assert curve[3].speedup == pytest.approx(1.0 / share_plain)
+    # meeting the SLO, a log-normal CDF of per-request ITLs with a 10% spread, floored at 1%.
+    def share(itl: float) -> float:
+        return max(0.01, NormalDist().cdf(math.log(slo / itl) / 0.10))
+
+    share_plain, share_spec = share(plain_step), share(spec_itl)
+    assert curve[3].speedup == pytest.approx(share_spec / share_plain)
+    assert curve[3].slo_share == pytest.approx(share_spec) and curve[0].slo_share == pytest.approx(share_plain)
     # A loose SLO that everything meets: no option delivers more tokens meeting it, speed beyond it earns nothing.
     loose, _, _ = objective_curve(ctx, ACCEPTANCE, workload, config=ObjectiveConfig(itl_slo_s=1.0))
     assert all(p.speedup == pytest.approx(1.0) for p in loose)
+
+
+def test_slo_share_is_a_floored_log_normal_cdf() -> None:
+    config = ObjectiveConfig(itl_slo_s=0.008)
+    assert slo_share(0.008, config) == pytest.approx(0.5)
+    # 10% spread: a mean 10% under the SLO keeps Phi(ln(1/0.9) / 0.1) = Phi(1.054) = 85.4% of requests under it.
+    assert slo_share(0.0072, config) == pytest.approx(0.854, abs=0.001)
+    # Far over the SLO: the floor, not a vanishing number (a ratio of two of those would mean nothing).
+    assert slo_share(0.011, config) == 0.01 and slo_share(math.inf, config) == 0.01
+    assert slo_share(0.004, config) == pytest.approx(1.0)
+    assert slo_share(0.5, ObjectiveConfig()) == 1.0  # no SLO: everything counts
+    with pytest.raises(ValueError, match="slo_share_floor"):
+        ObjectiveConfig(slo_share_floor=0.0)
 
 
 def test_goodput_under_an_itl_slo_while_capacity_bound_counts_throughput() -> None:
