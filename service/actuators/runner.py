@@ -232,12 +232,6 @@ class ActuationRunner:
         reason = "override" if plan.via_override else "recommendation"
         result = await self._act(runtime, plan, observation, status=status, reason=reason, now_s=now_s)
         label = _result_label(result)
-        runtime.actions[label] = runtime.actions.get(label, 0) + 1
-        runtime.last_result = label
-        if result.error is not None:
-            runtime.errors[result.error.value] = runtime.errors.get(result.error.value, 0) + 1
-        self.version += 1
-        self._throttle.reset(runtime.target)
         self._log.log(
             logging.WARNING if result.error is not None else logging.INFO,
             "actuation " + label,
@@ -246,10 +240,18 @@ class ActuationRunner:
                          detail=result.detail),
         )
         detail = plan.detail if not result.detail else f"{plan.detail}; {result.detail}".strip("; ")
+        # The record first, the counters after: a reader of /v1/actions that sees the count also sees the record
+        # (the write awaits a thread, and GET /v1/actions is served meanwhile).
         await self._write(self._record(
             runtime, "action", now_s, status=status, observation=observation, desired=plan.desired, reason=reason,
             detail=detail, result=label, apply=result,
         ))
+        runtime.actions[label] = runtime.actions.get(label, 0) + 1
+        runtime.last_result = label
+        if result.error is not None:
+            runtime.errors[result.error.value] = runtime.errors.get(result.error.value, 0) + 1
+        self.version += 1
+        self._throttle.reset(runtime.target)
 
     async def _act(
         self,
