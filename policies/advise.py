@@ -19,9 +19,12 @@ from policies.decide import (
     decide,
     inflight_work_s,
     point_at,
+    queued_work_s,
 )
 from policies.memory import AcceptanceMemory, MemoryConfig, Recall, recall, remember
-from policies.objectives import ObjectiveConfig, Workload, objective_curve, workload_from
+from policies.objectives import ObjectiveConfig, Workload, choose_objective, objective_curve, workload_from
+from policies.plan import PlanState, plan_curve, planned_rate, queue_weight
+from policies.plan import observe as observe_plan
 from policies.types import CurvePoint, Decision, Evidence, TargetState
 
 
@@ -62,6 +65,7 @@ class Advice:
     calibration: CalibrationFit | None
     memory: AcceptanceMemory = field(default_factory=AcceptanceMemory)
     recalled: Recall | None = None
+    plan: PlanState = field(default_factory=PlanState)
 
 
 def advise_target(
@@ -76,6 +80,7 @@ def advise_target(
     objective_config: ObjectiveConfig | None = None,
     memory: AcceptanceMemory | None = None,
     memory_config: MemoryConfig | None = None,
+    plan: PlanState | None = None,
 ) -> Advice:
     """The full pipeline for one target at `now_s` (Unix seconds): add the evidence's step time to the online
     calibration (policies/calibrate.py) and refit; price S(gamma), gamma = 0..gamma_max, with the fitted scales in
@@ -86,6 +91,11 @@ def advise_target(
     As in `advise`, a curve is built only from ok evidence with a cost model; otherwise the curve is empty and
     `decide` holds the last recommendation (the calibration still learns from insufficient_data windows, whose
     step times are valid).
+
+    Planning (policies/plan.py): when a change costs a restart (`decide_config.change_cost_s` > 0), each ok tick's
+    curve is added to the plan (`plan`, carried in `Advice.plan`), decide chooses and weighs changes on the plan's
+    curve (the recent load's mix, in tokens/s) with the restart priced at today's rate, and the queue a restart
+    would error is added to its cost as far as the server would have served it (`plan.queue_weight`).
 
     Acceptance memory (policies/memory.py): ok evidence measured while speculating is remembered per model
     (`Advice.memory` is the memory to carry on). When nothing usable is measured (speculation off, or on with too
@@ -145,8 +155,32 @@ def advise_target(
             config=decide_config,
             half_life_s=memory_config.half_life_s,
         )
+    plan_state = plan or PlanState()
+    planned: tuple[CurvePoint, ...] | None = None
+    cost_scale = 1.0
+    if decide_config.change_cost_s > 0 and workload is not None and curve:
+        # A change costs a restart: weigh it over the recent load, not this window alone (policies/plan.py).
+        running = evidence.deployed_k if evidence.speculation_on else 0
+        here = point_at(curve, running)
+        share = here.slo_share if here is not None and here.slo_share is not None else 1.0
+        rate = evidence.generation_tokens_per_s
+        value_rate = rate * share if rate is not None else None
+        plan_state = observe_plan(
+            plan_state, curve, running_gamma=running, value_rate=value_rate,
+            capacity_bound=choose_objective(workload, objective_config)[1], now_s=now_s,
+            tau_s=decide_config.payback_horizon_s,
+        )
+        planned = plan_curve(plan_state, curve)
+        planned_here = planned_rate(plan_state, running)
+        if planned is not None and value_rate is not None and planned_here is not None and planned_here > 0:
+            cost_scale = value_rate / planned_here
+        else:
+            planned = None
+        # The queue a restart errors counts as far as the server would have caught up with it (plan.queue_weight).
+        inflight_s += queue_weight(plan_state) * queued_work_s(evidence)
     decision, decide_state = decide(
-        evidence, curve, decide_config, decide_state, now_s, probe=probe, measured=measured, inflight_s=inflight_s
+        evidence, curve, decide_config, decide_state, now_s, probe=probe, measured=measured, inflight_s=inflight_s,
+        plan=planned, cost_scale=cost_scale,
     )
     error = fit.error_ratio if fit is not None else None
     notes: list[str] = []
@@ -167,6 +201,7 @@ def advise_target(
         calibration=fit,
         memory=memory,
         recalled=recalled if recalled is not None and recalled.usable else None,
+        plan=plan_state,
     )
 
 

@@ -26,9 +26,13 @@ the caller's `now_s`. It is built from the helpers in `hysteresis.py`:
      and the prompt/generation token-rate ratio rho = P / O (`inflight_work_s`): O = c / (rho + 1/2). In
      full-service seconds: B sequences x O/2 tokens / G tokens/s = O/2 x B / G.
 
-   Queued requests are not in the cost: they lose no computed work (a restart may drop them, and their clients
-   resend), and a queue is not a reason to keep running the slower setting: when requests queue the server is
-   the bottleneck, which is exactly when a faster setting pays most. The change is recommended only when
+   The queue: queued requests lose no computed work, but a restart errors them, and in a transient overload they
+   are service the server would have delivered once the load fell (the decision benchmark's load-shift dropped
+   830 queued requests 90 s before its heavy phase ended). `advise_target` adds their output
+   (`queued_work_s`, W x O / G) weighted by the chance the server would have caught up with them, one minus the
+   recent share of capacity-bound time (policies/plan.py `queue_weight`): 0 in a persistent overload, where
+   the queue a restart drops is replaced within seconds and a faster setting pays most. The caller passes that
+   in `inflight_s`; called alone, decide counts the running requests only. The change is recommended only when
 
        gain x payback_horizon_s > change_cost_s + in-flight work (s)        gain = S(new) / S(current) - 1
 
@@ -48,6 +52,10 @@ the caller's `now_s`. It is built from the helpers in `hysteresis.py`:
    22.56 s. Moving S 1.40 -> 1.45 gains 3.6% x 600 = 21.4 s: held back; 1.40 -> 1.48 gains 5.7% x 600 = 34 s:
    recommended. change_cost_s = 0 (an engine that adapts per batch, no restart) switches the rule off, the
    in-flight term with it.
+   Planned (`plan` given, policies/plan.py): rules 1-4 and the dwell's gamma rule run on the plan's curve (the
+   recent load's mix in tokens/s) instead of this window's, and the cost is scaled to the plan's units by
+   `cost_scale` (today's value rate over the planned one), so a restart made while the load is light costs
+   what it drops then; the published speedups stay this window's.
 5. Probe: while off on a remembered profile, `advise.probe_for` may ask to switch on to re-measure (the only way
    to see acceptance again); the probe is the candidate. It is published at once when the last published
    change is at least a dwell old (else it waits out the rest of the dwell like any change): the dwell filters
@@ -188,6 +196,8 @@ def decide(
     probe: Probe | None = None,
     measured: bool | None = None,
     inflight_s: float | None = None,
+    plan: Sequence[CurvePoint] | None = None,
+    cost_scale: float = 1.0,
 ) -> tuple[Decision, DecideState]:
     """One decision tick: returns the Decision to publish and the state to pass to the next tick.
 
@@ -197,7 +207,10 @@ def decide(
     it. `measured` says this tick's acceptance was measured live while speculating (None: read from the
     evidence, ok + speculating + acceptance present; `advise_target` passes False when a remembered profile
     stood in for a thin window); it releases a held probe (rule 5). `inflight_s` (s, >= 0) is the in-flight work
-    a restart loses (rule 4; None: `inflight_work_s(evidence)`).
+    a restart loses (rule 4; None: `inflight_work_s(evidence)`). `plan` (policies/plan.py), when given, is the
+    curve the rules choose and weigh changes on (the recent load's mix, same gammas as `curve`); `curve` stays
+    what is published (this window's speedups); `cost_scale` (> 0) converts the restart's cost into the plan's
+    units (today's value rate over the planned one).
 
     Example (margin 0.05, dwell 120 s, min gamma gain 0.02): published off, S(3)=1.42 [1.31..1.55] is the best
     point. 1.31 >= 1.05, so (on, 3) becomes the pending change at t=1000; ticks at t=1040 keep publishing off
@@ -207,7 +220,8 @@ def decide(
     """
     if evidence.state is not TargetState.OK:
         return _hold(evidence, curve, state, now_s, kind=evidence.state, why=_why_not_ok(evidence))
-    star = best_point(curve, config.gamma_max)
+    choose = plan if plan else curve
+    star = best_point(choose, config.gamma_max)
     if star is None:
         why = f"no predicted speedup for any gamma in 1..{config.gamma_max} (curve has {len(curve)} points)"
         return _hold(evidence, curve, state, now_s, kind=TargetState.ERROR, why=why)
@@ -224,7 +238,9 @@ def decide(
         prefix = f"first decision, baseline is the current deployment ({_describe(base)}); "
 
     current = _key(published)
-    candidate, head = _candidate(current, star, curve, evidence, config)
+    candidate, head = _candidate(current, star, choose, evidence, config)
+    if plan:
+        head = f"planned over the recent load: {head}"
     held, probe_since, probe_after, probe_note = _probe_hold(state, current, measured=measured, config=config,
                                                              now_s=now_s)
     head += probe_note
@@ -241,19 +257,22 @@ def decide(
             head += f"; probing: {probe.why}"
             probing = True
     elif candidate != current:
+        scale = cost_scale if math.isfinite(cost_scale) and cost_scale > 0 else 1.0
         pays, cost_note = change_pays(
-            gain=_relative_gain(curve, current, candidate),
-            change_cost_s=config.change_cost_s,
-            inflight_s=inflight_s,
+            gain=_relative_gain(choose, current, candidate),
+            change_cost_s=config.change_cost_s * scale,
+            inflight_s=inflight_s * scale,
             payback_horizon_s=config.payback_horizon_s,
         )
+        if plan and cost_note:
+            cost_note += f" (today's cost x {scale:.2f}, today's rate over the planned one)"
         if not pays:
             head += f"; {_describe(candidate)} held back by its cost: {cost_note}, keeps {_describe(current)}"
             candidate = current
         elif cost_note:
             head += f"; pays for its cost: {cost_note}"
     pending = _pending(state)
-    candidate, continues, note = _against_pending(candidate, pending, current, curve, config)
+    candidate, continues, note = _against_pending(candidate, pending, current, choose, config)
     head += note
     dwell_s = config.dwell_s
     last_change_s = published.changed_at_s
@@ -441,6 +460,21 @@ def inflight_work_s(evidence: Evidence) -> float:
     rho = p / g if p is not None and math.isfinite(p) and p > 0 else 0.0
     output_tokens = c / (rho + 0.5)
     return output_tokens / 2.0 * b / g
+
+
+def queued_work_s(evidence: Evidence) -> float:
+    """Seconds of full service the queued requests represent: W requests x O output tokens / G tokens/s (O as in
+    `inflight_work_s`). A restart errors them; how much of that is lost service is the caller's weighing
+    (policies/plan.py `queue_weight`). Returns 0.0 when W, G or c is missing or not positive.
+
+    Example: W 64, G 1600 tokens/s, prompt rate 3200 (rho 2), c 640: O = 256, 64 x 256 / 1600 = 10.24 s.
+    """
+    w, g, c = evidence.waiting, evidence.generation_tokens_per_s, evidence.context_tokens_per_seq
+    if g is None or c is None or not all(math.isfinite(x) and x > 0 for x in (w, g, c)):
+        return 0.0
+    p = evidence.prompt_tokens_per_s
+    rho = p / g if p is not None and math.isfinite(p) and p > 0 else 0.0
+    return w * c / (rho + 0.5) / g
 
 
 def _relative_gain(curve: Sequence[CurvePoint], current: _Key, candidate: _Key) -> float | None:

@@ -26,6 +26,7 @@ from policies.decide import DecideConfig, DecideState
 from policies.estimate import EstimatorConfig, EstimatorState, estimate, observe
 from policies.memory import AcceptanceMemory, MemoryConfig
 from policies.objectives import ObjectiveConfig
+from policies.plan import PlanState
 from policies.types import Decision, EngineSnapshot, Evidence, GpuSnapshot, TargetState
 from service.board import Board
 from service.logs import fields, get_logger
@@ -99,6 +100,7 @@ class _TargetRuntime:
     context_key: tuple[str, str | None] | None = None  # (served model, GPU device name) it was resolved for
     context_error: str | None = None
     memory: AcceptanceMemory = field(default_factory=AcceptanceMemory)
+    plan: PlanState = field(default_factory=PlanState)
 
 
 # What makes a memory change worth saving at once: per target, the models it remembers, each profile's k and
@@ -288,10 +290,12 @@ class AdvisorLoop:
             objective_config=self._objective_config,
             memory=runtime.memory,
             memory_config=self._memory_config,
+            plan=runtime.plan,
         )
         decision, runtime.decide_state = advice.decision, advice.decide_state
         runtime.calibration_state = advice.calibration_state
         runtime.memory = advice.memory
+        runtime.plan = advice.plan
         self._board.timings.observe("advise", self._timer() - started)
 
         started = self._timer()
@@ -352,6 +356,7 @@ class AdvisorLoop:
             return runtime.context
         # A new model or GPU invalidates the fitted efficiencies: they belonged to the old profiles.
         runtime.calibration_state = CalibrationState()
+        runtime.plan = PlanState()  # its values were priced with the old profiles too
         try:
             runtime.context = runtime.spec.resolve_context(model, gpu)
         except ContextUnavailableError as exc:

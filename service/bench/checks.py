@@ -10,7 +10,9 @@ oracle's true utility u(interval, gamma) (its steady-state score over the best g
   near-tie is not a disagreement). A crossing the advisor never matches before the next one (or the end) is missed.
 - flaps: consecutive changes closer together than the advisor's dwell period (more than one change per dwell).
 - steady changes: changes while load and acceptance were steady that made nothing truly better: not onto the
-  oracle's own choice at that tick, not raising the policy's true utility by at least `AGREE_MARGIN`, and not
+  oracle's own choice at that tick, not raising the policy's true utility by at least `AGREE_MARGIN` (averaged
+  over the advisor's payback horizon when a change costs a restart: a move made in a light spell for the heavy
+  phases it has seen, when a restart drops almost nothing, is judged on the phases that follow), and not
   cutting its true inter-token latency by `AGREE_MARGIN` (relative) without lowering its utility. Corrections
   towards the oracle do not count (a move onto the oracle's gamma is one even when the utility says the two
   were nearly tied), nor does a real latency gain the goodput headline does not count (without an SLO the
@@ -94,18 +96,23 @@ def flaps(change_times_s: Sequence[float], *, dwell_s: float) -> int:
 
 
 def steady_changes(policy_k: Sequence[int], steady: Sequence[bool], *, initial_k: int, utility: Utility,
-                   oracle_k: Sequence[int] | None = None, itl_s: Utility | None = None) -> int:
+                   oracle_k: Sequence[int] | None = None, itl_s: Utility | None = None,
+                   horizon_ticks: int = 1) -> int:
     """Changes at steady ticks that made nothing truly better (module docstring): not onto `oracle_k` at that
-    tick (when given), not raising the true utility by AGREE_MARGIN, and not cutting the true ITL `itl_s(interval,
-    gamma)` (s, when given) by AGREE_MARGIN at no loss of utility."""
+    tick (when given), not raising the true utility, averaged over the next `horizon_ticks` intervals (>= 1; the
+    run's end cuts it), by AGREE_MARGIN, and not cutting the true ITL `itl_s(interval, gamma)` (s, when given) by
+    AGREE_MARGIN at no loss of utility."""
     count = 0
+    n = len(policy_k)
     for i in change_ticks(initial_k, policy_k):
         if i >= len(steady) or not steady[i]:
             continue
         if oracle_k is not None and i < len(oracle_k) and policy_k[i] == oracle_k[i]:
             continue
         before, after = (policy_k[i - 1] if i else initial_k), policy_k[i]
-        u_before, u_after = utility(i + 1, before), utility(i + 1, after)
+        span = range(i + 1, max(i + 2, min(i + 1 + max(1, horizon_ticks), n + 1)))
+        u_before = sum(utility(j, before) for j in span) / len(span)
+        u_after = sum(utility(j, after) for j in span) / len(span)
         if u_after >= u_before + AGREE_MARGIN:
             continue
         if itl_s is not None and u_after >= u_before and itl_s(i + 1, after) <= itl_s(i + 1, before) * (

@@ -114,13 +114,15 @@ def quality_checks(bench: BenchScenario, *, advisor: RunResult, oracle: RunResul
     # Crossings are the oracle's changes after its first decision: correcting a wrong deployed k at the start is
     # not a load shift or drift across a crossover, and the /oracle ratio already grades how fast it was made.
     first = orc[0] if orc else planner.initial_k()
+    # A change that costs a restart is the advisor's bet on its payback horizon: judged over it.
+    horizon = round(settings.decide.payback_horizon_s / interval) if settings.decide.change_cost_s > 0 else 1
     return QualityChecks(
         crossings=crossing_lags(adv, orc, oracle_initial_k=first, interval_s=interval,
                                 utility=planner.utility),
         window_s=settings.estimator.window_s,
         flaps=flaps(change_times, dwell_s=dwell),
         steady_changes=steady_changes(adv, steady, initial_k=initial, utility=planner.utility, oracle_k=orc,
-                                      itl_s=planner.itl_s),
+                                      itl_s=planner.itl_s, horizon_ticks=horizon),
     )
 
 

@@ -119,3 +119,19 @@ def test_a_steady_change_for_a_real_latency_gain_is_not_noise() -> None:
     assert steady_changes(policy, [True] * 4, initial_k=3, utility=tied, oracle_k=[1] * 4, itl_s=itl) == 1
     # Without the ITL both count.
     assert steady_changes(policy, [True] * 4, initial_k=3, utility=tied, oracle_k=[1] * 4) == 2
+
+
+def test_a_move_made_in_a_light_spell_is_judged_on_the_heavy_phase_that_follows() -> None:
+    # Light for ticks 0..9 (every gamma ties), heavy from tick 10 (gamma 1 is 10% better than gamma 3). A move
+    # 3 -> 1 at tick 2 makes nothing better in the next interval, but over a 20-tick horizon it gains 0.1 x 10/20.
+    def utility(i: int, g: int) -> float:
+        return 1.0 if i < 10 or g == 1 else 0.9
+
+    policy = [3, 3, 1, 1, 1, 1]
+    assert steady_changes(policy, [True] * 6, initial_k=3, utility=utility) == 1
+    assert steady_changes(policy, [True] * 6, initial_k=3, utility=utility, horizon_ticks=20) == 1  # the run ends
+    long_run = policy + [1] * 20
+    assert steady_changes(long_run, [True] * 26, initial_k=3, utility=utility, horizon_ticks=20) == 0
+    # The other way round (1 -> 3 before the heavy phase) stays noise over any horizon.
+    worse = [1, 1, 3] + [3] * 23
+    assert steady_changes(worse, [True] * 26, initial_k=1, utility=utility, horizon_ticks=20) == 1

@@ -3,7 +3,15 @@
 from __future__ import annotations
 
 from policies.advise import probe_for
-from policies.decide import DecideConfig, DecideState, change_cost_of, change_pays, decide, inflight_work_s
+from policies.decide import (
+    DecideConfig,
+    DecideState,
+    change_cost_of,
+    change_pays,
+    decide,
+    inflight_work_s,
+    queued_work_s,
+)
 from policies.types import CurvePoint, Evidence, TargetState
 
 
@@ -35,6 +43,13 @@ def test_in_flight_work_is_half_a_requests_decode_time() -> None:
 def test_waiting_requests_add_no_cost() -> None:
     # Queued requests lose no computed work: the cost is the same with 0 or 500 waiting.
     assert inflight_work_s(_evidence(waiting=500.0)) == inflight_work_s(_evidence(waiting=0.0))
+
+
+def test_queued_work_is_each_queued_requests_whole_output() -> None:
+    # O = 256 tokens each (as above); 64 queued x 256 / 1600 tokens/s = 10.24 s of full service.
+    assert abs(queued_work_s(_evidence(waiting=64.0)) - 10.24) < 1e-9
+    assert queued_work_s(_evidence(waiting=0.0)) == 0.0
+    assert queued_work_s(_evidence(waiting=64.0, generation_tokens_per_s=None)) == 0.0
 
 
 def test_missing_rates_leave_only_the_outage() -> None:

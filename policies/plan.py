@@ -1,0 +1,143 @@
+"""Planning a change that costs a restart over the load the server has recently run, not only this window's.
+
+Why. Where a change is free (an engine that adapts per batch, `change_cost_s` = 0) the best gamma for this
+window is the answer and the next window corrects it. Where it costs a restart, the change is a bet on the
+next `payback_horizon_s`, and the best forecast of that is the recent past, not the last minute: a server whose
+load swings between light (speculation pays in latency, little in tokens) and heavy (a smaller gamma buys
+capacity) should not restart into the heavy phase's gamma two minutes into it, dropping hundreds of requests
+for a gain that ends with the phase; it should move to the gamma that serves the mix best while the load is
+light and a restart drops almost nothing (the decision benchmark's load-shift: restarting at 28 requests/s
+with 830 queued lost 1100 requests for a phase that ended 90 s later; the oracle moved while 1 request/s ran).
+
+Units: everything in tokens/s of the objective (policies/objectives.py), so a light and a heavy moment weigh
+what they are worth. A tick's value of option gamma, with c the option running and U the value rate it
+delivers now (generated tokens/s; times its share meeting the SLO under an SLO), is
+
+    V_t(gamma) = U_t x S_t(gamma) / S_t(c)         tokens/s (per-sequence speed x rate when latency-bound,
+                                                   throughput when capacity-bound, SLO goodput under an SLO)
+
+and the plan is the time-decayed mean over ticks, weight exp(-(now - t) / tau), tau = `tau_s` (the payback
+horizon: the past that long is the forecast of the future that long):
+
+    V(gamma) = sum_t w_t V_t(gamma) / sum_t w_t        S_plan(gamma) = V(gamma) / V(0)
+
+`plan_curve` returns S_plan with each point's band scaled as this tick's (S_low / S, S_high / S); decide then
+runs its rules on it unchanged. The restart's cost is in seconds of service at today's rate U_now; a gain on
+the plan is a share of V(c): decide compares them in one unit by scaling the cost by `cost_scale` = U_now /
+V(c) (cheap while light, dear while heavy). With one tick, or a steady load, V = U_now x S / S(c), the scale
+is 1 and every rule is exactly the single-window one.
+
+Worked example (load-shift, gamma 3 running): 200 s at 300 tokens/s where S(1) / S(3) = 1.46 / 1.70
+(V_t(1) - V_t(3) = -42), then 240 s at 6000 tokens/s capacity-bound where 1.14 / 1.05 (+514). Ten minutes
+later at 300 tokens/s with tau 600 s the two phases weigh about 0.45 / 0.55: V(1) - V(3) = 0.45 x -42 +
+0.55 x 514 = +264 tokens/s over V(3) = 0.45 x 300 + 0.55 x 6000 = 3435, a gain of 7.7%; the scale is 300 /
+3435 = 0.09, so a 20 s restart costs 1.7 s of the planned rate: worth it (7.7% x 600 s = 46 s). Inside the
+heavy phase the scale is 6000 / 3435 = 1.7 and the queue is dear too (`queue_weight`): held.
+
+The queue. A restart errors the queued requests as well as the running ones. Whether that loses service depends
+on whether the server would have caught up with them: in a persistent overload it is busy either way (the
+queue it drops is replaced within seconds), in a transient one the queue is work it would have served once the
+load fell. `queue_weight` = 1 - the decayed share of recent ticks that were capacity-bound is the estimate of
+the chance it catches up (0 after an hour of overload, ~0.5 half-way into a swing), by which decide weighs the
+queue's output tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from policies.types import CurvePoint
+
+
+@dataclass(frozen=True, slots=True)
+class PlanState:
+    """The decayed sums the plan carries between ticks: `values[g]` = sum of w x V_t(g) (tokens/s), `weight` =
+    sum of w, `capacity_weight` = the weight of capacity-bound ticks, decayed to `at_s` (Unix s; None: empty)."""
+
+    values: tuple[float, ...] = ()
+    weight: float = 0.0
+    capacity_weight: float = 0.0
+    at_s: float | None = None
+
+
+def observe(
+    state: PlanState,
+    curve: Sequence[CurvePoint],
+    *,
+    running_gamma: int,
+    value_rate: float | None,
+    capacity_bound: bool,
+    now_s: float,
+    tau_s: float,
+) -> PlanState:
+    """Add this tick's values V_t(gamma) (module docstring) to the plan: `curve` is this tick's objective curve
+    (gamma 0..n, contiguous), `running_gamma` the option running (0 = off), `value_rate` U_t (tokens/s; None,
+    non-finite or <= 0: nothing is added, the sums only decay), `capacity_bound` whether the tick was.
+    A curve of another length than the plan's (the deployed k moved past gamma_max) restarts the plan.
+
+    Example: empty plan, curve S = (1.0, 1.46, 1.60, 1.70), gamma 3 running at 300 tokens/s -> values (176.5,
+    257.6, 282.4, 300.0), weight 1.0.
+    """
+    decay = 1.0
+    if state.at_s is not None and tau_s > 0:
+        decay = math.exp(-max(0.0, now_s - state.at_s) / tau_s)
+    values = tuple(v * decay for v in state.values)
+    weight, capacity_weight = state.weight * decay, state.capacity_weight * decay
+    running = _speed_of(curve, running_gamma)
+    if value_rate is None or not (math.isfinite(value_rate) and value_rate > 0) or running is None or running <= 0:
+        return PlanState(values, weight, capacity_weight, now_s)
+    tick = tuple(value_rate * p.speedup / running for p in curve)
+    if len(values) != len(tick):
+        values, weight, capacity_weight = (0.0,) * len(tick), 0.0, 0.0
+    return PlanState(
+        values=tuple(v + t for v, t in zip(values, tick, strict=True)),
+        weight=weight + 1.0,
+        capacity_weight=capacity_weight + (1.0 if capacity_bound else 0.0),
+        at_s=now_s,
+    )
+
+
+def planned_rate(state: PlanState, gamma: int) -> float | None:
+    """V(gamma), tokens/s (module docstring); None when the plan is empty or has no such gamma."""
+    if state.weight <= 0 or not 0 <= gamma < len(state.values):
+        return None
+    return state.values[gamma] / state.weight
+
+
+def queue_weight(state: PlanState) -> float:
+    """1 - the decayed share of capacity-bound ticks (0..1): the chance the server would have served a queue a
+    restart drops (module docstring). 1.0 for an empty plan (nothing says the overload persists)."""
+    if state.weight <= 0:
+        return 1.0
+    return max(0.0, min(1.0, 1.0 - state.capacity_weight / state.weight))
+
+
+def plan_curve(state: PlanState, curve: Sequence[CurvePoint]) -> tuple[CurvePoint, ...] | None:
+    """S_plan(gamma) = V(gamma) / V(0) for the gammas of `curve`, each band scaled as this tick's, `slo_share`
+    cleared (the plan is in the objective's tokens already); None when the plan is empty or does not match the
+    curve.
+
+    Example: V = (2800, 3050, 3000, 2900) -> S_plan = (1.0, 1.089, 1.071, 1.036); a tick point S(1) = 1.46
+    [1.40..1.52] gives S_plan(1) = 1.089 [1.044..1.134].
+    """
+    if state.weight <= 0 or len(state.values) != len(curve) or not curve:
+        return None
+    base = state.values[0]
+    if not (math.isfinite(base) and base > 0):
+        return None
+    points: list[CurvePoint] = []
+    for point, value in zip(curve, state.values, strict=True):
+        s = value / base
+        low = s * point.speedup_low / point.speedup if point.speedup > 0 else s
+        high = s * point.speedup_high / point.speedup if point.speedup > 0 else s
+        points.append(replace(point, speedup=s, speedup_low=low, speedup_high=high, slo_share=None))
+    return tuple(points)
+
+
+def _speed_of(curve: Sequence[CurvePoint], gamma: int) -> float | None:
+    for point in curve:
+        if point.gamma == gamma:
+            return point.speedup
+    return None

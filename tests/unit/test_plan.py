@@ -1,0 +1,97 @@
+"""Planning restart-costly changes over the recent load (policies/plan.py) and decide's use of the plan."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from policies.decide import DecideConfig, DecideState, decide
+from policies.plan import PlanState, observe, plan_curve, planned_rate, queue_weight
+from policies.types import CurvePoint, Evidence, TargetState
+
+T0 = 1_800_000_000.0
+
+
+def _curve(*speedups: float, band: float = 0.0) -> tuple[CurvePoint, ...]:
+    return tuple(
+        CurvePoint(gamma=g, speedup=s, speedup_low=s - band, speedup_high=s + band, expected_accepted_length=1.0,
+                   step_time_s=0.01)
+        for g, s in enumerate((1.0, *speedups))
+    )
+
+
+def test_a_tick_adds_the_value_of_each_gamma_in_tokens_per_second() -> None:
+    state = observe(PlanState(), _curve(1.46, 1.60, 1.70), running_gamma=3, value_rate=300.0, capacity_bound=False,
+                    now_s=T0, tau_s=600.0)
+    # V_t(g) = 300 x S(g) / S(3).
+    assert state.values == pytest.approx((300 / 1.70, 300 * 1.46 / 1.70, 300 * 1.60 / 1.70, 300.0))
+    assert planned_rate(state, 3) == pytest.approx(300.0)
+    assert queue_weight(state) == 1.0
+
+
+def test_old_ticks_fade_with_the_horizon() -> None:
+    light = observe(PlanState(), _curve(1.0), running_gamma=1, value_rate=300.0, capacity_bound=False, now_s=T0,
+                    tau_s=600.0)
+    heavy = observe(light, _curve(1.0), running_gamma=1, value_rate=6000.0, capacity_bound=True, now_s=T0 + 600.0,
+                    tau_s=600.0)
+    # The light tick weighs exp(-1) = 0.368 against the heavy tick's 1.
+    w = math.exp(-1.0)
+    assert planned_rate(heavy, 1) == pytest.approx((w * 300.0 + 6000.0) / (w + 1.0))
+    assert queue_weight(heavy) == pytest.approx(1.0 - 1.0 / (w + 1.0))
+    # No rate: nothing added, the sums only fade (the mean is unchanged).
+    later = observe(heavy, _curve(1.0), running_gamma=1, value_rate=None, capacity_bound=True, now_s=T0 + 1200.0,
+                    tau_s=600.0)
+    assert later.weight == pytest.approx(heavy.weight * w)
+    assert planned_rate(later, 1) == pytest.approx(planned_rate(heavy, 1) or 0.0)
+
+
+def test_the_plan_curve_is_the_mean_value_over_plain_decoding_with_this_ticks_band() -> None:
+    state = PlanState(values=(2800.0, 3050.0, 3000.0, 2900.0), weight=1.0, at_s=T0)
+    curve = _curve(1.46, 1.60, 1.70, band=0.06)
+    planned = plan_curve(state, curve)
+    assert planned is not None
+    assert [p.speedup for p in planned] == pytest.approx([1.0, 3050 / 2800, 3000 / 2800, 2900 / 2800])
+    assert planned[1].speedup_low == pytest.approx(3050 / 2800 * 1.40 / 1.46)
+    assert planned[1].speedup_high == pytest.approx(3050 / 2800 * 1.52 / 1.46)
+    # Nothing to plan on: no plan, or a curve of another length (the deployed k moved past gamma_max).
+    assert plan_curve(PlanState(), curve) is None
+    assert plan_curve(state, curve[:3]) is None
+    restarted = observe(state, curve[:3], running_gamma=1, value_rate=100.0, capacity_bound=False, now_s=T0 + 5,
+                        tau_s=600.0)
+    assert restarted.weight == 1.0 and len(restarted.values) == 3
+
+
+def _evidence() -> Evidence:
+    return Evidence(target="t", model="m", at_s=0.0, state=TargetState.OK, speculation_on=True, deployed_k=3,
+                    acceptance=None, batch=2.0, waiting=0.0, generation_tokens_per_s=300.0,
+                    prompt_tokens_per_s=600.0, context_tokens_per_seq=600.0)
+
+
+def _published_after_a_dwell(cost_scale: float) -> tuple[bool, int, float, str]:
+    # Light load now: this window says gamma 3 (S 1.70 vs 1.46); the recent load's mix (a heavy phase where gamma
+    # 1 bought capacity) says gamma 1 is worth 7.7% more than gamma 3.
+    curve = _curve(1.46, 1.60, 1.70)
+    plan = _curve(1.10, 1.05, 1.02)
+    config = DecideConfig(change_cost_s=20.0, payback_horizon_s=600.0)
+    state = DecideState()
+    decision = None
+    for t in (0.0, 5.0, 130.0):
+        decision, state = decide(_evidence(), curve, config, state, T0 + t, plan=plan, cost_scale=cost_scale)
+    assert decision is not None
+    return decision.enabled, decision.num_speculative_tokens, decision.expected_speedup, decision.reason
+
+
+def test_decide_moves_to_the_planned_gamma_when_a_restart_is_cheap_now() -> None:
+    # 7.8% x 600 s = 47 s against (20 s + in-flight) x 0.09: moved, and the published speedup is this window's S(1).
+    enabled, gamma, speedup, reason = _published_after_a_dwell(cost_scale=0.09)
+    assert (enabled, gamma) == (True, 1)
+    assert speedup == pytest.approx(1.46)
+    assert reason.startswith("planned over the recent load")
+
+
+def test_decide_holds_the_planned_gamma_when_a_restart_is_dear_now() -> None:
+    # In the heavy phase the same restart costs 1.7x: 47 s < (20 s + in-flight) x 1.7 + ... held back.
+    enabled, gamma, _, reason = _published_after_a_dwell(cost_scale=2.5)
+    assert (enabled, gamma) == (True, 3)
+    assert "held back by its cost" in reason
