@@ -23,7 +23,8 @@ from policies.decide import (
 )
 from policies.memory import AcceptanceMemory, MemoryConfig, Recall, recall, remember
 from policies.objectives import ObjectiveConfig, Workload, choose_objective, objective_curve, workload_from
-from policies.plan import PlanState, plan_curve, planned_rate, queue_weight
+from policies.plan import PlanState, plan_curve, queue_weight
+from policies.plan import cost_scale as plan_cost_scale
 from policies.plan import observe as observe_plan
 from policies.types import CurvePoint, Decision, Evidence, TargetState
 
@@ -171,9 +172,9 @@ def advise_target(
             tau_s=decide_config.payback_horizon_s,
         )
         planned = plan_curve(plan_state, curve)
-        planned_here = planned_rate(plan_state, running)
-        if planned is not None and value_rate is not None and planned_here is not None and planned_here > 0:
-            cost_scale = value_rate / planned_here
+        scale = plan_cost_scale(plan_state, running_gamma=running, delivered_rate=rate)
+        if planned is not None and scale is not None:
+            cost_scale = scale
         else:
             planned = None
         # The queue a restart errors counts as far as the server would have caught up with it (plan.queue_weight).
@@ -229,9 +230,11 @@ def probe_for(
     p(age) = 1 - 2^(-age / half_life_s) is the chance the workload has moved since the profile was measured, on
     the memory's own half-life (the rate at which it says a profile goes stale); S_prior* is the best point
     speedup in 1..gamma_max priced with the drafter's prior acceptance (what the drafter does on a typical
-    workload) in the objective that applies. Under an ITL SLO that plain decoding misses, S_prior* is large (off
-    delivers little goodput), so looking is cheap against what it may find; when speculation would not pay even
-    at the prior (S_prior* <= 1) it never probes. The probe runs at the remembered k (`gamma`, >= 1), where the
+    workload) in the objective that applies. Under an ITL SLO both speedup terms are multiplied by share(off),
+    plain decoding's share of tokens meeting the SLO, so that they count tokens moved across the SLO per
+    delivered token, the unit of the cost (decide rule 4): S_prior* = 99 with 1% of tokens meeting the SLO off
+    is a 98% gain in service, not 9800%. When speculation would not pay even at the prior (S_prior* <= 1) it
+    never probes. The probe runs at the remembered k (`gamma`, >= 1), where the
     positions will be measured again; once published, decide holds it until a window is measured (rule 5).
     Units: seconds; speedups are dimensionless ratios vs plain decoding.
 
@@ -245,15 +248,20 @@ def probe_for(
     here = point_at(remembered, gamma)
     s_mem = here.speedup if here is not None else 1.0
     chance = 1.0 - 0.5 ** (max(0.0, age_s) / half_life_s)
-    won = chance * (star.speedup - 1.0) * config.payback_horizon_s
+    # Under an SLO the curve is SLO goodput over plain decoding's: per delivered token (the unit of the cost) a
+    # gain is worth share(off) as much (decide rule 4).
+    off = point_at(prior, 0)
+    unit = off.slo_share if off is not None and off.slo_share is not None else 1.0
+    won = chance * (star.speedup - 1.0) * unit * config.payback_horizon_s
     one_change = change_cost_of(change_cost_s=config.change_cost_s, inflight_s=inflight_s)
     on_for_s = max(config.dwell_s, config.probe_min_s)
-    cost = 2.0 * one_change + on_for_s * max(0.0, 1.0 - s_mem)
+    cost = 2.0 * one_change + on_for_s * max(0.0, 1.0 - s_mem) * unit
     if won <= cost:
         return None
     why = (
         f"remembered profile is {age_s:.0f}s old, P(workload moved) {chance:.1%} x prior S({star.gamma})="
-        f"{star.speedup:.2f} gain x {config.payback_horizon_s:.0f}s = {won:.1f}s > probe cost {cost:.1f}s "
+        f"{star.speedup:.2f} gain{f' x share {unit:.2f} meeting the SLO off' if unit != 1.0 else ''} x "
+        f"{config.payback_horizon_s:.0f}s = {won:.1f}s > probe cost {cost:.1f}s "
         f"(2 changes + {on_for_s:.0f}s at remembered S({gamma})={s_mem:.2f})"
     )
     return Probe(gamma=gamma, why=why)

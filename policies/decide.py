@@ -54,7 +54,7 @@ the caller's `now_s`. It is built from the helpers in `hysteresis.py`:
    in-flight term with it.
    Planned (`plan` given, policies/plan.py): rules 1-4 and the dwell's gamma rule run on the plan's curve (the
    recent load's mix in tokens/s) instead of this window's, and the cost is scaled to the plan's units by
-   `cost_scale` (today's value rate over the planned one), so a restart made while the load is light costs
+   `cost_scale` (today's delivered tokens/s over the planned value), so a restart made while the load is light costs
    what it drops then; the published speedups stay this window's.
 5. Probe: while off on a remembered profile, `advise.probe_for` may ask to switch on to re-measure (the only way
    to see acceptance again); the probe is the candidate. It is published at once when the last published
@@ -210,7 +210,7 @@ def decide(
     a restart loses (rule 4; None: `inflight_work_s(evidence)`). `plan` (policies/plan.py), when given, is the
     curve the rules choose and weigh changes on (the recent load's mix, same gammas as `curve`); `curve` stays
     what is published (this window's speedups); `cost_scale` (> 0) converts the restart's cost into the plan's
-    units (today's value rate over the planned one).
+    units (today's delivered tokens/s over the planned value of the running option).
 
     Example (margin 0.05, dwell 120 s, min gamma gain 0.02): published off, S(3)=1.42 [1.31..1.55] is the best
     point. 1.31 >= 1.05, so (on, 3) becomes the pending change at t=1000; ticks at t=1040 keep publishing off
@@ -265,7 +265,7 @@ def decide(
             payback_horizon_s=config.payback_horizon_s,
         )
         if plan and cost_note:
-            cost_note += f" (today's cost x {scale:.2f}, today's rate over the planned one)"
+            cost_note += f" (today's cost x {scale:.2f}: today's delivered rate over the planned value)"
         if not pays:
             head += f"; {_describe(candidate)} held back by its cost: {cost_note}, keeps {_describe(current)}"
             candidate = current

@@ -22,10 +22,11 @@ horizon: the past that long is the forecast of the future that long):
     V(gamma) = sum_t w_t V_t(gamma) / sum_t w_t        S_plan(gamma) = V(gamma) / V(0)
 
 `plan_curve` returns S_plan with each point's band scaled as this tick's (S_low / S, S_high / S); decide then
-runs its rules on it unchanged. The restart's cost is in seconds of service at today's rate U_now; a gain on
-the plan is a share of V(c): decide compares them in one unit by scaling the cost by `cost_scale` = U_now /
-V(c) (cheap while light, dear while heavy). With one tick, or a steady load, V = U_now x S / S(c), the scale
-is 1 and every rule is exactly the single-window one.
+runs its rules on it unchanged. The restart's cost is in seconds of service at today's delivered rate G_now
+(generated tokens/s); a gain on the plan is a share of V(c): decide compares them in one unit by scaling the
+cost by `cost_scale` = G_now / V(c) (cheap while light, dear while heavy). With one tick, or a steady load,
+V = U_now x S / S(c) and the scale is G_now / U_now: 1 without an SLO, 1 / share(c) under one, which is
+exactly decide's single-window rule (a gain counted per delivered token).
 
 Worked example (load-shift, gamma 3 running): 200 s at 300 tokens/s where S(1) / S(3) = 1.46 / 1.70
 (V_t(1) - V_t(3) = -42), then 240 s at 6000 tokens/s capacity-bound where 1.14 / 1.05 (+514). Ten minutes
@@ -104,6 +105,20 @@ def planned_rate(state: PlanState, gamma: int) -> float | None:
     if state.weight <= 0 or not 0 <= gamma < len(state.values):
         return None
     return state.values[gamma] / state.weight
+
+
+def cost_scale(state: PlanState, *, running_gamma: int, delivered_rate: float | None) -> float | None:
+    """G_now / V(running): what converts a restart's cost (seconds of service at today's delivered rate,
+    `delivered_rate` generated tokens/s) into the plan's units (module docstring); None when either is missing.
+
+    Example: 300 tokens/s now, V(3) = 3400 -> 0.088; steady under an SLO with share(3) = 0.3 -> 1 / 0.3.
+    """
+    here = planned_rate(state, running_gamma)
+    if delivered_rate is None or not (math.isfinite(delivered_rate) and delivered_rate > 0):
+        return None
+    if here is None or not here > 0:
+        return None
+    return delivered_rate / here
 
 
 def queue_weight(state: PlanState) -> float:

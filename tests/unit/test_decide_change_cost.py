@@ -135,3 +135,18 @@ def test_slo_gain_is_counted_per_delivered_token_not_as_a_ratio_of_tiny_shares()
     # Off meets the SLO for 60% of tokens where k=3 meets it for 30%: 30% of the service, 180 s > the cost.
     enabled, _ = _decide_on_k3(_slo_curve(s3=0.5, share0=0.6, share3=0.3))
     assert not enabled
+
+
+def test_under_an_slo_a_probe_counts_the_tokens_it_could_move_across_the_slo() -> None:
+    # Off meets the SLO for 1% of tokens, the prior says gamma 3 would for ~99% (S = 99): a 98% gain in service
+    # per delivered token, not 9800%. Cost: 2 x 20 s (the remembered S(3) = 1 costs nothing while on).
+    config = DecideConfig(change_cost_s=20, payback_horizon_s=600, dwell_s=120)
+    prior = _slo_curve(s3=99.0, share0=0.01, share3=0.99)
+    remembered = _slo_curve(s3=1.0, share0=0.01, share3=0.01)
+    args = {"gamma": 3, "remembered": remembered, "prior": prior, "inflight_s": 0.0, "config": config,
+            "half_life_s": 1800.0}
+    # age 120 s: p = 1 - 2^(-1/15) = 0.045 -> 0.045 x 98 x 0.01 x 600 = 26.6 s < 40 s: not yet (a ratio would have
+    # said 2660 s); age 240 s: p = 0.088 -> 51.7 s > 40 s.
+    assert probe_for(age_s=120.0, **args) is None  # type: ignore[arg-type]
+    probe = probe_for(age_s=240.0, **args)  # type: ignore[arg-type]
+    assert probe is not None and "share 0.01 meeting the SLO off" in probe.why

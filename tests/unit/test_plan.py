@@ -7,7 +7,7 @@ import math
 import pytest
 
 from policies.decide import DecideConfig, DecideState, decide
-from policies.plan import PlanState, observe, plan_curve, planned_rate, queue_weight
+from policies.plan import PlanState, cost_scale, observe, plan_curve, planned_rate, queue_weight
 from policies.types import CurvePoint, Evidence, TargetState
 
 T0 = 1_800_000_000.0
@@ -95,3 +95,49 @@ def test_decide_holds_the_planned_gamma_when_a_restart_is_dear_now() -> None:
     enabled, gamma, _, reason = _published_after_a_dwell(cost_scale=2.5)
     assert (enabled, gamma) == (True, 3)
     assert "held back by its cost" in reason
+
+
+def _slo_curve(s3: float, share0: float, share3: float) -> tuple[CurvePoint, ...]:
+    shares = (share0, share3 / 2, share3 / 2, share3)
+    speeds = (1.0, 0.5 * s3, 0.5 * s3, s3)
+    return tuple(CurvePoint(gamma=g, speedup=s, speedup_low=s, speedup_high=s, expected_accepted_length=1.0,
+                            step_time_s=0.01, slo_share=share)
+                 for g, (s, share) in enumerate(zip(speeds, shares, strict=True)))
+
+
+def _verdicts(curve: tuple[CurvePoint, ...], *, planned: bool) -> list[tuple[bool, int]]:
+    config = DecideConfig(change_cost_s=20.0, payback_horizon_s=600.0)
+    evidence = _evidence()
+    state, plan, out = DecideState(), PlanState(), []
+    for t in (0.0, 5.0, 130.0):
+        planned_curve, scale = None, 1.0
+        if planned:
+            # As advise_target does: the value rate is G x share(running); the cost scale G / V(running).
+            plan = observe(plan, curve, running_gamma=3, value_rate=300.0 * (curve[3].slo_share or 1.0),
+                           capacity_bound=False, now_s=T0 + t, tau_s=600.0)
+            planned_curve = plan_curve(plan, curve)
+            scale = cost_scale(plan, running_gamma=3, delivered_rate=300.0) or 1.0
+        decision, state = decide(evidence, curve, config, state, T0 + t, plan=planned_curve, cost_scale=scale)
+        out.append((decision.enabled, decision.num_speculative_tokens))
+    return out
+
+
+def test_under_an_slo_a_steady_plan_weighs_changes_per_delivered_token_like_a_single_window() -> None:
+    # Neither option meets the SLO (2% vs 1%): off is "2x the SLO goodput" but moves 1% of the tokens: kept on.
+    # 60% vs 30%: 30% of the service, worth the restart: off. The plan and the single window agree on both.
+    for curve, expected in ((_slo_curve(0.5, 0.02, 0.01), (True, 3)), (_slo_curve(0.5, 0.6, 0.3), (False, 0))):
+        assert _verdicts(curve, planned=True)[-1] == _verdicts(curve, planned=False)[-1] == expected
+
+
+def test_the_cost_scale_is_todays_delivered_rate_over_the_planned_value() -> None:
+    # Steady under an SLO with 30% of gamma 3's tokens meeting it: V(3) = 300 x 0.3 = 90 tokens/s of SLO goodput;
+    # a restart's cost is in delivered tokens: scale 300 / 90 = 1 / 0.3.
+    curve = _slo_curve(0.5, 0.6, 0.3)
+    plan = observe(PlanState(), curve, running_gamma=3, value_rate=300.0 * 0.3, capacity_bound=False, now_s=T0,
+                   tau_s=600.0)
+    assert cost_scale(plan, running_gamma=3, delivered_rate=300.0) == pytest.approx(1 / 0.3)
+    # Light now (300 tokens/s) after a heavy spell planned at ~3400: a tenth of today's cost.
+    mixed = PlanState(values=(3000.0, 3100.0, 3200.0, 3400.0), weight=1.0, at_s=T0)
+    assert cost_scale(mixed, running_gamma=3, delivered_rate=300.0) == pytest.approx(300 / 3400)
+    assert cost_scale(PlanState(), running_gamma=3, delivered_rate=300.0) is None
+    assert cost_scale(mixed, running_gamma=3, delivered_rate=None) is None
