@@ -26,6 +26,8 @@ from policies.objectives import ObjectiveConfig, Workload, choose_objective, obj
 from policies.plan import PlanState, plan_curve, queue_weight
 from policies.plan import cost_scale as plan_cost_scale
 from policies.plan import observe as observe_plan
+from policies.split import DRAFT_RANGE, envelope, split_observed
+from policies.split import alternatives as split_alternatives
 from policies.types import CurvePoint, Decision, Evidence, TargetState
 
 
@@ -128,6 +130,7 @@ def advise_target(
     curve: tuple[CurvePoint, ...] = ()
     objective = ""
     why = ""
+    split_note = ""
     workload: Workload | None = None
     if evidence.state == TargetState.OK and ctx is not None and fit is not None:
         point = operating_point(evidence)
@@ -139,6 +142,17 @@ def advise_target(
         workload = workload_from(evidence, context_tokens=point.context_tokens, prefill_tokens=point.prefill_tokens)
         curve, chosen, why = objective_curve(ctx, acceptance, workload, config=objective_config, scales=fit.scales)
         objective = chosen.value
+        if not split_observed(calibration_state.points):
+            # Steps at one kind only: how much of them is drafting is the drafter prior's guess (policies/split.py).
+            others = [
+                objective_curve(ctx, acceptance, workload, config=objective_config, scales=alt)[0]
+                for alt in split_alternatives(ctx, fit.scales, point)
+            ]
+            curve = envelope(curve, others)
+            split_note = (
+                f"drafting vs target split not measured yet (no {'plain' if evidence.speculation_on else 'speculative'}"
+                f" steps seen): bands cover drafting x{DRAFT_RANGE[0]:g}..x{DRAFT_RANGE[1]:g}"
+            )
     probe: Probe | None = None
     usable = recalled is not None and recalled.usable
     off_on_memory = decide_config.explore and usable and not evidence.speculation_on
@@ -189,6 +203,8 @@ def advise_target(
         notes.append(memory_note)
     if objective:
         notes.append(f"objective {objective} ({why})")
+    if split_note and decision.state == TargetState.OK:
+        notes.append(split_note)
     # Only an ok decision rests on the model; on a hold (insufficient_data, stale, error) the reason is about the
     # data, and a model note would read as the cause.
     if decision.state == TargetState.OK and fit is not None and error is not None:

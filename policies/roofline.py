@@ -118,6 +118,9 @@ class CostScales:
     draft: float = 1.0
     fill: float = 1.0
     gemm_slope: float = 0.0
+    # Seconds added to every target forward (may be negative; not fitted): policies/split.py moves time between
+    # drafting and the target with it, so that an alternative split still explains the observed step.
+    target_offset_s: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -368,7 +371,7 @@ def target_step_time(
         flops=parts.flops,
         memory_s=memory_s,
         compute_s=compute_s,
-        overhead_s=scales.overhead * overhead,
+        overhead_s=max(0.0, scales.overhead * overhead + scales.target_offset_s),
         physics_s=scales.roofline * physics,
     )
 
