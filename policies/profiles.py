@@ -233,7 +233,16 @@ def _weight_dtype_bytes(config: Mapping[str, object]) -> float:
                 if isinstance(nbits, int) and not isinstance(nbits, bool):
                     return nbits / 8.0
     dtype = config.get("torch_dtype", config.get("dtype"))
-    return _DTYPE_BYTES.get(str(dtype).lower(), 2.0) if dtype is not None else 2.0
+    # Weight bytes set the memory-bound step time outright: a guessed dtype would change the answer silently.
+    if dtype is None:
+        raise ValueError(
+            "config.json has no torch_dtype (or dtype) and no quantization_config: the weights' bytes per element "
+            'are unknown; add the model\'s dtype, e.g. "torch_dtype": "bfloat16"'
+        )
+    known = _DTYPE_BYTES.get(str(dtype).lower())
+    if known is None:
+        raise ValueError(f"config.json torch_dtype {dtype!r} is not one of {', '.join(sorted(_DTYPE_BYTES))}")
+    return known
 
 
 def model_from_hf_config(
@@ -252,7 +261,8 @@ def model_from_hf_config(
       expert/layer    = 3 x hidden x moe_intermediate_size (or intermediate_size: Mixtral); router hidden x E
       embeddings      = vocab x hidden, twice unless tie_word_embeddings; norms 2 x hidden per layer + hidden.
     `active_params` swaps the E routed experts of every MoE layer for `num_experts_per_tok` of them.
-    Weight bytes from `quantization_config` (fp8 -> 1, N-bit -> N/8) else `torch_dtype`/`dtype` (default bf16).
+    Weight bytes from `quantization_config` (fp8 -> 1, N-bit -> N/8) else `torch_dtype`/`dtype` (required then:
+    ValueError naming it when missing or unknown, never a guess).
     `kv_dtype_bytes` defaults to the weight dtype, or 2 (bf16) for quantized weights: the KV-cache dtype is a
     serving flag (`--kv-cache-dtype`), not part of config.json, so pass it when known.
     Limits: MLA attention (DeepSeek's kv_lora_rank) and sliding-window layers are modelled as plain GQA.

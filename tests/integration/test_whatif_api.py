@@ -127,6 +127,10 @@ BAD_BODIES: list[tuple[str, Any, list[str | int] | None]] = [
     ("empty model name", with_(target_model=""), ["body", "target_model"]),
     ("model is a number", with_(target_model=7), ["body", "target_model"]),
     ("config.json missing fields", with_(target_model={"hidden_size": 4096}), ["body", "target_model"]),
+    ("config.json without a dtype", with_(target_model={"hidden_size": 4096, "intermediate_size": 14336,
+                                                       "num_hidden_layers": 32, "num_attention_heads": 32,
+                                                       "num_key_value_heads": 8, "vocab_size": 128256}),
+     ["body", "target_model"]),
     ("config.json zero heads", with_(target_model={"hidden_size": 64, "num_hidden_layers": 2,
                                                    "num_attention_heads": 0, "vocab_size": 9}),
      ["body", "target_model"]),
@@ -190,7 +194,8 @@ def test_unknown_names_list_the_known_ones() -> None:
         assert "unknown hardware 'h900'" in gpu and "h100-sxm" in gpu
         model = (await client.post("/v1/whatif", json=with_(target_model="nope"))).json()["detail"][0]["msg"]
         assert "unknown model 'nope'" in model and "llama-3.1-8b" in model
-        limit = (await client.post("/v1/whatif", json=BAD_BODIES[26][1])).json()["detail"][0]["msg"]
+        too_many = next(body for what, body, _ in BAD_BODIES if what == "too many points")
+        limit = (await client.post("/v1/whatif", json=too_many)).json()["detail"][0]["msg"]
         assert "2560 points" in limit and "2048" in limit  # 64 x 8 x 5 > the limit, and it says so
 
     run_api(check)

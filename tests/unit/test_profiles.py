@@ -87,6 +87,18 @@ def test_missing_required_field_is_a_clear_error() -> None:
         model_from_hf_config({"hidden_size": 64, "num_attention_heads": 2, "vocab_size": 10}, name="broken")
 
 
+def test_the_weight_dtype_is_never_guessed() -> None:
+    # bf16 vs fp32 doubles the bytes streamed per step: a missing or unknown dtype is an error, not a default.
+    base = {key: value for key, value in MODEL_ENTRIES[0].config.items() if key != "torch_dtype"}
+    with pytest.raises(ValueError, match="no torch_dtype"):
+        model_from_hf_config(base, name="no-dtype")
+    with pytest.raises(ValueError, match="'int3' is not one of"):
+        model_from_hf_config({**base, "torch_dtype": "int3"}, name="odd-dtype")
+    assert model_from_hf_config({**base, "dtype": "float32"}, name="newer-key").dtype_bytes == 4.0
+    # A quantization_config says the bytes itself.
+    assert model_from_hf_config({**base, "quantization_config": {"quant_method": "fp8"}}, name="q").dtype_bytes == 1.0
+
+
 @pytest.mark.parametrize(
     ("device", "expected"),
     [
