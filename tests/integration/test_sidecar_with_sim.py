@@ -1,8 +1,12 @@
 """The whole sidecar against the simulated vLLM server, over real HTTP: the recommendation follows the load.
 
-The packaged demo world swings between light load (speculation pays) and a saturated batch (fewer drafts pay) every 240
-simulated seconds; time runs 20x here, so one cycle takes 12 s of wall time. The waits below are bounded polls
-for a behaviour, not timing assertions.
+The packaged demo world (its physics, model and drafter) with a load that holds each phase long enough to be read:
+light (1 request/s, speculation pays) for 140 simulated seconds, a 30 s ramp, a saturated batch (24 requests/s,
+fewer drafts pay) for 100 s, a 30 s ramp down; time runs 20x here, so one 300 s cycle takes 15 s of wall time.
+The demo's own profile is light for only ~40 s of each 240 s, and the queue a heavy phase leaves takes part of
+that to drain: about 2 s of wall time at 20x against a 1 s estimator window and a 1 s dwell, so "back up" was a
+race the advisor lost in about one run in four (the batch never left the cap within the test's deadline). The
+waits below are bounded polls for a behaviour, not timing assertions.
 """
 
 from __future__ import annotations
@@ -17,12 +21,26 @@ from sidecar_http import serving, wait_for
 from service.app import build_sidecar
 from service.settings import Settings, load_settings
 from service.sim.physics import acceptance_at, expected_step_time_s, expected_tokens_per_verification
-from service.sim.scenario import default_scenario
+from service.sim.scenario import RatePoint, Scenario, default_scenario
 from service.sim.server import SimServer
 from service.sim.world import World
 from service.sources.gpu import NoGpuSource
 
 TIME_SCALE = 20.0
+
+
+def held_phases_scenario() -> Scenario:
+    """The demo world with each load phase held long enough for a 20 s window and a 20 s dwell (module docstring)."""
+    scenario = default_scenario()
+    knots = (
+        RatePoint(t_s=0.0, requests_per_s=1.0),
+        RatePoint(t_s=100.0, requests_per_s=1.0),
+        RatePoint(t_s=130.0, requests_per_s=24.0),
+        RatePoint(t_s=230.0, requests_per_s=24.0),
+        RatePoint(t_s=260.0, requests_per_s=1.0),
+    )
+    workload = scenario.workload.model_copy(update={"arrival_rate": knots, "period_s": 300.0})
+    return scenario.model_copy(update={"workload": workload})
 
 
 def sim_settings(url: str, model: str) -> Settings:
@@ -71,7 +89,7 @@ def true_speedup(world: World, start_s: float, *, gamma: int, batch: float, cont
 
 def test_recommendation_follows_the_load_to_what_the_world_rewards() -> None:
     async def scenario() -> None:
-        scenario = default_scenario()
+        scenario = held_phases_scenario()
         start_s = time.time()
         world = World(scenario, seed=1, start_s=start_s)
         sim = SimServer(world, time_scale=TIME_SCALE)
@@ -94,7 +112,24 @@ def test_recommendation_follows_the_load_to_what_the_world_rewards() -> None:
                     gamma = rec["num_speculative_tokens"]
                     return rec["state"] == "ok" and isinstance(gamma, int) and gamma < light_gamma
 
-                loaded = recommendation(await wait_for(client, "/v1/recommendation", cut_back, deadline_s=90.0))
+                await wait_for(client, "/v1/recommendation", cut_back, deadline_s=90.0)
+
+                # Judged on the saturated plateau, where the truth does not depend on where a ramp was caught: the
+                # first cut-back is read from a window trailing a ramp, and at a mid-size batch the world's 64-token
+                # tiles make S(gamma) a sawtooth the advisor's smooth model does not follow (seen: truth S(3) 1.26,
+                # S(2) 1.19, S(1) 1.26 at the batch of an early cut-back to 2).
+                def on_plateau(r: httpx.Response) -> bool:
+                    [e] = r.json()["targets"]
+                    seqs = e.get("decode_seqs_per_step")
+                    return e["state"] == "ok" and isinstance(seqs, float | int) and seqs > 0.6 * max_seqs
+
+                max_seqs = scenario.engine.max_num_seqs
+                await wait_for(client, "/v1/evidence", on_plateau, deadline_s=90.0)
+                # One window and one dwell (2 s of wall time, 40 simulated) into the 100 s plateau: the advice has
+                # seen the plateau and may have moved on from the ramp's gamma (seen under CPU load: still at
+                # gamma 2, 88% of gamma 1's truth, as the plateau was reached).
+                await asyncio.sleep(2.0)
+                loaded = recommendation(await wait_for(client, "/v1/recommendation", cut_back, deadline_s=30.0))
                 [ev] = (await client.get("/v1/evidence")).json()["targets"]
                 assert ev["speculation_on"] is True  # nothing acts on the advice: the engine still runs k=3
                 gamma = loaded["num_speculative_tokens"]
@@ -111,9 +146,8 @@ def test_recommendation_follows_the_load_to_what_the_world_rewards() -> None:
                 }
                 # The world agrees the cut-back is an improvement over what runs, and it is near the world's best.
                 assert truth[gamma] >= truth[3], truth
-                # Near the best, within 10%: the first cut-back is read from a window (20 simulated seconds) that
-                # trails a load still ramping up, so the advisor may pass through gamma 2 on its way to 1 (seen:
-                # gamma 2 at 94.9% of gamma 1's truth).
+                # Near the best, within 10%: the window (20 simulated seconds) may still hold the end of the ramp
+                # (seen: gamma 2 at 94.9% of gamma 1's truth).
                 assert truth[gamma] >= 0.90 * max(truth.values()), truth
 
                 metrics = (await client.get("/metrics")).text
