@@ -7,9 +7,10 @@ one point of the eagle3 sweep and the K=0 overhead file, not fitted to the sweep
 - vLLM EAGLE k-sweep, batch 1, H100 (vllm-eagle-k-sweep-bs1.csv): every row within 20% (observed: eagle3 +8..+16%,
   eagle1 -8..-16%; the heads' real costs sit between our two head profiles), and the best k within one of the
   measured best.
-- Spec-Bench batch 1 on A100, vicuna-7b (specbench-batch1.csv; HF-transformers loops, trees for EAGLE): within
-  35% (observed: eagle 2.46 vs 2.29, pld 1.62 vs 1.59, sps 1.81 vs 1.49), the methods ranked as measured where
-  the measured speedups differ by more than 0.3.
+- Spec-Bench batch 1 (specbench-batch1.csv; HF-transformers loops, trees for EAGLE): every row the model can
+  represent (eagle, pld, sps on A100 x vicuna-7b/13b/33b) within its method's tolerance (SPECBENCH_REL_TOL, where
+  the observed errors are listed), and per target the methods ranked as measured where the measured speedups
+  differ by more than 0.3. RTX 3090 rows wait for a hardware profile (skipped, reason given).
 """
 
 from __future__ import annotations
@@ -79,41 +80,108 @@ def test_plain_batch1_step_matches_the_published_tpot() -> None:
     assert base == pytest.approx(PLAIN_TPOT_MS * 1e-3, rel=0.05)
 
 
-def _specbench_context(method: str) -> ModelContext:
-    target = model_from_hf_config(VICUNA_7B, name="vicuna-7b", source="lmsys/vicuna-7b-v1.3 config.json")
-    hardware = hardware_by_name("a100-80gb-sxm")
-    if method == "sps":
+# lmsys/vicuna-13b-v1.3 and lmsys/vicuna-33b-v1.3 config.json (Hugging Face; Llama-1 13B / 30B shapes, MHA).
+VICUNA_13B = {
+    "hidden_size": 5120, "intermediate_size": 13824, "num_hidden_layers": 40, "num_attention_heads": 40,
+    "vocab_size": 32000, "torch_dtype": "float16", "tie_word_embeddings": False,
+}
+VICUNA_33B = {
+    "hidden_size": 6656, "intermediate_size": 17920, "num_hidden_layers": 60, "num_attention_heads": 52,
+    "vocab_size": 32000, "torch_dtype": "float16", "tie_word_embeddings": False,
+}
+SPECBENCH_TARGETS = {"vicuna-7b": VICUNA_7B, "vicuna-13b": VICUNA_13B, "vicuna-33b": VICUNA_33B}
+# The leaderboard says "A100 80GB" without the form factor; the SXM profile is used (S is a ratio of step times,
+# so the PCIe card's 5% lower bandwidth barely moves it).
+SPECBENCH_GPUS = {"a100-80gb": "a100-80gb-sxm", "rtx3090": "rtx3090"}
+
+# Methods with a drafter of that kind in policies/. Out: medusa / hydra (parallel heads on the target's last hidden
+# state, no DraftMethod for them), rest (retrieval datastore), lookahead (Jacobi iteration inside the target's own
+# forward). eagle2 is EAGLE-1's head with a dynamic, re-ranked tree that verifies tens of tokens per step; priced as
+# a chain its AL (4.36) would be bought with a verify far cheaper than the real one, so it is not mapped to EAGLE.
+SPECBENCH_METHODS = {"eagle": DraftMethod.EAGLE, "pld": DraftMethod.NGRAM, "sps": DraftMethod.DRAFT_MODEL}
+# Spec-Bench's defaults: EAGLE depth-5 tree (priced here as a 5-draft chain), sps gamma 4, pld up to 10 tokens.
+SPECBENCH_GAMMA = {"eagle": 5, "sps": 4, "pld": 10}
+# Every included row is over-predicted; the model's overhead constants come from vLLM (CUDA graphs), while Spec-Bench
+# runs eager HF-transformers loops whose per-step Python and launch costs are larger; the 13b/33b errors exceed 7b's
+# for eagle and pld. Tolerance = worst observed error (A100) plus a margin for constant changes elsewhere:
+# - pld: +9.2% (13b; 7b +1.6%, 33b +7.3%). No drafter weights, so only the verify step's pricing is in play: 15%.
+# - eagle: +19.3% (13b; 7b +7.4%, 33b +18.2%). Adds the ~26-node tree priced as a 6-token chain and HF's tree-mask
+#   bookkeeping per step: 25%.
+# - sps: +28.1% (13b; 7b +21.6%, 33b +17.8%). The 2-layer vicuna-68m draft is launch-bound in an eager loop, four
+#   times a step, where the model charges 0.5 ms a draft step (vLLM's figure): 35%.
+SPECBENCH_REL_TOL = {"eagle": 0.25, "pld": 0.15, "sps": 0.35}
+
+
+def _specbench_context(gpu: str, target_name: str, method: str) -> ModelContext:
+    target = model_from_hf_config(
+        SPECBENCH_TARGETS[target_name], name=target_name, source=f"lmsys/{target_name}-v1.3 config.json",
+    )
+    hardware = hardware_by_name(SPECBENCH_GPUS[gpu])
+    kind = SPECBENCH_METHODS[method]
+    if kind == DraftMethod.DRAFT_MODEL:
         draft = model_from_hf_config(VICUNA_68M, name="vicuna-68m", source="double7/vicuna-68m config.json")
-        return ModelContext(hardware, target, drafter_for(DraftMethod.DRAFT_MODEL, target, draft_model=draft))
-    kind = {"eagle": DraftMethod.EAGLE, "pld": DraftMethod.NGRAM}[method]
+        return ModelContext(hardware, target, drafter_for(kind, target, draft_model=draft))
     return ModelContext(hardware, target, drafter_for(kind, target))
 
 
-# Spec-Bench's defaults: EAGLE depth-5 tree (priced here as a 5-draft chain), sps gamma 4, pld up to 10 tokens.
-SPECBENCH_GAMMA = {"eagle": 5, "sps": 4, "pld": 10}
+def _specbench_predicted(row: dict[str, str]) -> float:
+    gamma = SPECBENCH_GAMMA[row["method"]]
+    curve, _ = curve_for(
+        _specbench_context(row["gpu"], row["target"], row["method"]),
+        _chain(gamma, float(row["mean_accepted_tokens"])), batch=1.0, context_tokens=512.0,
+    )
+    return curve[gamma].speedup
 
 
-def test_specbench_a100_vicuna_7b_at_batch_1() -> None:
-    rows = [r for r in _rows("specbench-batch1.csv") if r["gpu"] == "a100-80gb" and r["target"] == "vicuna-7b"]
-    predicted: dict[str, float] = {}
-    measured: dict[str, float] = {}
-    for row in rows:
-        method = row["method"]
-        if method not in SPECBENCH_GAMMA:
-            continue  # medusa, hydra, rest, lookahead: no drafter profile of that kind
-        gamma = SPECBENCH_GAMMA[method]
-        curve, _ = curve_for(
-            _specbench_context(method), _chain(gamma, float(row["mean_accepted_tokens"])), batch=1.0,
-            context_tokens=512.0,
+def _has_hardware(gpu: str) -> bool:
+    try:
+        hardware_by_name(SPECBENCH_GPUS[gpu])
+    except ValueError:
+        return False
+    return True
+
+
+def _specbench_params() -> list[object]:
+    params: list[object] = []
+    for row in _rows("specbench-batch1.csv"):
+        if row["method"] not in SPECBENCH_METHODS:
+            continue
+        # No RTX 3090 profile in policies/catalog.py or fixtures/hardware.csv: its rows run once one is added.
+        marks = () if _has_hardware(row["gpu"]) else pytest.mark.skip(
+            reason=f"no hardware profile for {row['gpu']} (policies/catalog.py HARDWARE_ROWS)"
         )
-        predicted[method] = curve[gamma].speedup
-        measured[method] = float(row["overall_speedup"])
-        assert predicted[method] == pytest.approx(measured[method], rel=0.35), method
-    assert set(predicted) == {"eagle", "sps", "pld"}
-    for a, measured_a in measured.items():
-        for b, measured_b in measured.items():
-            if measured_a - measured_b > 0.3:
-                assert predicted[a] > predicted[b], (a, b)
+        params.append(pytest.param(row, id=f"{row['gpu']}-{row['target']}-{row['method']}", marks=marks))
+    return params
+
+
+@pytest.mark.parametrize("row", _specbench_params())
+def test_specbench_row_at_batch_1(row: dict[str, str]) -> None:
+    predicted = _specbench_predicted(row)
+    measured = float(row["overall_speedup"])
+    tolerance = SPECBENCH_REL_TOL[row["method"]]
+    assert predicted == pytest.approx(measured, rel=tolerance), (
+        f"{row['gpu']} {row['target']} {row['method']}: predicted {predicted:.2f}, measured {measured:.2f}, "
+        f"tolerance {tolerance:.0%}"
+    )
+
+
+def test_specbench_a100_ranks_the_methods_as_measured() -> None:
+    # Only pairs measured more than 0.3 apart: pld and sps are 0.10 / 0.01 / 0.19 apart on 7b / 13b / 33b, closer
+    # than the model's own error, and on 7b the model puts sps (1.81) above pld (1.62) where the measurement has
+    # pld 1.59 > sps 1.49.
+    by_target: dict[str, dict[str, tuple[float, float]]] = {}
+    for row in _rows("specbench-batch1.csv"):
+        if row["gpu"] == "a100-80gb" and row["method"] in SPECBENCH_METHODS:
+            by_target.setdefault(row["target"], {})[row["method"]] = (
+                _specbench_predicted(row), float(row["overall_speedup"]),
+            )
+    assert set(by_target) == set(SPECBENCH_TARGETS)
+    for target, methods in by_target.items():
+        assert set(methods) == set(SPECBENCH_METHODS), target
+        for a, (predicted_a, measured_a) in methods.items():
+            for b, (predicted_b, measured_b) in methods.items():
+                if measured_a - measured_b > 0.3:
+                    assert predicted_a > predicted_b, (target, a, b)
 
 
 # ---------------------------------------------------------------------------------------------------------------
