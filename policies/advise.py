@@ -148,11 +148,13 @@ def advise_target(
                 objective_curve(ctx, acceptance, workload, config=objective_config, scales=alt)[0]
                 for alt in split_alternatives(ctx, fit.scales, point)
             ]
-            curve = envelope(curve, others)
-            split_note = (
+            widened = envelope(curve, others)
+            # A host drafter (n-gram, suffix) has no drafting part the draft scale moves: nothing to say then.
+            split_note = "" if widened == curve else (
                 f"drafting vs target split not measured yet (no {'plain' if evidence.speculation_on else 'speculative'}"
                 f" steps seen): bands cover drafting x{DRAFT_RANGE[0]:g}..x{DRAFT_RANGE[1]:g}"
             )
+            curve = widened
     probe: Probe | None = None
     usable = recalled is not None and recalled.usable
     off_on_memory = decide_config.explore and usable and not evidence.speculation_on
@@ -192,7 +194,7 @@ def advise_target(
         else:
             planned = None
         # The queue a restart errors counts as far as the server would have caught up with it (plan.queue_weight).
-        inflight_s += queue_weight(plan_state) * queued_work_s(evidence)
+        inflight_s += queue_weight(plan_state, tau_s=decide_config.payback_horizon_s) * queued_work_s(evidence)
     decision, decide_state = decide(
         evidence, curve, decide_config, decide_state, now_s, probe=probe, measured=measured, inflight_s=inflight_s,
         plan=planned, cost_scale=cost_scale,

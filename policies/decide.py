@@ -257,15 +257,13 @@ def decide(
             head += f"; probing: {probe.why}"
             probing = True
     elif candidate != current:
-        scale = cost_scale if math.isfinite(cost_scale) and cost_scale > 0 else 1.0
         pays, cost_note = change_pays(
             gain=_relative_gain(choose, current, candidate),
-            change_cost_s=config.change_cost_s * scale,
-            inflight_s=inflight_s * scale,
+            change_cost_s=config.change_cost_s,
+            inflight_s=inflight_s,
             payback_horizon_s=config.payback_horizon_s,
+            cost_scale=cost_scale if plan else 1.0,
         )
-        if plan and cost_note:
-            cost_note += f" (today's cost x {scale:.2f}: today's delivered rate over the planned value)"
         if not pays:
             head += f"; {_describe(candidate)} held back by its cost: {cost_note}, keeps {_describe(current)}"
             candidate = current
@@ -400,7 +398,8 @@ def _candidate(
 
 
 def change_pays(
-    *, gain: float | None, change_cost_s: float, inflight_s: float, payback_horizon_s: float
+    *, gain: float | None, change_cost_s: float, inflight_s: float, payback_horizon_s: float,
+    cost_scale: float = 1.0,
 ) -> tuple[bool, str]:
     """Whether a change's predicted gain pays back what a restart destroys over the horizon, and the numbers.
 
@@ -409,7 +408,9 @@ def change_pays(
     (s, >= 0; NaN or negative read as 0) the in-flight work a restart drops (`inflight_work_s`), both in
     seconds of full service; `payback_horizon_s` (s, > 0) how long the change must pay back over. Pays when
     gain x horizon > change_cost_s + inflight_s (module docstring, rule 4); change_cost_s = 0 (no restart)
-    always pays with an empty text.
+    always pays with an empty text. `cost_scale` (> 0; anything else reads as 1) converts the cost into the
+    gain's units when the gain is planned over the recent load (policies/plan.py): the cost is then compared
+    x cost_scale, and the text shows both.
 
     Example: gain 0.057, cost 20 s, in-flight 2.56 s, horizon 600 s: 0.057 x 600 = 34.2 s > 22.56 s -> (True,
     "gain 5.7% x 600s horizon = 34.2s vs change cost 20.0s outage + 2.6s in-flight work = 22.6s"); gain 0.036
@@ -424,6 +425,10 @@ def change_pays(
         f"gain {gain:.1%} x {payback_horizon_s:.0f}s horizon = {won:.1f}s vs change cost {change_cost_s:.1f}s "
         f"outage + {lost:.1f}s in-flight work = {cost:.1f}s"
     )
+    scale = cost_scale if math.isfinite(cost_scale) and cost_scale > 0 else 1.0
+    if scale != 1.0:
+        cost *= scale
+        text += f" x {scale:.2f} (today's delivered rate over the planned value) = {cost:.1f}s"
     return won > cost, text
 
 

@@ -22,15 +22,16 @@ Three objectives (DESIGN.md section 4), chosen per tick from the evidence:
       goodput(gamma) = delivered(gamma) x share(gamma),   S_slo = goodput(gamma) / goodput(0)
   Why 0.10: with the batch shared, every request in a step sees the same step time; what sets one request apart
   is its own acceptance (E[L] varies by about +-10% between requests of one workload when the per-request
-  acceptance rate varies by +-0.05 around 0.7 at k = 3: E[L] = (1 - a^4) / (1 - a) goes 2.53 -> 2.36..2.70) and
+  acceptance rate varies by +-0.05 around 0.7 at k = 3: E[L] = (1 - a^4) / (1 - a) goes 2.53 -> 2.35..2.73) and
   the load changing during its life. A power law (SLO / ITL)^4 was used before: it credits an option 37% over
   the SLO with 28% of its tokens meeting it, where a spread of 10% gives 0.07%, and it made an advisor switch
   speculation off on a server where neither option met the SLO at all (both "shares" looked like 0.28 vs 0.14,
   a 2x "gain" in tokens nobody could count), which blinded it to the acceptance it could no longer measure.
   The floor says that some requests always meet an SLO (very short ones, idle moments): without it S_slo is a
   ratio of two vanishing numbers (1e-6 / 1e-9), meaningless and unreadable on a dashboard; with it S_slo stays in
-  [0.01, 100]. `slo_share` on each point is share(gamma): decide weighs a change by the tokens it moves across
-  the SLO per delivered token (rule 4), not by a ratio of shares.
+  [0.01, 100] while latency-bound (capacity-bound, the throughput ratio multiplies in). `slo_share` on each point
+  is share(gamma): decide weighs a change by the tokens it moves across the SLO per delivered token (rule 4), not
+  by a ratio of shares.
   Delivered tokens/s: when capacity-bound, the throughput B(gamma) E[L] / T (B(gamma) from the capacity rule);
   when latency-bound the server already delivers everything asked of it, the same for every option, so
       S_slo = share(gamma) / share(0)          (latency-bound)

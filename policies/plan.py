@@ -28,19 +28,19 @@ cost by `cost_scale` = G_now / V(c) (cheap while light, dear while heavy). With 
 V = U_now x S / S(c) and the scale is G_now / U_now: 1 without an SLO, 1 / share(c) under one, which is
 exactly decide's single-window rule (a gain counted per delivered token).
 
-Worked example (load-shift, gamma 3 running): 200 s at 300 tokens/s where S(1) / S(3) = 1.46 / 1.70
-(V_t(1) - V_t(3) = -42), then 240 s at 6000 tokens/s capacity-bound where 1.14 / 1.05 (+514). Ten minutes
-later at 300 tokens/s with tau 600 s the two phases weigh about 0.45 / 0.55: V(1) - V(3) = 0.45 x -42 +
-0.55 x 514 = +264 tokens/s over V(3) = 0.45 x 300 + 0.55 x 6000 = 3435, a gain of 7.7%; the scale is 300 /
-3435 = 0.09, so a 20 s restart costs 1.7 s of the planned rate: worth it (7.7% x 600 s = 46 s). Inside the
-heavy phase the scale is 6000 / 3435 = 1.7 and the queue is dear too (`queue_weight`): held.
+Worked example (load-shift, gamma 3 running, a tick every 5 s, tau 600 s; replayed with this module): 200 s at
+300 tokens/s where S(1) / S(3) = 1.46 / 1.70 (V_t(1) - V_t(3) = -42), then 6000 tokens/s capacity-bound where
+1.14 / 1.05 (+514). 120 s into the heavy phase V(1) - V(3) = +202 tokens/s over V(3) = 2800: a planned gain of
+7.2% (43 s over 600 s) against a restart priced x 6000 / 2800 = 2.14: 20 s + in-flight ~6 s = 26 s becomes 56 s,
+plus the queue (x 0.82, `queue_weight`): held. After 240 s of it and 60 s of light again, V(1) - V(3) = +251 over
+V(3) = 3307, a 7.6% gain (46 s) against a restart x 300 / 3307 = 0.09: 20.8 s becomes 1.9 s, and it moves.
 
 The queue. A restart errors the queued requests as well as the running ones. Whether that loses service depends
 on whether the server would have caught up with them: in a persistent overload it is busy either way (the
 queue it drops is replaced within seconds), in a transient one the queue is work it would have served once the
-load fell. `queue_weight` = 1 - the decayed share of recent ticks that were capacity-bound is the estimate of
-the chance it catches up (0 after an hour of overload, ~0.5 half-way into a swing), by which decide weighs the
-queue's output tokens.
+load fell. `queue_weight` = 1 - (decayed seconds capacity-bound) / tau is the estimate of the chance it catches
+up (~0 after an hour of overload, 0.82 two minutes into one, 1 for a plan that has seen none), by which decide
+weighs the queue's output tokens.
 """
 
 from __future__ import annotations
@@ -51,15 +51,19 @@ from dataclasses import dataclass, replace
 
 from policies.types import CurvePoint
 
+# The most one tick may add to the capacity-bound seconds (s): a few estimator windows.
+MAX_TICK_GAP_S = 60.0
+
 
 @dataclass(frozen=True, slots=True)
 class PlanState:
     """The decayed sums the plan carries between ticks: `values[g]` = sum of w x V_t(g) (tokens/s), `weight` =
-    sum of w, `capacity_weight` = the weight of capacity-bound ticks, decayed to `at_s` (Unix s; None: empty)."""
+    sum of w, `capacity_s` = the decayed seconds spent capacity-bound (each tick counts the time since the one
+    before, at most `MAX_TICK_GAP_S`), all decayed to `at_s` (Unix s; None: empty)."""
 
     values: tuple[float, ...] = ()
     weight: float = 0.0
-    capacity_weight: float = 0.0
+    capacity_s: float = 0.0
     at_s: float | None = None
 
 
@@ -81,21 +85,28 @@ def observe(
     Example: empty plan, curve S = (1.0, 1.46, 1.60, 1.70), gamma 3 running at 300 tokens/s -> values (176.5,
     257.6, 282.4, 300.0), weight 1.0.
     """
-    decay = 1.0
+    decay, gap = 1.0, 0.0
     if state.at_s is not None and tau_s > 0:
-        decay = math.exp(-max(0.0, now_s - state.at_s) / tau_s)
+        gap = max(0.0, now_s - state.at_s)
+        decay = math.exp(-gap / tau_s)
     values = tuple(v * decay for v in state.values)
-    weight, capacity_weight = state.weight * decay, state.capacity_weight * decay
+    weight = state.weight * decay
+    # A long gap (the sidecar was down, the target unreachable) says nothing about how long the overload lasted.
+    capacity_s = state.capacity_s * decay + (min(gap, MAX_TICK_GAP_S) if capacity_bound else 0.0)
     running = _speed_of(curve, running_gamma)
-    if value_rate is None or not (math.isfinite(value_rate) and value_rate > 0) or running is None or running <= 0:
-        return PlanState(values, weight, capacity_weight, now_s)
+    if value_rate is None or not (math.isfinite(value_rate) and value_rate > 0):
+        return PlanState(values, weight, capacity_s, now_s)
+    if running is None or not (math.isfinite(running) and running > 0):
+        return PlanState(values, weight, capacity_s, now_s)
     tick = tuple(value_rate * p.speedup / running for p in curve)
+    if not all(math.isfinite(t) and t >= 0 for t in tick):
+        return PlanState(values, weight, capacity_s, now_s)  # a broken curve point: this tick teaches nothing
     if len(values) != len(tick):
-        values, weight, capacity_weight = (0.0,) * len(tick), 0.0, 0.0
+        values, weight = (0.0,) * len(tick), 0.0
     return PlanState(
         values=tuple(v + t for v, t in zip(values, tick, strict=True)),
         weight=weight + 1.0,
-        capacity_weight=capacity_weight + (1.0 if capacity_bound else 0.0),
+        capacity_s=capacity_s,
         at_s=now_s,
     )
 
@@ -121,12 +132,15 @@ def cost_scale(state: PlanState, *, running_gamma: int, delivered_rate: float | 
     return delivered_rate / here
 
 
-def queue_weight(state: PlanState) -> float:
-    """1 - the decayed share of capacity-bound ticks (0..1): the chance the server would have served a queue a
-    restart drops (module docstring). 1.0 for an empty plan (nothing says the overload persists)."""
-    if state.weight <= 0:
+def queue_weight(state: PlanState, *, tau_s: float) -> float:
+    """1 - the decayed capacity-bound seconds over tau_s (0..1): the chance the server would have served a queue a
+    restart drops (module docstring). The whole horizon is the denominator, so time not yet observed counts as
+    not capacity-bound: a fresh plan (a restarted sidecar) does not take one overloaded tick for a persistent
+    overload. Example: tau 600 s, capacity-bound for the last 120 s -> 1 - 600 x (1 - e^-0.2) / 600 = 0.82; for
+    the last hour -> 0.0025."""
+    if not tau_s > 0:
         return 1.0
-    return max(0.0, min(1.0, 1.0 - state.capacity_weight / state.weight))
+    return max(0.0, min(1.0, 1.0 - state.capacity_s / tau_s))
 
 
 def plan_curve(state: PlanState, curve: Sequence[CurvePoint]) -> tuple[CurvePoint, ...] | None:

@@ -14,8 +14,8 @@ also cover drafting's prior-driven part (what `CostScales.draft` scales: the dra
 the speculative bookkeeping is measured data, policies/profiles.py) being `DRAFT_RANGE` = x0.5 .. x2 of the
 fitted one, each alternative re-balanced so that it still explains the step that was observed: the target's
 forward takes what drafting gives up, (1 - f) x that part at the observed operating point, as an additive
-`CostScales.target_offset_s` (never removing more than 90% of the target's fixed term, which bounds the x2
-alternative where drafting would otherwise claim more than the whole step). The band of each point is
+`CostScales.target_offset_s` (never removing more than 90% of the target's fixed term: where x2 would, the factor
+is lowered to what the target can give, so every alternative explains the observed step). The band of each point is
 the envelope of the three curves (fitted, cheaper drafting, dearer drafting); the point value stays the fitted
 one. Why x0.5 .. x2: the drafter profiles' own derivations (policies/profiles.py) put their launch terms at
 0.775-1.5 ms per step from one engine's k-sweep; another engine, GPU or head design halves or doubles that.
@@ -23,7 +23,8 @@ one. Why x0.5 .. x2: the drafter profiles' own derivations (policies/profiles.py
 Example (H100 profile, Llama-3.1-8B, EAGLE, uncalibrated, batch 5, ctx 768, k = 3): the k = 3 step is 11.17 ms,
 plain decoding 7.21 ms; drafting's prior-driven part at k = 3 is 3.15 ms, the target's fixed term 1.60 ms. x0.5:
 the target gains 1.58 ms, plain decoding 8.79 ms, the k = 3 step still 11.17 ms. x2: the target would give up
-3.15 ms, more than 90% of its fixed term: it gives 1.44 ms, plain decoding 5.77 ms, the k = 3 step 12.88 ms.
+3.15 ms, more than 90% of its fixed term: it gives 1.44 ms and drafting grows by as much (x1.46), plain decoding
+5.77 ms, the k = 3 step still 11.17 ms.
 """
 
 from __future__ import annotations
@@ -64,8 +65,9 @@ def observed_step_s(ctx: ModelContext, scales: CostScales, point: OperatingPoint
 def alternatives(ctx: ModelContext, scales: CostScales, point: OperatingPoint) -> tuple[CostScales, ...]:
     """The fitted scales with drafting's prior-driven part at each factor f of `DRAFT_RANGE` and the target given
     what drafting gives up, (1 - f) x that part at `point` (`CostScales.target_offset_s`), so that the step at
-    `point` (what was observed) keeps its predicted time; the offset never removes more than 90% of the target's
-    fixed term (module docstring). At a plain-decoding point (no drafts) nothing is moved to the target.
+    `point` (what was observed) keeps its predicted time. The offset never removes more than 90% of the target's
+    fixed term; where x2 would, f is lowered to 1 + 0.9 x fixed / part, so the observed step is still explained
+    (module docstring). At a plain-decoding point (no drafts) nothing is moved to the target.
     """
     out: list[CostScales] = []
     part = 0.0
@@ -82,8 +84,12 @@ def alternatives(ctx: ModelContext, scales: CostScales, point: OperatingPoint) -
         ctx.hardware, ctx.model, batch=point.batch, tokens_per_seq=1.0, context_tokens=point.context_tokens,
         tensor_parallel=ctx.tensor_parallel, scales=scales, prefill_tokens=point.prefill_tokens,
     ).overhead_s
-    for factor in DRAFT_RANGE:
-        offset = max((1.0 - factor) * part, -_MAX_OFFSET_SHARE * fixed)
+    for wanted in DRAFT_RANGE:
+        factor, offset = wanted, (1.0 - wanted) * part
+        if part > 0 and offset < -_MAX_OFFSET_SHARE * fixed:
+            # The target cannot give up that much: drafting grows only by what it can give.
+            offset = -_MAX_OFFSET_SHARE * fixed
+            factor = 1.0 - offset / part
         out.append(replace(scales, draft=scales.draft * factor, target_offset_s=scales.target_offset_s + offset))
     return tuple(out)
 

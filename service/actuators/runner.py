@@ -241,17 +241,20 @@ class ActuationRunner:
         )
         detail = plan.detail if not result.detail else f"{plan.detail}; {result.detail}".strip("; ")
         # The record first, the counters after: a reader of /v1/actions that sees the count also sees the record
-        # (the write awaits a thread, and GET /v1/actions is served meanwhile).
-        await self._write(self._record(
-            runtime, "action", now_s, status=status, observation=observation, desired=plan.desired, reason=reason,
-            detail=detail, result=label, apply=result,
-        ))
-        runtime.actions[label] = runtime.actions.get(label, 0) + 1
-        runtime.last_result = label
-        if result.error is not None:
-            runtime.errors[result.error.value] = runtime.errors.get(result.error.value, 0) + 1
-        self.version += 1
-        self._throttle.reset(runtime.target)
+        # (the write awaits a thread, and GET /v1/actions is served meanwhile). The action happened whatever the
+        # write does (a cancelled await, an unexpected error): the counters and the throttle follow it anyway.
+        try:
+            await self._write(self._record(
+                runtime, "action", now_s, status=status, observation=observation, desired=plan.desired,
+                reason=reason, detail=detail, result=label, apply=result,
+            ))
+        finally:
+            runtime.actions[label] = runtime.actions.get(label, 0) + 1
+            runtime.last_result = label
+            if result.error is not None:
+                runtime.errors[result.error.value] = runtime.errors.get(result.error.value, 0) + 1
+            self.version += 1
+            self._throttle.reset(runtime.target)
 
     async def _act(
         self,

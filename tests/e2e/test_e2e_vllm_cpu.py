@@ -265,9 +265,12 @@ def test_sidecar_recommendation_on_live_vllm_follows_load(
         # it with this test's 32 clients and the sidecar, and in one CI run in ~3 it fed the engine one request at
         # a time for the whole phase (seen: 0.991 sequences per step under 32 clients vs 0.991 under one). The
         # sidecar's count was right (one ITL observation per step); the load never reached the engine. One more
-        # high phase; if the engine is still not batching, the assertions below fail with both readings.
-        print(f"high phase reached the engine at {high.evidence.get('decode_seqs_per_step')} seqs/step; again")
+        # high phase; if the engine is still not batching, the test fails with the low and both high readings.
+        first_high = high.evidence
+        print(f"high phase reached the engine at {first_high.get('decode_seqs_per_step')} seqs/step; again")
         high = asyncio.run(_phase(vllm_server, sidecar, concurrency=HIGH_CONCURRENCY))
+        assert _batched_more(low, high), ("the engine never batched under load", low.evidence, first_high,
+                                          high.evidence)
     record_timing(request.config, "sidecar load phases", time.monotonic() - t0)
     vllm_server.assert_alive()
     # The phases differ in load as intended: sequences each engine step verified (Δ ITL count / Δ engine steps over

@@ -150,3 +150,14 @@ def test_under_an_slo_a_probe_counts_the_tokens_it_could_move_across_the_slo() -
     assert probe_for(age_s=120.0, **args) is None  # type: ignore[arg-type]
     probe = probe_for(age_s=240.0, **args)  # type: ignore[arg-type]
     assert probe is not None and "share 0.01 meeting the SLO off" in probe.why
+
+
+def test_a_planned_cost_shows_todays_cost_and_its_scale() -> None:
+    # 20 s + 0.8 s = 20.8 s today, x 0.09 in the plan's units = 1.9 s: a 7.7% planned gain over 600 s (46 s) pays.
+    pays, text = change_pays(gain=0.077, change_cost_s=20.0, inflight_s=0.8, payback_horizon_s=600.0,
+                             cost_scale=0.09)
+    assert pays
+    assert "change cost 20.0s outage + 0.8s in-flight work = 20.8s x 0.09" in text and text.endswith("= 1.9s")
+    # x 2.5 (deep in a heavy phase): 52 s > 46 s.
+    assert not change_pays(gain=0.077, change_cost_s=20.0, inflight_s=0.8, payback_horizon_s=600.0,
+                           cost_scale=2.5)[0]

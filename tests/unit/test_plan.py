@@ -27,7 +27,7 @@ def test_a_tick_adds_the_value_of_each_gamma_in_tokens_per_second() -> None:
     # V_t(g) = 300 x S(g) / S(3).
     assert state.values == pytest.approx((300 / 1.70, 300 * 1.46 / 1.70, 300 * 1.60 / 1.70, 300.0))
     assert planned_rate(state, 3) == pytest.approx(300.0)
-    assert queue_weight(state) == 1.0
+    assert queue_weight(state, tau_s=600.0) == 1.0
 
 
 def test_old_ticks_fade_with_the_horizon() -> None:
@@ -38,12 +38,39 @@ def test_old_ticks_fade_with_the_horizon() -> None:
     # The light tick weighs exp(-1) = 0.368 against the heavy tick's 1.
     w = math.exp(-1.0)
     assert planned_rate(heavy, 1) == pytest.approx((w * 300.0 + 6000.0) / (w + 1.0))
-    assert queue_weight(heavy) == pytest.approx(1.0 - 1.0 / (w + 1.0))
+    # The heavy tick came 600 s after the light one: it counts at most 60 s of overload, of a 600 s horizon.
+    assert queue_weight(heavy, tau_s=600.0) == pytest.approx(1.0 - 60.0 / 600.0)
     # No rate: nothing added, the sums only fade (the mean is unchanged).
     later = observe(heavy, _curve(1.0), running_gamma=1, value_rate=None, capacity_bound=True, now_s=T0 + 1200.0,
                     tau_s=600.0)
     assert later.weight == pytest.approx(heavy.weight * w)
     assert planned_rate(later, 1) == pytest.approx(planned_rate(heavy, 1) or 0.0)
+
+
+def test_a_fresh_plan_does_not_take_a_short_overload_for_a_persistent_one() -> None:
+    # A sidecar that starts during an overload: after 2 minutes of capacity-bound ticks the queue still mostly
+    # counts (1 - (1 - e^-0.2) = 0.82); after an hour it does not (0.0025).
+    def overloaded_for(seconds: float) -> PlanState:
+        state = PlanState()
+        for i in range(int(seconds / 5.0) + 1):
+            state = observe(state, _curve(1.0), running_gamma=1, value_rate=6000.0, capacity_bound=True,
+                            now_s=T0 + 5.0 * i, tau_s=600.0)
+        return state
+
+    assert queue_weight(overloaded_for(5.0), tau_s=600.0) == pytest.approx(1.0 - 5.0 / 600.0, rel=1e-3)
+    assert queue_weight(overloaded_for(120.0), tau_s=600.0) == pytest.approx(math.exp(-0.2), abs=0.01)
+    assert queue_weight(overloaded_for(3600.0), tau_s=600.0) == pytest.approx(math.exp(-6.0), abs=0.01)
+
+
+def test_a_broken_curve_point_teaches_the_plan_nothing() -> None:
+    state = observe(PlanState(), _curve(1.2), running_gamma=1, value_rate=300.0, capacity_bound=False, now_s=T0,
+                    tau_s=600.0)
+    broken = _curve(float("nan"))
+    after = observe(state, broken, running_gamma=1, value_rate=300.0, capacity_bound=False, now_s=T0 + 5.0,
+                    tau_s=600.0)
+    assert after.weight == pytest.approx(state.weight * math.exp(-5.0 / 600.0))
+    assert planned_rate(after, 1) == pytest.approx(300.0)
+    assert plan_curve(after, _curve(1.2)) is not None
 
 
 def test_the_plan_curve_is_the_mean_value_over_plain_decoding_with_this_ticks_band() -> None:
@@ -91,7 +118,7 @@ def test_decide_moves_to_the_planned_gamma_when_a_restart_is_cheap_now() -> None
 
 
 def test_decide_holds_the_planned_gamma_when_a_restart_is_dear_now() -> None:
-    # In the heavy phase the same restart costs 1.7x: 47 s < (20 s + in-flight) x 1.7 + ... held back.
+    # Today's rate 2.5x the planned value (deep in a heavy phase): (20 s + 0.8 s in flight) x 2.5 = 52 s > 47 s.
     enabled, gamma, _, reason = _published_after_a_dwell(cost_scale=2.5)
     assert (enabled, gamma) == (True, 3)
     assert "held back by its cost" in reason

@@ -30,14 +30,17 @@ def test_cheaper_drafting_gives_the_target_what_it_gives_up_and_still_explains_t
     fitted = CostScales()
     part = _drafting(fitted) - _drafting(replace(fitted, draft=0.0))  # what the draft scale multiplies
     cheaper, dearer = alternatives(CTX, fitted, SPEC)
-    assert cheaper.draft == DRAFT_RANGE[0] and dearer.draft == DRAFT_RANGE[1]
+    assert cheaper.draft == DRAFT_RANGE[0]
     # x0.5: the observed k=3 step is unchanged and plain decoding is slower by half that part.
     assert observed_step_s(CTX, cheaper, SPEC) == pytest.approx(observed_step_s(CTX, fitted, SPEC))
     assert observed_step_s(CTX, cheaper, PLAIN) == pytest.approx(observed_step_s(CTX, fitted, PLAIN) + 0.5 * part)
-    # x2: the target cannot give up the whole part (more than its fixed term): at most 90% of that term.
+    # x2: the target cannot give up the whole part (more than its fixed term): at most 90% of that term, and
+    # drafting grows by only as much, so the observed step is still explained.
     fixed = target_step_time(CTX.hardware, CTX.model, batch=5.0, tokens_per_seq=1.0, context_tokens=768.0).overhead_s
     assert part > 0.9 * fixed
     assert observed_step_s(CTX, dearer, PLAIN) == pytest.approx(observed_step_s(CTX, fitted, PLAIN) - 0.9 * fixed)
+    assert observed_step_s(CTX, dearer, SPEC) == pytest.approx(observed_step_s(CTX, fitted, SPEC))
+    assert 1.0 < dearer.draft < DRAFT_RANGE[1]
 
 
 def test_at_a_plain_point_nothing_moves_to_the_target() -> None:
