@@ -76,3 +76,36 @@ async def run_for(
 
         results = await asyncio.gather(*(worker(w) for w in range(concurrency)))
     return sum(results)
+
+
+async def run_waves(
+    base_url: str, *, model: str, wave: int, period_s: float, duration_s: float, max_tokens: int = MAX_TOKENS
+) -> int:
+    """Open-loop load: `wave` requests sent together every `period_s` until `duration_s` passed, whether or not
+    the previous wave has finished (a wave is skipped while more than two waves are still out). Returns the
+    requests completed.
+
+    Why not closed-loop: on 2 cores vLLM's CPU engine ran one request at a time for seconds on end under a closed
+    loop of 32 clients (its log: 'Running: 1 reqs' for 5-15 s between 1-2 s bursts of 32): its front end shares a
+    core with the engine's loop and admits what has piled up in bursts. Waves keep up to three waves outstanding,
+    so each burst admits more (46-75 running in the log of a wave run); the pauses between bursts remain.
+    """
+    deadline = time.monotonic() + duration_s
+    async with httpx.AsyncClient(timeout=120.0, limits=LIMITS) as client:
+        tasks: set[asyncio.Task[int]] = set()
+        done = 0
+        sent = 0
+        while time.monotonic() < deadline:
+            finished = {t for t in tasks if t.done()}
+            done += sum(t.result() > 0 for t in finished)
+            tasks -= finished
+            if len(tasks) <= 2 * wave:
+                for _ in range(wave):
+                    prompt = PROMPTS[sent % len(PROMPTS)]
+                    tasks.add(asyncio.create_task(
+                        complete(client, base_url, model=model, prompt=prompt, max_tokens=max_tokens)
+                    ))
+                    sent += 1
+            await asyncio.sleep(period_s)
+        results = await asyncio.gather(*tasks)
+    return done + sum(r > 0 for r in results)
