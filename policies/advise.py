@@ -150,10 +150,12 @@ def advise_target(
             ]
             widened = envelope(curve, others)
             # A host drafter (n-gram, suffix) has no drafting part the draft scale moves: nothing to say then.
-            split_note = "" if widened == curve else (
-                f"drafting vs target split not measured yet (no {'plain' if evidence.speculation_on else 'speculative'}"
-                f" steps seen): bands cover drafting x{DRAFT_RANGE[0]:g}..x{DRAFT_RANGE[1]:g}"
-            )
+            if widened != curve:
+                unseen = "plain" if evidence.speculation_on else "speculative"
+                split_note = (
+                    f"drafting vs target split not measured yet (no {unseen} steps seen): bands cover drafting "
+                    f"x{DRAFT_RANGE[0]:g}..x{DRAFT_RANGE[1]:g}"
+                )
             curve = widened
     probe: Probe | None = None
     usable = recalled is not None and recalled.usable
@@ -177,22 +179,10 @@ def advise_target(
     cost_scale = 1.0
     if decide_config.change_cost_s > 0 and workload is not None and curve:
         # A change costs a restart: weigh it over the recent load, not this window alone (policies/plan.py).
-        running = evidence.deployed_k if evidence.speculation_on else 0
-        here = point_at(curve, running)
-        share = here.slo_share if here is not None and here.slo_share is not None else 1.0
-        rate = evidence.generation_tokens_per_s
-        value_rate = rate * share if rate is not None else None
-        plan_state = observe_plan(
-            plan_state, curve, running_gamma=running, value_rate=value_rate,
-            capacity_bound=choose_objective(workload, objective_config)[1], now_s=now_s,
-            tau_s=decide_config.payback_horizon_s,
+        plan_state, planned, cost_scale = _plan_tick(
+            plan_state, curve, evidence, capacity_bound=choose_objective(workload, objective_config)[1],
+            tau_s=decide_config.payback_horizon_s, now_s=now_s,
         )
-        planned = plan_curve(plan_state, curve)
-        scale = plan_cost_scale(plan_state, running_gamma=running, delivered_rate=rate)
-        if planned is not None and scale is not None:
-            cost_scale = scale
-        else:
-            planned = None
         # The queue a restart errors counts as far as the server would have caught up with it (plan.queue_weight).
         inflight_s += queue_weight(plan_state, tau_s=decide_config.payback_horizon_s) * queued_work_s(evidence)
     decision, decide_state = decide(
@@ -222,6 +212,27 @@ def advise_target(
         recalled=recalled if recalled is not None and recalled.usable else None,
         plan=plan_state,
     )
+
+
+def _plan_tick(
+    state: PlanState, curve: tuple[CurvePoint, ...], evidence: Evidence, *, capacity_bound: bool, tau_s: float,
+    now_s: float,
+) -> tuple[PlanState, tuple[CurvePoint, ...] | None, float]:
+    """This tick added to the plan, and what decide weighs changes on: (plan, its curve or None, cost scale). The
+    value rate is the generated tokens/s times the running option's share meeting the SLO (1 without one)."""
+    running = evidence.deployed_k if evidence.speculation_on else 0
+    here = point_at(curve, running)
+    share = here.slo_share if here is not None and here.slo_share is not None else 1.0
+    rate = evidence.generation_tokens_per_s
+    state = observe_plan(
+        state, curve, running_gamma=running, value_rate=rate * share if rate is not None else None,
+        capacity_bound=capacity_bound, now_s=now_s, tau_s=tau_s,
+    )
+    planned = plan_curve(state, curve)
+    scale = plan_cost_scale(state, running_gamma=running, delivered_rate=rate)
+    if planned is None or scale is None:
+        return state, None, 1.0
+    return state, planned, scale
 
 
 def probe_for(
