@@ -214,17 +214,26 @@ def _counters_match_window(evidence: Evidence) -> bool:
     return itl_sum <= _CLOCK_SLACK * evidence.window_s * running
 
 
-def _step_parts(ctx: ModelContext, point: OperatingPoint) -> tuple[float, float]:
+def _step_parts(
+    ctx: ModelContext, point: OperatingPoint, scales: CostScales | None = None
+) -> tuple[float, float]:
     target = target_step_time(
         ctx.hardware, ctx.model, batch=point.batch, tokens_per_seq=point.tokens_per_seq,
         context_tokens=point.context_tokens, tensor_parallel=ctx.tensor_parallel,
-        prefill_tokens=point.prefill_tokens,
+        prefill_tokens=point.prefill_tokens, scales=scales,
     )
     draft = drafting_time(
         ctx.hardware, ctx.drafter, gamma=point.draft_steps, batch=point.batch,
-        context_tokens=point.context_tokens, tensor_parallel=ctx.tensor_parallel,
+        context_tokens=point.context_tokens, tensor_parallel=ctx.tensor_parallel, scales=scales,
     )
     return target.overhead_s + draft.overhead_s, target.physics_s + draft.physics_s
+
+
+def step_time_at(ctx: ModelContext, point: OperatingPoint, *, scales: CostScales | None = None) -> float:
+    """The model's step time (s) at `point` (batch, context, tokens per sequence, draft steps, prefill): the target
+    forward plus the drafting, with `scales` (uncalibrated physics when None)."""
+    overhead, physics = _step_parts(ctx, point, scales)
+    return overhead + physics
 
 
 def _clamp(value: float, bounds: tuple[float, float]) -> float:

@@ -458,13 +458,10 @@ def inflight_work_s(evidence: Evidence) -> float:
     Example: B 32, G 1600 tokens/s, prompt rate 3200 tokens/s (rho 2), c 640: O = 640 / 2.5 = 256, so 128 tokens
     x 32 / 1600 = 2.56 s.
     """
-    b, g, c = evidence.batch, evidence.generation_tokens_per_s, evidence.context_tokens_per_seq
-    if g is None or c is None or not all(math.isfinite(x) and x > 0 for x in (b, g, c)):
+    b = evidence.batch
+    if not (math.isfinite(b) and b > 0):
         return 0.0
-    p = evidence.prompt_tokens_per_s
-    rho = p / g if p is not None and math.isfinite(p) and p > 0 else 0.0
-    output_tokens = c / (rho + 0.5)
-    return output_tokens / 2.0 * b / g
+    return b * _request_output_s(evidence) / 2.0
 
 
 def queued_work_s(evidence: Evidence) -> float:
@@ -474,12 +471,21 @@ def queued_work_s(evidence: Evidence) -> float:
 
     Example: W 64, G 1600 tokens/s, prompt rate 3200 (rho 2), c 640: O = 256, 64 x 256 / 1600 = 10.24 s.
     """
-    w, g, c = evidence.waiting, evidence.generation_tokens_per_s, evidence.context_tokens_per_seq
-    if g is None or c is None or not all(math.isfinite(x) and x > 0 for x in (w, g, c)):
+    w = evidence.waiting
+    if not (math.isfinite(w) and w > 0):
+        return 0.0
+    return w * _request_output_s(evidence)
+
+
+def _request_output_s(evidence: Evidence) -> float:
+    """One request's output in seconds of full service, O / G (O = c / (rho + 1/2), `inflight_work_s`); 0.0 when
+    G or c is missing or not positive."""
+    g, c = evidence.generation_tokens_per_s, evidence.context_tokens_per_seq
+    if g is None or c is None or not (math.isfinite(g) and g > 0 and math.isfinite(c) and c > 0):
         return 0.0
     p = evidence.prompt_tokens_per_s
     rho = p / g if p is not None and math.isfinite(p) and p > 0 else 0.0
-    return w * c / (rho + 0.5) / g
+    return c / (rho + 0.5) / g
 
 
 def _relative_gain(curve: Sequence[CurvePoint], current: _Key, candidate: _Key) -> float | None:

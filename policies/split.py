@@ -47,21 +47,6 @@ def split_observed(points: Sequence[StepObservation]) -> bool:
     return any(p.draft_passes == 0 for p in points) and any(p.draft_passes > 0 for p in points)
 
 
-def observed_step_s(ctx: ModelContext, scales: CostScales, point: OperatingPoint) -> float:
-    """The model's step time (s) at `point` (the evidence's batch, context, tokens per sequence, draft steps)."""
-    target = target_step_time(
-        ctx.hardware, ctx.model, batch=point.batch, tokens_per_seq=point.tokens_per_seq,
-        context_tokens=point.context_tokens, tensor_parallel=ctx.tensor_parallel, scales=scales,
-        prefill_tokens=point.prefill_tokens,
-    ).total_s
-    if point.draft_steps <= 0:
-        return target
-    return target + drafting_time(
-        ctx.hardware, ctx.drafter, gamma=point.draft_steps, batch=point.batch, context_tokens=point.context_tokens,
-        tensor_parallel=ctx.tensor_parallel, scales=scales,
-    ).total_s
-
-
 def alternatives(ctx: ModelContext, scales: CostScales, point: OperatingPoint) -> tuple[CostScales, ...]:
     """The fitted scales with drafting's prior-driven part at each factor f of `DRAFT_RANGE` and the target given
     what drafting gives up, (1 - f) x that part at `point` (`CostScales.target_offset_s`), so that the step at

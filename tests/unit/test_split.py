@@ -9,11 +9,11 @@ from costmodel_builders import make_acceptance, make_evidence
 
 from policies.advise import advise_target
 from policies.calibrate import CalibrationState, StepObservation
-from policies.costmodel import ModelContext, OperatingPoint
+from policies.costmodel import ModelContext, OperatingPoint, step_time_at
 from policies.decide import DecideConfig, DecideState
 from policies.profiles import drafter_for, hardware_by_name, model_by_name
 from policies.roofline import CostScales, drafting_time, target_step_time
-from policies.split import DRAFT_RANGE, alternatives, envelope, observed_step_s, split_observed
+from policies.split import DRAFT_RANGE, alternatives, envelope, split_observed
 from policies.types import CurvePoint, DraftMethod
 
 MODEL = model_by_name("llama-3.1-8b")
@@ -32,14 +32,15 @@ def test_cheaper_drafting_gives_the_target_what_it_gives_up_and_still_explains_t
     cheaper, dearer = alternatives(CTX, fitted, SPEC)
     assert cheaper.draft == DRAFT_RANGE[0]
     # x0.5: the observed k=3 step is unchanged and plain decoding is slower by half that part.
-    assert observed_step_s(CTX, cheaper, SPEC) == pytest.approx(observed_step_s(CTX, fitted, SPEC))
-    assert observed_step_s(CTX, cheaper, PLAIN) == pytest.approx(observed_step_s(CTX, fitted, PLAIN) + 0.5 * part)
+    assert step_time_at(CTX, SPEC, scales=cheaper) == pytest.approx(step_time_at(CTX, SPEC, scales=fitted))
+    plain = step_time_at(CTX, PLAIN, scales=fitted)
+    assert step_time_at(CTX, PLAIN, scales=cheaper) == pytest.approx(plain + 0.5 * part)
     # x2: the target cannot give up the whole part (more than its fixed term): at most 90% of that term, and
     # drafting grows by only as much, so the observed step is still explained.
     fixed = target_step_time(CTX.hardware, CTX.model, batch=5.0, tokens_per_seq=1.0, context_tokens=768.0).overhead_s
     assert part > 0.9 * fixed
-    assert observed_step_s(CTX, dearer, PLAIN) == pytest.approx(observed_step_s(CTX, fitted, PLAIN) - 0.9 * fixed)
-    assert observed_step_s(CTX, dearer, SPEC) == pytest.approx(observed_step_s(CTX, fitted, SPEC))
+    assert step_time_at(CTX, PLAIN, scales=dearer) == pytest.approx(plain - 0.9 * fixed)
+    assert step_time_at(CTX, SPEC, scales=dearer) == pytest.approx(step_time_at(CTX, SPEC, scales=fitted))
     assert 1.0 < dearer.draft < DRAFT_RANGE[1]
 
 
@@ -47,7 +48,7 @@ def test_at_a_plain_point_nothing_moves_to_the_target() -> None:
     cheaper, dearer = alternatives(CTX, CostScales(), PLAIN)
     for alt in (cheaper, dearer):
         assert alt.target_offset_s == 0.0
-        assert observed_step_s(CTX, alt, PLAIN) == pytest.approx(observed_step_s(CTX, CostScales(), PLAIN))
+        assert step_time_at(CTX, PLAIN, scales=alt) == pytest.approx(step_time_at(CTX, PLAIN, scales=CostScales()))
 
 
 def test_the_split_is_observed_once_both_kinds_of_step_were_seen() -> None:
