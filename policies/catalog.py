@@ -5,7 +5,8 @@ package works in any container. `policies/profiles.py` turns these rows into `Ha
 values (models go through the same `model_from_hf_config` an operator's own `config.json` would).
 
 Hardware: vendor peak dense tensor throughput (no 2:4 sparsity) and HBM bandwidth per GPU, copied from
-`shared/data/hardware.csv` ("Sources: NVIDIA A100/H100/H200/L4/L40S datasheets, AMD MI300X datasheet"). Units here
+`shared/data/hardware.csv` ("Sources: NVIDIA A100/H100/H200/L4/L40S datasheets, AMD MI300X datasheet"); rows that
+CSV lacks (H100 PCIe / NVL, A100 40GB, B200, L40, RTX A6000, RTX 3090 / 4090) name their own vendor document. Units here
 are the datasheet's (TFLOP/s, GB/s, GB, decimal); profiles.py converts to base units. Interconnect figures
 (NVLink / PCIe / Infinity Fabric, per direction) come from the same vendors' datasheets and are not in that CSV.
 
@@ -55,6 +56,29 @@ _NVLINK3 = "NVIDIA A100 datasheet: NVLink 600 GB/s bidirectional -> 300 GB/s per
 _NVLINK4 = "NVIDIA H100/H200 datasheets: NVLink 900 GB/s bidirectional -> 450 GB/s per direction"
 _PCIE4 = "PCIe Gen4 x16: 64 GB/s bidirectional -> 32 GB/s per direction (no NVLink on this card)"
 _IF_MI300X = "AMD MI300X datasheet: Infinity Fabric 896 GB/s peak aggregate -> ~448 GB/s per direction"
+_PCIE5 = "PCIe Gen5 x16: 128 GB/s bidirectional -> 64 GB/s per direction"
+_NVLINK_BRIDGE_H100 = "NVIDIA H100 NVL datasheet: NVLink bridge 600 GB/s bidirectional -> 300 GB/s per direction"
+_NVLINK5 = "NVIDIA HGX B200 datasheet: NVLink 5 1.8 TB/s bidirectional -> 900 GB/s per direction"
+# Rows beyond shared/data/hardware.csv, each from its vendor document; the datasheets print tensor rates with 2:4
+# sparsity (marked *), and these are the dense halves.
+_H100_SOURCE = (
+    "NVIDIA H100 Tensor Core GPU datasheet: H100 PCIe 1,513* bf16 / 3,026* fp8 TFLOPS, 2,000 GB/s, 80 GB; "
+    "H100 NVL 1,671* bf16 / 3,341* fp8 TFLOPS, 3,938 GB/s (3.9 TB/s), 94 GB"
+)
+_A100_SOURCE = "NVIDIA A100 Tensor Core GPU datasheet: A100 40GB, 312 bf16 TFLOPS dense, 1,555 GB/s, 40 GB"
+_B200_SOURCE = (
+    "NVIDIA HGX B200 datasheet (8 GPUs): 36* PFLOPS bf16 / 72* PFLOPS fp8, 64 TB/s, 1.4 TB -> per GPU 2.25 / 4.5 "
+    "dense PFLOPS, 8 TB/s, 180 GB"
+)
+_L40_SOURCE = "NVIDIA L40 datasheet: 362.1* bf16 / 724* fp8 TFLOPS, 864 GB/s GDDR6, 48 GB"
+_GA102_SOURCE = (
+    "NVIDIA Ampere GA102 GPU architecture whitepaper v2 (appendices A and C): GeForce RTX 3090 bf16/fp16 tensor "
+    "with fp32 accumulate 71 TFLOPS dense, 936 GB/s GDDR6X, 24 GB; RTX A6000 154.8 TFLOPS dense, 768 GB/s, 48 GB"
+)
+_ADA_SOURCE = (
+    "NVIDIA Ada GPU architecture whitepaper (appendix A): GeForce RTX 4090 fp16/bf16 tensor with fp32 accumulate "
+    "165.2 TFLOPS dense, fp8 330.3, 1,008 GB/s GDDR6X, 24 GB"
+)
 
 HARDWARE_ROWS: tuple[HardwareRow, ...] = (
     {
@@ -86,6 +110,109 @@ HARDWARE_ROWS: tuple[HardwareRow, ...] = (
         "name": "l40s", "bf16_dense_tflops": 362.0, "fp8_dense_tflops": 733.0,
         "mem_bandwidth_gbps": 864.0, "memory_gb": 48.0, "nvml_name_contains": "L40S",
         "interconnect_gbps_per_direction": 32.0, "interconnect_source": _PCIE4, "source": HARDWARE_CSV_SOURCE,
+    },
+    {
+        # The PCIe card: 114 SMs at a lower clock than the SXM part, HBM2e.
+        "name": "h100-pcie",
+        "bf16_dense_tflops": 756.0,
+        "fp8_dense_tflops": 1513.0,
+        "mem_bandwidth_gbps": 2000.0,
+        "memory_gb": 80.0,
+        "nvml_name_contains": "H100 PCIe",
+        "interconnect_gbps_per_direction": 64.0,
+        "interconnect_source": _PCIE5,
+        "source": _H100_SOURCE,
+    },
+    {
+        "name": "h100-nvl",
+        "bf16_dense_tflops": 835.0,
+        "fp8_dense_tflops": 1670.0,
+        "mem_bandwidth_gbps": 3900.0,
+        "memory_gb": 94.0,
+        "nvml_name_contains": "H100 NVL",
+        "interconnect_gbps_per_direction": 300.0,
+        "interconnect_source": _NVLINK_BRIDGE_H100,
+        "source": _H100_SOURCE,
+    },
+    {
+        "name": "a100-40gb-sxm",
+        "bf16_dense_tflops": 312.0,
+        "fp8_dense_tflops": None,
+        "mem_bandwidth_gbps": 1555.0,
+        "memory_gb": 40.0,
+        "nvml_name_contains": "A100-SXM4-40GB",
+        "interconnect_gbps_per_direction": 300.0,
+        "interconnect_source": _NVLINK3,
+        "source": _A100_SOURCE,
+    },
+    {
+        "name": "a100-40gb-pcie",
+        "bf16_dense_tflops": 312.0,
+        "fp8_dense_tflops": None,
+        "mem_bandwidth_gbps": 1555.0,
+        "memory_gb": 40.0,
+        "nvml_name_contains": "A100-PCIE-40GB",
+        "interconnect_gbps_per_direction": 32.0,
+        "interconnect_source": _PCIE4,
+        "source": _A100_SOURCE,
+    },
+    {
+        "name": "b200",
+        "bf16_dense_tflops": 2250.0,
+        "fp8_dense_tflops": 4500.0,
+        "mem_bandwidth_gbps": 8000.0,
+        "memory_gb": 180.0,
+        "nvml_name_contains": "B200",
+        "interconnect_gbps_per_direction": 900.0,
+        "interconnect_source": _NVLINK5,
+        "source": _B200_SOURCE,
+    },
+    {
+        # Device names match on whole tokens (profiles.hardware_for_device_name): "L40" does not match "L40S".
+        "name": "l40",
+        "bf16_dense_tflops": 181.0,
+        "fp8_dense_tflops": 362.0,
+        "mem_bandwidth_gbps": 864.0,
+        "memory_gb": 48.0,
+        "nvml_name_contains": "L40",
+        "interconnect_gbps_per_direction": 32.0,
+        "interconnect_source": _PCIE4,
+        "source": _L40_SOURCE,
+    },
+    {
+        "name": "rtx-a6000",
+        "bf16_dense_tflops": 154.8,
+        "fp8_dense_tflops": None,
+        "mem_bandwidth_gbps": 768.0,
+        "memory_gb": 48.0,
+        "nvml_name_contains": "RTX A6000",
+        "interconnect_gbps_per_direction": 32.0,
+        "interconnect_source": _PCIE4,
+        "source": _GA102_SOURCE,
+    },
+    {
+        # GeForce: fp16/bf16 tensor math with fp32 accumulation (what PyTorch and vLLM GEMMs use) runs at half the
+        # fp16-accumulate rate on these cards; the fp32-accumulate figure is the one that applies.
+        "name": "rtx3090",
+        "bf16_dense_tflops": 71.0,
+        "fp8_dense_tflops": None,
+        "mem_bandwidth_gbps": 936.0,
+        "memory_gb": 24.0,
+        "nvml_name_contains": "RTX 3090",
+        "interconnect_gbps_per_direction": 32.0,
+        "interconnect_source": _PCIE4,
+        "source": _GA102_SOURCE,
+    },
+    {
+        "name": "rtx4090",
+        "bf16_dense_tflops": 165.2,
+        "fp8_dense_tflops": 330.3,
+        "mem_bandwidth_gbps": 1008.0,
+        "memory_gb": 24.0,
+        "nvml_name_contains": "RTX 4090",
+        "interconnect_gbps_per_direction": 32.0,
+        "interconnect_source": _PCIE4,
+        "source": _ADA_SOURCE,
     },
     {
         # No NVML name: AMD GPUs are not seen through NVML; configure by name.
@@ -126,6 +253,12 @@ HARDWARE_ALIASES: Mapping[str, str] = {
     "a100-pcie": "a100-80gb-pcie",
     "h100": "h100-sxm",
     "h100-80gb": "h100-sxm",
+    "a100-40gb": "a100-40gb-sxm",
+    "rtx-3090": "rtx3090",
+    "3090": "rtx3090",
+    "rtx-4090": "rtx4090",
+    "4090": "rtx4090",
+    "a6000": "rtx-a6000",
 }
 
 

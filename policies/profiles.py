@@ -31,16 +31,21 @@ Efficiency and overhead defaults on `HardwareProfile` (each one is calibrated on
 - `draft_step_fixed_s` 0.5 ms: launch + sampling cost of one sequential draft step (EAGLE/MTP head or draft
   model). Bounded by the eagle3 k-sweep: each extra draft position costs ~1.1 ms of step time, of which ~0.3 ms is
   the head's own weight streaming; 0.5 ms is the middle of the remaining 0.3-0.8 ms (assumption).
-- `gemm_fill_tokens` 128: a linear layer over N tokens is tiled into ceil(N / 64) row blocks (Hopper's wgmma
-  instruction is m64nNk16, PTX ISA) times d_out / 128-256 column blocks; with 132 SMs (H100 SXM) an 8B model's
-  4096-wide projections need ~4-8 row blocks (256-512 tokens) to fill one wave, the 14336-wide MLP ~2. Below
-  that the math units idle, so a step's GEMMs cost about as much as smooth_max(N + t/2, 128 x fill) tokens: the
-  rows are padded by half a tile t = min(64, gemm_fill_tokens) on average (a step's last tile is part-empty),
-  and the floor is a smooth stand-in for wave quantisation whose scale `fill` (and the GEMM efficiency
-  elasticity) calibration fits online (policies/roofline.py, policies/calibrate.py): the exact value depends on
-  the kernel's tiles, which no datasheet gives. 128 is the prior. At decode batch sizes this floor (128 x 15
-  GFLOP / 0.59 PFLOP/s = 3.2 ms for an 8B model on H100) stays under the weight streaming time (5.3 ms): the step
-  is still memory-bound.
+- `gemm_fill_tokens` 64: the least math a decode step's linear layers cost, in tokens. A linear layer over N
+  tokens is computed in row tiles of 64 (Hopper's wgmma instruction is m64nNk16, PTX ISA; Ampere kernels use
+  64-128-row CTA tiles), so even one token pays for one tile. Beyond that tile the fill of the GPU's waves is what
+  the kernels manage, not a floor: cuBLAS / CUTLASS pick split-K and stream-K schedules for skinny GEMMs so that
+  a few row tiles still occupy every SM. A step's GEMMs therefore cost about smooth_max(N + t/2, 64 x fill)
+  tokens, padded by half a tile t = min(64, gemm_fill_tokens) on average (a step's last tile is part-empty);
+  `fill` (and the GEMM efficiency elasticity) is fitted online (policies/roofline.py, policies/calibrate.py),
+  and 64 is the prior. Why not a larger, wave-filling floor (128 rows before 2026-12-03): at 60% of peak it made a
+  batch-1 step compute-bound on GPUs with few FLOPs per byte (A100, 7B fp16: 9.2 ms of floor math against 7.8 ms
+  of weight streaming; RTX 3090: 40 ms against 17 ms), where batch-1 decode is memory-bound; and it let a
+  calibration started from a bandwidth profile 2x too fast explain the batch-1 step by math instead of
+  bandwidth, so that the fitted memory scale depended on the prior rather than the data
+  (tests/integration/test_model_sim_calibration.py, long-context sweep). At decode batch sizes this floor (65
+  rows x 15 GFLOP / 0.59 PFLOP/s = 1.65 ms for an 8B model on H100) stays far under the weight streaming time
+  (5.3 ms).
 - `allreduce_latency_s` 8 us per all-reduce (vLLM custom all-reduce on NVLink; assumption).
 """
 
@@ -86,7 +91,7 @@ class HardwareProfile:
     spec_per_request_overhead_s: float = 5e-6
     draft_step_fixed_s: float = 0.5e-3
     allreduce_latency_s: float = 8e-6
-    gemm_fill_tokens: float = 128.0
+    gemm_fill_tokens: float = 64.0
     efficiency_source: str = DEFAULT_EFFICIENCY_SOURCE
 
     def __post_init__(self) -> None:
@@ -458,7 +463,8 @@ def hardware_for_device_name(name: str) -> HardwareProfile | None:
     Matching is case-insensitive on whole tokens (so "L4" does not match "NVIDIA L40S", "H200" not "GH200"); the
     longest matching needle wins.
 
-    Example: "NVIDIA H100 80GB HBM3" -> h100-sxm; "NVIDIA L40S" -> l40s; "NVIDIA H100 PCIe" -> None.
+    Example: "NVIDIA H100 80GB HBM3" -> h100-sxm; "NVIDIA L40S" -> l40s; "NVIDIA L40" -> l40; "NVIDIA GH200 480GB" ->
+    None.
     """
     best: HardwareProfile | None = None
     for profile in HARDWARE:

@@ -18,9 +18,9 @@ For B sequences each verifying q tokens at mean context ctx, with P prompt (pref
                    G(n) = smooth_max(n + t/2, N_fill x fill_scale): the GEMM rows a step of n tokens computes.
                           Rows run in whole tiles of t = min(64, N_fill) tokens (Hopper's wgmma instruction is
                           m64nNk16, PTX ISA), and a window's batch fluctuates by more than a tile, so on average
-                          half a tile is padding. N_fill = hardware.gemm_fill_tokens (128 on GPUs, 1 on CPU):
-                          GEMMs over few tokens do not fill the GPU's waves of tiles, so a step's linear layers
-                          cost at least about N_fill tokens' worth of math. (t = 1 pads nothing.)
+                          half a tile is padding. N_fill = hardware.gemm_fill_tokens (64 on GPUs: one tile, 1 on
+                          CPU; policies/profiles.py says why not a wave): a step's linear layers cost at least
+                          about N_fill tokens' worth of math. (t = 1 pads nothing.)
                    beta (gemm_slope, 0 uncalibrated): GEMM efficiency elasticity. Small-M GEMMs reach less of
                           the large-GEMM rate (fewer tiles than SMs leave a wave part empty; less operand reuse):
                           the rate at n rows is F x (n / N_ref)^beta below N_ref = 2048 rows (a prefill chunk:
@@ -34,16 +34,16 @@ For B sequences each verifying q tokens at mean context ctx, with P prompt (pref
     T_target     = overhead_s + roofline_scale x (roofline_s + allreduce_s)
 
 Ranges: B >= 1 (continuous: a window mean), q >= 1, ctx >= 0, P >= 0 tokens, tp >= 1. Worked example (H100 SXM,
-Llama-3.1-8B bf16, B=1, q=1, ctx=512, P=0): 15.08 GB / 2.85 TB/s = 5.30 ms memory; G(1) = smooth_max(33, 128)
-= 128.1 rows x 15.0 GFLOP / 5.936e14 FLOP/s = 3.24 ms compute; smooth_max -> 5.48 ms; + 1.52 ms overhead
--> 7.0 ms (vLLM measured 7.07 ms plain TPOT, vllm-eagle-k-sweep-bs1.csv).
+Llama-3.1-8B bf16, B=1, q=1, ctx=512, P=0): 15.08 GB / 2.85 TB/s = 5.30 ms memory; G(1) = smooth_max(33, 64)
+= 65.1 rows x 15.0 GFLOP / 5.936e14 FLOP/s = 1.65 ms compute; smooth_max -> 5.31 ms; + 1.52 ms overhead
+-> 6.83 ms (vLLM measured 7.07 ms plain TPOT, vllm-eagle-k-sweep-bs1.csv).
 
 Why an elasticity, a fitted fill and half-tile padding: on the simulator (service/sim, whose tensor cores run
 whole 64-token tiles and reach a step-size-dependent fraction of peak) one fixed rate with a fixed 128-token
 floor missed pure-decode step times by up to 18-27% after calibration, either over-pricing small decode steps
 or under-pricing large ones, whichever way the fit leaned; with the three terms, within 8.4% over a steady
-load sweep (tests/integration/test_model_sim_calibration.py: the fit finds fill 0.49 x 128 = 63 rows, the
-world's 64-token tile, and beta 0.39). Why the
+load sweep (tests/integration/test_model_sim_calibration.py: the fit finds fill 1.0 x 64 = 64 rows, the
+world's 64-token tile, and beta 0.37-0.40; from the earlier 128-row prior it found the same 63 rows). Why the
 elasticity is on the linear layers only: attention is its own kernel (FlashAttention) whose work grows with
 B x ctx and keeps the GPU busy even at batch 1 with a long context.
 
@@ -105,9 +105,8 @@ class CostScales:
     floor N_fill and `gemm_slope` is the GEMM efficiency elasticity beta (not a multiplier: 0 uncalibrated,
     valid in [0, 1]); module docstring. The online fitter in policies/calibrate.py fits all but `roofline`.
     Example: memory 2.0 means the server streams bytes at half the bandwidth the profile assumed; fill 0.5
-    halves the H100's 128-row floor to one 64-row tile; gemm_slope 0.4 prices a 256-token decode step's
-    linear layers (290.8 rows) at (2048 / 290.8)^0.4 = 2.18x the math time of the same rows at the large-GEMM
-    rate.
+    halves the H100's 64-row floor to 32 rows; gemm_slope 0.4 prices a 256-token decode step's linear layers
+    (288.2 rows) at (2048 / 288.2)^0.4 = 2.19x the math time of the same rows at the large-GEMM rate.
     """
 
     overhead: float = 1.0
@@ -172,7 +171,7 @@ def expected_experts_touched(num_experts: int, experts_per_token: int, tokens: f
 def gemm_tile_tokens(hardware: HardwareProfile) -> float:
     """Rows t of one GEMM tile (tokens): min(64, `hardware.gemm_fill_tokens`), at least 1 (1: no tiling).
 
-    Example: H100 (fill 128) -> 64; the CPU profile (fill 1) -> 1.
+    Example: H100 (fill 64) -> 64; the CPU profile (fill 1) -> 1.
     """
     return max(1.0, min(GEMM_TILE_TOKENS, hardware.gemm_fill_tokens))
 
@@ -181,8 +180,8 @@ def gemm_rows(tokens: float, *, pad: float, fill: float) -> float:
     """G(n): GEMM rows (tokens' worth of linear-layer math) a step of `tokens` (>= 0) computes, with `pad` (>= 0,
     half a tile) of mean padding and a wave-fill floor of `fill` (>= 0) rows: smooth_max(tokens + pad, fill).
 
-    Example: pad 32, fill 128: 1 token -> smooth_max(33, 128) = 128.1; 256 -> 288.0 x (1 + (128/288)^4)^(1/4)
-    = 290.8; fill 64 (calibrated 0.5): 64 tokens -> 96 x (1 + (64/96)^4)^(1/4) = 100.4.
+    Example: pad 32, fill 64: 1 token -> smooth_max(33, 64) = 65.1; 256 -> 288.0 x (1 + (64/288)^4)^(1/4)
+    = 288.2; fill 32 (calibrated 0.5): 64 tokens -> 96 x (1 + (32/96)^4)^(1/4) = 96.3.
     """
     return smooth_max(tokens + pad, fill)
 
@@ -229,7 +228,7 @@ class StepComponents:
         """The linear layers' math time (s, before the compute scale) under `scales`' fill and elasticity:
         gemm_row_s x G x (N_ref / G)^gemm_slope, G = gemm_rows(gemm_tokens, pad, gemm_fill x fill).
 
-        Example: 25.3 us per row, 256 tokens, pad 32, fill 128 -> G = 290.8 -> 7.36 ms at unit scales.
+        Example: 25.3 us per row, 256 tokens, pad 32, fill 64 -> G = 288.2 -> 7.29 ms at unit scales.
         """
         s = scales or CostScales()
         rows = gemm_rows(self.gemm_tokens, pad=self.gemm_pad, fill=self.gemm_fill * s.fill)
@@ -529,7 +528,7 @@ def crossover_batch(
     FLOPs). Found by doubling then bisection to 1e-6 relative.
 
     Example: H100, Llama-3.1-8B, q=1: memory_s = 5.27 ms + B x 46 ns x ctx, compute_s = 0.81 ms (32 rows of
-    tile padding) + B x (25.3 us + 0.88 ns x ctx); ctx 128 -> B ~ 225; ctx 512 -> B ~ 2060; ctx >= ~560 -> None
+    tile padding) + B x (25.3 us + 0.88 ns x ctx); ctx 128 -> B ~ 228; ctx 512 -> B ~ 2060; ctx >= ~560 -> None
     (the KV slope exceeds the FLOP slope).
     """
 

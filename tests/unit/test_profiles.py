@@ -110,7 +110,15 @@ def test_the_weight_dtype_is_never_guessed() -> None:
         ("NVIDIA L4", "l4"),
         ("nvidia l4", "l4"),
         ("NVIDIA GH200 480GB", None),  # "H200" inside a longer token is another product
-        ("NVIDIA H100 PCIe", None),
+        ("NVIDIA H100 PCIe", "h100-pcie"),
+        ("NVIDIA H100 NVL", "h100-nvl"),
+        ("NVIDIA L40", "l40"),  # whole tokens: "L40" is not "L40S", nor "L4"
+        ("NVIDIA A100-SXM4-40GB", "a100-40gb-sxm"),
+        ("NVIDIA A100-PCIE-40GB", "a100-40gb-pcie"),
+        ("NVIDIA GeForce RTX 3090", "rtx3090"),
+        ("NVIDIA GeForce RTX 4090", "rtx4090"),
+        ("NVIDIA RTX A6000", "rtx-a6000"),
+        ("NVIDIA B200", "b200"),
         ("Tesla T4", None),
     ],
 )
@@ -129,6 +137,9 @@ def test_hardware_units_are_converted_from_the_datasheet() -> None:
     assert h100.memory_bytes == pytest.approx(80e9)
     # A100 has no fp8 tensor peak: fp8 weights run at the bf16 peak.
     assert hardware_by_name("a100-80gb-sxm").flops_for_dtype(1.0) == pytest.approx(312e12)
+    # GeForce tensor math with fp32 accumulation: half the fp16-accumulate rate (GA102 whitepaper: 71 vs 142).
+    assert hardware_by_name("3090").peak_flops_per_s == pytest.approx(71e12)
+    assert hardware_by_name("rtx3090").mem_bandwidth_bytes_per_s == pytest.approx(936e9)
     assert {p.name for p in HARDWARE} >= {"h100-sxm", "h200", "l4", "l40s", "mi300x", "cpu"}
     assert all(p.source for p in HARDWARE)
 

@@ -47,14 +47,14 @@ def test_batch1_step_is_weight_streaming() -> None:
     step = target_step_time(H100, LLAMA8B, batch=1, tokens_per_seq=1, context_tokens=512)
     # Weights 15.01 GB + KV 131072 x 512 = 67.1 MB -> 15.077e9 / 2.8475e12 = 5.295 ms.
     assert step.memory_s == pytest.approx(15.077e9 / 2.8475e12, rel=0.002)
-    # One token fills no GEMM wave: the linear layers cost smooth_max(1, 128) = 128.0 tokens' math,
-    # 2 x 7.505e9 x 128 = 1.921e12 FLOPs, + attention 4 x 32 x 32 x 128 x 512 = 2.68e8 -> 1.9215e12 / 5.936e14
-    # = 3.24 ms, still under the 5.3 ms of memory time.
-    assert step.compute_s == pytest.approx(1.9215e12 / 5.936e14, rel=0.01)
+    # One token is computed as one 64-row tile: the linear layers cost smooth_max(1 + 32, 64) = 65.10 tokens'
+    # math, 2 x 7.505e9 x 65.10 = 9.772e11 FLOPs, + attention 4 x 32 x 32 x 128 x 512 = 2.68e8 -> 9.775e11 /
+    # 5.936e14 = 1.647 ms, far under the 5.3 ms of memory time.
+    assert step.compute_s == pytest.approx(9.775e11 / 5.936e14, rel=0.01)
     assert step.memory_bound
-    # smooth_max(5.295, 3.237) = 5.295 x (1 + (3.237 / 5.295)^4)^(1/4) = 5.479 ms, + 1.5 ms fixed + 20 us per
-    # request = 6.999 ms (vLLM measured 7.07 ms, vllm-eagle-k-sweep-bs1.csv).
-    assert step.total_s == pytest.approx(6.999e-3, rel=0.003)
+    # smooth_max(5.295, 1.647) = 5.295 x (1 + (1.647 / 5.295)^4)^(1/4) = 5.307 ms, + 1.5 ms fixed + 20 us per
+    # request = 6.827 ms (vLLM measured 7.07 ms, vllm-eagle-k-sweep-bs1.csv).
+    assert step.total_s == pytest.approx(6.827e-3, rel=0.003)
 
 
 def test_verifying_4_tokens_at_batch1_costs_barely_more_than_1() -> None:
@@ -74,10 +74,10 @@ def test_verifying_4_tokens_at_batch256_costs_about_4x() -> None:
     # Physics ratio ~ 25.9 / smooth_max(6.0, 6.5) = 25.9 / 7.6 = 3.4 (the smooth max inflates the ridge point).
     assert not four.memory_bound
     assert 3.0 < four.physics_s / one.physics_s < 4.0
-    # 256 tokens already fill the waves; with half a 64-row tile of mean padding the GEMMs compute
-    # smooth_max(256 + 32, 128) = 288 x (1 + (128/288)^4)^(1/4) = 290.8 rows vs smooth_max(1024 + 32, 128) = 1056.0
-    # at q=4 (attention at ctx 64 adds under 1%): a ratio of 3.63, not quite 4.
-    assert four.compute_s / one.compute_s == pytest.approx(1056.0 / 290.8, rel=0.01)
+    # With half a 64-row tile of mean padding the GEMMs compute smooth_max(256 + 32, 64) = 288 x (1 +
+    # (64/288)^4)^(1/4) = 288.2 rows vs smooth_max(1024 + 32, 64) = 1056.0 at q=4 (attention at ctx 64 adds under
+    # 1%): a ratio of 3.66, not quite 4.
+    assert four.compute_s / one.compute_s == pytest.approx(1056.0 / 288.2, rel=0.005)
 
 
 def test_long_context_keeps_the_step_memory_bound_longer() -> None:
@@ -222,8 +222,9 @@ def test_dynamic_sd_k0_overhead_reproduces_its_two_points() -> None:
 
 
 def test_gemm_rows_pad_half_a_tile_above_a_fill_floor() -> None:
-    # H100: tiles of 64 rows (wgmma m64), a 128-row wave-fill floor; the CPU profile tiles nothing.
+    # H100: tiles of 64 rows (wgmma m64), a one-tile floor; the CPU profile tiles nothing.
     assert gemm_tile_tokens(H100) == 64.0
+    assert H100.gemm_fill_tokens == 64.0
     assert gemm_tile_tokens(hardware_by_name("cpu")) == 1.0
     # 1 token: smooth_max(1 + 32, 128) = 128 x (1 + (33/128)^4)^(1/4) = 128.14 rows.
     assert gemm_rows(1.0, pad=32.0, fill=128.0) == pytest.approx(128.0 * (1 + (33 / 128) ** 4) ** 0.25)
@@ -244,19 +245,19 @@ def test_fill_and_elasticity_reprice_the_linear_layers_only() -> None:
     scaled = target_step_time(
         H100, LLAMA8B, batch=64, tokens_per_seq=4, context_tokens=512, scales=CostScales(fill=0.5, gemm_slope=0.3)
     )
-    # 256 decode tokens: rows smooth_max(288, 128) = 290.8 -> smooth_max(288, 64) = 288.4 under fill 0.5, each at
-    # 2 x 7.505e9 / 5.936e14 = 25.29 us, x (2048 / 288.4)^0.3 = 1.80; attention (4 x 32 x 32 x 128 x 512 x 256
+    # 256 decode tokens: rows smooth_max(288, 64) = 288.2 -> smooth_max(288, 32) = 288.0 under fill 0.5, each at
+    # 2 x 7.505e9 / 5.936e14 = 25.29 us, x (2048 / 288.0)^0.3 = 1.80; attention (4 x 32 x 32 x 128 x 512 x 256
     # = 6.9e10 FLOPs = 0.116 ms) and the memory time are untouched.
     row_s = 2 * 7.505e9 / 5.936e14
     attention_s = 4 * 32 * 32 * 128 * 512 * 256 / 5.936e14
-    assert step.compute_s == pytest.approx(row_s * 290.8 + attention_s, rel=1e-3)
-    rows = 288.0 * (1 + (64 / 288) ** 4) ** 0.25
+    assert step.compute_s == pytest.approx(row_s * 288.2 + attention_s, rel=1e-3)
+    rows = 288.0 * (1 + (32 / 288) ** 4) ** 0.25
     assert scaled.compute_s == pytest.approx(row_s * rows * (2048 / rows) ** 0.3 + attention_s, rel=1e-3)
     assert scaled.memory_s == step.memory_s
     # A bigger GEMM runs closer to the large-GEMM rate: with elasticity, verifying 4 tokens at batch 256 costs
-    # less than the 1056 / 290.8 = 3.63x more linear-layer math it does (ctx 64: attention is under 1%).
+    # less than the 1056 / 288.2 = 3.66x more linear-layer math it does (ctx 64: attention is under 1%).
     elastic = CostScales(gemm_slope=0.3)
     one = target_step_time(H100, LLAMA8B, batch=256, tokens_per_seq=1, context_tokens=64, scales=elastic)
     four = target_step_time(H100, LLAMA8B, batch=256, tokens_per_seq=4, context_tokens=64, scales=elastic)
-    # (1056 / 290.8) x ((2048 / 1056) / (2048 / 290.8))^0.3 = 3.63 x 0.679 = 2.47.
-    assert four.compute_s / one.compute_s == pytest.approx(1056.0 / 290.8 * (290.8 / 1056.0) ** 0.3, rel=0.01)
+    # (1056 / 288.2) x ((2048 / 1056) / (2048 / 288.2))^0.3 = 3.66 x 0.677 = 2.48.
+    assert four.compute_s / one.compute_s == pytest.approx(1056.0 / 288.2 * (288.2 / 1056.0) ** 0.3, rel=0.01)
