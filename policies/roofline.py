@@ -253,7 +253,12 @@ class StepComponents:
         return overhead + s.draft * s.overhead * self.draft_fixed_s + s.roofline * (target + s.draft * draft)
 
 
-def _kv_bytes_per_token_per_gpu(layers: int, kv_heads: int, head_dim: int, kv_dtype_bytes: float, tp: float) -> float:
+def kv_bytes_per_token_per_gpu(layers: int, kv_heads: int, head_dim: int, kv_dtype_bytes: float, tp: float) -> float:
+    """KV-cache bytes per token of context on one GPU: 2 x layers x max(kv_heads / tp, 1) x head_dim x bytes (KV
+    heads are sharded by tensor parallelism, and replicated once tp exceeds them).
+
+    Example: Llama-3.1-8B bf16 (32 layers, 8 KV heads, head_dim 128): tp 1 -> 131072; tp 8 -> 16384; tp 16 -> 16384.
+    """
     return 2.0 * layers * max(kv_heads / tp, 1.0) * head_dim * kv_dtype_bytes
 
 
@@ -295,7 +300,7 @@ def _target_parts(
     dense_params = model.params - model.input_embedding_params - model.routed_expert_params
     expert_params = model.moe_layers * touched * model.expert_params if model.is_moe else 0.0
     weight_bytes = (dense_params + expert_params) * model.dtype_bytes / tp
-    per_token = _kv_bytes_per_token_per_gpu(model.layers, model.num_kv_heads, model.head_dim, model.kv_dtype_bytes, tp)
+    per_token = kv_bytes_per_token_per_gpu(model.layers, model.num_kv_heads, model.head_dim, model.kv_dtype_bytes, tp)
     prefix_read = prefill_context_tokens if prefill_tokens > 0 else 0.0
     kv_bytes = per_token * (batch * context_tokens + prefix_read)
     matmul_params = model.active_params - model.input_embedding_params
@@ -380,7 +385,7 @@ def _draft_pass(
 ) -> tuple[float, float, float, float]:
     """(bytes moved, flops, memory_s, compute_s) of ONE draft pass at `batch` tokens, unscaled."""
     weight_bytes = drafter.params * drafter.dtype_bytes / tp
-    per_token = _kv_bytes_per_token_per_gpu(
+    per_token = kv_bytes_per_token_per_gpu(
         drafter.layers, drafter.num_kv_heads, drafter.head_dim, drafter.kv_dtype_bytes, tp
     )
     kv_bytes = per_token * batch * context_tokens

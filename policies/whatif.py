@@ -37,6 +37,7 @@ from dataclasses import dataclass
 
 from policies.acceptance import AcceptancePoint, acceptance_curve
 from policies.costmodel import ModelContext, curve_for
+from policies.kv_capacity import VLLM_GPU_MEMORY_UTILIZATION, MemoryFit, memory_fit
 from policies.profiles import (
     DrafterProfile,
     HardwareProfile,
@@ -103,6 +104,7 @@ class WhatIfInput:
     tensor_parallel: int = 1
     draft_model: ModelSpec | None = None
     prefill_tokens_per_step: float = 0.0
+    gpu_memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,17 +123,21 @@ class WhatIfPoint:
     speedup_high: float
     extrapolated: bool
     extrapolated_share: float
+    fits_in_memory: bool = True
+    max_batch_in_memory: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class BestGamma:
-    """The gamma with the highest predicted speedup at one (batch, context); gamma 0 = leave speculation off."""
+    """The gamma with the highest predicted speedup at one (batch, context) among those whose KV fits (all of them
+    when none does: then `fits_in_memory` is False); gamma 0 = leave speculation off."""
 
     batch: float
     context_tokens: float
     gamma: int
     speedup: float
     tokens_per_s_total: float
+    fits_in_memory: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -382,6 +388,9 @@ def check_grid(inp: WhatIfInput) -> None:
         raise WhatIfInputError(
             "prefill_tokens_per_step", f"must be in [0, {MAX_PREFILL_TOKENS_PER_STEP:g}], got {prefill}"
         )
+    utilization = inp.gpu_memory_utilization
+    if not (math.isfinite(utilization) and 0 < utilization <= 1):
+        raise WhatIfInputError("gpu_memory_utilization", f"must be in (0, 1], got {utilization}")
     points = len(inp.batch_sizes) * len(inp.context_lengths) * len(inp.gammas)
     if points > MAX_POINTS:
         raise WhatIfInputError(
@@ -420,9 +429,16 @@ def evaluate_whatif(inp: WhatIfInput) -> WhatIfResult:
     for context in inp.context_lengths:
         for batch in inp.batch_sizes:
             curve, base = _curve(ctx, acceptance, batch=batch, context=context, prefill=prefill)
+            fits = {
+                gamma: memory_fit(
+                    ctx, batch=batch, context_tokens=context, gamma=gamma,
+                    gpu_memory_utilization=inp.gpu_memory_utilization,
+                )
+                for gamma in {0, *inp.gammas}
+            }
             for gamma in inp.gammas:
-                points.append(_point(curve[gamma], batch=batch, context=context, base=base))
-            best.append(_best(curve, inp.gammas, batch=batch, context=context, base=base))
+                points.append(_point(curve[gamma], batch=batch, context=context, base=base, fit=fits[gamma]))
+            best.append(_best(curve, inp.gammas, batch=batch, context=context, base=base, fits=fits))
     drafting = sorted(gamma for gamma in inp.gammas if gamma > 0)
     crossovers = tuple(
         crossover
@@ -436,7 +452,7 @@ def evaluate_whatif(inp: WhatIfInput) -> WhatIfResult:
         points=tuple(points),
         best=tuple(best),
         crossovers=crossovers,
-        notes=_notes(inp, measured=measured, gamma_max=gamma_max),
+        notes=_notes(inp, measured=measured, gamma_max=gamma_max, points=points),
     )
 
 
@@ -455,7 +471,7 @@ def _curve(
     return curve, base
 
 
-def _point(point: CurvePoint, *, batch: float, context: float, base: float) -> WhatIfPoint:
+def _point(point: CurvePoint, *, batch: float, context: float, base: float, fit: MemoryFit) -> WhatIfPoint:
     step = base if point.gamma == 0 else point.step_time_s
     per_seq = point.expected_accepted_length / step
     return WhatIfPoint(
@@ -471,21 +487,27 @@ def _point(point: CurvePoint, *, batch: float, context: float, base: float) -> W
         speedup_high=point.speedup_high,
         extrapolated=point.extrapolated,
         extrapolated_share=point.extrapolated_share,
+        fits_in_memory=fit.fits,
+        max_batch_in_memory=fit.max_batch if math.isfinite(fit.max_batch) else None,
     )
 
 
 def _best(
-    curve: Sequence[CurvePoint], gammas: Sequence[int], *, batch: float, context: float, base: float
+    curve: Sequence[CurvePoint], gammas: Sequence[int], *, batch: float, context: float, base: float,
+    fits: Mapping[int, MemoryFit],
 ) -> BestGamma:
-    # Off (gamma 0) is always a candidate; ties go to the smaller gamma (less KV reserved, less to go wrong).
-    winner = curve[0]
-    for gamma in sorted(gammas):
+    # Off (gamma 0) is always a candidate; ties go to the smaller gamma (less KV reserved, less to go wrong). An
+    # option whose KV does not fit is no option, unless none fits (the batch itself is too large: say so).
+    candidates = [0, *sorted(g for g in gammas if g > 0)]
+    fitting = [g for g in candidates if fits[g].fits] or candidates
+    winner = curve[fitting[0]]
+    for gamma in fitting[1:]:
         if curve[gamma].speedup > winner.speedup:
             winner = curve[gamma]
     per_seq = winner.speedup / base
     return BestGamma(
         batch=batch, context_tokens=context, gamma=winner.gamma, speedup=winner.speedup,
-        tokens_per_s_total=batch * per_seq,
+        tokens_per_s_total=batch * per_seq, fits_in_memory=fits[winner.gamma].fits,
     )
 
 
@@ -557,7 +579,9 @@ def whatif_schedule_plan(
     )
 
 
-def _notes(inp: WhatIfInput, *, measured: int, gamma_max: int) -> tuple[str, ...]:
+def _notes(
+    inp: WhatIfInput, *, measured: int, gamma_max: int, points: Sequence[WhatIfPoint]
+) -> tuple[str, ...]:
     notes = [
         "uncalibrated: the profiles' datasheet peaks, efficiencies and overhead defaults (policies/profiles.py); "
         "a live sidecar fits them to the server's measured step time"
@@ -576,5 +600,15 @@ def _notes(inp: WhatIfInput, *, measured: int, gamma_max: int) -> tuple[str, ...
         )
     if inp.prefill_tokens_per_step > 0:
         notes.append("prefill tokens per step are priced into every step, with or without speculation")
-    notes.append("KV-cache capacity is not checked: a batch x context that does not fit the GPU is still priced")
+    misfits = [p for p in points if not p.fits_in_memory]
+    if misfits:
+        worst = max(misfits, key=lambda p: (p.batch, p.context_tokens, p.gamma))
+        room = worst.max_batch_in_memory or 0.0
+        notes.append(
+            f"{len(misfits)} of {len(points)} points do not fit in memory (fits_in_memory false; weights + KV for "
+            f"context + gamma per sequence within {inp.gpu_memory_utilization:g} of the GPU's memory, "
+            f"policies/kv_capacity.py): e.g. batch {worst.batch:g} at context {worst.context_tokens:g}, gamma "
+            f"{worst.gamma}, where at most {room:.0f} sequences fit; they are priced but are not best-gamma "
+            "candidates"
+        )
     return tuple(notes)

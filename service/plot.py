@@ -24,8 +24,8 @@ class PlotUnavailableError(RuntimeError):
 def plot_whatif(response: WhatIfResponse, path: Path) -> None:
     """Draw one panel per context length: speedup vs batch (log x when the batches span > 16x) for every
     gamma >= 1, the no-speculation line at 1, and each gamma's crossover batch (where its speedup falls to 1)
-    marked on that line. Writes a PNG to `path`. Raises PlotUnavailableError without matplotlib, OSError when
-    the file cannot be written."""
+    marked on that line; batches whose KV cannot fit are greyed. Writes a PNG to `path`. Raises
+    PlotUnavailableError without matplotlib, OSError when the file cannot be written."""
     try:
         import matplotlib as mpl  # noqa: PLC0415  (optional extra: imported only when a plot is asked for)
 
@@ -90,6 +90,11 @@ def _panel(
                 f"B≈{crossing.batch:.0f}", (crossing.batch, 1.0), textcoords="offset points", xytext=(4, -14),
                 fontsize=8, color=colour,
             )
+    # Batches the memory cannot hold even without drafts (weights + KV at this context, policies/kv_capacity.py).
+    room = [p.max_batch_in_memory for p in points if p.gamma == min(gammas) and p.max_batch_in_memory is not None]
+    if room and min(room) < highest:
+        limit = max(min(room), lowest)
+        axis.axvspan(limit, highest, color="grey", alpha=0.15, label=f"KV does not fit beyond B≈{min(room):.0f}")
     if highest / lowest > 16:
         axis.set_xscale("log", base=2)
     # Keep the no-speculation line inside the panel with some room, whichever side the curves are on.

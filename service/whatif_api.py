@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
 from policies.costmodel import ModelContext
+from policies.kv_capacity import VLLM_GPU_MEMORY_UTILIZATION
 from policies.profiles import drafter_for, hardware_by_name, model_by_name
 from policies.schedule import (
     MAX_NUM_SEQS_LIMIT,
@@ -121,6 +122,10 @@ class WhatIfRequest(_Strict):
         default=0.0, ge=0.0, le=MAX_PREFILL_TOKENS_PER_STEP,
         description="Prompt tokens chunked into every step (chunked prefill); the same with and without speculation.",
     )
+    gpu_memory_utilization: float = Field(
+        default=VLLM_GPU_MEMORY_UTILIZATION, gt=0.0, le=1.0,
+        description="Share of each GPU's memory the engine may use for weights and KV (vLLM's flag, default 0.9).",
+    )
 
     def to_input(self) -> WhatIfInput:
         acc = self.acceptance
@@ -140,6 +145,7 @@ class WhatIfRequest(_Strict):
             gammas=tuple(self.gammas),
             tensor_parallel=self.tensor_parallel,
             prefill_tokens_per_step=self.prefill_tokens_per_step,
+            gpu_memory_utilization=self.gpu_memory_utilization,
         )
 
 
@@ -178,14 +184,19 @@ class PointOut(BaseModel):
     speedup_high: float
     extrapolated: bool
     extrapolated_share: float
+    fits_in_memory: bool = Field(description="Weights + KV (context + gamma per sequence) fit the memory budget.")
+    max_batch_in_memory: float | None = Field(
+        description="Most sequences whose KV fits at this context and gamma (0: the weights alone do not fit)."
+    )
 
 
 class BestOut(BaseModel):
     batch: float
     context_tokens: float
-    gamma: int = Field(description="Best gamma among those asked; 0 = leave speculation off.")
+    gamma: int = Field(description="Best gamma among those asked whose KV fits; 0 = leave speculation off.")
     speedup: float
     tokens_per_s_total: float
+    fits_in_memory: bool = Field(description="False: not even speculation off fits this batch and context.")
 
 
 class CrossoverOut(BaseModel):

@@ -116,6 +116,16 @@ def test_whatif_serves_what_the_model_computes() -> None:
         assert len(body["points"]) == 4 * 2 * 4  # batches x contexts x gammas
         assert len(body["best"]) == 4 * 2 and len(body["crossovers"]) == 2 * 3  # contexts x gammas >= 1
         assert body["profiles"]["hardware"] == "h100-sxm" and body["acceptance"]["measured_positions"] == 3
+        # Every point says whether its KV fits; a batch of 4096 at 8k context is ~4.4 TB of KV: not on one H100.
+        assert all({"fits_in_memory", "max_batch_in_memory"} <= set(p) for p in body["points"])
+        crowded = await client.post(
+            "/v1/whatif", json={**BODY, "batch_sizes": [4096], "context_lengths": [8192], "gammas": [0, 3]}
+        )
+        assert crowded.status_code == 200, crowded.text
+        answer = crowded.json()
+        assert [p["fits_in_memory"] for p in answer["points"]] == [False, False]
+        assert answer["best"][0]["fits_in_memory"] is False
+        assert any("do not fit in memory" in note for note in answer["notes"])
 
     run_api(check)
 
@@ -169,6 +179,8 @@ BAD_BODIES: list[tuple[str, Any, list[str | int] | None]] = [
      ["body", "drafter", "draft_model"]),
     ("typo field", with_(batch_size=[1]), ["body", "batch_size"]),
     ("negative prefill", with_(prefill_tokens_per_step=-5), ["body", "prefill_tokens_per_step"]),
+    ("memory share 0", with_(gpu_memory_utilization=0), ["body", "gpu_memory_utilization"]),
+    ("memory share above 1", with_(gpu_memory_utilization=1.2), ["body", "gpu_memory_utilization"]),
     ("body is a list", [BODY], None),
     ("body is null", None, None),
 ]

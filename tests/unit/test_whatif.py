@@ -175,6 +175,9 @@ def test_draft_model_is_required_for_draft_model_and_refused_otherwise() -> None
         ({"context_lengths": ()}, "context_lengths"),
         ({"tensor_parallel": 0}, "tensor_parallel"),
         ({"prefill_tokens_per_step": -1.0}, "prefill_tokens_per_step"),
+        ({"gpu_memory_utilization": 0.0}, "gpu_memory_utilization"),
+        ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
+        ({"gpu_memory_utilization": float("nan")}, "gpu_memory_utilization"),
     ],
 )
 def test_out_of_range_inputs_name_their_field(overrides: dict[str, Any], field: str) -> None:
@@ -241,6 +244,36 @@ def test_best_gamma_is_the_argmax_with_off_as_a_candidate() -> None:
     # Almost nothing accepted: no gamma pays for itself, so the best is to leave speculation off.
     hopeless = evaluate_whatif(make_input(acceptance=AcceptanceSpec(iid_rate=0.01)))
     assert {b.gamma for b in hopeless.best} == {0}
+
+
+def test_points_whose_kv_does_not_fit_are_flagged_and_never_the_best() -> None:
+    # H100 SXM 80 GB x 0.9 = 72.0 GB; weights 8.03e9 x 2 + EAGLE-3 head 0.40e9 x 2 = 16.86 GB; 55.14 GB left for KV
+    # at 131072 B/token (target) + 4096 B/token (head, context only). At ctx 4096 one sequence needs 131072 x
+    # (4096 + gamma) + 4096 x 4096 bytes: gamma 0 -> 553.6 MB, 99.60 fit; gamma 1 -> 99.57; gamma 3 -> 99.52.
+    # So 99.55 sequences fit with gamma 0 or 1 and not with 3 or 5: the drafts' reserved slots tip it over.
+    result = evaluate_whatif(make_input(batch_sizes=(99.55,), context_lengths=(4096.0,), gammas=(0, 1, 3, 5)))
+    fits = {p.gamma: p.fits_in_memory for p in result.points}
+    assert fits == {0: True, 1: True, 3: False, 5: False}
+    room = {p.gamma: p.max_batch_in_memory for p in result.points}
+    assert room[0] == pytest.approx(55.14e9 / (131072 * 4096 + 4096 * 4096), rel=1e-3)
+    assert room[3] == pytest.approx(55.14e9 / (131072 * 4099 + 4096 * 4096), rel=1e-3)
+    (best,) = result.best
+    assert best.gamma in {0, 1} and best.fits_in_memory
+    speedups = {p.gamma: p.speedup for p in result.points}
+    assert speedups[3] > speedups[1]  # the better-priced option is the one that does not fit
+    assert any("2 of 4 points do not fit in memory" in note for note in result.notes)
+    # A batch nothing fits (not even speculation off): still priced, best among all, and flagged.
+    huge = evaluate_whatif(make_input(batch_sizes=(1024.0,), context_lengths=(8192.0,)))
+    assert not any(p.fits_in_memory for p in huge.points)
+    assert not huge.best[0].fits_in_memory
+    # Everything fits: no note. A lower memory budget (gpu_memory_utilization) holds fewer sequences.
+    small = evaluate_whatif(make_input(batch_sizes=(1.0, 16.0), context_lengths=(512.0,)))
+    assert all(p.fits_in_memory for p in small.points)
+    assert not any("do not fit" in note for note in small.notes)
+    half = evaluate_whatif(
+        make_input(batch_sizes=(99.55,), context_lengths=(4096.0,), gammas=(0,), gpu_memory_utilization=0.45)
+    )
+    assert half.points[0].max_batch_in_memory == pytest.approx((36.0e9 - 16.86e9) / 553.6e6, rel=2e-3)
 
 
 def crossover_of(result: Any, *, gamma: int, context: float) -> Any:
