@@ -42,8 +42,12 @@ Three objectives (DESIGN.md section 4), chosen per tick from the evidence:
   5.3 ms (Phi(4.12) = 0.99998) and gamma 3 at 4.7 ms (Phi(5.32) = 1.0): S(2) = 99.998, S(3) = 100.0, so decide's
   minimum-change rule keeps whichever runs. Chunked prefill stretches every
   step by 1 / (1 - rho), rho = the share of the current step spent on prompt tokens, priced by the model as
-  1 - T(B, 1, P = 0) / T(B, 1, P) (policies/costmodel.py: prompt load is a rate, the same for every gamma); the
-  ITL above uses the stretched step. The throughput ratios are unaffected (the factor cancels).
+  1 - T(B, k, P = 0) / T(B, k, P) at the deployed k, whose steps the prefill per step P was measured over
+  (policies/costmodel.py: prompt load is a rate, the same for every gamma); the ITL above uses the stretched
+  step. The throughput ratios are unaffected (the factor cancels). Example: B 203 at k = 3, decode step 51.5 ms,
+  P priced at 35.5 ms: rho = 35.5 / 87 = 0.41, stretch 1.69, so gamma 1's 33.7 ms step serves tokens every
+  33.7 x 1.69 / 1.72 = 33 ms. (Pricing P against the 21.5 ms plain step instead gave rho = 0.62, stretch 2.65:
+  every option far past a 30 ms SLO, and no option worth choosing.)
 Bands: E[L] low/high give throughput (and ITL) low/high at the same step time.
 """
 
@@ -194,12 +198,17 @@ def objective_curve(
     cache: dict[float, tuple[CurvePoint, ...]] = {b0: base_curve}
     stretch = 1.0
     if workload.prefill_tokens > 0:
+        # rho is the prompt tokens' share of the step the server runs now: the prefill per step was measured over
+        # steps of the deployed gamma, so it is priced against that step, not against a plain one (a plain step is
+        # shorter: the same prefill would read as a larger share of it and stretch every option too far).
+        k = min(max(workload.deployed_k, 0), len(acceptance) - 1)
         mixed = curve_for(
-            ctx, acceptance[:1], batch=workload.batch, context_tokens=workload.context_tokens, scales=scales,
+            ctx, acceptance[: k + 1], batch=workload.batch, context_tokens=workload.context_tokens, scales=scales,
             prefill_tokens=workload.prefill_tokens,
-        )[1]
-        plain_now = curve_for(ctx, acceptance[:1], batch=workload.batch, context_tokens=workload.context_tokens,
-                              scales=scales)[1]
+        )[0][k].step_time_s
+        plain_now = curve_for(
+            ctx, acceptance[: k + 1], batch=workload.batch, context_tokens=workload.context_tokens, scales=scales,
+        )[0][k].step_time_s
         stretch = mixed / plain_now  # 1 / (1 - rho)
     plain_rate = b0 / base_step
     # Latency-bound under an SLO: every option delivers the offered load; only the share meeting the SLO differs.

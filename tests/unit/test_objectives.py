@@ -97,6 +97,29 @@ def test_goodput_under_an_itl_slo() -> None:
     assert all(p.speedup == pytest.approx(1.0) for p in loose)
 
 
+def test_chunked_prefill_stretches_every_option_by_the_share_it_takes_of_the_running_step() -> None:
+    # 1000 prompt tokens per step, measured while gamma 3 runs at batch 64. The server's own ITL (its mixed step /
+    # E[L](3)) is what the share meeting the SLO must be judged on for the option that runs; the prompt load is a
+    # rate, so every option's decode step is stretched by the same factor, T(64, 3, P) / T(64, 3, 0).
+    ctx = make_context()
+    workload = Workload(64.0, 0.0, 512.0, prefill_tokens=1000.0, deployed_k=3)
+    spec, _ = curve_for(ctx, ACCEPTANCE, batch=64.0, context_tokens=512.0)
+    mixed, _ = curve_for(ctx, ACCEPTANCE, batch=64.0, context_tokens=512.0, prefill_tokens=1000.0)
+    stretch = mixed[3].step_time_s / spec[3].step_time_s
+    running_itl = mixed[3].step_time_s / ACCEPTANCE[3].expected_length
+    config = ObjectiveConfig(itl_slo_s=running_itl * 1.05)  # the running option just meets it
+    curve, _, _ = objective_curve(ctx, ACCEPTANCE, workload, config=config)
+    assert curve[3].slo_share == pytest.approx(slo_share(running_itl, config))
+    for gamma in (1, 2):
+        itl = spec[gamma].step_time_s * stretch / ACCEPTANCE[gamma].expected_length
+        assert curve[gamma].slo_share == pytest.approx(slo_share(itl, config))
+    # The prefill is a larger share of a plain step than of a speculative one; pricing rho against the plain step
+    # (as before 2026-12-03) would stretch the running option past what the server shows.
+    plain_mixed = curve_for(ctx, ACCEPTANCE[:1], batch=64.0, context_tokens=512.0, prefill_tokens=1000.0)[1]
+    plain = curve_for(ctx, ACCEPTANCE[:1], batch=64.0, context_tokens=512.0)[1]
+    assert plain_mixed / plain > stretch * 1.05
+
+
 def test_slo_share_is_a_floored_log_normal_cdf() -> None:
     config = ObjectiveConfig(itl_slo_s=0.008)
     assert slo_share(0.008, config) == pytest.approx(0.5)
