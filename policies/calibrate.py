@@ -12,7 +12,7 @@ GEMM efficiency elasticity beta as it is:
     overhead     fixed host costs                   step, speculative-step and draft-launch fixed terms
     per_request  per-running-request host costs     plain + speculative bookkeeping + n-gram lookups (x B)
     draft        the drafter's own cost             draft launches and its passes' roofline
-    fill         the GEMM wave-fill floor           N_fill x fill rows: a small decode step's least math
+    fill         the GEMM floor (one tile)          N_fill x fill rows: a small decode step's least math
     gemm_slope   efficiency elasticity beta         decode GEMM math x (N_ref / G)^beta (0 = one rate)
   T(x; point) = StepComponents(point).total_s(scales(x))   (roofline stays 1: it is memory/compute together)
 Why fill and gemm_slope: how a decode step's math grows with its tokens is set by the kernels' tiles and how

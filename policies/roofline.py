@@ -101,7 +101,7 @@ class CostScales:
     policies/costmodel.py fits these two); `memory` scales memory time (1 / effective-bandwidth error), `compute`
     compute time (1 / effective-FLOP/s error), `per_request` the per-running-request host terms on top of
     `overhead`, `draft` every drafting pass (its launch and its roofline: drafter profiles are the least certain
-    numbers; EAGLE heads differ in layers and in whether they own an lm_head). `fill` scales the GEMM wave-fill
+    numbers; EAGLE heads differ in layers and in whether they own an lm_head). `fill` scales the GEMM tile
     floor N_fill and `gemm_slope` is the GEMM efficiency elasticity beta (not a multiplier: 0 uncalibrated,
     valid in [0, 1]); module docstring. The online fitter in policies/calibrate.py fits all but `roofline`.
     Example: memory 2.0 means the server streams bytes at half the bandwidth the profile assumed; fill 0.5
@@ -178,7 +178,7 @@ def gemm_tile_tokens(hardware: HardwareProfile) -> float:
 
 def gemm_rows(tokens: float, *, pad: float, fill: float) -> float:
     """G(n): GEMM rows (tokens' worth of linear-layer math) a step of `tokens` (>= 0) computes, with `pad` (>= 0,
-    half a tile) of mean padding and a wave-fill floor of `fill` (>= 0) rows: smooth_max(tokens + pad, fill).
+    half a tile) of mean padding and a floor of `fill` (>= 0) rows: smooth_max(tokens + pad, fill).
 
     Example: pad 32, fill 64: 1 token -> smooth_max(33, 64) = 65.1; 256 -> 288.0 x (1 + (64/288)^4)^(1/4)
     = 288.2; fill 32 (calibrated 0.5): 64 tokens -> 96 x (1 + (32/96)^4)^(1/4) = 96.3.
