@@ -259,6 +259,15 @@ HARDWARE_ALIASES: Mapping[str, str] = {
     "rtx-4090": "rtx4090",
     "4090": "rtx4090",
     "a6000": "rtx-a6000",
+    # As papers and leaderboards write them (Spec-Bench's "A100 80GB" is the SXM card of its testbed).
+    "a100-80gb": "a100-80gb-sxm",
+    "a100-sxm4-80gb": "a100-80gb-sxm",
+    "h100-80gb-hbm3": "h100-sxm",
+    "h100-sxm5": "h100-sxm",
+    "h200-sxm": "h200",
+    "h200-141gb": "h200",
+    "geforce-rtx-3090": "rtx3090",
+    "geforce-rtx-4090": "rtx4090",
 }
 
 
@@ -355,6 +364,162 @@ MODEL_ENTRIES: tuple[ModelEntry, ...] = (
         source="huggingface.co/google/gemma-2-9b-it config.json (sliding-window layers modelled as full attention)",
         hf_ids=("google/gemma-2-9b-it", "google/gemma-2-9b"),
         published_params=9.24e9,
+    ),
+    ModelEntry(
+        name="llama-3.2-3b",
+        config={
+            "architectures": ["LlamaForCausalLM"], "hidden_size": 3072, "intermediate_size": 8192,
+            "num_hidden_layers": 28, "num_attention_heads": 24, "num_key_value_heads": 8, "head_dim": 128,
+            "vocab_size": 128256, "tie_word_embeddings": True, "torch_dtype": "bfloat16",
+        },
+        source="huggingface.co/meta-llama/Llama-3.2-3B-Instruct config.json",
+        hf_ids=("meta-llama/Llama-3.2-3B-Instruct", "meta-llama/Llama-3.2-3B"),
+        published_params=3.21e9,
+    ),
+    ModelEntry(
+        name="llama-3.1-405b",
+        config={
+            "architectures": ["LlamaForCausalLM"], "hidden_size": 16384, "intermediate_size": 53248,
+            "num_hidden_layers": 126, "num_attention_heads": 128, "num_key_value_heads": 8, "head_dim": 128,
+            "vocab_size": 128256, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        },
+        source="huggingface.co/meta-llama/Llama-3.1-405B-Instruct config.json",
+        hf_ids=("meta-llama/Llama-3.1-405B-Instruct", "meta-llama/Llama-3.1-405B"),
+        published_params=405e9,
+    ),
+    ModelEntry(
+        name="llama-2-7b",
+        config={
+            "architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 11008,
+            "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
+            "vocab_size": 32000, "tie_word_embeddings": False, "torch_dtype": "float16",
+        },
+        source="huggingface.co/meta-llama/Llama-2-7b-chat-hf config.json",
+        hf_ids=("meta-llama/Llama-2-7b-chat-hf", "meta-llama/Llama-2-7b-hf"),
+        published_params=6.74e9,
+    ),
+    ModelEntry(
+        name="llama-2-13b",
+        config={
+            "architectures": ["LlamaForCausalLM"], "hidden_size": 5120, "intermediate_size": 13824,
+            "num_hidden_layers": 40, "num_attention_heads": 40, "num_key_value_heads": 40,
+            "vocab_size": 32000, "tie_word_embeddings": False, "torch_dtype": "float16",
+        },
+        source="huggingface.co/meta-llama/Llama-2-13b-chat-hf config.json",
+        hf_ids=("meta-llama/Llama-2-13b-chat-hf", "meta-llama/Llama-2-13b-hf"),
+        published_params=13.0e9,
+    ),
+    ModelEntry(
+        name="llama-2-70b",
+        config={
+            "architectures": ["LlamaForCausalLM"], "hidden_size": 8192, "intermediate_size": 28672,
+            "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8,
+            "vocab_size": 32000, "tie_word_embeddings": False, "torch_dtype": "float16",
+        },
+        source="huggingface.co/meta-llama/Llama-2-70b-chat-hf config.json",
+        hf_ids=("meta-llama/Llama-2-70b-chat-hf", "meta-llama/Llama-2-70b-hf"),
+        published_params=69.0e9,
+    ),
+    ModelEntry(
+        name="vicuna-7b",
+        config={
+            "architectures": ["LlamaForCausalLM"], "hidden_size": 4096, "intermediate_size": 11008,
+            "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 32,
+            "vocab_size": 32000, "tie_word_embeddings": False, "torch_dtype": "float16",
+        },
+        source="huggingface.co/lmsys/vicuna-7b-v1.3 config.json (Spec-Bench's 7B target; LLaMA-7B shape)",
+        hf_ids=("lmsys/vicuna-7b-v1.3",),
+        published_params=6.74e9,
+    ),
+    ModelEntry(
+        name="vicuna-13b",
+        config={
+            "architectures": ["LlamaForCausalLM"], "hidden_size": 5120, "intermediate_size": 13824,
+            "num_hidden_layers": 40, "num_attention_heads": 40, "num_key_value_heads": 40,
+            "vocab_size": 32000, "tie_word_embeddings": False, "torch_dtype": "float16",
+        },
+        source="huggingface.co/lmsys/vicuna-13b-v1.3 config.json (Spec-Bench's 13B target)",
+        hf_ids=("lmsys/vicuna-13b-v1.3",),
+        published_params=13.0e9,
+    ),
+    ModelEntry(
+        name="vicuna-33b",
+        config={
+            "architectures": ["LlamaForCausalLM"], "hidden_size": 6656, "intermediate_size": 17920,
+            "num_hidden_layers": 60, "num_attention_heads": 52, "num_key_value_heads": 52,
+            "vocab_size": 32000, "tie_word_embeddings": False, "torch_dtype": "float16",
+        },
+        source="huggingface.co/lmsys/vicuna-33b-v1.3 config.json (Spec-Bench's 33B target)",
+        hf_ids=("lmsys/vicuna-33b-v1.3",),
+        published_params=32.5e9,
+    ),
+    ModelEntry(
+        name="vicuna-68m",
+        config={
+            "architectures": ["LlamaForCausalLM"], "hidden_size": 768, "intermediate_size": 3072,
+            "num_hidden_layers": 2, "num_attention_heads": 12, "num_key_value_heads": 12,
+            "vocab_size": 32000, "tie_word_embeddings": False, "torch_dtype": "float16",
+        },
+        source="huggingface.co/double7/vicuna-68m config.json (Spec-Bench's sps draft model)",
+        hf_ids=("double7/vicuna-68m",),
+        published_params=68e6,
+    ),
+    ModelEntry(
+        name="mistral-7b",
+        config={
+            "architectures": ["MistralForCausalLM"], "hidden_size": 4096, "intermediate_size": 14336,
+            "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+            "vocab_size": 32000, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        },
+        source="huggingface.co/mistralai/Mistral-7B-Instruct-v0.2 config.json",
+        hf_ids=(
+            "mistralai/Mistral-7B-Instruct-v0.2", "mistralai/Mistral-7B-v0.1", "mistralai/Mistral-7B-Instruct-v0.1",
+        ),
+        published_params=7.24e9,
+    ),
+    ModelEntry(
+        name="qwen2.5-7b",
+        config={
+            "architectures": ["Qwen2ForCausalLM"], "hidden_size": 3584, "intermediate_size": 18944,
+            "num_hidden_layers": 28, "num_attention_heads": 28, "num_key_value_heads": 4,
+            "vocab_size": 152064, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        },
+        source="huggingface.co/Qwen/Qwen2.5-7B-Instruct config.json",
+        hf_ids=("Qwen/Qwen2.5-7B-Instruct", "Qwen/Qwen2.5-7B"),
+        published_params=7.62e9,
+    ),
+    ModelEntry(
+        name="qwen2.5-14b",
+        config={
+            "architectures": ["Qwen2ForCausalLM"], "hidden_size": 5120, "intermediate_size": 13824,
+            "num_hidden_layers": 48, "num_attention_heads": 40, "num_key_value_heads": 8,
+            "vocab_size": 152064, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        },
+        source="huggingface.co/Qwen/Qwen2.5-14B-Instruct config.json",
+        hf_ids=("Qwen/Qwen2.5-14B-Instruct", "Qwen/Qwen2.5-14B"),
+        published_params=14.7e9,
+    ),
+    ModelEntry(
+        name="qwen2.5-32b",
+        config={
+            "architectures": ["Qwen2ForCausalLM"], "hidden_size": 5120, "intermediate_size": 27648,
+            "num_hidden_layers": 64, "num_attention_heads": 40, "num_key_value_heads": 8,
+            "vocab_size": 152064, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        },
+        source="huggingface.co/Qwen/Qwen2.5-32B-Instruct config.json",
+        hf_ids=("Qwen/Qwen2.5-32B-Instruct", "Qwen/Qwen2.5-32B"),
+        published_params=32.5e9,
+    ),
+    ModelEntry(
+        name="qwen2.5-72b",
+        config={
+            "architectures": ["Qwen2ForCausalLM"], "hidden_size": 8192, "intermediate_size": 29568,
+            "num_hidden_layers": 80, "num_attention_heads": 64, "num_key_value_heads": 8,
+            "vocab_size": 152064, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        },
+        source="huggingface.co/Qwen/Qwen2.5-72B-Instruct config.json",
+        hf_ids=("Qwen/Qwen2.5-72B-Instruct", "Qwen/Qwen2.5-72B"),
+        published_params=72.7e9,
     ),
     ModelEntry(
         name="tiny-llama",

@@ -480,16 +480,22 @@ def hardware_for_device_name(name: str) -> HardwareProfile | None:
 
 
 def hardware_by_name(name: str) -> HardwareProfile:
-    """The catalog hardware profile called `name` (case-insensitive; aliases like "h100" -> "h100-sxm").
+    """The catalog hardware profile called `name`: case-insensitive, spaces and underscores read as hyphens, an
+    "NVIDIA" prefix dropped, aliases resolved ("h100" -> "h100-sxm", "A100 80GB" -> "a100-80gb-sxm"), and failing
+    that a device name as NVML prints it ("NVIDIA H100 80GB HBM3").
 
     Raises ValueError naming the known profiles. Example: hardware_by_name("H100").mem_bandwidth_bytes_per_s
-    = 3.35e12.
+    = 3.35e12; hardware_by_name("NVIDIA GeForce RTX 3090").name = "rtx3090".
     """
-    key = name.strip().lower()
+    key = re.sub(r"[\s_-]+", "-", name.strip().lower()).removeprefix("nvidia-")
     key = HARDWARE_ALIASES.get(key, key)
     for profile in HARDWARE:
         if profile.name == key:
             return profile
+    # A device name as NVML / DCGM / nvidia-smi print it ("NVIDIA H100 80GB HBM3") names its profile too.
+    by_device = hardware_for_device_name(name)
+    if by_device is not None:
+        return by_device
     known = ", ".join(p.name for p in HARDWARE)
     raise ValueError(f"unknown hardware {name!r}; known: {known} (aliases: {', '.join(HARDWARE_ALIASES)})")
 

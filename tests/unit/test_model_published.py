@@ -24,22 +24,11 @@ from costmodel_builders import make_acceptance, make_context, make_evidence
 
 from policies.acceptance import AcceptancePoint
 from policies.costmodel import ModelContext, curve_for, speedup_curve
-from policies.profiles import drafter_for, hardware_by_name, model_from_hf_config
+from policies.profiles import drafter_for, hardware_by_name, model_by_name
 from policies.types import DraftMethod
 
 PUBLISHED = Path(__file__).resolve().parents[1] / "fixtures" / "published"
 PLAIN_TPOT_MS = 7.07  # vllm-eagle-k-sweep-bs1.csv header: vanilla TPOT
-
-# lmsys/vicuna-7b-v1.3 config.json (Llama-1/2-7B shape) and double7/vicuna-68m config.json (Spec-Bench's sps draft).
-VICUNA_7B = {
-    "hidden_size": 4096, "intermediate_size": 11008, "num_hidden_layers": 32, "num_attention_heads": 32,
-    "num_key_value_heads": 32, "vocab_size": 32000, "torch_dtype": "float16", "tie_word_embeddings": False,
-}
-VICUNA_68M = {
-    "hidden_size": 768, "intermediate_size": 3072, "num_hidden_layers": 2, "num_attention_heads": 12,
-    "vocab_size": 32000, "torch_dtype": "float16", "tie_word_embeddings": False,
-}
-
 
 def _rows(name: str) -> list[dict[str, str]]:
     lines = [line for line in (PUBLISHED / name).read_text().splitlines() if not line.startswith("#")]
@@ -80,19 +69,10 @@ def test_plain_batch1_step_matches_the_published_tpot() -> None:
     assert base == pytest.approx(PLAIN_TPOT_MS * 1e-3, rel=0.05)
 
 
-# lmsys/vicuna-13b-v1.3 and lmsys/vicuna-33b-v1.3 config.json (Hugging Face; Llama-1 13B / 30B shapes, MHA).
-VICUNA_13B = {
-    "hidden_size": 5120, "intermediate_size": 13824, "num_hidden_layers": 40, "num_attention_heads": 40,
-    "vocab_size": 32000, "torch_dtype": "float16", "tie_word_embeddings": False,
-}
-VICUNA_33B = {
-    "hidden_size": 6656, "intermediate_size": 17920, "num_hidden_layers": 60, "num_attention_heads": 52,
-    "vocab_size": 32000, "torch_dtype": "float16", "tie_word_embeddings": False,
-}
-SPECBENCH_TARGETS = {"vicuna-7b": VICUNA_7B, "vicuna-13b": VICUNA_13B, "vicuna-33b": VICUNA_33B}
-# The leaderboard says "A100 80GB" without the form factor; the SXM profile is used (S is a ratio of step times,
-# so the PCIe card's 5% lower bandwidth barely moves it).
-SPECBENCH_GPUS = {"a100-80gb": "a100-80gb-sxm", "rtx3090": "rtx3090"}
+# The CSV's names resolve as they are: its targets are catalog models (policies/catalog.py, lmsys/vicuna-*-v1.3),
+# and its "a100-80gb" (the leaderboard's "A100 80GB", no form factor) is the SXM card by alias (S is a ratio of step
+# times, so the PCIe card's 5% lower bandwidth barely moves it).
+SPECBENCH_TARGETS = ("vicuna-7b", "vicuna-13b", "vicuna-33b")
 
 # Methods with a drafter of that kind in policies/. Out: medusa / hydra (parallel heads on the target's last hidden
 # state, no DraftMethod for them), rest (retrieval datastore), lookahead (Jacobi iteration inside the target's own
@@ -114,13 +94,11 @@ SPECBENCH_REL_TOL = {"eagle": 0.25, "pld": 0.12, "sps": 0.30}
 
 
 def _specbench_context(gpu: str, target_name: str, method: str) -> ModelContext:
-    target = model_from_hf_config(
-        SPECBENCH_TARGETS[target_name], name=target_name, source=f"lmsys/{target_name}-v1.3 config.json",
-    )
-    hardware = hardware_by_name(SPECBENCH_GPUS[gpu])
+    target = model_by_name(target_name)
+    hardware = hardware_by_name(gpu)
     kind = SPECBENCH_METHODS[method]
     if kind == DraftMethod.DRAFT_MODEL:
-        draft = model_from_hf_config(VICUNA_68M, name="vicuna-68m", source="double7/vicuna-68m config.json")
+        draft = model_by_name("vicuna-68m")  # Spec-Bench's sps draft, double7/vicuna-68m
         return ModelContext(hardware, target, drafter_for(kind, target, draft_model=draft))
     return ModelContext(hardware, target, drafter_for(kind, target))
 
@@ -136,7 +114,7 @@ def _specbench_predicted(row: dict[str, str]) -> float:
 
 def _has_hardware(gpu: str) -> bool:
     try:
-        hardware_by_name(SPECBENCH_GPUS[gpu])
+        hardware_by_name(gpu)
     except ValueError:
         return False
     return True

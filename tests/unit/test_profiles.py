@@ -127,6 +127,28 @@ def test_hardware_for_device_name(device: str, expected: str | None) -> None:
     assert (found.name if found else None) == expected
 
 
+@pytest.mark.parametrize(
+    ("name", "expected"),
+    [
+        ("A100 80GB", "a100-80gb-sxm"),  # Spec-Bench's column, as papers write it
+        ("a100-80gb", "a100-80gb-sxm"),
+        ("NVIDIA H100 80GB HBM3", "h100-sxm"),  # nvidia-smi's name: matched as a device name
+        ("RTX 3090", "rtx3090"),
+        ("nvidia_l40s", "l40s"),
+        ("H100-SXM5", "h100-sxm"),
+        ("NVIDIA A100-SXM4-40GB", "a100-40gb-sxm"),
+        ("GeForce RTX 4090", "rtx4090"),
+    ],
+)
+def test_hardware_names_as_people_and_tools_write_them(name: str, expected: str) -> None:
+    assert hardware_by_name(name).name == expected
+
+
+def test_an_unknown_gpu_is_an_error_listing_the_known_ones() -> None:
+    with pytest.raises(ValueError, match=r"unknown hardware 'Tesla T4'; known: .*rtx3090"):
+        hardware_by_name("Tesla T4")
+
+
 def test_hardware_units_are_converted_from_the_datasheet() -> None:
     h100 = hardware_by_name("H100")  # alias
     # hardware.csv: 989.4 TFLOP/s bf16, 1978.9 fp8, 3350 GB/s, 80 GB.
