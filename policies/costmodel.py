@@ -272,11 +272,16 @@ def curve_for(
     context_tokens: float,
     scales: CostScales | None = None,
     prefill_tokens: float = 0.0,
+    tree_tokens: float | None = None,
 ) -> tuple[tuple[CurvePoint, ...], float]:
     """S(gamma) for each acceptance point at an explicit operating point (what-if: another batch or context with
     the scales calibrated elsewhere). Returns (curve, plain-decoding step seconds). `acceptance` must start at
     gamma 0 and be contiguous; `batch` >= 1; `context_tokens` >= 0; `prefill_tokens` >= 0 prompt tokens chunked
     into every step, the same for every gamma (0 for a rate-bound prompt load, where it cancels: module docstring).
+    `tree_tokens` (None = a chain): a drafter that proposes a tree of that many draft tokens per sequence, gamma
+    levels deep; the target then verifies tree_tokens + 1 tokens per sequence at every gamma >= 1 (the nodes and
+    the bonus position) instead of gamma + 1, and drafting is priced as gamma passes (a level's few nodes cost a
+    head or small draft model at decode batch sizes what one token does: it streams its weights once).
 
     Example: E[L](3) = 2.79, T_target(q=1) = 6.82 ms, T_draft(3) = 3.2 ms, T_target(q=4) = 6.85 ms ->
     S(3) = 2.79 x 6.82 / (3.2 + 6.85) = 1.89.
@@ -297,8 +302,9 @@ def curve_for(
             ctx.hardware, ctx.drafter, gamma=acc.gamma, batch=batch, context_tokens=context_tokens,
             tensor_parallel=ctx.tensor_parallel, scales=scales,
         )
+        verified = acc.gamma + 1.0 if tree_tokens is None else tree_tokens + 1.0
         verify = target_step_time(
-            ctx.hardware, ctx.model, batch=batch, tokens_per_seq=acc.gamma + 1.0, context_tokens=context_tokens,
+            ctx.hardware, ctx.model, batch=batch, tokens_per_seq=verified, context_tokens=context_tokens,
             tensor_parallel=ctx.tensor_parallel, scales=scales, prefill_tokens=prefill_tokens,
         )
         step = draft.total_s + verify.total_s

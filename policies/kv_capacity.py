@@ -52,8 +52,10 @@ def memory_fit(
     context_tokens: float,
     gamma: int,
     gpu_memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION,
+    tree_tokens: float | None = None,
 ) -> MemoryFit:
     """Whether `batch` sequences at `context_tokens` with `gamma` drafts fit in one GPU's budget (module docstring).
+    A tree drafter (`tree_tokens` draft tokens per sequence) reserves a slot for every node when gamma >= 1.
 
     Example: H100 SXM, Llama-3.1-8B, EAGLE-3, ctx 4096, gamma 3 -> max_batch 99.5; batch 128 -> fits False.
     """
@@ -71,7 +73,8 @@ def memory_fit(
         if drafter.layers > 0
         else 0.0
     )
-    per_seq = target_per_token * (context_tokens + gamma) + drafter_per_token * context_tokens
+    reserved = float(gamma) if tree_tokens is None or gamma == 0 else tree_tokens
+    per_seq = target_per_token * (context_tokens + reserved) + drafter_per_token * context_tokens
     budget = ctx.hardware.memory_bytes * gpu_memory_utilization
     free = max(0.0, budget - weights)
     max_batch = free / per_seq if per_seq > 0 else (float("inf") if free > 0 else 0.0)

@@ -5,7 +5,8 @@ Input: hardware (catalog name), tensor-parallel degree, target model (catalog na
 r_i, a mean acceptance length measured at some k, or an i.i.d. per-token rate alpha), and lists of batch sizes,
 context lengths and gamma values. Output, for every (batch, context, gamma):
 
-    step_time_s            = T_draft(gamma) + T_target(B, q = gamma + 1)     (gamma 0: T_target(B, 1))
+    step_time_s            = T_draft(gamma) + T_target(B, q = gamma + 1)     (gamma 0: T_target(B, 1); a tree
+                             drafter of `tree_tokens` N: q = N + 1 at every gamma >= 1, gamma = its depth)
     tokens_per_s_per_seq   = E[L](gamma) / step_time_s                       (E[L](0) = 1)
     tokens_per_s_total     = B x tokens_per_s_per_seq
     speedup                = tokens_per_s_per_seq / tokens_per_s_per_seq(gamma 0)   (policies/costmodel.py S)
@@ -58,6 +59,7 @@ MAX_BATCH = 65536.0
 MAX_CONTEXT_TOKENS = 4_194_304.0  # 4M tokens: longer than any served context window today
 MAX_PREFILL_TOKENS_PER_STEP = 1_048_576.0
 MAX_TENSOR_PARALLEL = 64
+MAX_TREE_TOKENS = 256  # SGLang and TensorRT-LLM trees verify up to a few dozen to ~100 tokens per sequence
 CROSSOVER_SEARCH_MAX_BATCH = 4096.0
 CROSSOVER_GRID_FACTOR = 1.25
 CROSSOVER_RELATIVE_TOL = 0.005
@@ -105,6 +107,7 @@ class WhatIfInput:
     draft_model: ModelSpec | None = None
     prefill_tokens_per_step: float = 0.0
     gpu_memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION
+    tree_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -391,12 +394,33 @@ def check_grid(inp: WhatIfInput) -> None:
     utilization = inp.gpu_memory_utilization
     if not (math.isfinite(utilization) and 0 < utilization <= 1):
         raise WhatIfInputError("gpu_memory_utilization", f"must be in (0, 1], got {utilization}")
+    _check_tree(inp)
     points = len(inp.batch_sizes) * len(inp.context_lengths) * len(inp.gammas)
     if points > MAX_POINTS:
         raise WhatIfInputError(
             "batch_sizes",
             f"{len(inp.batch_sizes)} batch sizes x {len(inp.context_lengths)} context lengths x {len(inp.gammas)} "
             f"gammas = {points} points, more than the {MAX_POINTS} one what-if may price; split the request",
+        )
+
+
+def _check_tree(inp: WhatIfInput) -> None:
+    """A tree of `tree_tokens` draft tokens (1..MAX_TREE_TOKENS) is at least as many nodes as it is levels deep
+    (every gamma asked is a depth), and n-gram / suffix lookups propose one continuation, not a tree."""
+    tree = inp.tree_tokens
+    if tree is None:
+        return
+    if not 1 <= tree <= MAX_TREE_TOKENS:
+        raise WhatIfInputError("drafter.tree_tokens", f"must be in 1..{MAX_TREE_TOKENS}, got {tree}")
+    if inp.drafter_method in (DraftMethod.NGRAM, DraftMethod.SUFFIX):
+        raise WhatIfInputError(
+            "drafter.tree_tokens", f"{inp.drafter_method.value} proposes a chain; trees are for eagle, eagle3, mtp "
+            "and draft_model"
+        )
+    if max(inp.gammas) > tree:
+        raise WhatIfInputError(
+            "drafter.tree_tokens",
+            f"a tree of {tree} draft tokens cannot be {max(inp.gammas)} levels deep (gammas are the tree's depth)",
         )
 
 
@@ -428,11 +452,11 @@ def evaluate_whatif(inp: WhatIfInput) -> WhatIfResult:
     best: list[BestGamma] = []
     for context in inp.context_lengths:
         for batch in inp.batch_sizes:
-            curve, base = _curve(ctx, acceptance, batch=batch, context=context, prefill=prefill)
+            curve, base = _curve(ctx, acceptance, batch=batch, context=context, prefill=prefill, tree=inp.tree_tokens)
             fits = {
                 gamma: memory_fit(
                     ctx, batch=batch, context_tokens=context, gamma=gamma,
-                    gpu_memory_utilization=inp.gpu_memory_utilization,
+                    gpu_memory_utilization=inp.gpu_memory_utilization, tree_tokens=inp.tree_tokens,
                 )
                 for gamma in {0, *inp.gammas}
             }
@@ -443,7 +467,9 @@ def evaluate_whatif(inp: WhatIfInput) -> WhatIfResult:
     crossovers = tuple(
         crossover
         for context in inp.context_lengths
-        for crossover in _crossovers(ctx, acceptance, gammas=drafting, context=context, prefill=prefill)
+        for crossover in _crossovers(
+            ctx, acceptance, gammas=drafting, context=context, prefill=prefill, tree=inp.tree_tokens
+        )
     )
     return WhatIfResult(
         context=ctx,
@@ -457,10 +483,14 @@ def evaluate_whatif(inp: WhatIfInput) -> WhatIfResult:
 
 
 def _curve(
-    ctx: ModelContext, acceptance: Sequence[AcceptancePoint], *, batch: float, context: float, prefill: float
+    ctx: ModelContext, acceptance: Sequence[AcceptancePoint], *, batch: float, context: float, prefill: float,
+    tree: int | None = None,
 ) -> tuple[tuple[CurvePoint, ...], float]:
     try:
-        curve, base = curve_for(ctx, acceptance, batch=batch, context_tokens=context, prefill_tokens=prefill)
+        curve, base = curve_for(
+            ctx, acceptance, batch=batch, context_tokens=context, prefill_tokens=prefill,
+            tree_tokens=None if tree is None else float(tree),
+        )
     except ValueError as exc:  # the cost model's own range checks: report, never crash
         raise WhatIfInputError("batch_sizes", f"cannot price batch {batch} at context {context}: {exc}") from None
     numbers = [base] + [p.speedup for p in curve] + [p.step_time_s for p in curve]
@@ -513,15 +543,15 @@ def _best(
 
 def _speedup(
     ctx: ModelContext, acceptance: Sequence[AcceptancePoint], *, gamma: int, batch: float, context: float,
-    prefill: float,
+    prefill: float, tree: int | None,
 ) -> float:
-    curve, _ = _curve(ctx, acceptance[: gamma + 1], batch=batch, context=context, prefill=prefill)
+    curve, _ = _curve(ctx, acceptance[: gamma + 1], batch=batch, context=context, prefill=prefill, tree=tree)
     return curve[gamma].speedup
 
 
 def _crossovers(
     ctx: ModelContext, acceptance: Sequence[AcceptancePoint], *, gammas: Sequence[int], context: float,
-    prefill: float,
+    prefill: float, tree: int | None,
 ) -> list[Crossover]:
     # One grid scan prices every gamma at once; only the bracket where a gamma first falls to 1 is bisected.
     top = CROSSOVER_SEARCH_MAX_BATCH
@@ -530,7 +560,7 @@ def _crossovers(
         grid.append(min(grid[-1] * CROSSOVER_GRID_FACTOR, top))
     first_below: dict[int, int] = {}
     for index, batch in enumerate(grid):
-        curve, _ = _curve(ctx, acceptance, batch=batch, context=context, prefill=prefill)
+        curve, _ = _curve(ctx, acceptance, batch=batch, context=context, prefill=prefill, tree=tree)
         for gamma in gammas:
             if gamma not in first_below and curve[gamma].speedup <= 1.0:
                 first_below[gamma] = index
@@ -548,7 +578,7 @@ def _crossovers(
         low, high = grid[below - 1], grid[below]
         while high - low > CROSSOVER_RELATIVE_TOL * high:
             middle = 0.5 * (low + high)
-            if _speedup(ctx, acceptance, gamma=gamma, batch=middle, context=context, prefill=prefill) > 1.0:
+            if _speedup(ctx, acceptance, gamma=gamma, batch=middle, context=context, prefill=prefill, tree=tree) > 1:
                 low = middle
             else:
                 high = middle
@@ -564,6 +594,10 @@ def whatif_schedule_plan(
     Example: the example input of `evaluate_whatif` with gammas 0..5 -> a plan allowing K = 0..5 at ctx 512.
     """
     check_grid(inp)
+    if inp.tree_tokens is not None:
+        raise WhatIfInputError(
+            "drafter.tree_tokens", "engine schedules set a chain's K per batch size; a tree has no such knob"
+        )
     gamma_max = max(inp.gammas)
     if gamma_max < 1:
         raise WhatIfInputError("gammas", "a schedule needs at least one gamma >= 1 (the deepest K it may use)")
@@ -600,6 +634,12 @@ def _notes(
         )
     if inp.prefill_tokens_per_step > 0:
         notes.append("prefill tokens per step are priced into every step, with or without speculation")
+    if inp.tree_tokens is not None:
+        notes.append(
+            f"tree drafting: the target verifies {inp.tree_tokens} draft tokens + 1 per sequence at every gamma >= 1 "
+            "(gamma = the tree's depth, drafted in gamma passes), and each reserves a KV slot; the acceptance is "
+            "read as the tree's (tokens per step, measured with that tree)"
+        )
     misfits = [p for p in points if not p.fits_in_memory]
     if misfits:
         worst = max(misfits, key=lambda p: (p.batch, p.context_tokens, p.gamma))

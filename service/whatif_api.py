@@ -46,6 +46,7 @@ from policies.whatif import (
     MAX_POINTS,
     MAX_PREFILL_TOKENS_PER_STEP,
     MAX_TENSOR_PARALLEL,
+    MAX_TREE_TOKENS,
     AcceptanceSpec,
     WhatIfInput,
     WhatIfInputError,
@@ -74,6 +75,11 @@ class DrafterIn(_Strict):
     method: DraftMethod = Field(description="How drafts are produced: ngram, suffix, eagle, eagle3, mtp, draft_model.")
     draft_model: ModelName | dict[str, Any] | None = Field(
         default=None, description="Only for method draft_model: a catalog model name or its inline config.json."
+    )
+    tree_tokens: int | None = Field(
+        default=None, ge=1, le=MAX_TREE_TOKENS, strict=True,
+        description="A tree drafter's draft tokens per sequence per step (SGLang --speculative-num-draft-tokens "
+        "minus 1); gammas are then the tree's depth. None: a chain of gamma drafts.",
     )
 
 
@@ -146,6 +152,7 @@ class WhatIfRequest(_Strict):
             tensor_parallel=self.tensor_parallel,
             prefill_tokens_per_step=self.prefill_tokens_per_step,
             gpu_memory_utilization=self.gpu_memory_utilization,
+            tree_tokens=self.drafter.tree_tokens,
         )
 
 

@@ -126,6 +126,10 @@ def test_whatif_serves_what_the_model_computes() -> None:
         assert [p["fits_in_memory"] for p in answer["points"]] == [False, False]
         assert answer["best"][0]["fits_in_memory"] is False
         assert any("do not fit in memory" in note for note in answer["notes"])
+        # A tree drafter (SGLang-style: 25 draft tokens, gammas are its depth) is priced and says so.
+        tree = await client.post("/v1/whatif", json={**BODY, "drafter": {"method": "eagle", "tree_tokens": 25}})
+        assert tree.status_code == 200, tree.text
+        assert any("tree drafting" in note for note in tree.json()["notes"])
 
     run_api(check)
 
@@ -180,6 +184,10 @@ BAD_BODIES: list[tuple[str, Any, list[str | int] | None]] = [
     ("typo field", with_(batch_size=[1]), ["body", "batch_size"]),
     ("negative prefill", with_(prefill_tokens_per_step=-5), ["body", "prefill_tokens_per_step"]),
     ("memory share 0", with_(gpu_memory_utilization=0), ["body", "gpu_memory_utilization"]),
+    ("tree of no tokens", with_(drafter={"method": "eagle3", "tree_tokens": 0}), ["body", "drafter", "tree_tokens"]),
+    ("tree for n-gram", with_(drafter={"method": "ngram", "tree_tokens": 8}), ["body", "drafter", "tree_tokens"]),
+    ("tree shallower than gamma", with_(drafter={"method": "eagle3", "tree_tokens": 3}),
+     ["body", "drafter", "tree_tokens"]),
     ("memory share above 1", with_(gpu_memory_utilization=1.2), ["body", "gpu_memory_utilization"]),
     ("body is a list", [BODY], None),
     ("body is null", None, None),

@@ -18,6 +18,7 @@ from policies.whatif import (
     AcceptanceSpec,
     WhatIfInput,
     WhatIfInputError,
+    WhatIfResult,
     acceptance_evidence,
     acceptance_positions,
     build_context,
@@ -178,6 +179,10 @@ def test_draft_model_is_required_for_draft_model_and_refused_otherwise() -> None
         ({"gpu_memory_utilization": 0.0}, "gpu_memory_utilization"),
         ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
         ({"gpu_memory_utilization": float("nan")}, "gpu_memory_utilization"),
+        ({"tree_tokens": 0}, "drafter.tree_tokens"),
+        ({"tree_tokens": 257}, "drafter.tree_tokens"),
+        ({"tree_tokens": 4}, "drafter.tree_tokens"),  # gammas go to 5: a 4-node tree cannot be 5 deep
+        ({"tree_tokens": 25, "drafter_method": DraftMethod.NGRAM}, "drafter.tree_tokens"),
     ],
 )
 def test_out_of_range_inputs_name_their_field(overrides: dict[str, Any], field: str) -> None:
@@ -274,6 +279,36 @@ def test_points_whose_kv_does_not_fit_are_flagged_and_never_the_best() -> None:
         make_input(batch_sizes=(99.55,), context_lengths=(4096.0,), gammas=(0,), gpu_memory_utilization=0.45)
     )
     assert half.points[0].max_batch_in_memory == pytest.approx((36.0e9 - 16.86e9) / 553.6e6, rel=2e-3)
+
+
+def test_a_tree_is_nearly_free_at_batch_1_and_real_compute_at_batch_64() -> None:
+    # EAGLE-1's default tree: 25 draft tokens, 5 levels (Spec-Bench's EAGLE rows), against a 5-draft chain with the
+    # same tokens per step. At batch 1 both verify steps are weight streaming (26 vs 6 rows of math, each under the
+    # one-tile floor), so the tree costs at most a few % more; at batch 64 the tree verifies 64 x 26 = 1664 tokens
+    # where the chain verifies 384: well past the H100's ridge, so the tree's step is much longer, and its speedup
+    # falls below 1 at a smaller batch.
+    grid = {"acceptance": AcceptanceSpec(mean_acceptance_length=3.6, measured_at_k=5), "gammas": (0, 5),
+            "batch_sizes": (1.0, 64.0), "context_lengths": (512.0,)}
+    chain = evaluate_whatif(make_input(**grid))
+    tree = evaluate_whatif(make_input(**grid, tree_tokens=25))
+
+    def step(result: WhatIfResult, batch: float) -> float:
+        return next(p.step_time_s for p in result.points if p.batch == batch and p.gamma == 5)
+
+    assert step(chain, 1.0) < step(tree, 1.0) < 1.05 * step(chain, 1.0)
+    assert step(tree, 64.0) > 1.5 * step(chain, 64.0)
+    plain = {p.batch: p.step_time_s for p in tree.points if p.gamma == 0}
+    assert plain == {p.batch: p.step_time_s for p in chain.points if p.gamma == 0}  # off is off
+    assert crossover_of(tree, gamma=5, context=512.0).batch < crossover_of(chain, gamma=5, context=512.0).batch
+    # Every node holds a KV slot while it is verified: 25 per sequence instead of 5, 131072 B each (Llama-3.1-8B).
+    room = {r: next(p.max_batch_in_memory for p in r.points if p.batch == 1.0 and p.gamma == 5) for r in (chain, tree)}
+    budget = 72e9 - 16.86e9
+    head_kv = 4096 * 512
+    assert room[chain] == pytest.approx(budget / (131072 * 517 + head_kv), rel=2e-3)
+    assert room[tree] == pytest.approx(budget / (131072 * 537 + head_kv), rel=2e-3)
+    assert any("tree drafting" in note for note in tree.notes)
+    # Engine schedules are per-batch K for a chain: a tree has no such knob, and saying so beats a wrong schedule.
+    assert field_of(lambda: whatif_schedule_plan(make_input(tree_tokens=25), max_num_seqs=64)) == "drafter.tree_tokens"
 
 
 def crossover_of(result: Any, *, gamma: int, context: float) -> Any:
