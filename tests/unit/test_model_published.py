@@ -76,21 +76,26 @@ SPECBENCH_TARGETS = ("vicuna-7b", "vicuna-13b", "vicuna-33b")
 
 # Methods with a drafter of that kind in policies/. Out: medusa / hydra (parallel heads on the target's last hidden
 # state, no DraftMethod for them), rest (retrieval datastore), lookahead (Jacobi iteration inside the target's own
-# forward). eagle2 is EAGLE-1's head with a dynamic, re-ranked tree that verifies tens of tokens per step; priced as
-# a chain its AL (4.36) would be bought with a verify far cheaper than the real one, so it is not mapped to EAGLE.
+# forward). eagle2 is EAGLE-1's head with a dynamic, re-ranked tree whose size the leaderboard does not state (EAGLE-2's
+# default budget is ~60 tokens); priced as a 59-token tree 5 deep its 3090 row comes out 2.56 vs 2.25 measured
+# (+14%; 2.47 at depth 6, 2.74 with 48 tokens), but the size would be our guess, so the row is left out.
 SPECBENCH_METHODS = {"eagle": DraftMethod.EAGLE, "pld": DraftMethod.NGRAM, "sps": DraftMethod.DRAFT_MODEL}
-# Spec-Bench's defaults: EAGLE depth-5 tree (priced here as a 5-draft chain), sps gamma 4, pld up to 10 tokens.
+# Spec-Bench's defaults: EAGLE depth-5 tree (priced as that tree), sps gamma 4, pld up to 10 tokens.
 SPECBENCH_GAMMA = {"eagle": 5, "sps": 4, "pld": 10}
+# EAGLE's default tree (SafeAILab/EAGLE model/choices.py mc_sim_7b_63, as copied in xformers' tree-attention tests):
+# 25 draft nodes, 5 levels deep; the target verifies 26 tokens per step. The other methods draft chains.
+SPECBENCH_TREE_TOKENS = {"eagle": 25.0}
 # Every included row is over-predicted; the model's overhead constants come from vLLM (CUDA graphs), while Spec-Bench
 # runs eager HF-transformers loops whose per-step Python and launch costs are larger. Tolerance = worst observed error
 # plus a margin for constant changes elsewhere (A100 rows for 7b / 13b / 33b, then the RTX 3090 7b row):
 # - pld: +0.1 / +8.1 / +6.7%, 3090 +6.5%. No drafter weights, so only the verify step's pricing is in play: 12%.
-# - eagle: +0.4 / +13.0 / +14.1%, 3090 +23.2%. Adds the 26-token tree (EAGLE's mc_sim_7b_63: 25 nodes + root)
-#   priced as a 6-token chain, and HF's tree-mask bookkeeping per step; on the 3090 (71 TFLOP/s against 936 GB/s,
-#   half the A100's FLOP per byte) the tree's extra math is a larger share of the step: 25%.
+# - eagle: -0.4 / +11.9 / +12.8%, 3090 +16.7%, priced as its tree (SPECBENCH_TREE_TOKENS). What is left is HF's
+#   per-step tree bookkeeping (masks, top-k re-ranking, many small launches in an eager loop): 20%. (As a 6-token
+#   chain the rows were +0.4 / +13.0 / +14.1 / +23.2%: on the 3090, half the A100's FLOP per byte, the tree's
+#   nodes are real math.)
 # - sps: +16.4 / +24.4 / +16.1%, 3090 +9.6%. The 2-layer vicuna-68m draft is launch-bound in an eager loop, four
 #   times a step, where the model charges 0.5 ms a draft step (vLLM's figure): 30%.
-SPECBENCH_REL_TOL = {"eagle": 0.25, "pld": 0.12, "sps": 0.30}
+SPECBENCH_REL_TOL = {"eagle": 0.20, "pld": 0.12, "sps": 0.30}
 
 
 def _specbench_context(gpu: str, target_name: str, method: str) -> ModelContext:
@@ -108,6 +113,7 @@ def _specbench_predicted(row: dict[str, str]) -> float:
     curve, _ = curve_for(
         _specbench_context(row["gpu"], row["target"], row["method"]),
         _chain(gamma, float(row["mean_accepted_tokens"])), batch=1.0, context_tokens=512.0,
+        tree_tokens=SPECBENCH_TREE_TOKENS.get(row["method"]),
     )
     return curve[gamma].speedup
 
