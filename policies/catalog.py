@@ -54,7 +54,10 @@ class HardwareRow(TypedDict):
 
 _NVLINK3 = "NVIDIA A100 datasheet: NVLink 600 GB/s bidirectional -> 300 GB/s per direction"
 _NVLINK4 = "NVIDIA H100/H200 datasheets: NVLink 900 GB/s bidirectional -> 450 GB/s per direction"
-_PCIE4 = "PCIe Gen4 x16: 64 GB/s bidirectional -> 32 GB/s per direction (no NVLink on this card)"
+_PCIE4 = (
+    "PCIe Gen4 x16: 64 GB/s bidirectional -> 32 GB/s per direction (an NVLink bridge, where the card takes one, is "
+    "not assumed: TP over PCIe is the conservative case)"
+)
 _IF_MI300X = "AMD MI300X datasheet: Infinity Fabric 896 GB/s peak aggregate -> ~448 GB/s per direction"
 _PCIE5 = "PCIe Gen5 x16: 128 GB/s bidirectional -> 64 GB/s per direction"
 _NVLINK_BRIDGE_H100 = "NVIDIA H100 NVL datasheet: NVLink bridge 600 GB/s bidirectional -> 300 GB/s per direction"

@@ -4,24 +4,27 @@ vLLM sizes its KV cache once at start: it may use `gpu_memory_utilization` of th
 vLLM EngineArgs), holds the weights, and gives what is left to KV blocks. A batch of B sequences at mean context
 ctx with gamma draft tokens each needs, per GPU (tp = tensor-parallel degree):
 
-    weights_bytes = (P_target x dtype_bytes + P_drafter x drafter_dtype_bytes) / tp
-    kv_per_seq    = kv_target(ctx + gamma) + kv_drafter(ctx)              bytes
+    weights_bytes = (P_target x dtype_bytes + [gamma >= 1] P_drafter x drafter_dtype_bytes) / tp
+    kv_per_seq    = kv_target(ctx + gamma) + [gamma >= 1] kv_drafter(ctx)              bytes
                     kv_target(n) = 2 x layers x max(kv_heads / tp, 1) x head_dim x kv_dtype_bytes x n
                     (speculation reserves KV slots for its gamma draft tokens in every running sequence; a draft
-                    model or EAGLE head keeps its own cache over the context, an n-gram drafter none)
-    budget_bytes  = memory_bytes x gpu_memory_utilization
+                    model or EAGLE head keeps its own cache over the context, an n-gram drafter none; speculation
+                    off is a server without the drafter: `--speculative-config` removed, docs/actuation.md)
+    budget_bytes  = memory_bytes x gpu_memory_utilization     (memory_bytes: the card's GiB, policies/profiles.py)
     max_batch     = max(0, budget_bytes - weights_bytes) / kv_per_seq      sequences (continuous)
     fits          = B <= max_batch
 
-Ranges: memory_bytes > 0, utilization in (0, 1], B >= 1, ctx >= 0, gamma >= 0. Optimistic by what it leaves out:
-the activations of one max-size step and the CUDA graphs (vLLM measures them at start, typically 1-4 GB), and
-EAGLE heads are counted with the lm_head they evaluate even where they share the target's. A point flagged as
-fitting within a few GB of the budget may not; one flagged as not fitting does not.
+Ranges: memory_bytes > 0, utilization in (0, 1], B >= 1, ctx >= 0, gamma >= 0. An estimate, off both ways by a
+few GB: it leaves out the activations of one max-size step and the CUDA graphs (vLLM measures them at start,
+typically 1-4 GB: it may say fits where vLLM would not), and it counts EAGLE heads with the embedding and lm_head
+they may share with the target, and sliding-window layers (gemma-2, mistral v0.1) over the whole context (it may
+say does not fit where vLLM would). Points within a few GB of the budget either way are the uncertain ones.
 
-Worked example (H100 SXM 80 GB, Llama-3.1-8B bf16, EAGLE-3 head, tp 1, utilization 0.9): budget 72.0 GB; weights
-8.03e9 x 2 + 0.40e9 x 2 = 16.86 GB; KV 131072 B/token, the head's 1 layer x 8 x 128 x 2 x 2 = 4096 B/token; at
-ctx 4096, gamma 3: kv_per_seq = 131072 x 4099 + 4096 x 4096 = 554 MB -> max_batch = 55.14e9 / 554e6 = 99.5, so
-B = 64 fits and B = 128 does not.
+Worked example (H100 SXM 80 GB = 80 x 2^30 bytes, Llama-3.1-8B bf16, EAGLE-3 head, tp 1, utilization 0.9):
+budget 77.31 GB; weights 8.03e9 x 2 + 0.40e9 x 2 = 16.86 GB; KV 131072 B/token, the head's 1 layer x 8 x 128 x 2
+x 2 = 4096 B/token; at ctx 4096, gamma 3: kv_per_seq = 131072 x 4099 + 4096 x 4096 = 554 MB -> max_batch =
+60.45e9 / 554e6 = 109.1, so B = 64 fits and B = 128 does not. Speculation off: 77.31 - 16.06 = 61.25 GB over
+131072 x 4096 = 537 MB -> 114.1.
 """
 
 from __future__ import annotations
@@ -57,20 +60,21 @@ def memory_fit(
     """Whether `batch` sequences at `context_tokens` with `gamma` drafts fit in one GPU's budget (module docstring).
     A tree drafter (`tree_tokens` draft tokens per sequence) reserves a slot for every node when gamma >= 1.
 
-    Example: H100 SXM, Llama-3.1-8B, EAGLE-3, ctx 4096, gamma 3 -> max_batch 99.5; batch 128 -> fits False.
+    Example: H100 SXM, Llama-3.1-8B, EAGLE-3, ctx 4096, gamma 3 -> max_batch 109.1; batch 128 -> fits False.
     """
     if not 0 < gpu_memory_utilization <= 1:
         raise ValueError(f"gpu_memory_utilization must be in (0, 1], got {gpu_memory_utilization}")
     if batch < 0 or context_tokens < 0 or gamma < 0:
         raise ValueError("batch, context_tokens and gamma must be >= 0")
     model, drafter, tp = ctx.model, ctx.drafter, float(ctx.tensor_parallel)
-    weights = (model.params * model.dtype_bytes + drafter.params * drafter.dtype_bytes) / tp
+    drafting = gamma > 0  # off is a server without the drafter loaded
+    weights = (model.params * model.dtype_bytes + (drafter.params * drafter.dtype_bytes if drafting else 0.0)) / tp
     target_per_token = kv_bytes_per_token_per_gpu(
         model.layers, model.num_kv_heads, model.head_dim, model.kv_dtype_bytes, tp
     )
     drafter_per_token = (
         kv_bytes_per_token_per_gpu(drafter.layers, drafter.num_kv_heads, drafter.head_dim, drafter.kv_dtype_bytes, tp)
-        if drafter.layers > 0
+        if drafting and drafter.layers > 0
         else 0.0
     )
     reserved = float(gamma) if tree_tokens is None or gamma == 0 else tree_tokens

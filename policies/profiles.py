@@ -39,8 +39,9 @@ Efficiency and overhead defaults on `HardwareProfile` (each one is calibrated on
   tokens, padded by half a tile t = min(64, gemm_fill_tokens) on average (a step's last tile is part-empty);
   `fill` (and the GEMM efficiency elasticity) is fitted online (policies/roofline.py, policies/calibrate.py),
   and 64 is the prior. Why not a larger, wave-filling floor (128 rows before 2026-12-03): at 60% of peak it made a
-  batch-1 step compute-bound on GPUs with few FLOPs per byte (A100, 7B fp16: 9.2 ms of floor math against 7.8 ms
-  of weight streaming; RTX 3090: 40 ms against 17 ms), where batch-1 decode is memory-bound; and it let a
+  batch-1 step compute-bound on GPUs with few FLOPs per byte (A100, 7B fp16: 9.05 ms of floor math against 7.8 ms
+  of weight streaming; RTX 3090: 40 ms against 17 ms), where batch-1 decode is memory-bound (one tile halves
+  both; the 3090, 76 FLOP per byte at peak, stays above: 20 ms against 17 ms); and it let a
   calibration started from a bandwidth profile 2x too fast explain the batch-1 step by math instead of
   bandwidth, so that the fitted memory scale depended on the prior rather than the data
   (tests/integration/test_model_sim_calibration.py, long-context sweep). At decode batch sizes this floor (65
@@ -71,7 +72,8 @@ class HardwareProfile:
     serving engine sustains, the overhead fields are the engine's per-step host costs (all calibrated online).
 
     `peak_flops_per_s`: dense bf16 tensor FLOP/s; `peak_fp8_flops_per_s`: dense fp8 (None where unsupported);
-    `mem_bandwidth_bytes_per_s`: HBM peak; `memory_bytes`: HBM size; `interconnect_bytes_per_s`: GPU-to-GPU link
+    `mem_bandwidth_bytes_per_s`: HBM peak; `memory_bytes`: memory size (the datasheet's "80 GB" of HBM or "24 GB"
+    of GDDR is GiB: nvidia-smi shows an H100 80GB's 81559 MiB); `interconnect_bytes_per_s`: GPU-to-GPU link
     bandwidth per direction (tensor-parallel all-reduce). Efficiencies are in (0, 1].
     """
 
@@ -191,6 +193,8 @@ class DrafterProfile:
 # ----------------------------------------------------------------------------------------------------------------
 # config.json -> ModelProfile
 # ----------------------------------------------------------------------------------------------------------------
+
+GIB = float(2**30)  # datasheet memory sizes are binary: an "80 GB" H100 holds 80 GiB (81559 MiB in nvidia-smi)
 
 _DTYPE_BYTES: Mapping[str, float] = {
     "float32": 4.0, "fp32": 4.0, "float": 4.0,
@@ -429,7 +433,7 @@ def _hardware_from_row(row: HardwareRow) -> HardwareProfile:
         peak_flops_per_s=row["bf16_dense_tflops"] * 1e12,
         peak_fp8_flops_per_s=None if row["fp8_dense_tflops"] is None else row["fp8_dense_tflops"] * 1e12,
         mem_bandwidth_bytes_per_s=row["mem_bandwidth_gbps"] * 1e9,
-        memory_bytes=row["memory_gb"] * 1e9,
+        memory_bytes=row["memory_gb"] * GIB,
         nvml_name_contains=row["nvml_name_contains"],
         source=f"{row['source']}; interconnect: {row['interconnect_source']}",
         interconnect_bytes_per_s=row["interconnect_gbps_per_direction"] * 1e9,
@@ -457,21 +461,29 @@ HARDWARE: tuple[HardwareProfile, ...] = tuple(_hardware_from_row(row) for row in
 MODELS: tuple[ModelProfile, ...] = tuple(_model_from_entry(entry) for entry in MODEL_ENTRIES)
 
 
+# A word after the model number that names another card with other numbers: "RTX 3090 Ti" (1008 GB/s), "RTX 4090
+# Laptop GPU" (16 GB, 576 GB/s), "RTX 4090 D", "H200 NVL" (~835 dense TFLOP/s), "SUPER", "Max-Q".
+_VARIANT_AFTER = r"(?!\s+(?:Ti|Laptop|Mobile|D|NVL|SUPER|Max-Q)(?![A-Za-z0-9]))"
+
+
 def hardware_for_device_name(name: str) -> HardwareProfile | None:
     """The catalog profile whose `nvml_name_contains` occurs in an NVML / DCGM device name, or None.
 
     Matching is case-insensitive on whole tokens (so "L4" does not match "NVIDIA L40S", "H200" not "GH200"); the
-    longest matching needle wins.
+    longest matching needle wins. A variant word after the needle ("Ti", "Laptop", "D", "NVL", "SUPER", "Max-Q")
+    names another card, and a MIG slice is a share of one: both match nothing, so the operator configures them.
 
     Example: "NVIDIA H100 80GB HBM3" -> h100-sxm; "NVIDIA L40S" -> l40s; "NVIDIA L40" -> l40; "NVIDIA GH200 480GB" ->
     None.
     """
+    if re.search(r"(?<![A-Za-z0-9])MIG(?![A-Za-z0-9])", name, flags=re.IGNORECASE):
+        return None  # a MIG slice has a share of the card's memory and bandwidth: no whole-card profile fits it
     best: HardwareProfile | None = None
     for profile in HARDWARE:
         needle = profile.nvml_name_contains
         if not needle:
             continue
-        pattern = r"(?<![A-Za-z0-9])" + re.escape(needle) + r"(?![A-Za-z0-9])"
+        pattern = r"(?<![A-Za-z0-9])" + re.escape(needle) + r"(?![A-Za-z0-9])" + _VARIANT_AFTER
         if re.search(pattern, name, flags=re.IGNORECASE) and (
             best is None or len(needle) > len(best.nvml_name_contains or "")
         ):

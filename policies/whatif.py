@@ -648,7 +648,7 @@ def _notes(
             f"{len(misfits)} of {len(points)} points do not fit in memory (fits_in_memory false; weights + KV for "
             f"context + gamma per sequence within {inp.gpu_memory_utilization:g} of the GPU's memory, "
             f"policies/kv_capacity.py): e.g. batch {worst.batch:g} at context {worst.context_tokens:g}, gamma "
-            f"{worst.gamma}, where at most {room:.0f} sequences fit; they are priced but are not best-gamma "
-            "candidates"
+            f"{worst.gamma}, where at most {room:.0f} sequences fit; they are priced, and best is chosen among the "
+            "options that fit (where none fits, among all, with fits_in_memory false)"
         )
     return tuple(notes)

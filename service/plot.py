@@ -90,11 +90,14 @@ def _panel(
                 f"B≈{crossing.batch:.0f}", (crossing.batch, 1.0), textcoords="offset points", xytext=(4, -14),
                 fontsize=8, color=colour,
             )
-    # Batches the memory cannot hold even without drafts (weights + KV at this context, policies/kv_capacity.py).
-    room = [p.max_batch_in_memory for p in points if p.gamma == min(gammas) and p.max_batch_in_memory is not None]
+    # Batches the memory cannot hold with the least drafting asked (off when gamma 0 was asked; weights + KV at
+    # this context, policies/kv_capacity.py).
+    least = min(p.gamma for p in points)
+    room = [p.max_batch_in_memory for p in points if p.gamma == least and p.max_batch_in_memory is not None]
     if room and min(room) < highest:
         limit = max(min(room), lowest)
-        axis.axvspan(limit, highest, color="grey", alpha=0.15, label=f"KV does not fit beyond B≈{min(room):.0f}")
+        label = f"KV does not fit beyond B≈{min(room):.0f}" + ("" if least == 0 else f" (γ={least})")
+        axis.axvspan(limit, highest, color="grey", alpha=0.15, label=label)
     if highest / lowest > 16:
         axis.set_xscale("log", base=2)
     # Keep the no-speculation line inside the panel with some room, whichever side the curves are on.

@@ -193,7 +193,8 @@ class PointOut(BaseModel):
     extrapolated_share: float
     fits_in_memory: bool = Field(description="Weights + KV (context + gamma per sequence) fit the memory budget.")
     max_batch_in_memory: float | None = Field(
-        description="Most sequences whose KV fits at this context and gamma (0: the weights alone do not fit)."
+        description="Most sequences whose KV fits at this context and gamma (0: the weights alone do not fit; "
+        "null: no KV per sequence to bound it, e.g. context 0 with speculation off)."
     )
 
 
@@ -203,7 +204,9 @@ class BestOut(BaseModel):
     gamma: int = Field(description="Best gamma among those asked whose KV fits; 0 = leave speculation off.")
     speedup: float
     tokens_per_s_total: float
-    fits_in_memory: bool = Field(description="False: not even speculation off fits this batch and context.")
+    fits_in_memory: bool = Field(
+        description="False: no option asked fits this batch and context (then best is among all of them)."
+    )
 
 
 class CrossoverOut(BaseModel):

@@ -18,7 +18,8 @@ from policies.types import AcceptanceEvidence, Decision, Evidence, TargetState
 from service.api import create_api
 from service.board import Board
 from service.exporter import MetricsPage
-from service.whatif_api import create_whatif_router, live_targets_from_board
+from service.plot import plot_whatif
+from service.whatif_api import WhatIfRequest, create_whatif_router, live_targets_from_board, run_whatif
 
 SCRIPT = Path(sys.executable).parent / "spec-advisor"
 COMMAND = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "service.cli"]
@@ -179,3 +180,14 @@ def test_schedule_from_a_running_sidecar() -> None:
 
     unreachable = cli("schedule", "--url", f"http://127.0.0.1:{closed_port()}")
     assert unreachable.returncode == 1 and "cannot reach" in unreachable.stderr
+
+
+def test_the_plot_draws_what_any_valid_request_asks(tmp_path: Path) -> None:
+    # Speculation off only (gammas [0]) and a batch the memory cannot hold: an empty panel with the grey span,
+    # not a crash.
+    pytest.importorskip("matplotlib")
+    for gammas in ([0], [3, 5]):
+        response = run_whatif(WhatIfRequest.model_validate({**REQUEST, "gammas": gammas}))
+        picture = tmp_path / f"plot-{len(gammas)}.png"
+        plot_whatif(response, picture)
+        assert picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

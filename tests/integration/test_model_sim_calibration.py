@@ -31,7 +31,7 @@ contexts the sweep never saw. Where the server does run long contexts (the long-
 tokens), its own windows identify the bandwidth: from either wrong profile the pure-decode steps at ctx 6000 and
 B = 1..8 land within 10% of the truth and within 5% of each other (test_a_2x_wrong_bandwidth_converges_at_long_
 context_too). That needs the one-tile GEMM floor prior (policies/profiles.py, `gemm_fill_tokens`); with the
-128-row prior used before, the fit explained the batch-1 step by math there too and missed B = 4..8 by 11-16%.
+128-row prior used before, the fit explained the batch-1 step by math there too and missed B = 4..8 by 6-16%.
 """
 
 from __future__ import annotations
@@ -191,8 +191,9 @@ def test_a_2x_wrong_bandwidth_converges_at_long_context_too() -> None:
     # most windows. Graded there (pure decode at ctx 6000, gamma 0 and 3), from both wrong profiles; and the two
     # fits must agree with each other within 5%: when the data, not the prior, decides the bandwidth, where the
     # fit started does not matter. (With the 128-row GEMM floor prior used before, the 2x-too-fast profile
-    # explained the batch-1 step by math, kept its memory scale at 0.89 instead of ~2 and missed B = 8 by 12%
-    # and B = 16 by 23%; with that prior B = 16 and 32, seen only in windows with prefill, are still 13-21% over.)
+    # explained the batch-1 step by math, kept its memory scale at 0.89 instead of ~2 and missed B = 4..8 by
+    # 6-16% and B = 16 by 23%. With the one-tile prior, B = 16 and 32, seen only in windows with prefill, are
+    # still 13-21% over: not graded.)
     scenario = _long_context_world()
     period = 110.0 * len(LONG_RATES)
     predictions: dict[float, dict[tuple[int, int], float]] = {}

@@ -120,6 +120,12 @@ def test_the_weight_dtype_is_never_guessed() -> None:
         ("NVIDIA RTX A6000", "rtx-a6000"),
         ("NVIDIA B200", "b200"),
         ("Tesla T4", None),
+        # Other cards whose names extend a catalog one, and a MIG slice: none of them is the catalog card.
+        ("NVIDIA GeForce RTX 3090 Ti", None),
+        ("NVIDIA GeForce RTX 4090 Laptop GPU", None),
+        ("NVIDIA GeForce RTX 4090 D", None),
+        ("NVIDIA H200 NVL", None),
+        ("NVIDIA A100-SXM4-40GB MIG 3g.20gb", None),
     ],
 )
 def test_hardware_for_device_name(device: str, expected: str | None) -> None:
@@ -151,12 +157,12 @@ def test_an_unknown_gpu_is_an_error_listing_the_known_ones() -> None:
 
 def test_hardware_units_are_converted_from_the_datasheet() -> None:
     h100 = hardware_by_name("H100")  # alias
-    # hardware.csv: 989.4 TFLOP/s bf16, 1978.9 fp8, 3350 GB/s, 80 GB.
+    # hardware.csv: 989.4 TFLOP/s bf16, 1978.9 fp8, 3350 GB/s, 80 GB (of memory: GiB).
     assert h100.peak_flops_per_s == pytest.approx(989.4e12)
     assert h100.flops_for_dtype(1.0) == pytest.approx(1978.9e12)
     assert h100.flops_for_dtype(2.0) == pytest.approx(989.4e12)
     assert h100.mem_bandwidth_bytes_per_s == pytest.approx(3.35e12)
-    assert h100.memory_bytes == pytest.approx(80e9)
+    assert h100.memory_bytes == pytest.approx(80 * 2**30)  # datasheet GB of memory are GiB
     # A100 has no fp8 tensor peak: fp8 weights run at the bf16 peak.
     assert hardware_by_name("a100-80gb-sxm").flops_for_dtype(1.0) == pytest.approx(312e12)
     # GeForce tensor math with fp32 accumulation: half the fp16-accumulate rate (GA102 whitepaper: 71 vs 142).

@@ -252,16 +252,17 @@ def test_best_gamma_is_the_argmax_with_off_as_a_candidate() -> None:
 
 
 def test_points_whose_kv_does_not_fit_are_flagged_and_never_the_best() -> None:
-    # H100 SXM 80 GB x 0.9 = 72.0 GB; weights 8.03e9 x 2 + EAGLE-3 head 0.40e9 x 2 = 16.86 GB; 55.14 GB left for KV
-    # at 131072 B/token (target) + 4096 B/token (head, context only). At ctx 4096 one sequence needs 131072 x
-    # (4096 + gamma) + 4096 x 4096 bytes: gamma 0 -> 553.6 MB, 99.60 fit; gamma 1 -> 99.57; gamma 3 -> 99.52.
-    # So 99.55 sequences fit with gamma 0 or 1 and not with 3 or 5: the drafts' reserved slots tip it over.
-    result = evaluate_whatif(make_input(batch_sizes=(99.55,), context_lengths=(4096.0,), gammas=(0, 1, 3, 5)))
+    # H100 SXM 80 GiB x 0.9 = 77.31 GB; weights 8.03e9 x 2 = 16.06 GB off, + EAGLE-3 head 0.40e9 x 2 = 16.86 GB on;
+    # KV 131072 B/token (target over context + gamma) + 4096 B/token (head, context only, on only). At ctx 4096:
+    # off 61.25e9 / 536.9 MB = 114.08 sequences; gamma 1: 60.45e9 / (131072 x 4097 + 4096 x 4096) = 109.16;
+    # gamma 3: 109.11; gamma 5: 109.06. So 109.13 sequences fit off and with gamma 1, not with 3 or 5.
+    result = evaluate_whatif(make_input(batch_sizes=(109.13,), context_lengths=(4096.0,), gammas=(0, 1, 3, 5)))
     fits = {p.gamma: p.fits_in_memory for p in result.points}
     assert fits == {0: True, 1: True, 3: False, 5: False}
     room = {p.gamma: p.max_batch_in_memory for p in result.points}
-    assert room[0] == pytest.approx(55.14e9 / (131072 * 4096 + 4096 * 4096), rel=1e-3)
-    assert room[3] == pytest.approx(55.14e9 / (131072 * 4099 + 4096 * 4096), rel=1e-3)
+    on_budget = 0.9 * 80 * 2**30 - (8.030261248e9 + 0.399515648e9) * 2
+    assert room[0] == pytest.approx((0.9 * 80 * 2**30 - 8.030261248e9 * 2) / (131072 * 4096), rel=1e-4)
+    assert room[3] == pytest.approx(on_budget / (131072 * 4099 + 4096 * 4096), rel=1e-4)
     (best,) = result.best
     assert best.gamma in {0, 1} and best.fits_in_memory
     speedups = {p.gamma: p.speedup for p in result.points}
@@ -271,6 +272,7 @@ def test_points_whose_kv_does_not_fit_are_flagged_and_never_the_best() -> None:
     huge = evaluate_whatif(make_input(batch_sizes=(1024.0,), context_lengths=(8192.0,)))
     assert not any(p.fits_in_memory for p in huge.points)
     assert not huge.best[0].fits_in_memory
+    assert any("none fits" in note for note in huge.notes)
     # Everything fits: no note. A lower memory budget (gpu_memory_utilization) holds fewer sequences.
     small = evaluate_whatif(make_input(batch_sizes=(1.0, 16.0), context_lengths=(512.0,)))
     assert all(p.fits_in_memory for p in small.points)
@@ -278,7 +280,9 @@ def test_points_whose_kv_does_not_fit_are_flagged_and_never_the_best() -> None:
     half = evaluate_whatif(
         make_input(batch_sizes=(99.55,), context_lengths=(4096.0,), gammas=(0,), gpu_memory_utilization=0.45)
     )
-    assert half.points[0].max_batch_in_memory == pytest.approx((36.0e9 - 16.86e9) / 553.6e6, rel=2e-3)
+    assert half.points[0].max_batch_in_memory == pytest.approx(
+        (0.45 * 80 * 2**30 - 8.03e9 * 2) / (131072 * 4096), rel=2e-3
+    )
 
 
 def test_a_tree_is_nearly_free_at_batch_1_and_real_compute_at_batch_64() -> None:
@@ -302,7 +306,7 @@ def test_a_tree_is_nearly_free_at_batch_1_and_real_compute_at_batch_64() -> None
     assert crossover_of(tree, gamma=5, context=512.0).batch < crossover_of(chain, gamma=5, context=512.0).batch
     # Every node holds a KV slot while it is verified: 25 per sequence instead of 5, 131072 B each (Llama-3.1-8B).
     room = {r: next(p.max_batch_in_memory for p in r.points if p.batch == 1.0 and p.gamma == 5) for r in (chain, tree)}
-    budget = 72e9 - 16.86e9
+    budget = 0.9 * 80 * 2**30 - 16.86e9
     head_kv = 4096 * 512
     assert room[chain] == pytest.approx(budget / (131072 * 517 + head_kv), rel=2e-3)
     assert room[tree] == pytest.approx(budget / (131072 * 537 + head_kv), rel=2e-3)
