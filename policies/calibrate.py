@@ -54,14 +54,26 @@ and through the GEMM rows G = smooth_max(n + pad, N_fill x fill) and the factor 
 so one pass over the points prices log T and all seven derivatives.
 
 Hardware activity as extra evidence (when present). vLLM's `estimated_read_bytes_per_gpu` / `estimated_flops_
-per_gpu` counters say how much work was done per second; DCGM's DRAM / tensor activity ratios say what fraction
-of the time the units were busy. Together they measure the sustained rates directly:
-    BW_measured = achieved_read_bytes_per_s / dram_active_ratio      ->  memory  scale obs = BW_model / BW_measured
-    F_measured  = achieved_flops_per_s / tensor_active_ratio         ->  compute scale obs = F_model / F_measured
-each entering as a pseudo-observation of x_memory / x_compute with sd `telemetry_sigma` (0.15: DCGM activity is
-a sampled ratio, vLLM's counters are its own roofline estimate). Used only when the ratio is >= 0.05 (a nearly
-idle unit makes the division meaningless). The counters alone are not used: work per second without the busy
-fraction does not identify an efficiency.
+per_gpu` counters say how much work was done per second; DCGM's DRAM / tensor activity ratios (and NVML GPM's
+DRAM bandwidth / tensor utilisation) say what share of the units' PEAK rate that work used: DRAM_ACTIVE is the
+ratio of cycles the memory interface moves data, so a kernel streaming at 80% of the peak bandwidth reads ~0.8,
+the practical ceiling (NVIDIA's DCGM profiling-metric guidance). Dividing one by the other measures the device's
+peak, not its sustained rate:
+    BW_measured = achieved_read_bytes_per_s / dram_active_ratio     ->  memory  scale obs = BW_peak / BW_measured
+    F_measured  = achieved_flops_per_s / tensor_active_ratio        ->  compute scale obs = F_peak / F_measured
+with BW_peak, F_peak the profile's datasheet peaks: the scale by which the profile's peak is off, its efficiency
+taken as right (the efficiencies stay with the step-time fit). This is what a wrong or missing hardware profile
+needs; comparing with the profile's efficiency-scaled rate instead (before 2026-12-03) read a correct profile as
+0.85x (memory) or 0.6x (compute) too slow. Each enters as a pseudo-observation of x_memory / x_compute with sd
+`telemetry_sigma` (0.15: DCGM activity is a sampled ratio, vLLM's counters are its own estimate, and may leave out
+the drafter's bytes that the device counts). All windows' readings of one scale count as ONE observation, their
+weighted mean: their error is systematic (the device's efficiency is not the profile's; the drafter's bytes), so
+sixty windows do not know it sixty times better. Counted per window, they pinned the memory scale to the peak ratio
+(2.0 for a profile 2x too fast, where the world's sustained ratio is 2.07) with a combined sd of 2%, and the fit
+bent the other terms to make up for it: mid-size batches 14-19% off on the simulator. Used only when the ratio is
+>= 0.05 (a nearly idle unit makes the division meaningless). The counters alone are not used: work per second without
+the busy share identifies nothing. Example: vLLM reports 1.2e12 B/s read while DRAM_ACTIVE is 0.6 -> a 2.0e12 B/s peak;
+an H100 profile (3.35e12) is then 1.675x too fast: memory scale obs 1.675.
 
 Calibration error (what is exposed): the median over the most recent `error_points` observations of
 |T(x; point_i) / T_obs_i - 1|, after the fit. Worked example: three recent points predicted 10.2, 19.0, 31.5 ms
@@ -248,12 +260,13 @@ def _activity_scales(evidence: Evidence, ctx: ModelContext) -> tuple[float | Non
     hardware = ctx.hardware
     memory = compute = None
     dram, tensor = gpu.dram_active_ratio, gpu.tensor_active_ratio
+    # Activity ratios are shares of the device's peak rate, so work / activity measures that peak (docstring).
     if evidence.achieved_read_bytes_per_s and dram is not None and dram >= _MIN_ACTIVITY_RATIO:
-        measured = evidence.achieved_read_bytes_per_s / dram
-        memory = hardware.mem_bandwidth_bytes_per_s * hardware.bandwidth_efficiency / measured
+        measured_peak = evidence.achieved_read_bytes_per_s / dram
+        memory = hardware.mem_bandwidth_bytes_per_s / measured_peak
     if evidence.achieved_flops_per_s and tensor is not None and tensor >= _MIN_ACTIVITY_RATIO:
-        measured = evidence.achieved_flops_per_s / tensor
-        compute = hardware.flops_for_dtype(ctx.model.dtype_bytes) * hardware.flops_efficiency / measured
+        measured_peak = evidence.achieved_flops_per_s / tensor
+        compute = hardware.flops_for_dtype(ctx.model.dtype_bytes) / measured_peak
     return memory, compute
 
 
@@ -606,11 +619,14 @@ def fit(
         return state, state.last_fit  # the same points at the same optimum: nothing to refit
     weights = tuple(0.5 ** (max(0.0, now_s - p.at_s) / config.half_life_s) for p in state.points)
     telemetry: list[tuple[int, float, float]] = []
-    for p, w in zip(state.points, weights, strict=True):
-        if p.memory_scale_obs is not None and p.memory_scale_obs > 0:
-            telemetry.append((0, math.log(p.memory_scale_obs), w))
-        if p.compute_scale_obs is not None and p.compute_scale_obs > 0:
-            telemetry.append((1, math.log(p.compute_scale_obs), w))
+    for index, values in (
+        (0, [p.memory_scale_obs for p in state.points]), (1, [p.compute_scale_obs for p in state.points])
+    ):
+        seen = [(math.log(v), w) for v, w in zip(values, weights, strict=True) if v is not None and v > 0]
+        if seen:
+            # One observation for all windows (module docstring): their weighted mean, at the newest one's weight.
+            total = sum(w for _, w in seen)
+            telemetry.append((index, sum(v * w for v, w in seen) / total, max(w for _, w in seen)))
     problem = _Problem(
         terms=cache.terms, log_observed=cache.log_observed, weights=weights, telemetry=tuple(telemetry)
     )

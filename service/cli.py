@@ -295,7 +295,8 @@ def _scenario(path: Path | None) -> Scenario:
 
 
 def demo_settings(*, sim_url: str, scenario: Scenario, args: argparse.Namespace) -> Settings:
-    """The sidecar's settings for the demo: one target (the simulator), fast ticks, short window and dwell."""
+    """The sidecar's settings for the demo: one target (the simulator) and its dcgm-exporter page, fast ticks,
+    short window and dwell."""
     target: dict[str, Any] = {
         "name": "sim",
         "url": sim_url,
@@ -312,7 +313,9 @@ def demo_settings(*, sim_url: str, scenario: Scenario, args: argparse.Namespace)
             "port": args.port,
             "scrape_interval_s": args.scrape_interval_s,
             "scrape_timeout_s": args.scrape_interval_s,
-            "gpu": {"telemetry": "none"},
+            # The simulator serves a dcgm-exporter page beside the engine: the demo reads it, as a deployment
+            # with dcgm-exporter would, so the calibration measures the device's bandwidth (policies/calibrate.py).
+            "gpu": {"telemetry": "dcgm", "dcgm_url": f"{sim_url}/dcgm/metrics"},
             "estimator": {"window_s": args.window_s, "stale_after_s": 5 * args.scrape_interval_s},
             "decide": {"dwell_s": args.dwell_s},
         },

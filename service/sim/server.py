@@ -1,4 +1,5 @@
-"""An HTTP face for the simulated world, shaped like a vLLM server: `/metrics`, `/health`, `/v1/models`.
+"""An HTTP face for the simulated world, shaped like a vLLM server: `/metrics`, `/health`, `/v1/models`; and, at
+`/dcgm/metrics`, the page a dcgm-exporter beside it would serve (the sidecar's telemetry "dcgm" reads it).
 
 Plus the actuation a real deployment would receive, `POST /sim/speculation` (a restart with a new
 `num_speculative_tokens`), and `GET /sim/state` for a live view. Simulated time runs off an injected wall clock:
@@ -118,6 +119,12 @@ class SimServer:
             except EngineUnavailableError as exc:
                 return _unavailable(exc)
             return PlainTextResponse(body, media_type=CONTENT_TYPE_PLAIN_0_0_4)
+
+        @app.get("/dcgm/metrics")
+        async def dcgm_metrics() -> Response:
+            # What a dcgm-exporter next to the engine serves; the GPU stays up while the engine restarts.
+            self._advance()
+            return PlainTextResponse(world.dcgm_exposition(), media_type=CONTENT_TYPE_PLAIN_0_0_4)
 
         @app.get("/health")
         async def health() -> Response:

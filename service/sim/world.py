@@ -30,6 +30,7 @@ import random
 from collections import deque
 from dataclasses import dataclass
 
+from service.sim.dcgm_exposition import DcgmGauges, render_dcgm
 from service.sim.exposition import CacheConfig, EngineGauges, EngineMetrics, render_exposition
 from service.sim.physics import (
     acceptance_at,
@@ -49,6 +50,9 @@ from service.sim.physics import (
     verified_tokens_per_request,
 )
 from service.sim.scenario import MAX_SPECULATIVE_TOKENS, Scenario
+
+DCGM_WINDOW_S = 10.0  # dcgm-exporter's ratios are averages over its collection interval; ours over this window
+_GPU_LOG_S = 60.0  # how much of the GPU's history the log keeps (more than any window asked)
 
 # The physics functions were first defined here; callers import them from either module.
 __all__ = [
@@ -187,6 +191,12 @@ class World:
         self._generated = 0
         self._lost = 0
         self._preemptions = 0
+        # The GPU's own view (what dcgm-exporter reports): bytes moved, FLOPs and seconds busy, target and drafter,
+        # kept across engine restarts (the device stays), logged at each advance for trailing-window ratios.
+        self._gpu_bytes = 0.0
+        self._gpu_flops = 0.0
+        self._gpu_busy_s = 0.0
+        self._gpu_log: deque[tuple[float, float, float, float]] = deque([(start_s, 0.0, 0.0, 0.0)])
 
     # -- read-only views --------------------------------------------------------------------------------------
 
@@ -317,6 +327,43 @@ class World:
 
     def advance_to(self, t_s: float) -> None:
         """Run the world up to simulated time `t_s` (earlier times are ignored: time only moves forward)."""
+        self._advance(t_s)
+        log = self._gpu_log
+        if self._now_s > log[-1][0]:
+            log.append((self._now_s, self._gpu_bytes, self._gpu_flops, self._gpu_busy_s))
+        while len(log) > 2 and log[1][0] <= self._now_s - _GPU_LOG_S:
+            log.popleft()
+
+    def dcgm_exposition(self) -> str:
+        """What a dcgm-exporter next to this engine would serve (its `/metrics` page): the PROF activity ratios over
+        the last `DCGM_WINDOW_S` seconds (DRAM: bytes moved / (peak bandwidth x window), tensor: FLOPs / (peak FLOP/s
+        x window), both <= the achieved ratios of the scenario's hardware; SM and GPU_UTIL: the share of the window
+        the engine was running steps), and the framebuffer (weights + the KV cache in use)."""
+        log, now = self._gpu_log, self._now_s
+        # From the last reading at least a window back (the world advances in jumps between requests), else the
+        # oldest kept: an average over at least the window wherever the history allows.
+        start = next((entry for entry in reversed(log) if entry[0] <= now - DCGM_WINDOW_S), log[0])
+        end = log[-1]
+        span = end[0] - start[0]
+        hw = self._scenario.hardware
+
+        def share(delta: float, per_s: float) -> float:
+            return min(1.0, max(0.0, delta / (per_s * span))) if span > 0 else 0.0
+
+        weights = self._scenario.model.weight_bytes + self._scenario.drafter.draft_weight_bytes
+        kv_total = self._cache.kv_cache_memory_bytes
+        return render_dcgm(
+            DcgmGauges(
+                dram_active=share(end[1] - start[1], hw.memory_bandwidth_bytes_per_s),
+                tensor_active=share(end[2] - start[2], hw.dense_flops_per_s),
+                busy=share(end[3] - start[3], 1.0),
+                fb_used_bytes=weights + self._kv_usage * kv_total,
+                fb_total_bytes=max(weights + kv_total, 1.0) / 0.9,  # vLLM's default gpu_memory_utilization
+            ),
+            model_name=hw.name,
+        )
+
+    def _advance(self, t_s: float) -> None:
         self._now_s = max(self._now_s, t_s)
         t_s = self._now_s
         while True:
@@ -611,9 +658,15 @@ class World:
             if tokens > 0:
                 iteration.observe(tokens)
             pairs = active * q * plan.decode_ctx + chunk * plan.prefill_ctx
-            m.estimated_flops += forward_flops(s, tokens=tokens, attention_pairs=pairs)
-            m.estimated_read_bytes += forward_read_bytes(s, kv_tokens_read=plan.kv_tokens_read, tokens=tokens)
+            flops = forward_flops(s, tokens=tokens, attention_pairs=pairs)
+            read = forward_read_bytes(s, kv_tokens_read=plan.kv_tokens_read, tokens=tokens)
+            m.estimated_flops += flops
+            m.estimated_read_bytes += read
             m.estimated_write_bytes += kv_bytes * tokens
+            # The device also runs the k draft passes (their weights once a pass, their math per request).
+            self._gpu_bytes += read + plan.k * s.drafter.draft_weight_bytes
+            self._gpu_flops += flops + 2.0 * s.drafter.draft_active_params * active * plan.k
+            self._gpu_busy_s += step_s
             active -= finishing_at[j]
 
     def _run_prefill(self, plan: _GroupPlan, ends: list[float], finished: list[tuple[_Request, float]]) -> int:

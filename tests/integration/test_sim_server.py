@@ -12,6 +12,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from service.sim.scenario import default_scenario
 from service.sim.server import SimServer
 from service.sim.world import World
+from service.sources.dcgm import parse_dcgm_metrics
 
 START_S = 1_900_000_000.0
 
@@ -95,6 +96,26 @@ def test_speculation_change_restarts_the_server() -> None:
         assert after.status_code == 200
         assert not any(name.startswith("vllm:spec_decode") for name in family_names(after.text))
         assert sample(after.text, "vllm:generation_tokens_created") == pytest.approx(START_S + 60.0 + delay_s)
+
+    with_server(body)
+
+
+def test_a_dcgm_exporter_page_sits_beside_the_engine() -> None:
+    # The demo world: an H100-like device at 3.35e12 B/s peak that streams at 0.82 of it. Under its light start the
+    # steps read well under the 0.82 ceiling; the tensor pipe (tiny decode GEMMs) barely works; the page parses
+    # as dcgm-exporter's, and keeps answering while the engine restarts (the GPU is still there, idle).
+    async def body(server: SimServer, client: httpx.AsyncClient, clock: FakeClock) -> None:
+        clock.t += 6.0
+        page = await client.get("/dcgm/metrics")
+        assert page.status_code == 200
+        gpu = parse_dcgm_metrics(page.text, taken_at_s=START_S + 60.0)
+        assert gpu.dram_active_ratio is not None and 0.05 < gpu.dram_active_ratio <= 0.82
+        assert gpu.tensor_active_ratio is not None and gpu.tensor_active_ratio < gpu.dram_active_ratio
+        assert gpu.memory_used_bytes is not None and gpu.memory_used_bytes > 16e9  # the weights at least
+        await client.post("/sim/speculation", json={"num_speculative_tokens": 0})
+        clock.t += 1.5  # 15 simulated seconds into the restart: nothing runs for the last 10 s
+        idle = parse_dcgm_metrics((await client.get("/dcgm/metrics")).text, taken_at_s=START_S + 75.0)
+        assert idle.dram_active_ratio == 0.0 and idle.gpu_util_ratio == 0.0
 
     with_server(body)
 

@@ -128,8 +128,8 @@ def test_observation_needs_a_trustworthy_step_time() -> None:
 
 
 def test_dcgm_activity_measures_the_bandwidth() -> None:
-    # vLLM says 1.2e12 bytes/s were read while DCGM saw DRAM busy 60% of the time: sustained 2.0e12 B/s. The
-    # profile assumes 3.35e12 x 0.85 = 2.8475e12, so the memory scale observed is 2.8475 / 2.0 = 1.424.
+    # vLLM says 1.2e12 bytes/s were read while DCGM's DRAM_ACTIVE (a share of the peak bandwidth) read 0.6: the
+    # device's peak is 2.0e12 B/s. The profile's peak is 3.35e12, so the memory scale observed is 3.35 / 2.0 = 1.675.
     ctx = make_context()
     gpu = GpuSnapshot(taken_at_s=T0, source="dcgm", dram_active_ratio=0.6, tensor_active_ratio=0.02)
     evidence = make_evidence(
@@ -137,11 +137,11 @@ def test_dcgm_activity_measures_the_bandwidth() -> None:
     )
     point = observation_from(evidence, ctx, config=CONFIG)
     assert point is not None
-    assert point.memory_scale_obs == pytest.approx(2.8475e12 / 2.0e12)
+    assert point.memory_scale_obs == pytest.approx(3.35e12 / 2.0e12)
     assert point.compute_scale_obs is None  # tensor activity 2% is below the 5% floor
     state, result = update(CalibrationState(), evidence, ctx, now_s=T0, config=CONFIG)
-    # One step-time point and the activity pseudo-observation pull the memory scale up towards 1.42.
-    assert result.scales.memory > 1.2
+    # One step-time point and the activity pseudo-observation pull the memory scale up towards 1.675.
+    assert result.scales.memory > 1.3
     assert len(state.points) == 1
 
 
