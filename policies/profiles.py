@@ -52,6 +52,7 @@ Efficiency and overhead defaults on `HardwareProfile` (each one is calibrated on
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
@@ -489,6 +490,55 @@ def hardware_for_device_name(name: str) -> HardwareProfile | None:
         ):
             best = profile
     return best
+
+
+HARDWARE_SPEC_KEYS = frozenset(
+    {"name", "bf16_dense_tflops", "fp8_dense_tflops", "mem_bandwidth_gbps", "memory_gb",
+     "interconnect_gbps_per_direction"}
+)
+_PCIE4_GBPS = 32.0  # PCIe Gen4 x16 per direction: the interconnect assumed when a spec does not give one
+
+
+def hardware_from_spec(spec: Mapping[str, object]) -> HardwareProfile:
+    """A profile for a GPU the catalog lacks, from its datasheet numbers as an operator gives them (units as the
+    catalog's: TFLOP/s dense without sparsity, GB/s, GB of memory): `name`, `bf16_dense_tflops`,
+    `mem_bandwidth_gbps`, `memory_gb` required; `fp8_dense_tflops` (none: fp8 runs at the bf16 rate) and
+    `interconnect_gbps_per_direction` (default 32, PCIe Gen4) optional. Efficiencies and host overheads are the
+    catalog GPUs' defaults, and the source says the numbers are the operator's. Raises ValueError naming the field.
+
+    Example: {"name": "a10g", "bf16_dense_tflops": 70, "mem_bandwidth_gbps": 600, "memory_gb": 24} -> a profile
+    streaming at 600e9 x 0.85 B/s with 24 GiB.
+    """
+    unknown = sorted(set(spec) - HARDWARE_SPEC_KEYS)
+    if unknown:
+        raise ValueError(f"unknown field {unknown[0]!r}; a hardware spec has {', '.join(sorted(HARDWARE_SPEC_KEYS))}")
+    name = spec.get("name")
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError("name: a hardware spec needs a non-empty name")
+
+    def number(key: str, *, required: bool, default: float | None = None) -> float | None:
+        value = spec.get(key)
+        if value is None:
+            if required:
+                raise ValueError(f"{key}: required in a hardware spec")
+            return default
+        if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
+            raise ValueError(f"{key}: must be a positive number, got {value!r}")
+        return float(value)
+
+    bf16 = number("bf16_dense_tflops", required=True)
+    bandwidth = number("mem_bandwidth_gbps", required=True)
+    memory = number("memory_gb", required=True)
+    link = number("interconnect_gbps_per_direction", required=False, default=_PCIE4_GBPS)
+    assert bf16 is not None and bandwidth is not None and memory is not None and link is not None  # checked above
+    row: HardwareRow = {
+        "name": name.strip(), "bf16_dense_tflops": bf16, "fp8_dense_tflops": number("fp8_dense_tflops", required=False),
+        "mem_bandwidth_gbps": bandwidth, "memory_gb": memory, "nvml_name_contains": None,
+        "interconnect_gbps_per_direction": link,
+        "interconnect_source": "operator-supplied (default: PCIe Gen4 x16, 32 GB/s per direction)",
+        "source": "operator-supplied datasheet numbers (hardware spec); efficiencies and overheads: catalog defaults",
+    }
+    return _hardware_from_row(row)
 
 
 def hardware_by_name(name: str) -> HardwareProfile:

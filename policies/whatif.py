@@ -45,6 +45,7 @@ from policies.profiles import (
     ModelProfile,
     drafter_for,
     hardware_by_name,
+    hardware_from_spec,
     model_by_name,
     model_from_hf_config,
 )
@@ -80,6 +81,7 @@ class WhatIfInputError(ValueError):
 
 
 ModelSpec = str | Mapping[str, object]
+HardwareSpec = str | Mapping[str, object]
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,7 +98,7 @@ class AcceptanceSpec:
 class WhatIfInput:
     """A hypothetical deployment and the grid to price it on (units: tokens, sequences; see module docstring)."""
 
-    hardware: str
+    hardware: HardwareSpec
     target_model: ModelSpec
     drafter_method: DraftMethod
     acceptance: AcceptanceSpec
@@ -173,11 +175,12 @@ class WhatIfResult:
 # ------------------------------------------------------------------------------------------------------------
 
 
-def resolve_hardware(name: str, *, field: str = "hardware") -> HardwareProfile:
-    """The catalog hardware profile `name` (case-insensitive, aliases allowed); WhatIfInputError naming `field`
-    and the known names otherwise. Example: "H100" -> h100-sxm (3.35e12 bytes/s)."""
+def resolve_hardware(spec: HardwareSpec, *, field: str = "hardware") -> HardwareProfile:
+    """The catalog hardware profile `spec` names (case-insensitive, aliases allowed), or an operator's datasheet
+    numbers for a GPU the catalog lacks (`profiles.hardware_from_spec`); WhatIfInputError naming `field` (and the
+    known names) otherwise. Example: "H100" -> h100-sxm (3.35e12 bytes/s)."""
     try:
-        return hardware_by_name(name)
+        return hardware_by_name(spec) if isinstance(spec, str) else hardware_from_spec(spec)
     except ValueError as exc:
         raise WhatIfInputError(field, str(exc)) from None
 

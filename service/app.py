@@ -34,6 +34,7 @@ from policies.profiles import (
     drafter_for,
     hardware_by_name,
     hardware_for_device_name,
+    hardware_from_spec,
     model_by_name,
     model_for_served_name,
     model_from_hf_config,
@@ -426,9 +427,13 @@ def _gpu_source(settings: GpuSettings, client: httpx.AsyncClient) -> Iterator[Gp
 
 def context_resolver(target: TargetSettings, *, fallback_hardware: str) -> ContextResolver:
     """Check what can be checked now (named profiles exist, config.json parses), defer what needs the server."""
-    fixed_hardware = (
-        None if target.hardware == "auto" else _named_hardware(target.hardware, f"target {target.name}: hardware")
-    )
+    fixed_hardware: HardwareProfile | None
+    if isinstance(target.hardware, str):
+        where = f"target {target.name}: hardware"
+        fixed_hardware = None if target.hardware == "auto" else _named_hardware(target.hardware, where)
+    else:
+        # Operator-supplied datasheet numbers; the settings model already checked each field.
+        fixed_hardware = hardware_from_spec(target.hardware.model_dump(exclude_none=True))
     fallback = _named_hardware(fallback_hardware, "fallback_hardware")
     fixed_model = _fixed_model(target)
     draft_model = _draft_model(target)

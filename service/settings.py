@@ -74,6 +74,19 @@ _MATCHER = r'\s*[A-Za-z_][A-Za-z0-9_]*\s*(?:=~|!~|!=|=)\s*"(?:[^"\\\n]|\\.)*"\s*
 _SELECTOR = re.compile(rf"^(?:{_MATCHER}(?:,{_MATCHER})*,?\s*)?$")
 
 
+class HardwareSpecSettings(_Section):
+    """A GPU the catalog lacks, by its datasheet numbers (policies/profiles.py `hardware_from_spec`)."""
+
+    name: str = Field(min_length=1, max_length=64)
+    bf16_dense_tflops: float = Field(gt=0, description="Dense bf16/fp16 tensor TFLOP/s, without 2:4 sparsity.")
+    mem_bandwidth_gbps: float = Field(gt=0, description="Peak memory bandwidth, GB/s.")
+    memory_gb: float = Field(gt=0, description="Device memory, GB as the datasheet prints it.")
+    fp8_dense_tflops: float | None = Field(default=None, gt=0, description="None: fp8 runs at the bf16 rate.")
+    interconnect_gbps_per_direction: float | None = Field(
+        default=None, gt=0, description="GPU-to-GPU link per direction, GB/s; None: PCIe Gen4 x16 (32)."
+    )
+
+
 class TargetSettings(_Section):
     name: TargetName
     url: str | None = Field(
@@ -104,10 +117,12 @@ class TargetSettings(_Section):
         description="vLLM model_name label to advise on. Pod mode: optional when the server serves exactly one "
         "model (the usual case), required when it serves several. Fleet mode: required.",
     )
-    hardware: str = Field(
+    hardware: str | HardwareSpecSettings = Field(
         default="auto",
         description="Hardware profile name, or 'auto': from the GPU device name reported by the GPU telemetry; when "
-        "that is absent or unknown, `fallback_hardware` is used (and the evidence says so).",
+        "that is absent or unknown, `fallback_hardware` is used (and the evidence says so). For a GPU the catalog "
+        "lacks, its datasheet numbers: {name, bf16_dense_tflops, mem_bandwidth_gbps, memory_gb, fp8_dense_tflops?, "
+        "interconnect_gbps_per_direction?}.",
     )
     model_profile: str | None = Field(
         default=None,

@@ -103,10 +103,25 @@ class AcceptanceIn(_Strict):
     )
 
 
+class HardwareIn(_Strict):
+    """A GPU the catalog lacks, by its datasheet numbers (dense tensor rates without sparsity)."""
+
+    name: str = Field(min_length=1, max_length=64)
+    bf16_dense_tflops: float = Field(gt=0, le=1e6)
+    mem_bandwidth_gbps: float = Field(gt=0, le=1e6)
+    memory_gb: float = Field(gt=0, le=1e5)
+    fp8_dense_tflops: float | None = Field(default=None, gt=0, le=1e6, description="None: fp8 at the bf16 rate.")
+    interconnect_gbps_per_direction: float | None = Field(
+        default=None, gt=0, le=1e5, description="GPU-to-GPU link per direction; None: PCIe Gen4 x16 (32 GB/s)."
+    )
+
+
 class WhatIfRequest(_Strict):
     """A hypothetical deployment and the grid to price it on."""
 
-    hardware: str = Field(min_length=1, max_length=64, description="Catalog hardware profile, e.g. h100-sxm.")
+    hardware: Annotated[str, Field(min_length=1, max_length=64)] | HardwareIn = Field(
+        description="Catalog hardware profile (e.g. h100-sxm), or the datasheet numbers of a GPU it lacks."
+    )
     tensor_parallel: int = Field(default=1, ge=1, le=MAX_TENSOR_PARALLEL, strict=True)
     target_model: ModelName | dict[str, Any] = Field(
         description="Catalog model name / Hugging Face id, or the model's config.json as an object."
@@ -136,7 +151,7 @@ class WhatIfRequest(_Strict):
     def to_input(self) -> WhatIfInput:
         acc = self.acceptance
         return WhatIfInput(
-            hardware=self.hardware,
+            hardware=self.hardware if isinstance(self.hardware, str) else self.hardware.model_dump(exclude_none=True),
             target_model=self.target_model,
             drafter_method=self.drafter.method,
             draft_model=self.drafter.draft_model,

@@ -126,6 +126,12 @@ def test_whatif_serves_what_the_model_computes() -> None:
         assert [p["fits_in_memory"] for p in answer["points"]] == [False, False]
         assert answer["best"][0]["fits_in_memory"] is False
         assert any("do not fit in memory" in note for note in answer["notes"])
+        # A GPU the catalog lacks, by its datasheet numbers.
+        a10g = {"name": "a10g", "bf16_dense_tflops": 70, "mem_bandwidth_gbps": 600, "memory_gb": 24}
+        custom = await client.post("/v1/whatif", json={**BODY, "hardware": a10g})
+        assert custom.status_code == 200, custom.text
+        assert custom.json()["profiles"]["hardware"] == "a10g"
+        assert "operator-supplied" in custom.json()["profiles"]["sources"]["hardware"]
         # A tree drafter (SGLang-style: 25 draft tokens, gammas are its depth) is priced and says so.
         tree = await client.post("/v1/whatif", json={**BODY, "drafter": {"method": "eagle", "tree_tokens": 25}})
         assert tree.status_code == 200, tree.text
@@ -184,6 +190,9 @@ BAD_BODIES: list[tuple[str, Any, list[str | int] | None]] = [
     ("typo field", with_(batch_size=[1]), ["body", "batch_size"]),
     ("negative prefill", with_(prefill_tokens_per_step=-5), ["body", "prefill_tokens_per_step"]),
     ("memory share 0", with_(gpu_memory_utilization=0), ["body", "gpu_memory_utilization"]),
+    ("gpu numbers negative", with_(hardware={"name": "x", "bf16_dense_tflops": -1, "mem_bandwidth_gbps": 600,
+                                             "memory_gb": 24}), ["body", "hardware"]),
+    ("gpu numbers incomplete", with_(hardware={"name": "x", "bf16_dense_tflops": 70}), ["body", "hardware"]),
     ("tree of no tokens", with_(drafter={"method": "eagle3", "tree_tokens": 0}), ["body", "drafter", "tree_tokens"]),
     ("tree for n-gram", with_(drafter={"method": "ngram", "tree_tokens": 8}), ["body", "drafter", "tree_tokens"]),
     ("tree shallower than gamma", with_(drafter={"method": "eagle3", "tree_tokens": 3}),

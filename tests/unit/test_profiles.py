@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from policies.catalog import MODEL_ENTRIES, ModelEntry
@@ -10,6 +12,7 @@ from policies.profiles import (
     drafter_for,
     hardware_by_name,
     hardware_for_device_name,
+    hardware_from_spec,
     model_by_name,
     model_for_served_name,
     model_from_hf_config,
@@ -153,6 +156,37 @@ def test_hardware_names_as_people_and_tools_write_them(name: str, expected: str)
 def test_an_unknown_gpu_is_an_error_listing_the_known_ones() -> None:
     with pytest.raises(ValueError, match=r"unknown hardware 'Tesla T4'; known: .*rtx3090"):
         hardware_by_name("Tesla T4")
+
+
+def test_a_gpu_the_catalog_lacks_is_given_by_its_datasheet_numbers() -> None:
+    spec = {"name": "a10g", "bf16_dense_tflops": 70, "mem_bandwidth_gbps": 600, "memory_gb": 24}
+    a10g = hardware_from_spec(spec)
+    assert (a10g.name, a10g.peak_flops_per_s, a10g.mem_bandwidth_bytes_per_s) == ("a10g", 70e12, 600e9)
+    assert a10g.memory_bytes == pytest.approx(24 * 2**30)
+    assert a10g.flops_for_dtype(1.0) == pytest.approx(70e12)  # no fp8 rate given: fp8 runs at the bf16 rate
+    assert a10g.interconnect_bytes_per_s == pytest.approx(32e9)  # PCIe Gen4 x16 unless told
+    assert "operator-supplied" in a10g.source
+    # The catalog's own numbers give the catalog's profile, efficiencies and overheads included.
+    h100 = hardware_by_name("h100-sxm")
+    same = hardware_from_spec({"name": "my-h100", "bf16_dense_tflops": 989.4, "fp8_dense_tflops": 1978.9,
+                               "mem_bandwidth_gbps": 3350, "memory_gb": 80, "interconnect_gbps_per_direction": 450})
+    assert same == replace(h100, name="my-h100", nvml_name_contains=None, source=same.source)
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ({"bf16_dense_tflops": 70, "mem_bandwidth_gbps": 600, "memory_gb": 24}, "name"),
+        ({"name": "x", "mem_bandwidth_gbps": 600, "memory_gb": 24}, "bf16_dense_tflops"),
+        ({"name": "x", "bf16_dense_tflops": -1, "mem_bandwidth_gbps": 600, "memory_gb": 24}, "bf16_dense_tflops"),
+        ({"name": "x", "bf16_dense_tflops": 70, "mem_bandwidth_gbps": True, "memory_gb": 24}, "mem_bandwidth_gbps"),
+        ({"name": "x", "bf16_dense_tflops": 70, "mem_bandwidth_gbps": 600, "memory_gb": float("nan")}, "memory_gb"),
+        ({"name": "x", "bf16_dense_tflops": 70, "mem_bandwidth_gbps": 600, "memory_gb": 24, "tflops": 1}, "'tflops'"),
+    ],
+)
+def test_a_hardware_spec_names_what_is_wrong(spec: dict[str, object], field: str) -> None:
+    with pytest.raises(ValueError, match=field):
+        hardware_from_spec(spec)
 
 
 def test_hardware_units_are_converted_from_the_datasheet() -> None:

@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from policies.types import DraftMethod
-from service.app import calibration_config, objective_config
+from policies.types import DraftMethod, GpuSnapshot
+from service.app import calibration_config, context_resolver, objective_config
 from service.settings import Settings, SettingsError, load_settings, target_name_for_url
 
 ONE_TARGET = [{"name": "a", "url": "http://127.0.0.1:8000"}]
@@ -249,3 +249,21 @@ def test_dumped_settings_load_again_in_both_modes() -> None:
     for targets in (ONE_TARGET, [FLEET]):
         settings = load_settings(overrides={"targets": targets})
         assert load_settings(overrides=settings.model_dump()) == settings
+
+
+def test_a_target_on_a_gpu_the_catalog_lacks_gives_its_datasheet_numbers(tmp_path: Path) -> None:
+    config = write(tmp_path / "c.yaml", """
+targets:
+  - name: a
+    url: http://127.0.0.1:8000
+    model_profile: llama-3.1-8b
+    hardware: {name: a10g, bf16_dense_tflops: 70, mem_bandwidth_gbps: 600, memory_gb: 24}
+""")
+    [target] = load_settings(config).targets
+    resolve = context_resolver(target, fallback_hardware="h100-sxm")
+    ctx = resolve("whatever-is-served", GpuSnapshot(taken_at_s=0.0, source="absent"))
+    assert (ctx.hardware.name, ctx.hardware.mem_bandwidth_bytes_per_s) == ("a10g", 600e9)
+    # A number that is not one is refused at start-up, naming the field.
+    bad = write(tmp_path / "bad.yaml", config.read_text().replace("memory_gb: 24", "memory_gb: -24"))
+    with pytest.raises(SettingsError, match="memory_gb"):
+        load_settings(bad)

@@ -122,6 +122,16 @@ def test_unknown_hardware_and_model_name_the_field_and_the_known_names() -> None
     assert model.value.field == "target_model" and "llama-3.1-8b" in model.value.message
 
 
+def test_a_gpu_given_by_its_numbers_prices_like_the_catalog_entry_with_them() -> None:
+    numbers = {"name": "my-h100", "bf16_dense_tflops": 989.4, "fp8_dense_tflops": 1978.9, "mem_bandwidth_gbps": 3350,
+               "memory_gb": 80, "interconnect_gbps_per_direction": 450}
+    catalog = evaluate_whatif(make_input())
+    mine = evaluate_whatif(make_input(hardware=numbers))
+    assert [p.step_time_s for p in mine.points] == pytest.approx([p.step_time_s for p in catalog.points])
+    assert mine.context.hardware.name == "my-h100"
+    assert field_of(lambda: evaluate_whatif(make_input(hardware={**numbers, "memory_gb": 0}))) == "hardware"
+
+
 def test_an_inline_config_prices_like_the_catalog_entry_it_copies() -> None:
     entry = next(e for e in MODEL_ENTRIES if e.name == "llama-3.1-8b")
     inline = evaluate_whatif(make_input(target_model=dict(entry.config)))
