@@ -59,7 +59,11 @@ def test_every_record_reported_written_survives_kill_9_at_random_moments(tmp_pat
     result = read_tail(path, max_bytes=1 << 30)
     found = {(r["run"], r["seq"]) for r in result.records}
     assert reported <= found  # nothing that fsync acknowledged is missing
-    assert result.report.corrupt_lines == 0 and result.report.torn_bytes == 0
+    # A kill can still tear the record being written when its write() spans a page boundary (Linux checks for a
+    # fatal signal between pages, a short write): the next open ends that fragment with a newline, so it reads as
+    # one skipped line, and the last run's may be left as a torn tail. At most one such piece per kill, and never
+    # a record that was reported (above).
+    assert result.report.corrupt_lines + (1 if result.report.torn_bytes else 0) <= 6
     # Each run's records are in order and without gaps up to its last (it may have written one more than reported).
     for run in range(6):
         seqs = [r["seq"] for r in result.records if r["run"] == run]
