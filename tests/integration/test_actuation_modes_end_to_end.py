@@ -46,29 +46,37 @@ def http_route(on_weight: int, off_weight: int) -> dict[str, Any]:
     }
 
 
-def applied_action(body: dict[str, Any]) -> dict[str, Any]:
-    actions: list[dict[str, Any]] = [r for r in body["records"] if r["kind"] == "action"]
-    (action,) = actions
-    assert action["result"] == "applied"
-    return action
-
-
-def test_schedule_mode_writes_vllms_per_batch_schedule_into_the_deployment(tmp_path: Path) -> None:
+def act_once(api: FakeKubeApiServer, tmp_path: Path, **actuation: Any) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Run the sidecar on the eagle k=3 capture, acting through `api` as `actuation` says, until one action is
+    applied; return (that action's audit record, the recommendation then)."""
     token_file = tmp_path / "sa-token"
     token_file.write_text(KUBE_TOKEN, encoding="utf-8")
-    state = tmp_path / "state"
-    grants = {(USER, verb, "deployments", NAME) for verb in ("get", "patch")}
 
-    async def scenario(api: FakeKubeApiServer) -> None:
+    async def scenario() -> tuple[dict[str, Any], dict[str, Any]]:
         capture = CaptureServer(FIXTURES / "synthetic-eagle-k3.txt")
         async with serving(capture) as capture_url:
-            settings = advisor_settings(capture_url, api.url, token_file, state, mode="schedule", write_endpoints=False)
+            settings = advisor_settings(capture_url, api.url, token_file, tmp_path / "state", write_endpoints=False,
+                                        **actuation)
             sidecar = build_sidecar(settings, gpu_source=NoGpuSource())
             async with serving(sidecar.app) as url, httpx.AsyncClient(base_url=url, timeout=5.0) as client:
                 body = (await wait_for(client, "/v1/actions",
                                        lambda r: r.json()["targets"][0]["actions"].get("applied") == 1)).json()
-                action = applied_action(body)
-                assert action["mode"] == "schedule"
+                actions: list[dict[str, Any]] = [r for r in body["records"] if r["kind"] == "action"]
+                (action,) = actions
+                assert action["result"] == "applied"
+                recommendation: dict[str, Any] = (await client.get("/v1/recommendation")).json()["targets"][0]
+                return action, recommendation
+
+    return asyncio.run(scenario())
+
+
+def test_schedule_mode_writes_vllms_per_batch_schedule_into_the_deployment(tmp_path: Path) -> None:
+    grants = {(USER, verb, "deployments", NAME) for verb in ("get", "patch")}
+    with FakeKubeApiServer(tokens={KUBE_TOKEN: USER}, grants=grants) as api:
+        api.put(DEPLOYMENTS, vllm_deployment())
+        api.finish_rollout(NS, NAME)
+        action, _ = act_once(api, tmp_path, mode="schedule")
+        assert action["mode"] == "schedule"
         others, config = speculative_config(api.get(DEPLOYMENTS, NS, NAME))
         assert others == ["meta-llama/Llama-3.1-8B-Instruct", *OTHER_ARGS]  # nothing else moved
         schedule = action["desired"]["schedule"]
@@ -86,31 +94,14 @@ def test_schedule_mode_writes_vllms_per_batch_schedule_into_the_deployment(tmp_p
         (patch,) = list(patches(api.requests))
         assert patch.content_type == "application/strategic-merge-patch+json"
 
-    with FakeKubeApiServer(tokens={KUBE_TOKEN: USER}, grants=grants) as api:
-        api.put(DEPLOYMENTS, vllm_deployment())
-        api.finish_rollout(NS, NAME)
-        asyncio.run(scenario(api))
-
 
 def test_routing_mode_moves_the_traffic_between_the_pools_on_the_httproute(tmp_path: Path) -> None:
-    token_file = tmp_path / "sa-token"
-    token_file.write_text(KUBE_TOKEN, encoding="utf-8")
-    state = tmp_path / "state"
     grants = {(USER, verb, "httproutes", NAME) for verb in ("get", "patch")}
     route_target = {"target": "llama", "route": NAME, "on_backend": ON, "off_backend": OFF, "on_pool_k": 3}
-
-    async def scenario(api: FakeKubeApiServer) -> None:
-        capture = CaptureServer(FIXTURES / "synthetic-eagle-k3.txt")
-        async with serving(capture) as capture_url:
-            settings = advisor_settings(capture_url, api.url, token_file, state, mode="routing", write_endpoints=False,
-                                        targets=[route_target])
-            sidecar = build_sidecar(settings, gpu_source=NoGpuSource())
-            async with serving(sidecar.app) as url, httpx.AsyncClient(base_url=url, timeout=5.0) as client:
-                body = (await wait_for(client, "/v1/actions",
-                                       lambda r: r.json()["targets"][0]["actions"].get("applied") == 1)).json()
-                action = applied_action(body)
-                assert action["mode"] == "routing"
-                recommendation = (await client.get("/v1/recommendation")).json()["targets"][0]
+    with FakeKubeApiServer(tokens={KUBE_TOKEN: USER}, grants=grants) as api:
+        api.put(HTTPROUTES, http_route(0, 100))
+        action, recommendation = act_once(api, tmp_path, mode="routing", targets=[route_target])
+        assert action["mode"] == "routing"
         # All traffic on the off pool at start; the capture's drafts pay (eagle k=3 at 14 running requests), so
         # the advice is on and all of it moves to the on pool.
         (rule,) = api.get(HTTPROUTES, NS, NAME)["spec"]["rules"]
@@ -120,7 +111,3 @@ def test_routing_mode_moves_the_traffic_between_the_pools_on_the_httproute(tmp_p
         assert action["observed"]["num_speculative_tokens"] == 0 and action["desired"]["num_speculative_tokens"] == 3
         (patch,) = list(patches(api.requests))
         assert patch.path == f"/apis/gateway.networking.k8s.io/v1/namespaces/{NS}/httproutes/{NAME}"
-
-    with FakeKubeApiServer(tokens={KUBE_TOKEN: USER}, grants=grants) as api:
-        api.put(HTTPROUTES, http_route(0, 100))
-        asyncio.run(scenario(api))
