@@ -204,10 +204,19 @@ async def _exact_window(server: VllmServer, sidecar: RunningSidecar) -> tuple[Ra
     return raw_after.minus(raw_before), reading, before_s
 
 
+# How many more sequences a high-load step must verify than a low-load one for the two predictions to differ by
+# more than the calibration moves between phases. Each phase refits the model, and the refit alone moved the
+# predicted speedup at one batch by ~1% in CI; at 1.59 sequences per step vs 0.99 the physics gives ~1% less, and
+# one CI run read 1.815 (high) vs 1.803 (low). At 2x the physics gives ~4% less (here: 1.87 at one sequence, 1.52
+# at six).
+MIN_BATCH_RATIO = 2.0
+HIGH_PHASE_TRIES = 3
+
+
 def _batched_more(low: SidecarReading, high: SidecarReading) -> bool:
     """Whether the high phase's steps verified clearly more sequences than the low phase's (the set-up worked)."""
     low_seqs, high_seqs = low.evidence.get("decode_seqs_per_step"), high.evidence.get("decode_seqs_per_step")
-    return low_seqs is not None and high_seqs is not None and high_seqs > 1.25 * low_seqs
+    return low_seqs is not None and high_seqs is not None and high_seqs >= MIN_BATCH_RATIO * low_seqs
 
 
 async def _phase(server: VllmServer, sidecar: RunningSidecar, *, concurrency: int) -> SidecarReading:
@@ -265,29 +274,32 @@ def test_sidecar_recommendation_on_live_vllm_follows_load(
     t0 = time.monotonic()
     low = asyncio.run(_phase(vllm_server, sidecar, concurrency=LOW_CONCURRENCY))
     high = asyncio.run(_phase(vllm_server, sidecar, concurrency=HIGH_CONCURRENCY))
-    if not _batched_more(low, high):
+    tries = [high]
+    while not _batched_more(low, high) and len(tries) < HIGH_PHASE_TRIES:
         # The rig, not the product: vLLM's CPU backend leaves one of these 2 cores to its front end, which shares
-        # it with this test's 32 clients and the sidecar, and in one CI run in ~3 it fed the engine one request at
-        # a time for the whole phase (seen: 0.991 sequences per step under 32 clients vs 0.991 under one). The
-        # sidecar's count was right (one ITL observation per step); the load never reached the engine. One more
-        # high phase; if the engine is still not batching, the test fails with the low and both high readings.
-        first_high = high.evidence
-        print(f"high phase reached the engine at {first_high.get('decode_seqs_per_step')} seqs/step; again")
+        # it with this test's 32 clients and the sidecar, and on some CI machines it fed the engine one or two
+        # requests at a time for the whole phase (seen: 0.991 and 1.59 sequences per step under 32 clients vs
+        # 0.991 under one; 6-12 on others). The sidecar's count was right (one ITL observation per step); the load
+        # never reached the engine. Another high phase; if the engine never batched, the test fails with all the
+        # readings.
+        print(f"high phase reached the engine at {high.evidence.get('decode_seqs_per_step')} seqs/step; again")
         high = asyncio.run(_phase(vllm_server, sidecar, concurrency=HIGH_CONCURRENCY))
-        assert _batched_more(low, high), ("the engine never batched under load", low.evidence, first_high,
-                                          high.evidence)
+        tries.append(high)
+    assert _batched_more(low, high), (
+        "the engine never batched under load", low.evidence, [reading.evidence for reading in tries]
+    )
     record_timing(request.config, "sidecar load phases", time.monotonic() - t0)
     vllm_server.assert_alive()
     # The phases differ in load as intended: sequences each engine step verified (Δ ITL count / Δ engine steps over
     # each window). Not the running-requests gauge: it is sampled at scrape instants, and on a loaded 2-core box
     # those often fall between the steps' bursts (seen: 0.29 mean running under 32 clients vs 0.86 under one). Not
     # by 32x either: once the engine is stepping, new requests reach it only a few per second (its queue time stays
-    # ~0 while clients wait seconds), so a step under 32 clients verifies one to two sequences (seen: 1.62), one
+    # ~0 while clients wait seconds), so a step under 32 clients verifies a few sequences (seen: 1.59 to 12), one
     # under a single client at most one (one request in flight: one ITL observation per step at most).
     low_seqs, high_seqs = low.evidence.get("decode_seqs_per_step"), high.evidence.get("decode_seqs_per_step")
     assert low_seqs is not None and high_seqs is not None, ("/v1/evidence lacks decode_seqs_per_step", low.evidence)
     assert low_seqs <= 1.0 + 1e-9, low.evidence
-    assert high_seqs > 1.25 * low_seqs, (low.evidence, high.evidence)
+    assert high_seqs >= MIN_BATCH_RATIO * low_seqs, (low.evidence, high.evidence)
     # ...and verifying k+1 tokens for many sequences per step is real compute on this CPU, so the speedup the
     # sidecar predicts at the deployed k must be lower under high load than under low load.
     low_speedup, high_speedup = low.speedup_at(k), high.speedup_at(k)
