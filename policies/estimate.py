@@ -173,6 +173,7 @@ def _counters(snapshot: EngineSnapshot) -> dict[str, float]:
     histograms = {
         "inter_token_latency": snapshot.inter_token_latency,
         "iteration_tokens": snapshot.iteration_tokens,
+        "request_itl": snapshot.request_itl,
     }
     for name, histogram in histograms.items():
         if histogram is not None:
@@ -296,7 +297,39 @@ def estimate(
         prefill_tokens_per_step=_prefill_per_step(span, prompt_tokens_per_s, step_time_s),
         decode_seqs_per_step=_decode_seqs_per_step(span),
         engines=max(1, newest.engines),
+        request_itl=_histogram_change(span, lambda s: s.request_itl),
     )
+
+
+def _histogram_change(
+    span: _Span, read: Callable[[EngineSnapshot], HistogramReading | None]
+) -> HistogramReading | None:
+    """The histogram of the observations made within the span: each bucket's, the sum's and the count's change
+    (the newest reading itself on a cold start). None when either end lacks the histogram or its buckets, or the
+    two ends have different bucket bounds (an exporter changed them: no bucket-wise difference means anything).
+    Scrape skew can leave a bucket's change a hair below the one before it; the cumulative counts are made
+    non-decreasing and capped at the count.
+
+    Example: buckets ((0.025, 10), (0.05, 30), (inf, 32)) then ((0.025, 12), (0.05, 70), (inf, 80)) ->
+    ((0.025, 2), (0.05, 40), (inf, 48)), count 48.
+    """
+    end = read(span.newest)
+    if end is None or not end.buckets:
+        return None
+    zero = HistogramReading(0.0, 0.0, tuple((le, 0.0) for le, _ in end.buckets))
+    start = read(span.base) if span.base is not None else zero
+    if start is None or [le for le, _ in start.buckets] != [le for le, _ in end.buckets]:
+        return None
+    readings = (start.count, start.sum, end.count, end.sum, *(c for _, c in (*start.buckets, *end.buckets)))
+    if not all(math.isfinite(v) for v in readings):
+        return None
+    count = max(0.0, end.count - start.count)
+    buckets: list[tuple[float, float]] = []
+    running = 0.0
+    for (le, before), (_, after) in zip(start.buckets, end.buckets, strict=True):
+        running = min(count, max(running, after - before))
+        buckets.append((le, running))
+    return HistogramReading(sum=max(0.0, end.sum - start.sum), count=count, buckets=tuple(buckets))
 
 
 def _decode_seqs_per_step(span: _Span) -> float | None:

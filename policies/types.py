@@ -89,6 +89,8 @@ class EngineSnapshot:
     prompt_tokens: float | None = None
     inter_token_latency: HistogramReading | None = None
     iteration_tokens: HistogramReading | None = None
+    # vllm:request_time_per_output_token_seconds: each finished request's own mean inter-token latency.
+    request_itl: HistogramReading | None = None
     estimated_flops: float | None = None
     estimated_read_bytes: float | None = None
     naming: str = "vllm-v1"
@@ -178,6 +180,9 @@ class Evidence:
     decode_seqs_per_step: float | None = None
     # Data-parallel engines whose counters the evidence sums (vLLM's `engine` label); steps run concurrently on them.
     engines: int = 1
+    # The requests that finished in the window by their own mean inter-token latency (s): the window's change in
+    # vllm:request_time_per_output_token_seconds, cumulative buckets. None when not exported or not differenceable.
+    request_itl: HistogramReading | None = None
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -70,6 +70,7 @@ KV_CACHE_USAGE = "kv_cache_usage"
 GENERATION_TOKENS = "generation_tokens"
 PROMPT_TOKENS = "prompt_tokens"
 INTER_TOKEN_LATENCY = "inter_token_latency"
+REQUEST_ITL = "request_itl"
 ITERATION_TOKENS = "iteration_tokens"
 CACHE_CONFIG = "cache_config"
 ESTIMATED_FLOPS = "estimated_flops"
@@ -97,6 +98,9 @@ VLLM_FAMILIES: Mapping[str, Family] = MappingProxyType(
         INTER_TOKEN_LATENCY: Family(
             Kind.HISTOGRAM, ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
         ),
+        # Per finished request, its own mean inter-token latency: the share of requests meeting an ITL SLO
+        # (policies/slo_share.py). Its buckets are the point.
+        REQUEST_ITL: Family(Kind.HISTOGRAM, ("vllm:request_time_per_output_token_seconds",)),
         # Only the mean tokens per step (sum/count) is used; its 14 bucket lines were a quarter of the parser's work.
         ITERATION_TOKENS: Family(Kind.HISTOGRAM, ("vllm:iteration_tokens_total",), buckets=False),
         CACHE_CONFIG: Family(Kind.INFO, ("vllm:cache_config_info",)),

@@ -261,6 +261,7 @@ class _ModelReader:
         prompt = self._counter(names.PROMPT_TOKENS)
         itl = self._histogram(names.INTER_TOKEN_LATENCY)
         iteration = self._histogram(names.ITERATION_TOKENS)
+        request_itl = self._histogram(names.REQUEST_ITL)
         flops = self._counter(names.ESTIMATED_FLOPS)
         read_bytes = self._counter(names.ESTIMATED_READ_BYTES)
         return EngineSnapshot(
@@ -277,6 +278,7 @@ class _ModelReader:
             prompt_tokens=prompt,
             inter_token_latency=itl,
             iteration_tokens=iteration,
+            request_itl=request_itl,
             estimated_flops=flops,
             estimated_read_bytes=read_bytes,
             created_s=self._created_s(),  # after every counter read: each one notes its `_created`
