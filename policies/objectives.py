@@ -32,9 +32,14 @@ Three objectives (DESIGN.md section 4), chosen per tick from the evidence:
   [0.01, 100] while latency-bound (capacity-bound, the throughput ratio multiplies in). `slo_share` on each point
   is share(gamma): decide weighs a change by the tokens it moves across the SLO per delivered token (rule 4), not
   by a ratio of shares.
+  Measured shares. When the window holds at least `slo_min_requests` finished requests in vLLM's per-request
+  ITL histogram (`Evidence.request_itl`), the log-normal is fitted to it instead (its mean and its spread, the
+  model's only in the ratio between options): policies/slo_share.py, which also says why.
   Delivered tokens/s: when capacity-bound, the throughput B(gamma) E[L] / T (B(gamma) from the capacity rule);
   when latency-bound the server already delivers everything asked of it, the same for every option, so
       S_slo = share(gamma) / share(0)          (latency-bound)
+  and each option's ITL is priced at the batch that load gives it, not at the measured one: by Little's law the
+  batch follows the ITL, B(gamma) = B x ITL_gamma(B(gamma)) / ITL_running (`open_loop_batch`).
   and speed beyond the SLO earns nothing: a faster token stream is not more tokens meeting the SLO, and counting
   it (as throughput at the current B) made the advisor restart a server whose every option met the SLO for a
   "7.6% gain" that delivered nothing (always-worth-it, eagle3, draft-model in the decision benchmark). Example:
@@ -54,14 +59,15 @@ Bands: E[L] low/high give throughput (and ITL) low/high at the same step time.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from policies.acceptance import AcceptancePoint
 from policies.costmodel import ModelContext, curve_for, step_batch
 from policies.roofline import CostScales
-from policies.types import CurvePoint, Evidence
+from policies.slo_share import fit_request_itl, modelled_share, shifted_share
+from policies.types import CurvePoint, Evidence, HistogramReading
 
 
 class Objective(StrEnum):
@@ -77,13 +83,16 @@ class ObjectiveConfig:
     """`itl_slo_s` (s, > 0, or None = no SLO): mean inter-token latency target. `kv_full_ratio` (0..1]: KV usage
     counted as full. `waiting_threshold` (requests, >= 0): mean queue length counted as a queue.
     `slo_itl_spread` (> 0): log-spread of per-request mean ITLs; `slo_share_floor` (0..1): the least share of
-    requests counted as meeting the SLO (module docstring)."""
+    requests counted as meeting the SLO (module docstring). `slo_min_requests` (>= 1): finished requests the
+    window's per-request ITL histogram needs before the shares are taken from it (policies/slo_share.py): at 30,
+    a share of 0.5 is known to +-0.09 (one binomial sd), below the gaps between options that matter."""
 
     itl_slo_s: float | None = None
     kv_full_ratio: float = 0.90
     waiting_threshold: float = 0.5
     slo_itl_spread: float = 0.10
     slo_share_floor: float = 0.01
+    slo_min_requests: int = 30
 
     def __post_init__(self) -> None:
         if self.itl_slo_s is not None and not (math.isfinite(self.itl_slo_s) and self.itl_slo_s > 0):
@@ -94,12 +103,15 @@ class ObjectiveConfig:
             raise ValueError("waiting_threshold must be >= 0 and slo_itl_spread > 0")
         if not 0 < self.slo_share_floor < 1:
             raise ValueError(f"slo_share_floor must be in (0, 1), got {self.slo_share_floor}")
+        if self.slo_min_requests < 1:
+            raise ValueError(f"slo_min_requests must be >= 1, got {self.slo_min_requests}")
 
 
 @dataclass(frozen=True, slots=True)
 class Workload:
     """The operating point an objective is evaluated at: running `batch` (>= 1), `waiting` requests (>= 0),
-    `context_tokens` per sequence, `prefill_tokens` per step, `kv_usage_ratio` (None = unknown), `deployed_k`."""
+    `context_tokens` per sequence, `prefill_tokens` per step, `kv_usage_ratio` (None = unknown), `deployed_k`,
+    `request_itl` the window's per-request mean ITLs while the deployed option ran (None = not measured)."""
 
     batch: float
     waiting: float
@@ -107,6 +119,7 @@ class Workload:
     prefill_tokens: float = 0.0
     kv_usage_ratio: float | None = None
     deployed_k: int = 0
+    request_itl: HistogramReading | None = None
 
     @property
     def kv_capacity_tokens(self) -> float | None:
@@ -135,6 +148,7 @@ def workload_from(evidence: Evidence, *, context_tokens: float, prefill_tokens: 
         prefill_tokens=prefill_tokens,
         kv_usage_ratio=evidence.kv_cache_usage_ratio,
         deployed_k=evidence.deployed_k if evidence.speculation_on else 0,
+        request_itl=evidence.request_itl,
     )
 
 
@@ -196,6 +210,12 @@ def objective_curve(
         return base_curve, objective, why
     b0 = held_batch(workload, 0, kv_full=kv_full)
     cache: dict[float, tuple[CurvePoint, ...]] = {b0: base_curve}
+
+    def at_batch(batch: float) -> tuple[CurvePoint, ...]:
+        if batch not in cache:
+            cache[batch] = at(batch)[0]
+        return cache[batch]
+
     stretch = 1.0
     if workload.prefill_tokens > 0:
         # rho is the prompt tokens' share of the step the server runs now: the prefill per step was measured over
@@ -211,24 +231,37 @@ def objective_curve(
         )[0][k].step_time_s
         stretch = mixed / plain_now  # 1 / (1 - rho)
     plain_rate = b0 / base_step
-    # Latency-bound under an SLO: every option delivers the offered load; only the share meeting the SLO differs.
-    delivered_fixed = objective is Objective.GOODPUT_SLO and not capacity
-    plain_goodput = (1.0 if delivered_fixed else plain_rate) * _slo_share(base_step * stretch, 1.0, config)
+    slo = objective is Objective.GOODPUT_SLO
+    share = _share_function(workload, acceptance, config, stretch=stretch, step_at=lambda b, g: at_batch(b)[g])
+    # Latency-bound under an SLO: every option delivers the offered load; only the share meeting the SLO differs,
+    # and each option holds the batch that load gives it (open_loop_batch).
+    delivered_fixed = slo and not capacity
+    running = min(max(workload.deployed_k, 0), len(acceptance) - 1)
+    running_itl_s = at_batch(workload.batch)[running].step_time_s / max(acceptance[running].expected_length, 1.0)
+
+    def batch_for(gamma: int, length: float) -> float:
+        if not delivered_fixed:
+            return held_batch(workload, gamma, kv_full=kv_full)
+        return open_loop_batch(
+            workload.batch, running_itl_s, lambda b: at_batch(b)[gamma].step_time_s / max(length, 1.0),
+            cap=_open_loop_cap(workload),
+        )
+
+    b_plain = batch_for(0, 1.0)
+    plain_step = at_batch(b_plain)[0].step_time_s
+    plain_goodput = (1.0 if delivered_fixed else plain_rate) * share(plain_step * stretch)
     points: list[CurvePoint] = []
     for acc in acceptance:
-        b = held_batch(workload, acc.gamma, kv_full=kv_full)
-        if b not in cache:
-            cache[b] = at(b)[0]
-        point = cache[b][acc.gamma]
-        slo = objective is Objective.GOODPUT_SLO
+        b = batch_for(acc.gamma, acc.expected_length)
+        point = at_batch(b)[acc.gamma]
         if acc.gamma == 0:
-            points.append(replace(point, slo_share=_slo_share(base_step * stretch, 1.0, config)) if slo else point)
+            points.append(replace(point, slo_share=share(plain_step * stretch)) if slo else point)
             continue
 
         def ratio(length: float, step: float = point.step_time_s, batch: float = b) -> float:
             rate = 1.0 if delivered_fixed else batch * length / step
-            if objective is Objective.GOODPUT_SLO:
-                return rate * _slo_share(step * stretch, length, config) / plain_goodput if plain_goodput > 0 else 0.0
+            if slo:
+                return rate * share(step * stretch / max(length, 1.0)) / plain_goodput if plain_goodput > 0 else 0.0
             return rate / plain_rate
 
         points.append(
@@ -241,25 +274,105 @@ def objective_curve(
                 step_time_s=point.step_time_s,
                 extrapolated=acc.extrapolated,
                 extrapolated_share=acc.extrapolated_share,
-                slo_share=_slo_share(point.step_time_s * stretch, acc.expected_length, config) if slo else None,
+                slo_share=share(point.step_time_s * stretch / max(acc.expected_length, 1.0)) if slo else None,
             )
         )
     return tuple(points), objective, why
 
 
+def open_loop_batch(
+    running_batch: float, running_itl_s: float, itl_at: Callable[[float], float], *, cap: float
+) -> float:
+    """The batch (sequences, 1..cap) an option holds when the offered load stays what it is (no queue): Little's
+    law, requests decoding = arrival rate x output tokens x ITL, with the traffic's arrival rate and output lengths
+    the same under every option, so the batch follows the option's ITL:
+        B(gamma) = B_c x ITL_gamma(B(gamma)) / ITL_c        B_c, ITL_c: the running option's batch and ITL (s)
+    `itl_at(B)` is the option's ITL at batch B (s, from the cost model, as is `running_itl_s`: the ratio is the
+    model's, the level the measured batch). Solved by fixed-point iteration from B_c: the step grows less than in
+    proportion to the batch (its fixed and weight-streaming parts do not grow), so each iteration shrinks the
+    error by the batch-proportional share of the step, and 1% is reached in a few. An option whose ITL grows as
+    fast as its batch cannot hold the load at all (a queue forms): it stops at `cap`.
+    Why: the options were compared at the measured batch, as if a faster option left the batch as it was. Under an
+    open load it does not: requests finish sooner, fewer are in flight, and each step is shorter again. On the
+    decision benchmark's slo-load-rise world (B ~200 at gamma 3, 30 ms SLO, shares from the measured histogram)
+    gamma 1 priced at gamma 3's batch met the SLO for 1-21% of requests over the heavy phase's ticks; at the batch
+    it holds, 55-93%. Once gamma 1 ran, its own histogram measured 47-60% (the world: ~61% of that phase's
+    tokens), so the fixed batch was far off and this one errs by less, on the optimistic side.
+    Example: B_c 200 at ITL_c 37 ms; an option with ITL(B) = 12 ms + 0.11 ms x B (34 ms at B_c): 200 x 34 / 37
+    = 184 -> ITL 32.2 ms -> 174 -> 31.2 ms -> 168 ... -> B = 160, ITL 29.6 ms.
+    """
+    if not (math.isfinite(running_itl_s) and running_itl_s > 0 and running_batch >= 1):
+        return max(1.0, running_batch)
+    batch = running_batch
+    for _ in range(_OPEN_LOOP_ITERATIONS):
+        itl = itl_at(batch)
+        if not (math.isfinite(itl) and itl > 0):
+            return max(1.0, running_batch)
+        following = min(cap, max(1.0, running_batch * itl / running_itl_s))
+        if abs(following - batch) <= _OPEN_LOOP_TOLERANCE * batch:
+            return following
+        batch = following
+    return batch
+
+
+# The most an option's open-loop batch may grow over the measured one; past it the option is overloaded.
+OPEN_LOOP_MAX_GROWTH = 4.0
+_OPEN_LOOP_ITERATIONS = 30
+_OPEN_LOOP_TOLERANCE = 0.005
+
+
+def _open_loop_cap(workload: Workload) -> float:
+    """OPEN_LOOP_MAX_GROWTH x the batch, and no more sequences than the KV cache holds at this context."""
+    cap = OPEN_LOOP_MAX_GROWTH * workload.batch
+    capacity = workload.kv_capacity_tokens
+    if capacity is not None and workload.context_tokens > 0:
+        cap = min(cap, max(workload.batch, capacity / workload.context_tokens))
+    return max(1.0, cap)
+
+
+def _share_function(
+    workload: Workload,
+    acceptance: Sequence[AcceptancePoint],
+    config: ObjectiveConfig,
+    *,
+    stretch: float,
+    step_at: Callable[[float, int], CurvePoint],
+) -> Callable[[float], float]:
+    """ITL (s) -> share meeting the SLO: shifted from the window's per-request histogram when it holds at least
+    `slo_min_requests` requests and the running option is on the curve, else modelled (policies/slo_share.py).
+    The running option's model ITL is its step (at the batch it holds) x stretch / E[L]."""
+    slo_s = config.itl_slo_s
+    if slo_s is None:
+        return lambda itl_s: 1.0
+
+    def modelled(itl_s: float) -> float:
+        return modelled_share(itl_s, slo_s=slo_s, spread=config.slo_itl_spread, floor=config.slo_share_floor)
+
+    measured = workload.request_itl
+    running = workload.deployed_k
+    if measured is None or measured.count < config.slo_min_requests or not 0 <= running < len(acceptance):
+        return modelled
+    fitted = fit_request_itl(measured, prior_spread=config.slo_itl_spread)
+    if fitted is None:
+        return modelled
+    point = step_at(workload.batch, running)
+    running_itl_s = point.step_time_s * stretch / max(acceptance[running].expected_length, 1.0)
+
+    def shifted(itl_s: float) -> float:
+        share = shifted_share(
+            fitted, slo_s=slo_s, running_itl_s=running_itl_s, itl_s=itl_s, floor=config.slo_share_floor
+        )
+        return modelled(itl_s) if share is None else share
+
+    return shifted
+
+
 def slo_share(itl_s: float, config: ObjectiveConfig) -> float:
     """Share (floor..1) of requests whose own mean inter-token latency meets the SLO when the mean is `itl_s`
-    (s, > 0): max(floor, Phi(ln(SLO / ITL) / sigma)) (module docstring); 1.0 without an SLO.
+    (s, > 0), modelled: max(floor, Phi(ln(SLO / ITL) / sigma)) (module docstring); 1.0 without an SLO.
 
     Example: SLO 8 ms, sigma 0.10: ITL 8 ms -> 0.5; 7.2 ms -> Phi(1.05) = 0.853; 11 ms -> the floor 0.01.
     """
     if config.itl_slo_s is None:
         return 1.0
-    if not (math.isfinite(itl_s) and itl_s > 0):
-        return config.slo_share_floor
-    z = math.log(config.itl_slo_s / itl_s) / config.slo_itl_spread
-    return max(config.slo_share_floor, 0.5 * (1.0 + math.erf(z / math.sqrt(2.0))))
-
-
-def _slo_share(step_s: float, length: float, config: ObjectiveConfig) -> float:
-    return slo_share(step_s / max(length, 1.0), config)
+    return modelled_share(itl_s, slo_s=config.itl_slo_s, spread=config.slo_itl_spread, floor=config.slo_share_floor)

@@ -100,9 +100,10 @@ def test_goodput_under_an_itl_slo() -> None:
 def test_chunked_prefill_stretches_every_option_by_the_share_it_takes_of_the_running_step() -> None:
     # 1000 prompt tokens per step, measured while gamma 3 runs at batch 64. The server's own ITL (its mixed step /
     # E[L](3)) is what the share meeting the SLO must be judged on for the option that runs; the prompt load is a
-    # rate, so every option's decode step is stretched by the same factor, T(64, 3, P) / T(64, 3, 0).
+    # rate, so every option's decode step is stretched by the same factor, T(64, 3, P) / T(64, 3, 0). A request
+    # waiting (capacity-bound, cache not full): every option holds batch 64, so the stretch is all that differs.
     ctx = make_context()
-    workload = Workload(64.0, 0.0, 512.0, prefill_tokens=1000.0, deployed_k=3)
+    workload = Workload(64.0, 1.0, 512.0, prefill_tokens=1000.0, kv_usage_ratio=0.5, deployed_k=3)
     spec, _ = curve_for(ctx, ACCEPTANCE, batch=64.0, context_tokens=512.0)
     mixed, _ = curve_for(ctx, ACCEPTANCE, batch=64.0, context_tokens=512.0, prefill_tokens=1000.0)
     stretch = mixed[3].step_time_s / spec[3].step_time_s
