@@ -115,6 +115,8 @@ def decide_config(settings: Settings) -> DecideConfig:
         explore=s.explore,
         probe_timeout_s=s.probe_timeout_s,
         probe_backoff_s=s.probe_backoff_s,
+        planned_confirm_s=s.planned_confirm_s,
+        decisive_gain=s.decisive_gain,
     )
 
 

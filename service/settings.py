@@ -256,7 +256,8 @@ class DecideSettings(_Section):
         default=120.0,
         ge=0,
         description="A change must persist this long before it is published: two windows, so one burst does not "
-        "flip the recommendation.",
+        "flip the recommendation. Changes are at least this far apart; a restart-priced change with a decisive "
+        "planned gain persists planned_confirm_s instead once the last change is this old.",
     )
     gamma_max: int = Field(
         default=8,
@@ -308,6 +309,23 @@ class DecideSettings(_Section):
         le=7 * 86400,
         allow_inf_nan=False,
         description="After a dropped probe, no new probe is recommended for this many seconds.",
+    )
+    planned_confirm_s: float = Field(
+        default=30.0,
+        ge=0,
+        le=3600,
+        allow_inf_nan=False,
+        description="When a change costs a restart and its planned gain is at least decisive_gain, it is published "
+        "after staying the candidate this long instead of a whole dwell, once the last change is a dwell old "
+        "(policies/decide.py rule 6): the plan has already averaged the recent load.",
+    )
+    decisive_gain: float = Field(
+        default=0.25,
+        gt=0,
+        le=100,
+        allow_inf_nan=False,
+        description="A planned gain (share of the service) at least this large is past the cost model's error and "
+        "waits only planned_confirm_s. Example: 0.25.",
     )
     itl_slo_s: float | None = Field(
         default=None,

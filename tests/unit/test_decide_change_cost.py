@@ -161,3 +161,50 @@ def test_a_planned_cost_shows_todays_cost_and_its_scale() -> None:
     # x 2.5 (deep in a heavy phase): 52 s > 46 s.
     assert not change_pays(gain=0.077, change_cost_s=20.0, inflight_s=0.8, payback_horizon_s=600.0,
                            cost_scale=2.5)[0]
+
+
+def test_a_turn_off_must_pay_at_speculations_best_not_at_the_point_value() -> None:
+    # SLO goodput, 1% of tokens meeting it at gamma 3. The point value says plain decoding would bring 12%
+    # (S(3) = 0.083): (12 - 1) % of the service x 600 s = 66 s, more than the 22.6 s a restart costs. The band's
+    # high end (S(3) = 0.80: plain decoding 1.25%) is a 0.25% gain, 1.5 s: off would blind the advisor for a gain
+    # within the model's own uncertainty, so it keeps gamma 3.
+    def curve(s3_high: float) -> tuple[CurvePoint, ...]:
+        points = []
+        for g in range(4):
+            s = 1.0 if g == 0 else 0.01 / 0.12
+            high = 1.0 if g == 0 else s3_high
+            share = 0.12 if g == 0 else 0.01
+            points.append(CurvePoint(gamma=g, speedup=s, speedup_low=s, speedup_high=high,
+                                     expected_accepted_length=1.0, step_time_s=0.01, slo_share=share))
+        return tuple(points)
+
+    enabled, reason = _decide_on_k3(curve(0.80))
+    assert enabled and "held back by its cost" in reason
+    # The same point value with a band whose high end also says off pays: published off.
+    assert not _decide_on_k3(curve(0.2))[0]
+
+
+def _planned_switch_time(gain_s1: float, from_s: float = 1150.0) -> float:
+    # On at k=3 (the baseline, published at T=1000); from T=from_s the plan says gamma 1 is worth gain_s1 over
+    # S(3) = 1.0 and a restart is cheap (cost scale 0.1): how long after from_s the switch is published, a tick
+    # every 5 s.
+    config = DecideConfig(change_cost_s=20.0, payback_horizon_s=600.0, dwell_s=120.0, planned_confirm_s=30.0)
+    steady = _curve(0.9, 0.95, 1.0)
+    better = _curve(1.0 + gain_s1, 1.0, 1.0)
+    state = DecideState()
+    for tick in range(0, 120):
+        now = 1000.0 + 5.0 * tick
+        curve = steady if now < from_s else better
+        decision, state = decide(_evidence(), curve, config, state, now, plan=curve, cost_scale=0.1)
+        if decision.num_speculative_tokens == 1:
+            return now - from_s
+    raise AssertionError("never switched")
+
+
+def test_a_decisive_planned_gain_waits_a_short_confirm_once_the_last_change_is_a_dwell_old() -> None:
+    # 60% better: past the model's error, and the last change (the baseline) is 150 s old: 30 s of confirmation.
+    assert _planned_switch_time(0.6) == 30.0
+    # 8% better: within what the model's error explains, so the whole dwell.
+    assert _planned_switch_time(0.08) == 120.0
+    # Decisive 50 s after the last change: it waits until that change is a dwell old (T=1120), 70 s.
+    assert _planned_switch_time(0.6, from_s=1050.0) == 70.0

@@ -13,12 +13,13 @@ TARGET = {"name": "a", "url": "http://127.0.0.1:8000/metrics"}
 def test_every_decide_setting_reaches_the_policy() -> None:
     decide = {"margin": 0.07, "dwell_s": 45.0, "gamma_max": 6, "min_speedup_gain_to_change_gamma": 0.03,
               "change_cost_s": 25.0, "payback_horizon_s": 900.0, "explore": False, "probe_timeout_s": 600.0,
-              "probe_backoff_s": 7200.0}
+              "probe_backoff_s": 7200.0, "planned_confirm_s": 45.0, "decisive_gain": 0.4}
     config = decide_config(load_settings(None, overrides={"targets": [TARGET], "decide": decide}))
     assert {name: getattr(config, name) for name in decide} == decide
 
 
-@pytest.mark.parametrize("bad", [{"probe_timeout_s": 0}, {"probe_backoff_s": -1}, {"change_cost_s": float("nan")}])
+@pytest.mark.parametrize("bad", [{"probe_timeout_s": 0}, {"probe_backoff_s": -1}, {"change_cost_s": float("nan")},
+                                 {"planned_confirm_s": -1}, {"decisive_gain": 0}])
 def test_impossible_decide_values_are_refused_by_name(bad: dict[str, float]) -> None:
     with pytest.raises(SettingsError, match=next(iter(bad))):
         load_settings(None, overrides={"targets": [TARGET], "decide": bad})
