@@ -232,12 +232,12 @@ def objective_curve(
         stretch = mixed / plain_now  # 1 / (1 - rho)
     plain_rate = b0 / base_step
     slo = objective is Objective.GOODPUT_SLO
-    share = _share_function(workload, acceptance, config, stretch=stretch, step_at=lambda b, g: at_batch(b)[g])
     # Latency-bound under an SLO: every option delivers the offered load; only the share meeting the SLO differs,
     # and each option holds the batch that load gives it (open_loop_batch).
     delivered_fixed = slo and not capacity
     running = min(max(workload.deployed_k, 0), len(acceptance) - 1)
     running_itl_s = at_batch(workload.batch)[running].step_time_s / max(acceptance[running].expected_length, 1.0)
+    share = _share_function(workload, len(acceptance), config, running_itl_s=running_itl_s * stretch)
 
     def batch_for(gamma: int, length: float) -> float:
         if not delivered_fixed:
@@ -331,32 +331,24 @@ def _open_loop_cap(workload: Workload) -> float:
 
 
 def _share_function(
-    workload: Workload,
-    acceptance: Sequence[AcceptancePoint],
-    config: ObjectiveConfig,
-    *,
-    stretch: float,
-    step_at: Callable[[float, int], CurvePoint],
+    workload: Workload, options: int, config: ObjectiveConfig, *, running_itl_s: float
 ) -> Callable[[float], float]:
     """ITL (s) -> share meeting the SLO: shifted from the window's per-request histogram when it holds at least
-    `slo_min_requests` requests and the running option is on the curve, else modelled (policies/slo_share.py).
-    The running option's model ITL is its step (at the batch it holds) x stretch / E[L]."""
+    `slo_min_requests` requests and the running option is one of the `options` on the curve, else modelled
+    (policies/slo_share.py). `running_itl_s`: the running option's model ITL, its step x stretch / E[L]."""
     slo_s = config.itl_slo_s
     if slo_s is None:
         return lambda itl_s: 1.0
 
     def modelled(itl_s: float) -> float:
-        return modelled_share(itl_s, slo_s=slo_s, spread=config.slo_itl_spread, floor=config.slo_share_floor)
+        return slo_share(itl_s, config)
 
     measured = workload.request_itl
-    running = workload.deployed_k
-    if measured is None or measured.count < config.slo_min_requests or not 0 <= running < len(acceptance):
+    if measured is None or measured.count < config.slo_min_requests or not 0 <= workload.deployed_k < options:
         return modelled
     fitted = fit_request_itl(measured, prior_spread=config.slo_itl_spread)
     if fitted is None:
         return modelled
-    point = step_at(workload.batch, running)
-    running_itl_s = point.step_time_s * stretch / max(acceptance[running].expected_length, 1.0)
 
     def shifted(itl_s: float) -> float:
         share = shifted_share(
