@@ -168,6 +168,7 @@ def _counters(snapshot: EngineSnapshot) -> dict[str, float]:
         "prompt_tokens": snapshot.prompt_tokens,
         "estimated_flops": snapshot.estimated_flops,
         "estimated_read_bytes": snapshot.estimated_read_bytes,
+        "single_token_requests": snapshot.single_token_requests,
     }
     values.update({name: value for name, value in scalars.items() if value is not None})
     histograms = {
@@ -297,7 +298,7 @@ def estimate(
         prefill_tokens_per_step=_prefill_per_step(span, prompt_tokens_per_s, step_time_s),
         decode_seqs_per_step=_decode_seqs_per_step(span),
         engines=max(1, newest.engines),
-        request_itl=_histogram_change(span, lambda s: s.request_itl),
+        request_itl=_without_single_token(span, _histogram_change(span, lambda s: s.request_itl)),
     )
 
 
@@ -330,6 +331,32 @@ def _histogram_change(
         running = min(count, max(running, after - before))
         buckets.append((le, running))
     return HistogramReading(sum=max(0.0, end.sum - start.sum), count=count, buckets=tuple(buckets))
+
+
+def _without_single_token(span: _Span, request_itl: HistogramReading | None) -> HistogramReading | None:
+    """The window's per-request ITL histogram without the requests that gave at most one output token: vLLM
+    records each as a mean ITL of 0 (decode time / (tokens - 1) is undefined), which sits in every cumulative
+    bucket, adds nothing to the sum, and would read as a request far faster than any step. z = their count's
+    change over the span (unknown: the histogram is left as read); every bucket and the count lose z, the sum
+    keeps its value.
+
+    Example: buckets ((0.025, 12), (0.05, 90), (inf, 100)), sum 3.0, 10 single-token requests ->
+    ((0.025, 2), (0.05, 80), (inf, 90)), count 90, sum 3.0: the mean is 33 ms, not 30 ms.
+    """
+    if request_itl is None:
+        return None
+    end = span.newest.single_token_requests
+    start = span.base.single_token_requests if span.base is not None else 0.0
+    if end is None or start is None or not (math.isfinite(end) and math.isfinite(start)):
+        return request_itl
+    zeros = min(request_itl.count, max(0.0, end - start))
+    if zeros <= 0:
+        return request_itl
+    return HistogramReading(
+        sum=request_itl.sum,
+        count=request_itl.count - zeros,
+        buckets=tuple((le, max(0.0, n - zeros)) for le, n in request_itl.buckets),
+    )
 
 
 def _decode_seqs_per_step(span: _Span) -> float | None:

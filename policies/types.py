@@ -91,6 +91,9 @@ class EngineSnapshot:
     iteration_tokens: HistogramReading | None = None
     # vllm:request_time_per_output_token_seconds: each finished request's own mean inter-token latency.
     request_itl: HistogramReading | None = None
+    # Finished requests with at most one output token (vllm:request_generation_tokens, le="1.0"), cumulative.
+    # vLLM records each of them in request_itl with a mean ITL of 0.
+    single_token_requests: float | None = None
     estimated_flops: float | None = None
     estimated_read_bytes: float | None = None
     naming: str = "vllm-v1"
@@ -181,7 +184,8 @@ class Evidence:
     # Data-parallel engines whose counters the evidence sums (vLLM's `engine` label); steps run concurrently on them.
     engines: int = 1
     # The requests that finished in the window by their own mean inter-token latency (s): the window's change in
-    # vllm:request_time_per_output_token_seconds, cumulative buckets. None when not exported or not differenceable.
+    # vllm:request_time_per_output_token_seconds, cumulative buckets, without the requests of at most one output
+    # token (vLLM records those as 0). None when not exported or not differenceable.
     request_itl: HistogramReading | None = None
 
 

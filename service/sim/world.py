@@ -707,8 +707,9 @@ class World:
         h("vllm:request_inference_time_seconds").observe(done_s - r.scheduled_s)
         h("vllm:request_prefill_time_seconds").observe(r.first_token_s - r.scheduled_s)
         h("vllm:request_decode_time_seconds").observe(done_s - r.first_token_s)
-        if r.generated > 1:
-            h("vllm:request_time_per_output_token_seconds").observe((done_s - r.first_token_s) / (r.generated - 1))
+        # vLLM observes 0 for a request with no token after its first (decode time / (tokens - 1) undefined).
+        per_token = (done_s - r.first_token_s) / (r.generated - 1) if r.generated > 1 else 0.0
+        h("vllm:request_time_per_output_token_seconds").observe(per_token)
         h("vllm:request_prompt_tokens").observe(r.prompt_tokens)
         h("vllm:request_generation_tokens").observe(r.generated)
         h("vllm:request_max_num_generation_tokens").observe(r.max_tokens)

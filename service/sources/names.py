@@ -71,6 +71,7 @@ GENERATION_TOKENS = "generation_tokens"
 PROMPT_TOKENS = "prompt_tokens"
 INTER_TOKEN_LATENCY = "inter_token_latency"
 REQUEST_ITL = "request_itl"
+REQUEST_GENERATION_TOKENS = "request_generation_tokens"
 ITERATION_TOKENS = "iteration_tokens"
 CACHE_CONFIG = "cache_config"
 ESTIMATED_FLOPS = "estimated_flops"
@@ -101,6 +102,9 @@ VLLM_FAMILIES: Mapping[str, Family] = MappingProxyType(
         # Per finished request, its own mean inter-token latency: the share of requests meeting an ITL SLO
         # (policies/slo_share.py). Its buckets are the point.
         REQUEST_ITL: Family(Kind.HISTOGRAM, ("vllm:request_time_per_output_token_seconds",)),
+        # Per finished request, its output tokens: its le=1 bucket counts the requests vLLM records in REQUEST_ITL
+        # with a mean ITL of 0 (no token after the first), which are taken out of that histogram.
+        REQUEST_GENERATION_TOKENS: Family(Kind.HISTOGRAM, ("vllm:request_generation_tokens",)),
         # Only the mean tokens per step (sum/count) is used; its 14 bucket lines were a quarter of the parser's work.
         ITERATION_TOKENS: Family(Kind.HISTOGRAM, ("vllm:iteration_tokens_total",), buckets=False),
         CACHE_CONFIG: Family(Kind.INFO, ("vllm:cache_config_info",)),

@@ -262,6 +262,7 @@ class _ModelReader:
         itl = self._histogram(names.INTER_TOKEN_LATENCY)
         iteration = self._histogram(names.ITERATION_TOKENS)
         request_itl = self._histogram(names.REQUEST_ITL)
+        single_token = _at_most_one(self._histogram(names.REQUEST_GENERATION_TOKENS))
         flops = self._counter(names.ESTIMATED_FLOPS)
         read_bytes = self._counter(names.ESTIMATED_READ_BYTES)
         return EngineSnapshot(
@@ -279,6 +280,7 @@ class _ModelReader:
             inter_token_latency=itl,
             iteration_tokens=iteration,
             request_itl=request_itl,
+            single_token_requests=single_token,
             estimated_flops=flops,
             estimated_read_bytes=read_bytes,
             created_s=self._created_s(),  # after every counter read: each one notes its `_created`
@@ -456,6 +458,14 @@ class _ModelReader:
         return HistogramReading(
             sum=sum(_checked(s) for s in sums), count=sum(_checked(s) for s in counts), buckets=cumulative
         )
+
+
+def _at_most_one(generation_tokens: HistogramReading | None) -> float | None:
+    """Finished requests with at most one output token: the `le="1.0"` bucket of vLLM's request_generation_tokens
+    (its buckets are 1, 2, 5, 10, ...). None without that bucket: an exporter with other bounds cannot say."""
+    if generation_tokens is None:
+        return None
+    return next((count for le, count in generation_tokens.buckets if le == 1.0), None)
 
 
 def _int_label(label: str | None) -> int | None:

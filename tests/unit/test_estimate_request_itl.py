@@ -4,6 +4,7 @@ window's change in vllm:request_time_per_output_token_seconds, bucket by bucket.
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -71,3 +72,37 @@ def test_real_vllm_captures_idle_then_after_30_requests() -> None:
     assert window.count == 30.0 and window.sum == pytest.approx(0.019097308873014408)
     assert window.buckets[0] == (0.01, 30.0) and window.buckets[-1] == (math.inf, 30.0)
     assert len(window.buckets) == 20
+
+
+def test_requests_of_one_output_token_are_taken_out() -> None:
+    # vLLM records a request with no token after its first as a mean ITL of 0: 10 of the 100 requests below sit
+    # in every bucket and add nothing to the sum. Without them the mean is 3.0 / 90 = 33 ms, not 30 ms.
+    first = make_snapshot(request_itl=histogram(0.0, (0.0, 0.0, 0.0)), single_token_requests=4.0)
+    second = advance(first, dt_s=20.0, request_itl=histogram(3.0, (12.0, 90.0, 100.0)), single_token_requests=14.0)
+    window = _request_itl([first, second])
+    assert window is not None
+    assert window.count == 90.0 and window.sum == pytest.approx(3.0)
+    assert window.buckets == ((0.025, 2.0), (0.05, 80.0), (math.inf, 90.0))
+
+
+def test_without_the_generation_tokens_histogram_the_window_is_left_as_read() -> None:
+    first = make_snapshot(request_itl=histogram(0.0, (0.0, 0.0, 0.0)))
+    second = advance(first, dt_s=20.0, request_itl=histogram(3.0, (12.0, 90.0, 100.0)), single_token_requests=14.0)
+    window = _request_itl([first, second])
+    assert window is not None
+    assert window.count == 100.0 and window.buckets[0] == (0.025, 12.0)
+
+
+def test_single_token_requests_read_from_the_le_1_bucket_of_a_real_capture() -> None:
+    after = parse_vllm_metrics(
+        (VLLM / "vllm-0.32.0-cpu-ngram-k3-after-30-requests.txt").read_text(), taken_at_s=FIXTURE_TAKEN_AT_S
+    )
+    # Capture line: vllm:request_generation_tokens_bucket{engine="0",le="1.0",model_name="tiny"} 0.0
+    assert after["tiny"].single_token_requests == 0.0
+    # Three of the thirty requests made to have given one token: every bucket below le="100.0" reads 3.
+    edited = re.sub(
+        r'(vllm:request_generation_tokens_bucket\{engine="0",le="(?:1|2|5|10|20|50)\.0",model_name="tiny"\}) 0\.0',
+        r"\1 3.0",
+        (VLLM / "vllm-0.32.0-cpu-ngram-k3-after-30-requests.txt").read_text(),
+    )
+    assert parse_vllm_metrics(edited, taken_at_s=FIXTURE_TAKEN_AT_S)["tiny"].single_token_requests == 3.0
