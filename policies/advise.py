@@ -23,7 +23,7 @@ from policies.decide import (
 )
 from policies.memory import AcceptanceMemory, MemoryConfig, Recall, recall, remember
 from policies.objectives import ObjectiveConfig, Workload, choose_objective, objective_curve, workload_from
-from policies.plan import PlanState, plan_curve, queue_weight
+from policies.plan import PlanState, plan_curve, planned_share, queue_weight
 from policies.plan import cost_scale as plan_cost_scale
 from policies.plan import observe as observe_plan
 from policies.split import DRAFT_RANGE, envelope, split_observed
@@ -176,10 +176,10 @@ def advise_target(
         )
     plan_state = plan or PlanState()
     planned: tuple[CurvePoint, ...] | None = None
-    cost_scale = 1.0
+    cost_scale, plan_share = 1.0, 1.0
     if decide_config.change_cost_s > 0 and workload is not None and curve:
         # A change costs a restart: weigh it over the recent load, not this window alone (policies/plan.py).
-        plan_state, planned, cost_scale = _plan_tick(
+        plan_state, planned, cost_scale, plan_share = _plan_tick(
             plan_state, curve, evidence, capacity_bound=choose_objective(workload, objective_config)[1],
             tau_s=decide_config.payback_horizon_s, now_s=now_s,
         )
@@ -187,7 +187,7 @@ def advise_target(
         inflight_s += queue_weight(plan_state, tau_s=decide_config.payback_horizon_s) * queued_work_s(evidence)
     decision, decide_state = decide(
         evidence, curve, decide_config, decide_state, now_s, probe=probe, measured=measured, inflight_s=inflight_s,
-        plan=planned, cost_scale=cost_scale,
+        plan=planned, cost_scale=cost_scale, plan_share=plan_share,
     )
     error = fit.error_ratio if fit is not None else None
     notes: list[str] = []
@@ -217,22 +217,24 @@ def advise_target(
 def _plan_tick(
     state: PlanState, curve: tuple[CurvePoint, ...], evidence: Evidence, *, capacity_bound: bool, tau_s: float,
     now_s: float,
-) -> tuple[PlanState, tuple[CurvePoint, ...] | None, float]:
-    """This tick added to the plan, and what decide weighs changes on: (plan, its curve or None, cost scale). The
-    value rate is the generated tokens/s times the running option's share meeting the SLO (1 without one)."""
+) -> tuple[PlanState, tuple[CurvePoint, ...] | None, float, float]:
+    """This tick added to the plan, and what decide weighs changes on: (plan, its curve or None, cost scale, the
+    running option's planned share). The value rate is the generated tokens/s times the running option's share
+    meeting the SLO (1 without one)."""
     running = evidence.deployed_k if evidence.speculation_on else 0
     here = point_at(curve, running)
     share = here.slo_share if here is not None and here.slo_share is not None else 1.0
     rate = evidence.generation_tokens_per_s
     state = observe_plan(
         state, curve, running_gamma=running, value_rate=rate * share if rate is not None else None,
-        capacity_bound=capacity_bound, now_s=now_s, tau_s=tau_s,
+        capacity_bound=capacity_bound, now_s=now_s, tau_s=tau_s, delivered_rate=rate,
     )
     planned = plan_curve(state, curve)
     scale = plan_cost_scale(state, running_gamma=running, delivered_rate=rate)
     if planned is None or scale is None:
-        return state, None, 1.0
-    return state, planned, scale
+        return state, None, 1.0, 1.0
+    fraction = planned_share(state, running_gamma=running)
+    return state, planned, scale, fraction if fraction is not None else 1.0
 
 
 def probe_for(

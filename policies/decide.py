@@ -47,11 +47,13 @@ the caller's `now_s`. It is built from the helpers in `hysteresis.py`:
    latency-driven changes (no queue, no SLO): a 10% faster token stream for 600 s is 60 s of decoding time
    saved per sequence against a 20 s stall, so a large latency gain is still taken, a 2% one is not. A change
    held back by its cost keeps what runs, and the reason says so.
-   Switching off is priced at speculation's best: S(current) is the HIGH end of its band. Off, nothing is measured
-   (acceptance, the drafting split), so a turn-off that pays only on the point value, inside the model's own
-   uncertainty, would blind the advisor for a gain it cannot confirm. Under an SLO this matters at the tail: with
-   1% of tokens meeting it at gamma 3, the point value gave plain decoding 12% (pickup-while-off, a predicted ITL
-   ratio of 0.65 where the world's was 0.80) and the band's high end 1.25%, a gain of 0.25% of the service.
+   Switching off is priced at speculation's best: the gain is (S(new) - S_high(current)) / S(current) x share,
+   the HIGH end of the running option's band in the difference, its point (what it delivers now) in the divisor.
+   Off, nothing is measured (acceptance, the drafting split), so a turn-off that pays only on the point value,
+   inside the model's own uncertainty, would blind the advisor for a gain it cannot confirm. Under an SLO this
+   matters at the tail: with 1% of tokens meeting it at gamma 3, the point value gave plain decoding 12%
+   (pickup-while-off, a predicted ITL ratio of 0.65 where the world's was 0.80), 11% of the service, and the
+   band's high end (S 0.80 against the point's 0.083) (1 - 0.80) / 0.083 x 1% = 2.4%.
    Example: change_cost_s 20 s, horizon 600 s, B 32 running at G 1600 tokens/s (ITL 20 ms), context 640 with
    prompts at twice the generation rate (O = 640 / 2.5 = 256 tokens): in-flight work 128 x 0.02 = 2.56 s, cost
    22.56 s. Moving S 1.40 -> 1.45 gains 3.6% x 600 = 21.4 s: held back; 1.40 -> 1.48 gains 5.7% x 600 = 34 s:
@@ -219,6 +221,7 @@ def decide(
     inflight_s: float | None = None,
     plan: Sequence[CurvePoint] | None = None,
     cost_scale: float = 1.0,
+    plan_share: float = 1.0,
 ) -> tuple[Decision, DecideState]:
     """One decision tick: returns the Decision to publish and the state to pass to the next tick.
 
@@ -231,7 +234,9 @@ def decide(
     a restart loses (rule 4; None: `inflight_work_s(evidence)`). `plan` (policies/plan.py), when given, is the
     curve the rules choose and weigh changes on (the recent load's mix, same gammas as `curve`); `curve` stays
     what is published (this window's speedups); `cost_scale` (> 0) converts the restart's cost into the plan's
-    units (today's delivered tokens/s over the planned value of the running option).
+    units (today's delivered tokens/s over the planned value of the running option); `plan_share` (0..1) the
+    running option's planned value per planned delivered token (plan.planned_share: 1 without an SLO), by which a
+    planned gain is counted per delivered token for the decisive test (rule 6).
 
     Example (margin 0.05, dwell 120 s, min gamma gain 0.02): published off, S(3)=1.42 [1.31..1.55] is the best
     point. 1.31 >= 1.05, so (on, 3) becomes the pending change at t=1000; ticks at t=1040 keep publishing off
@@ -292,7 +297,9 @@ def decide(
             candidate = current
         elif cost_note:
             head += f"; pays for its cost: {cost_note}"
-            decisive = gain is not None and gain >= config.decisive_gain
+            # Per delivered token: a planned gain is relative to the running option's planned value, which under
+            # an SLO is only its share meeting it (2% -> 3% would read +50%); the plan's share undoes that.
+            decisive = plan is not None and gain is not None and gain * plan_share >= config.decisive_gain
     pending = _pending(state)
     candidate, continues, note = _against_pending(candidate, pending, current, choose, config)
     head += note
@@ -456,11 +463,15 @@ def change_pays(
         f"gain {gain:.1%} x {payback_horizon_s:.0f}s horizon = {won:.1f}s vs change cost {change_cost_s:.1f}s "
         f"outage + {lost:.1f}s in-flight work = {cost:.1f}s"
     )
-    scale = cost_scale if math.isfinite(cost_scale) and cost_scale > 0 else 1.0
+    scale = _valid_scale(cost_scale)
     if scale != 1.0:
         cost *= scale
         text += f" x {scale:.2f} (today's delivered rate over the planned value) = {cost:.1f}s"
     return won > cost, text
+
+
+def _valid_scale(cost_scale: float) -> float:
+    return cost_scale if math.isfinite(cost_scale) and cost_scale > 0 else 1.0
 
 
 def change_cost_of(*, change_cost_s: float, inflight_s: float) -> float:
@@ -522,8 +533,15 @@ def _request_output_s(evidence: Evidence) -> float:
 def _relative_gain(
     curve: Sequence[CurvePoint], current: _Key, candidate: _Key, *, current_at_best: bool = False
 ) -> float | None:
-    """Rule 4's gain of `candidate` over `current`; `current_at_best`: the current option at its band's high end
-    (a turn-off is priced at speculation's best)."""
+    """Rule 4's gain of `candidate` over `current`, per unit of what `current` delivers now: (S(new) - S(now)) /
+    S(now) with S the curve's speedups (dimensionless). `current_at_best`: the current option is taken at its
+    band's high end in the difference (a turn-off is priced at speculation's best) while the divisor stays its
+    point, the rate it delivers now. Under an SLO the result is multiplied by the running option's share (rule 4:
+    tokens moved across the SLO per delivered token).
+
+    Example: running gamma 3 at S 1.20 (band high 1.30), off 1.0, SLO share 0.5: a turn-off gains (1.0 - 1.30) /
+    1.20 x 0.5 = -0.125, where the point alone gave (1.0 - 1.20) / 1.20 x 0.5 = -0.083.
+    """
 
     def at(key: _Key, best: bool = False) -> tuple[float, float | None] | None:
         point = point_at(curve, key[1] if key[0] else 0)
@@ -533,10 +551,10 @@ def _relative_gain(
             return None
         return (point.speedup_high if best else point.speedup), point.slo_share
 
-    now, new = at(current, current_at_best), at(candidate)
-    if now is None or new is None or now[0] <= 0:
+    now, high, new = at(current), at(current, current_at_best), at(candidate)
+    if now is None or high is None or new is None or now[0] <= 0:
         return None
-    gain = new[0] / now[0] - 1.0
+    gain = (new[0] - high[0]) / now[0]
     # SLO goodput: per delivered token, not per token now meeting the SLO (rule 4).
     return gain * now[1] if now[1] is not None else gain
 

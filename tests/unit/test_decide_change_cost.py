@@ -165,9 +165,9 @@ def test_a_planned_cost_shows_todays_cost_and_its_scale() -> None:
 
 def test_a_turn_off_must_pay_at_speculations_best_not_at_the_point_value() -> None:
     # SLO goodput, 1% of tokens meeting it at gamma 3. The point value says plain decoding would bring 12%
-    # (S(3) = 0.083): (12 - 1) % of the service x 600 s = 66 s, more than the 22.6 s a restart costs. The band's
-    # high end (S(3) = 0.80: plain decoding 1.25%) is a 0.25% gain, 1.5 s: off would blind the advisor for a gain
-    # within the model's own uncertainty, so it keeps gamma 3.
+    # (S(3) = 0.083): (12 - 1) % of the service x 600 s = 66 s, more than the 22.6 s a restart costs. Against the
+    # band's high end (S(3) = 0.80) the gain is (1 - 0.80) / 0.083 x 1% = 2.4% of the service, 14.4 s: off would
+    # blind the advisor for a gain within the model's own uncertainty, so it keeps gamma 3.
     def curve(s3_high: float) -> tuple[CurvePoint, ...]:
         points = []
         for g in range(4):
@@ -180,8 +180,11 @@ def test_a_turn_off_must_pay_at_speculations_best_not_at_the_point_value() -> No
 
     enabled, reason = _decide_on_k3(curve(0.80))
     assert enabled and "held back by its cost" in reason
-    # The same point value with a band whose high end also says off pays: published off.
+    # The same point value with a band whose high end also says off pays: (1 - 0.2) / 0.083 x 1% = 9.6%, 58 s.
     assert not _decide_on_k3(curve(0.2))[0]
+    # High end 0.45: 6.6%, 39.6 s > 22.6 s, off; priced relative to the high end instead ((1 / 0.45 - 1) x 1% =
+    # 1.2%, 7.3 s) it would have been held.
+    assert not _decide_on_k3(curve(0.45))[0]
 
 
 def _planned_switch_time(gain_s1: float, from_s: float = 1150.0) -> float:
@@ -199,6 +202,27 @@ def _planned_switch_time(gain_s1: float, from_s: float = 1150.0) -> float:
         if decision.num_speculative_tokens == 1:
             return now - from_s
     raise AssertionError("never switched")
+
+
+def test_a_planned_gain_on_a_small_slo_share_is_not_decisive() -> None:
+    # Under an SLO with gamma 3's planned value 2% of what it delivers, a plan saying gamma 1 is worth 50% more
+    # SLO goodput moves 1% of the delivered tokens: within the model's error, so the whole dwell. At a 60% share
+    # the same 50% moves 30% of them: decisive, 30 s.
+    config = DecideConfig(change_cost_s=20.0, payback_horizon_s=600.0, dwell_s=120.0, planned_confirm_s=30.0)
+
+    def switch_after(share: float) -> float:
+        state = DecideState()
+        for tick in range(0, 120):
+            now = 1000.0 + 5.0 * tick
+            plan = _curve(1.5, 1.0, 1.0) if now >= 1150.0 else _curve(0.9, 0.95, 1.0)
+            decision, state = decide(_evidence(), plan, config, state, now, plan=plan, cost_scale=0.1,
+                                     plan_share=share)
+            if decision.num_speculative_tokens == 1:
+                return now - 1150.0
+        raise AssertionError("never switched")
+
+    assert switch_after(0.02) == 120.0
+    assert switch_after(0.6) == 30.0
 
 
 def test_a_decisive_planned_gain_waits_a_short_confirm_once_the_last_change_is_a_dwell_old() -> None:
