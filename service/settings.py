@@ -244,6 +244,9 @@ class EstimatorSettings(_Section):
     )
 
 
+_DEFAULT_CONFIRM_S = 30.0
+
+
 class DecideSettings(_Section):
     margin: float = Field(
         default=0.05,
@@ -311,13 +314,14 @@ class DecideSettings(_Section):
         description="After a dropped probe, no new probe is recommended for this many seconds.",
     )
     planned_confirm_s: float = Field(
-        default=30.0,
+        default=_DEFAULT_CONFIRM_S,
         ge=0,
         le=3600,
         allow_inf_nan=False,
         description="When a change costs a restart and its planned gain is at least decisive_gain, it is published "
         "after staying the candidate this long instead of a whole dwell, once the last change is a dwell old "
-        "(policies/decide.py rule 6): the plan has already averaged the recent load.",
+        "(policies/decide.py rule 6): the plan has already averaged the recent load. At most dwell_s (the "
+        "default follows a shorter dwell_s).",
     )
     decisive_gain: float = Field(
         default=0.25,
@@ -337,6 +341,29 @@ class DecideSettings(_Section):
         "no SLO, so speculation is judged by throughput (per sequence, or of the whole server while requests "
         "queue).",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_confirm_follows_dwell(cls, data: Any) -> Any:
+        # The default confirm follows a shorter dwell (the demo's 10 s); a value the operator wrote is checked below.
+        if isinstance(data, dict) and "planned_confirm_s" not in data and "dwell_s" in data:
+            try:
+                dwell = float(data["dwell_s"])  # a number, or its text from an environment variable
+            except (TypeError, ValueError):
+                return data  # the field's own validation names the problem
+            if 0 <= dwell < _DEFAULT_CONFIRM_S:
+                return {**data, "planned_confirm_s": dwell}
+        return data
+
+    @model_validator(mode="after")
+    def _confirm_within_dwell(self) -> Self:
+        # A confirm longer than the dwell would make a decisive change wait longer than any other one.
+        if self.planned_confirm_s > self.dwell_s:
+            raise ValueError(
+                f"decide.planned_confirm_s ({self.planned_confirm_s:g}) must not exceed decide.dwell_s "
+                f"({self.dwell_s:g}): it shortens the dwell for a decisive planned change"
+            )
+        return self
 
 
 class CalibrationSettings(_Section):

@@ -23,3 +23,14 @@ def test_every_decide_setting_reaches_the_policy() -> None:
 def test_impossible_decide_values_are_refused_by_name(bad: dict[str, float]) -> None:
     with pytest.raises(SettingsError, match=next(iter(bad))):
         load_settings(None, overrides={"targets": [TARGET], "decide": bad})
+
+
+def test_a_confirm_longer_than_the_dwell_is_refused() -> None:
+    with pytest.raises(SettingsError, match=r"planned_confirm_s \(200\) must not exceed decide.dwell_s \(120\)"):
+        load_settings(None, overrides={"targets": [TARGET], "decide": {"planned_confirm_s": 200, "dwell_s": 120}})
+    load_settings(None, overrides={"targets": [TARGET], "decide": {"planned_confirm_s": 120, "dwell_s": 120}})
+
+
+def test_the_default_confirm_follows_a_shorter_dwell() -> None:
+    config = decide_config(load_settings(None, overrides={"targets": [TARGET], "decide": {"dwell_s": 10}}))
+    assert config.planned_confirm_s == 10.0 and config.dwell_s == 10.0
