@@ -39,8 +39,11 @@ Three objectives (DESIGN.md section 4), chosen per tick from the evidence:
   when latency-bound the server already delivers everything asked of it, the same for every option, so
       S_slo = share(gamma) / share(0)          (latency-bound)
   and each option's ITL is priced at the batch that load gives it, not at the measured one: by Little's law the
-  batch follows the ITL, B(gamma) = B x ITL_gamma(B(gamma)) / ITL_running (`open_loop_batch`).
-  and speed beyond the SLO earns nothing: a faster token stream is not more tokens meeting the SLO, and counting
+  batch follows the ITL, B(gamma) = B x ITL_gamma(B(gamma)) / ITL_running (`open_loop_batch`). An option whose
+  batch would pass what the KV cache holds (or 4x the measured one) cannot hold the load: it stops there and is
+  counted at the share it serves, (B_cap / ITL_gamma(B_cap)) / (B / ITL_running), times its share meeting the
+  SLO. A deployed k past the curve has no point to anchor this on: every option then keeps the measured batch.
+  Speed beyond the SLO earns nothing: a faster token stream is not more tokens meeting the SLO, and counting
   it (as throughput at the current B) made the advisor restart a server whose every option met the SLO for a
   "7.6% gain" that delivered nothing (always-worth-it, eagle3, draft-model in the decision benchmark). Example:
   SLO 8 ms, off at 11 ms: share(0) = max(0.01, Phi(ln(8/11) / 0.1) = Phi(-3.18) = 0.0007) = 0.01; gamma 2 at
@@ -238,18 +241,30 @@ def objective_curve(
     running = min(max(workload.deployed_k, 0), len(acceptance) - 1)
     running_itl_s = at_batch(workload.batch)[running].step_time_s / max(acceptance[running].expected_length, 1.0)
     share = _share_function(workload, len(acceptance), config, running_itl_s=running_itl_s * stretch)
+    # The open load is anchored on the option that runs; a deployed k past the curve has no point to anchor it
+    # on (its ITL would be another gamma's), so every option then keeps the measured batch.
+    open_loop = delivered_fixed and 0 <= workload.deployed_k < len(acceptance)
+    cap = _open_loop_cap(workload)
 
     def batch_for(gamma: int, length: float) -> float:
-        if not delivered_fixed:
+        if not open_loop:
             return held_batch(workload, gamma, kv_full=kv_full)
         return open_loop_batch(
-            workload.batch, running_itl_s, lambda b: at_batch(b)[gamma].step_time_s / max(length, 1.0),
-            cap=_open_loop_cap(workload),
+            workload.batch, running_itl_s, lambda b: at_batch(b)[gamma].step_time_s / max(length, 1.0), cap=cap,
         )
+
+    def served(batch: float, length: float, step: float) -> float:
+        """The share of the offered load (workload.batch / running_itl_s, sequences' tokens/s) an option at its
+        open-loop batch serves: 1 below the cap (Little's law holds there by construction), its rate at the cap
+        over the offered one at it (it cannot hold the load; a queue forms)."""
+        if not open_loop or batch < cap * (1.0 - 1e-9):
+            return 1.0
+        return min(1.0, batch * length / step * running_itl_s / workload.batch)
 
     b_plain = batch_for(0, 1.0)
     plain_step = at_batch(b_plain)[0].step_time_s
-    plain_goodput = (1.0 if delivered_fixed else plain_rate) * share(plain_step * stretch)
+    plain_served = served(b_plain, 1.0, plain_step)
+    plain_goodput = (plain_served if delivered_fixed else plain_rate) * share(plain_step * stretch)
     points: list[CurvePoint] = []
     for acc in acceptance:
         b = batch_for(acc.gamma, acc.expected_length)
@@ -259,7 +274,7 @@ def objective_curve(
             continue
 
         def ratio(length: float, step: float = point.step_time_s, batch: float = b) -> float:
-            rate = 1.0 if delivered_fixed else batch * length / step
+            rate = served(batch, length, step) if delivered_fixed else batch * length / step
             if slo:
                 return rate * share(step * stretch / max(length, 1.0)) / plain_goodput if plain_goodput > 0 else 0.0
             return rate / plain_rate

@@ -17,6 +17,7 @@ from policies.objectives import (
     choose_objective,
     held_batch,
     objective_curve,
+    open_loop_batch,
     slo_share,
     workload_from,
 )
@@ -119,6 +120,62 @@ def test_chunked_prefill_stretches_every_option_by_the_share_it_takes_of_the_run
     plain_mixed = curve_for(ctx, ACCEPTANCE[:1], batch=64.0, context_tokens=512.0, prefill_tokens=1000.0)[1]
     plain = curve_for(ctx, ACCEPTANCE[:1], batch=64.0, context_tokens=512.0)[1]
     assert plain_mixed / plain > stretch * 1.05
+
+
+def test_an_option_that_cannot_hold_the_open_load_is_counted_at_what_it_serves() -> None:
+    # Gamma 3 runs at batch 64 with no queue and the KV cache 85% used: 64 / 0.85 = 75.3 sequences fit. Plain
+    # decoding is slower per token, so under the same arrivals it would need more sequences in flight than fit:
+    # it stops at 75.3 and serves (75.3 / T0(75.3)) / (64 / ITL3) of the load. The SLO is loose (every request
+    # meets it), so that share is all that tells the two apart.
+    ctx = make_context()
+    workload = Workload(64.0, 0.0, 512.0, kv_usage_ratio=0.85, deployed_k=3)
+    config = ObjectiveConfig(itl_slo_s=1.0)
+    curve, objective, _ = objective_curve(ctx, ACCEPTANCE, workload, config=config)
+    assert objective is Objective.GOODPUT_SLO
+    cap = 64.0 / 0.85
+    running_itl = curve_for(ctx, ACCEPTANCE, batch=64.0, context_tokens=512.0)[0][3].step_time_s / (
+        ACCEPTANCE[3].expected_length)
+    plain_step = curve_for(ctx, ACCEPTANCE, batch=cap, context_tokens=512.0)[1]
+    assert 64.0 * plain_step / running_itl > cap  # the load plain decoding would need does not fit
+    served = (cap / plain_step) / (64.0 / running_itl)
+    assert served < 0.95
+    assert curve[3].speedup == pytest.approx(1.0 / served, rel=1e-3)
+    # With room for every option (usage unknown: 4x the batch), both deliver the load and meet the SLO alike.
+    roomy, _, _ = objective_curve(ctx, ACCEPTANCE, Workload(64.0, 0.0, 512.0, deployed_k=3), config=config)
+    assert roomy[3].speedup == pytest.approx(1.0)
+
+
+def test_a_deployed_k_past_the_curve_keeps_the_measured_batch_for_every_option() -> None:
+    # k = 6 deployed, the curve stops at 4: no point anchors the open load, so every option is priced at batch 64.
+    ctx = make_context()
+    config = ObjectiveConfig(itl_slo_s=0.02)
+    curve, _, _ = objective_curve(ctx, ACCEPTANCE, Workload(64.0, 0.0, 512.0, deployed_k=6), config=config)
+    held = curve_for(ctx, ACCEPTANCE, batch=64.0, context_tokens=512.0)[0]
+    assert [p.step_time_s for p in curve] == pytest.approx([p.step_time_s for p in held])
+
+
+def test_chunked_prefill_stretch_applies_at_each_options_open_load_batch() -> None:
+    # As above, but nothing waits: each option holds the batch the open load gives it (open_loop_batch, anchored
+    # on gamma 3's model ITL at batch 64), and its step there is stretched by the same prefill share.
+    ctx = make_context()
+    workload = Workload(64.0, 0.0, 512.0, prefill_tokens=1000.0, deployed_k=3)
+    spec, _ = curve_for(ctx, ACCEPTANCE, batch=64.0, context_tokens=512.0)
+    mixed, _ = curve_for(ctx, ACCEPTANCE, batch=64.0, context_tokens=512.0, prefill_tokens=1000.0)
+    stretch = mixed[3].step_time_s / spec[3].step_time_s
+    model_itl = spec[3].step_time_s / ACCEPTANCE[3].expected_length
+    config = ObjectiveConfig(itl_slo_s=model_itl * stretch * 1.05)
+    curve, objective, _ = objective_curve(ctx, ACCEPTANCE, workload, config=config)
+    assert objective is Objective.GOODPUT_SLO
+    assert curve[3].slo_share == pytest.approx(slo_share(model_itl * stretch, config))
+    for gamma in (1, 2):
+        length = ACCEPTANCE[gamma].expected_length
+
+        def itl_at(batch: float, gamma: int = gamma, length: float = length) -> float:
+            return curve_for(ctx, ACCEPTANCE, batch=batch, context_tokens=512.0)[0][gamma].step_time_s / length
+
+        batch = open_loop_batch(64.0, model_itl, itl_at, cap=256.0)
+        assert batch != pytest.approx(64.0, rel=0.01)  # the option does move the batch
+        assert curve[gamma].slo_share == pytest.approx(slo_share(itl_at(batch) * stretch, config))
 
 
 def test_slo_share_is_a_floored_log_normal_cdf() -> None:
