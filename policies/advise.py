@@ -4,6 +4,7 @@ decision. Pure; the loop's only policy entry point.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
@@ -158,16 +159,20 @@ def advise_target(
                 )
             curve = widened
     probe: Probe | None = None
-    usable = recalled is not None and recalled.usable
-    off_on_memory = decide_config.explore and usable and not evidence.speculation_on
-    if off_on_memory and workload is not None and ctx is not None and fit is not None:
-        # Off on a remembered profile: is it time to look again? (probe_for; the prior is what it may find.)
+    off = decide_config.explore and evidence.state is TargetState.OK and not evidence.speculation_on
+    if off and workload is not None and ctx is not None and fit is not None:
+        # Off: is it time to look again? (probe_for; the prior is what it may find.) On a usable remembered
+        # profile the chance the workload moved grows with its age; with none (never measured here, or too old
+        # to use) nothing is known of this workload, which is a profile of infinite age: the curve is then the
+        # prior's, and the probe runs at the prior's best gamma. Without this a server deployed off would never
+        # be measured, however much the prior promised (a k=0 low-load world: SLO goodput 0 against 233).
         prior = acceptance_curve(None, method=ctx.drafter.method, gamma_max=decide_config.gamma_max)
         prior_curve = objective_curve(ctx, prior, workload, config=objective_config, scales=fit.scales)[0]
-        assert recalled is not None  # usable says so; mypy cannot follow it
+        usable = recalled is not None and recalled.usable
+        star = best_point(prior_curve, decide_config.gamma_max)
         probe = probe_for(
-            age_s=recalled.age_s,
-            gamma=recalled.entry.k,
+            age_s=recalled.age_s if recalled is not None and usable else math.inf,
+            gamma=recalled.entry.k if recalled is not None and usable else (star.gamma if star is not None else 0),
             remembered=curve,
             prior=prior_curve,
             inflight_s=inflight_s,
@@ -175,6 +180,12 @@ def advise_target(
             half_life_s=memory_config.half_life_s,
         )
     plan_state = plan or PlanState()
+    if decide_state.probe_since_s is not None and measured:
+        # A held probe is released by this live window: the plan's ticks were priced on the profile the probe has
+        # just re-measured (while off) or on the workload before it moved, so they no longer say what each gamma is
+        # worth. Kept, they restarted a server from gamma 3 to 1 four minutes after a pick-up, for the memory of
+        # a drafter-hostile spell in which gamma 1 had lost less than 3 (benchmark pickup-after-off).
+        plan_state = PlanState()
     planned: tuple[CurvePoint, ...] | None = None
     cost_scale, plan_share = 1.0, 1.0
     if decide_config.change_cost_s > 0 and workload is not None and curve:
@@ -267,6 +278,8 @@ def probe_for(
     is a 98% gain in service, not 9800%. When speculation would not pay even at the prior (S_prior* <= 1) it
     never probes. The probe runs at the remembered k (`gamma`, >= 1), where the
     positions will be measured again; once published, decide holds it until a window is measured (rule 5).
+    `age_s` = inf stands for no usable profile (never measured, or too old): p = 1, and the caller passes the
+    prior's own curve as `remembered` and its best gamma.
     Units: seconds; speedups are dimensionless ratios vs plain decoding.
 
     Example (cost 20 s, in-flight 0 s, horizon 600 s, dwell 120 s, half-life 1800 s): S_prior* 1.5, S_mem 0.9. At
@@ -289,11 +302,12 @@ def probe_for(
     cost = 2.0 * one_change + on_for_s * max(0.0, 1.0 - s_mem) * unit
     if won <= cost:
         return None
+    seen = f"remembered profile is {age_s:.0f}s old" if math.isfinite(age_s) else "no usable measured profile"
     why = (
-        f"remembered profile is {age_s:.0f}s old, P(workload moved) {chance:.1%} x prior S({star.gamma})="
+        f"{seen}, P(workload moved) {chance:.1%} x prior S({star.gamma})="
         f"{star.speedup:.2f} gain{f' x share {unit:.2f} meeting the SLO off' if unit != 1.0 else ''} x "
         f"{config.payback_horizon_s:.0f}s = {won:.1f}s > probe cost {cost:.1f}s "
-        f"(2 changes + {on_for_s:.0f}s at remembered S({gamma})={s_mem:.2f})"
+        f"(2 changes + {on_for_s:.0f}s at {'remembered' if math.isfinite(age_s) else 'prior'} S({gamma})={s_mem:.2f})"
     )
     return Probe(gamma=gamma, why=why)
 

@@ -78,15 +78,20 @@ def test_off_and_a_fresh_memory_turns_on_after_the_dwell_once_the_batch_drops() 
     assert advice.recalled is not None and advice.recalled.usable
 
 
-def test_off_with_a_memory_too_old_to_use_stays_off_and_says_why() -> None:
+def test_off_with_a_memory_too_old_to_use_probes_on_the_prior_and_says_why() -> None:
     # Batch 64 with the ngram drafter: the method prior's low end does not clear 1.05, the good profile would.
     evidence = make_off_evidence(batch=64.0)
     fresh = tick(evidence, DecideState(), remembered(GOOD, age_s=60.0), now_s=NOW, config=replace(DWELL, dwell_s=0))
     assert fresh.decision.enabled
     stale = tick(evidence, DecideState(), remembered(GOOD, age_s=7 * 3600.0), now_s=NOW,
                  config=replace(DWELL, dwell_s=0))
-    assert not stale.decision.enabled
     assert stale.recalled is None
+    # Too old to use is as good as never measured: the rules alone keep it off (the prior's band), but the prior
+    # promises a gain and nothing rules it out, so it turns on to measure, at the prior's best gamma.
+    star = best_point(stale.decision.curve, DWELL.gamma_max)
+    assert star is not None and star.speedup_low < 1.05 < star.speedup
+    assert stale.decision.enabled and stale.decision.num_speculative_tokens == star.gamma
+    assert "probing: no usable measured profile, P(workload moved) 100.0%" in stale.decision.reason
     reason = stale.decision.reason
     assert "remembered acceptance from 7.0 h ago" in reason
     assert "not used: 7.0 h old, past the 6.0 h limit" in reason
@@ -94,6 +99,10 @@ def test_off_with_a_memory_too_old_to_use_stays_off_and_says_why() -> None:
     # Without any memory the same curve comes from the prior: the stale memory changed nothing but the words.
     bare = tick(evidence, DecideState(), None, now_s=NOW, config=replace(DWELL, dwell_s=0))
     assert bare.decision.curve == stale.decision.curve
+    assert bare.decision.enabled and "probing: no usable measured profile" in bare.decision.reason
+    # With exploring switched off it stays off.
+    kept = tick(evidence, DecideState(), None, now_s=NOW, config=replace(DWELL, dwell_s=0, explore=False))
+    assert not kept.decision.enabled
 
 
 def test_the_aged_band_clears_the_margin_only_while_the_memory_is_fresh() -> None:
