@@ -10,13 +10,17 @@ from __future__ import annotations
 import os
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from importlib import resources
 from pathlib import Path
 
+from service.app import context_resolver
+from service.bench.pipeline import bench_advisor_settings
 from service.bench.report import format_table
 from service.bench.spec import BenchScenario, load_bench_scenario
 from service.bench.suite import ScenarioResult, run_suite
 from service.logs import configure_logging
+from service.settings import SettingsError
 from service.sim.scenario import ScenarioError
 
 EXIT_FAILED = 1
@@ -45,13 +49,16 @@ def run_bench(files: Sequence[Path], *, duration_s: float | None, out_dir: Path,
     paths = list(files) or packaged_scenarios()
     benches: list[BenchScenario] = []
     invalid: list[ScenarioResult] = []
+    names: set[str] = set()
     for path in paths:
         try:
-            benches.append(load_bench_scenario(path))
+            bench = _checked(load_bench_scenario(path))
         except ScenarioError as exc:
             _progress(f"invalid scenario: {exc}")
             invalid.append(ScenarioResult(name=path.stem, source=str(path), duration_s=0.0, itl_slo_s=None,
                                           error=str(exc)))
+            continue
+        benches.append(replace(bench, name=_unique(bench.name, names)))
     workers = jobs if jobs is not None else os.cpu_count() or 1
     results = [*invalid, *run_suite(benches, duration_s=duration_s, progress=_progress, jobs=workers,
                                     worker_init=_quiet_logs)]
@@ -67,6 +74,29 @@ def run_bench(files: Sequence[Path], *, duration_s: float | None, out_dir: Path,
     if plots:
         status = max(status, _plots([r for r in results if r.error is None], out_dir))
     return status
+
+
+def _checked(bench: BenchScenario) -> BenchScenario:
+    """The scenario, once the advisor's settings it asks for load (catalog names, sidecar settings): a bad one is
+    a file error, named with its file, not a failure half-way through the run."""
+    try:
+        settings = bench_advisor_settings(bench)
+        for target in settings.targets:
+            context_resolver(target, fallback_hardware=settings.fallback_hardware)  # profiles exist, as at start-up
+    except SettingsError as exc:
+        raise ScenarioError(f"{bench.source}: invalid bench.advisor: {exc}") from exc
+    return bench
+
+
+def _unique(name: str, taken: set[str]) -> str:
+    """`name`, or name-2, name-3, ... when another file of the run has that stem (tables and plot files are keyed
+    by it; two low-load.yaml from two folders would otherwise share one plot)."""
+    unique, n = name, 1
+    while unique in taken:
+        n += 1
+        unique = f"{name}-{n}"
+    taken.add(unique)
+    return unique
 
 
 def _plots(results: Sequence[ScenarioResult], out_dir: Path) -> int:

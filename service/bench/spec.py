@@ -21,7 +21,7 @@ DEFAULT_DURATION_S = 1200.0
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class AdvisorSection(_Section):

@@ -37,7 +37,8 @@ class ScenarioError(ValueError):
 
 
 class _Model(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # A scenario describes a finite world: inf or NaN in any number would only fail later, mid-run, unnamed.
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class HardwareTruth(_Model):

@@ -78,3 +78,28 @@ def test_cli_runs_valid_files_reports_the_invalid_one_and_writes_table_and_plots
         [row] = [line for line in quality if line.startswith(name + " ")]
         assert row.rstrip().endswith("ok") or "MISS" in row
     assert (out / "bench.txt").read_text(encoding="utf-8").strip() == table.strip()
+
+
+def test_an_unknown_advisor_profile_is_a_file_error_and_same_named_files_stay_apart(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    good = _tiny(tmp_path, "low-load")
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    twin = other / good.name  # the same stem from another folder, another load
+    data = yaml.safe_load(good.read_text(encoding="utf-8"))
+    data["workload"]["arrival_rate"] = [{"t_s": 0, "requests_per_s": 3.0}]
+    twin.write_text(yaml.safe_dump(data), encoding="utf-8")
+    bad = tmp_path / "no-such-gpu.yaml"
+    data["bench"]["advisor"]["hardware"] = "no-such-gpu"
+    bad.write_text(yaml.safe_dump(data), encoding="utf-8")
+    out = tmp_path / "out"
+
+    status = main(["bench", str(good), str(twin), str(bad), "--duration-s", "60", "--out", str(out), "--no-plots"])
+
+    captured = capsys.readouterr()
+    assert status == 2  # a file error, found before anything ran
+    assert f"{bad}: invalid bench.advisor" in captured.err and "no-such-gpu" in captured.err
+    policy_table = captured.out[:captured.out.index("goodput:")]
+    for name in ("tiny-low-load", "tiny-low-load-2"):
+        assert {line.split()[1] for line in policy_table.splitlines() if line.startswith(name + " ")} == set(POLICIES)

@@ -82,6 +82,19 @@ def test_world_errors_still_name_their_field(tmp_path: Path) -> None:
         load_bench_scenario(path)
 
 
+@pytest.mark.parametrize(("section", "field"), [("hardware", "step_overhead_s"), ("engine", "restart_delay_s")])
+def test_infinite_numbers_are_refused_by_name(tmp_path: Path, section: str, field: str) -> None:
+    # YAML's .inf passed every bound (>= 0) and failed mid-run as a ZeroDivisionError naming nothing.
+    data = _bench_data()
+    part = data[section]
+    assert isinstance(part, dict)
+    part[field] = float("inf")
+    path = _write(tmp_path, data)
+    with pytest.raises(ScenarioError, match=rf"{section}\.{field}") as info:
+        load_bench_scenario(path)
+    assert str(path) in str(info.value)
+
+
 def test_plain_simulator_scenarios_load_with_bench_defaults() -> None:
     bench = load_bench_scenario(SCENARIOS / "demo.yaml")
     assert bench.name == "demo"
