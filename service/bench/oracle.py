@@ -61,9 +61,11 @@ from dataclasses import dataclass
 from service.sim.physics import (
     acceptance_at,
     arrival_rate_at,
+    class_acceptance,
     draft_time_s,
     expected_tokens_per_verification,
     mixed_step_time_s,
+    request_classes,
     verified_tokens_per_request,
 )
 from service.sim.scenario import FixedLength, LengthDistribution, LogNormalLength, Scenario
@@ -179,7 +181,22 @@ class Oracle:
         chunk = round(min(budget, max(1.0, prefill_per_s * s.simulation.quantum_s)))
         per_token_s = max(0.0, step(chunk) - decode_step) / chunk
         busy = min(0.95, prefill_per_s * per_token_s)  # share of each second spent prefilling
-        return decode_step / (1.0 - busy) / expected_tokens_per_verification(s.drafter, gamma, acceptance[:gamma])
+        return decode_step / (1.0 - busy) / self._tokens_per_step(gamma, acceptance)
+
+    def _class_tokens(self, gamma: int, acceptance: tuple[float, ...]) -> list[float]:
+        """Tokens per verification of each request class (physics.request_classes; one class when all alike)."""
+        d = self._s.drafter
+        return [
+            expected_tokens_per_verification(d, gamma, class_acceptance(d, acceptance[:gamma], c))
+            for c in range(request_classes(d))
+        ]
+
+    def _tokens_per_step(self, gamma: int, acceptance: tuple[float, ...]) -> float:
+        """Tokens a running request emits per step: the harmonic mean over the classes. A class emitting fewer
+        tokens per step stays running longer, so it is over-represented in the batch by 1 / E_c (Little's law per
+        class), and the batch's mean is 1 / mean(1 / E_c)."""
+        tokens = self._class_tokens(gamma, acceptance)
+        return len(tokens) / sum(1.0 / t for t in tokens)
 
     def steady_state(self, gamma: int, *, elapsed_s: float, capacity_ratio: float = 1.0) -> SteadyState:
         """The steady state of gamma at the arrival rate and acceptance `elapsed_s` into the run (module doc);
@@ -209,7 +226,13 @@ class Oracle:
             if done:
                 break
         itl = self._itl(gamma, batch, acceptance, prompts_per_s)
-        meets = 1.0 if self._slo is None else slo_share(itl, self._slo)
+        meets = 1.0
+        if self._slo is not None:
+            # Each class is a quarter of the requests (and of the tokens: lengths do not depend on the class), at
+            # its own ITL: the step's time over its own tokens per step.
+            step = itl * self._tokens_per_step(gamma, acceptance)
+            tokens = self._class_tokens(gamma, acceptance)
+            meets = sum(slo_share(step / t, self._slo) for t in tokens) / len(tokens)
         return SteadyState(served=served, itl_s=itl, batch=batch, slo_score=served * meets)
 
     def _scores(self, states: list[SteadyState]) -> list[float]:

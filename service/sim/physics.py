@@ -160,6 +160,32 @@ def expected_tokens_per_verification(drafter: DrafterTruth, k: int, acceptance: 
     return total
 
 
+# Conditional means of the four quartiles of a standard normal: a request class per quartile (a quarter each).
+_QUARTILE_MEANS = (-1.2711, -0.3246, 0.3246, 1.2711)
+_MAX_REQUEST_ACCEPTANCE = 0.98
+
+
+def request_classes(drafter: DrafterTruth) -> int:
+    """How many kinds of request the drafter sees: 1 when every request is alike, 4 (quartiles) otherwise."""
+    return len(_QUARTILE_MEANS) if drafter.request_acceptance_spread > 0 else 1
+
+
+def class_acceptance(drafter: DrafterTruth, acceptance: tuple[float, ...], request_class: int) -> tuple[float, ...]:
+    """The conditional acceptance of one request class: the profile x exp(spread x z_class), capped at 0.98."""
+    if request_classes(drafter) == 1:
+        return acceptance
+    scale = math.exp(drafter.request_acceptance_spread * _QUARTILE_MEANS[request_class])
+    return tuple(min(_MAX_REQUEST_ACCEPTANCE, a * scale) for a in acceptance)
+
+
+def mean_tokens_per_verification(drafter: DrafterTruth, k: int, acceptance: tuple[float, ...]) -> float:
+    """Tokens a decoding request emits per step on average over the request classes (each equally common)."""
+    n = request_classes(drafter)
+    return sum(
+        expected_tokens_per_verification(drafter, k, class_acceptance(drafter, acceptance, c)) for c in range(n)
+    ) / n
+
+
 def expected_proposed_tokens(drafter: DrafterTruth, k: int) -> float:
     """Mean draft tokens proposed per decoding request per step."""
     return sum(_reach_ratios(drafter, k))

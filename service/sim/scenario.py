@@ -164,6 +164,12 @@ class DrafterTruth(_Model):
     )
     draft_weight_bytes: float = Field(default=0.0, ge=0, description="Bytes the draft head/model streams per pass.")
     draft_active_params: float = Field(default=0.0, ge=0, description="Draft parameters used per token per pass.")
+    request_acceptance_spread: float = Field(
+        default=0.0, ge=0, le=1.5,
+        description="Requests differ in how well the drafter predicts them: each request's conditional acceptance is "
+        "the profile's times exp(spread x z) (at most 0.98), z the mean of one quartile of a standard normal "
+        "(+-0.325, +-1.271), each quartile a quarter of the requests. 0 = every request alike.",
+    )
 
     @model_validator(mode="after")
     def _check_method_fields(self) -> DrafterTruth:

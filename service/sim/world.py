@@ -35,6 +35,7 @@ from service.sim.exposition import CacheConfig, EngineGauges, EngineMetrics, ren
 from service.sim.physics import (
     acceptance_at,
     arrival_rate_at,
+    class_acceptance,
     draft_time_s,
     draw_length,
     draw_verifications,
@@ -43,8 +44,10 @@ from service.sim.physics import (
     expected_tokens_per_verification,
     forward_flops,
     forward_read_bytes,
+    mean_tokens_per_verification,
     mixed_step_time_s,
     peak_arrival_rate,
+    request_classes,
     step_jitter,
     target_step_time_s,
     verified_tokens_per_request,
@@ -111,6 +114,7 @@ class _Request:
     scheduled_s: float = -1.0
     first_token_s: float = -1.0
     preemptions: int = 0
+    request_class: int = 0  # how well the drafter predicts it (physics.request_classes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -416,6 +420,9 @@ class World:
             max_tokens=draw_length(self._arrival_rng, w.output_tokens),
             prefill_left=prompt,
         )
+        classes = request_classes(self._scenario.drafter)
+        if classes > 1:  # drawn only then: worlds of alike requests keep their random streams
+            request.request_class = self._arrival_rng.randrange(classes)
         self._draw_next_arrival()
         return request
 
@@ -480,7 +487,7 @@ class World:
         acceptance = acceptance_at(self._scenario, t0 - self._start_s, k)
         # Like vLLM: admit on the blocks a request needs now (its context plus k lookahead slots), and preempt the
         # newest requests when the running ones would outgrow the cache during the coming group.
-        growth = math.ceil(self._last_steps * expected_tokens_per_verification(self._scenario.drafter, k, acceptance))
+        growth = math.ceil(self._last_steps * mean_tokens_per_verification(self._scenario.drafter, k, acceptance))
         projected = [(r.prompt_tokens + r.generated + growth + k + bs - 1) // bs for r in self._running]
         total = sum(projected)
         while (total > num_blocks or len(self._running) > max_seqs) and len(self._running) > 1:
@@ -572,29 +579,36 @@ class World:
             t += dt
             ends.append(t)
         acceptance = acceptance_at(s, (plan.start_s + t) / 2 - self._start_s, k)
-        rate = expected_tokens_per_verification(s.drafter, k, acceptance)
 
-        # Requests progress at the expected rate (to place their finishing step); the acceptance counters are
-        # drawn in aggregate over all verifications and the steady requests share what the finishers did not use.
+        # Requests progress at their class's expected rate (to place their finishing step); the acceptance counters
+        # are drawn in aggregate over each class's verifications and its steady requests share what its finishers
+        # did not use. vLLM's counters are the sum over the classes.
         finished: list[tuple[_Request, float]] = []
         finishing_at = [0] * n
-        steady: list[_Request] = []
-        verifications = emitted = used_by_finishers = 0
-        for r in plan.decode:
-            remaining = r.max_tokens - r.generated
-            steps = max(1, math.ceil(remaining / rate))
-            if steps <= n:
-                verifications += steps
-                used_by_finishers += max(0, remaining - steps)
-                finishing_at[steps - 1] += 1
-                emitted += remaining
-                r.generated = r.max_tokens
-                finished.append((r, ends[steps - 1]))
-            else:
-                verifications += n
-                steady.append(r)
-        accepted = self._count_verifications(verifications, acceptance, k=k)
-        emitted += self._emit_steady(steady, n, max(0, accepted - used_by_finishers))
+        emitted = 0
+        for request_class in range(request_classes(s.drafter)):
+            members = [r for r in plan.decode if r.request_class == request_class]
+            if not members:
+                continue
+            own = class_acceptance(s.drafter, acceptance, request_class)
+            rate = expected_tokens_per_verification(s.drafter, k, own)
+            steady: list[_Request] = []
+            verifications = used_by_finishers = 0
+            for r in members:
+                remaining = r.max_tokens - r.generated
+                steps = max(1, math.ceil(remaining / rate))
+                if steps <= n:
+                    verifications += steps
+                    used_by_finishers += max(0, remaining - steps)
+                    finishing_at[steps - 1] += 1
+                    emitted += remaining
+                    r.generated = r.max_tokens
+                    finished.append((r, ends[steps - 1]))
+                else:
+                    verifications += n
+                    steady.append(r)
+            accepted = self._count_verifications(verifications, own, k=k)
+            emitted += self._emit_steady(steady, n, max(0, accepted - used_by_finishers))
         self._observe_steps(plan, finishing_at)
         emitted += self._run_prefill(plan, ends, finished)
 

@@ -127,3 +127,18 @@ def test_the_slo_share_is_half_at_the_slo_and_falls_with_the_itl() -> None:
     assert 0.8 < slo_share(0.0076, 0.008) < 0.9
     assert slo_share(0.0057, 0.008) > 0.9999
     assert slo_share(0.011, 0.008) < 1e-6
+
+
+def test_requests_that_differ_meet_the_slo_class_by_class() -> None:
+    # always-worth-it at k=2: every request alike, all at one ITL. With the drafter predicting some requests far
+    # worse than others (spread 1.0), an SLO at that ITL sits between the classes: the well-predicted ones meet it,
+    # the others do not, so the oracle's share is strictly between what one ITL alone would give (0 or 1 apart
+    # from the 5% spread) and each class's own share, averaged, is what it scores.
+    base = _scenario("always-worth-it")
+    spread = base.model_copy(update={"drafter": base.drafter.model_copy(update={"request_acceptance_spread": 1.0})})
+    alike = _oracle(base, duration_s=60.0, itl_slo_s=10.0).steady_state(2, elapsed_s=30.0)
+    mixed = _oracle(spread, duration_s=60.0, itl_slo_s=10.0).steady_state(2, elapsed_s=30.0)
+    slo = mixed.itl_s  # the batch's mean ITL
+    state = _oracle(spread, duration_s=60.0, itl_slo_s=slo).steady_state(2, elapsed_s=30.0)
+    assert alike.slo_score == 1.0 and mixed.slo_score == 1.0  # a loose SLO: everyone meets it
+    assert 0.3 < state.slo_score / state.served < 0.7

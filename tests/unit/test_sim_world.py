@@ -4,8 +4,10 @@ restarts, that its /metrics page has the shape of a real vLLM 0.32 page, and the
 from __future__ import annotations
 
 import copy
+import math
 import random
 from pathlib import Path
+from statistics import NormalDist
 from typing import Any
 
 import pytest
@@ -155,6 +157,40 @@ def test_acceptance_drifts_to_the_second_profile() -> None:
     # After the drift ends only the second profile holds: r_0 = c_0 = 0.4.
     assert first / drafts == pytest.approx(0.4, abs=0.02)
     assert world.conditional_acceptance == (0.4, 0.3, 0.2)
+
+
+def test_requests_that_differ_show_rising_conditional_acceptance_in_the_counters() -> None:
+    # Every position 0.6, but each quarter of the requests at 0.6 x exp(0.5 z), z the mean of its quartile of a
+    # standard normal. vLLM sums the counters over requests: the requests still accepted at position 2 are mostly
+    # the well-predicted ones, so the counters' conditional rate rises with the position though no request's does.
+    # A class that emits fewer tokens per step runs longer: its share of verifications is proportional to 1 / E_c.
+    scenario = make_scenario(drafter={"conditional_acceptance": [0.6], "request_acceptance_spread": 0.5})
+    text = run(scenario, 300.0).exposition()
+    normal = NormalDist()
+    edge = normal.inv_cdf(0.75)
+    z = [-normal.pdf(edge) / 0.25, -(normal.pdf(0) - normal.pdf(edge)) / 0.25,
+         (normal.pdf(0) - normal.pdf(edge)) / 0.25, normal.pdf(edge) / 0.25]
+    reach = []  # per class: P(at least i+1 accepted), i = 0..2
+    for zc in z:
+        c = min(0.98, 0.6 * math.exp(0.5 * zc))
+        reach.append([c, c * c, c * c * c])
+    weights = [1.0 / (1.0 + sum(r)) for r in reach]
+    expected = [sum(w * r[i] for w, r in zip(weights, reach, strict=True)) / sum(weights) for i in range(3)]
+    drafts = value(text, "vllm:spec_decode_num_drafts_total")
+    measured = [p / drafts for p in per_pos(text, 3)]
+    assert measured == pytest.approx(expected, abs=0.015)
+    conditional = [measured[0], measured[1] / measured[0], measured[2] / measured[1]]
+    assert conditional[0] < 0.6 < conditional[1] < conditional[2]
+    # The model-facing mean matches: tokens per step averaged over the classes.
+    mean = physics.mean_tokens_per_verification(scenario.drafter, 3, (0.6, 0.6, 0.6))
+    assert mean == pytest.approx(sum(1.0 + sum(r) for r in reach) / 4, rel=1e-4)  # z to 4 decimals there
+
+
+def test_alike_requests_keep_the_world_as_it_was() -> None:
+    # Spread 0 draws nothing more: the same seed gives the same page as a scenario that never heard of it.
+    plain = run(make_scenario(), 60.0).exposition()
+    alike = run(make_scenario(drafter={"request_acceptance_spread": 0.0}), 60.0).exposition()
+    assert plain == alike
 
 
 def test_ngram_proposes_fewer_and_sometimes_nothing() -> None:
