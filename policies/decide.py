@@ -77,7 +77,9 @@ the caller's `now_s`. It is built from the helpers in `hysteresis.py`:
    unapplied probe costs two published changes per timeout + back-off + two dwells, not two per dwell.
 6. Dwell: the resulting (enabled, gamma) candidate, if it differs from what is published, becomes the pending
    change, which must persist for `dwell_s` before it is published. One exception besides the probe: a change
-   weighed on the plan (rule 4, planned) whose gain is at least `decisive_gain` persists `planned_confirm_s`
+   weighed on the plan (rule 4, planned) whose gain is at least `decisive_gain` and moves at least
+   MIN_DECISIVE_SERVICE (5%) of the delivered tokens (the gain x the plan's SLO share, `plan.planned_share`: under
+   an SLO a running share of 2% makes 2% -> 3% a "+50%" gain worth 1% of the service) persists `planned_confirm_s`
    instead, once the last published change is a dwell old. The plan already averages the load over the payback
    horizon, and a gain past the model's error is not noise; the full dwell on top delayed slo-load-rise's 3 -> 1
    by 115 s under a load where gamma 3 kept ~3% of tokens within the SLO and gamma 1 ~61% (advisor/oracle 0.53 ->
@@ -297,9 +299,13 @@ def decide(
             candidate = current
         elif cost_note:
             head += f"; pays for its cost: {cost_note}"
-            # Per delivered token: a planned gain is relative to the running option's planned value, which under
-            # an SLO is only its share meeting it (2% -> 3% would read +50%); the plan's share undoes that.
-            decisive = plan is not None and gain is not None and gain * plan_share >= config.decisive_gain
+            # Past the model's error relative to what the running option is worth, and material: under an SLO the
+            # planned value is only the share meeting it, so 2% -> 3% reads +50%; per delivered token (x the
+            # plan's share) that is 1% of the service, a tail the model prices worst.
+            decisive = (
+                plan is not None and gain is not None and gain >= config.decisive_gain
+                and gain * plan_share >= MIN_DECISIVE_SERVICE
+            )
     pending = _pending(state)
     candidate, continues, note = _against_pending(candidate, pending, current, choose, config)
     head += note
@@ -468,6 +474,10 @@ def change_pays(
         cost *= scale
         text += f" x {scale:.2f} (today's delivered rate over the planned value) = {cost:.1f}s"
     return won > cost, text
+
+
+# The least share of the delivered tokens a decisive planned change must move across the SLO (rule 6).
+MIN_DECISIVE_SERVICE = 0.05
 
 
 def _valid_scale(cost_scale: float) -> float:

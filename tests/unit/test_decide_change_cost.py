@@ -206,8 +206,8 @@ def _planned_switch_time(gain_s1: float, from_s: float = 1150.0) -> float:
 
 def test_a_planned_gain_on_a_small_slo_share_is_not_decisive() -> None:
     # Under an SLO with gamma 3's planned value 2% of what it delivers, a plan saying gamma 1 is worth 50% more
-    # SLO goodput moves 1% of the delivered tokens: within the model's error, so the whole dwell. At a 60% share
-    # the same 50% moves 30% of them: decisive, 30 s.
+    # SLO goodput moves 1% of the delivered tokens (< 5%): a tail the model prices worst, so the whole dwell. At
+    # a 60% share the same 50% moves 30% of them: decisive, 30 s.
     config = DecideConfig(change_cost_s=20.0, payback_horizon_s=600.0, dwell_s=120.0, planned_confirm_s=30.0)
 
     def switch_after(share: float) -> float:
