@@ -8,6 +8,11 @@ oracle's true utility u(interval, gamma) (its steady-state score over the best g
   sees it). The lag of a crossing is the time from it until the advisor's choice agrees with the oracle's: its
   true utility is within `AGREE_MARGIN` of the oracle's choice (a gamma as good as the oracle's counts; a
   near-tie is not a disagreement). A crossing the advisor never matches before the next one (or the end) is missed.
+- wrong spells: runs of consecutive ticks in which the advisor's choice is worse than the oracle's (it does not
+  agree, as above), whatever the oracle did. A crossing's lag starts when the oracle changes; an oracle that knows
+  the future moves before the load does (slo-load-rise: at 295 s, while gamma 3 was still as good), and the
+  advisor's later 90 s at the wrong gamma under the risen load had no crossing to be late for. The spell that
+  starts at the first tick is left out: it is the correction of the deployed k, which /oracle grades.
 - flaps: consecutive changes closer together than the advisor's dwell period (more than one change per dwell).
 - steady changes: changes while load and acceptance were steady that made nothing truly better: not onto the
   oracle's own choice at that tick, not raising the policy's true utility by at least `AGREE_MARGIN` (averaged
@@ -51,13 +56,15 @@ class QualityChecks:
     window_s: float  # one decision window: the unit lags are reported in
     flaps: int
     steady_changes: int
+    worst_wrong_spell_s: float = 0.0  # the longest wrong spell after the first tick's (module docstring)
 
     @property
     def worst_lag_windows(self) -> float | None:
-        """The longest lag in decision windows; inf when a crossing was missed, None without crossings."""
-        if not self.crossings:
-            return None
-        return max(float("inf") if c.lag_s is None else c.lag_s / self.window_s for c in self.crossings)
+        """The longest lag or wrong spell in decision windows; inf when a crossing was missed, None without either."""
+        lags = [float("inf") if c.lag_s is None else c.lag_s / self.window_s for c in self.crossings]
+        if self.worst_wrong_spell_s > 0:
+            lags.append(self.worst_wrong_spell_s / self.window_s)
+        return max(lags) if lags else None
 
 
 def change_ticks(initial_k: int, ks: Sequence[int]) -> list[int]:
@@ -74,6 +81,23 @@ def change_ticks(initial_k: int, ks: Sequence[int]) -> list[int]:
 def agrees(utility: Utility, tick: int, k: int, oracle_k: int) -> bool:
     """Whether k is as good as the oracle's choice at `tick` (decided at its end, so judged on the next interval)."""
     return utility(tick + 1, k) >= utility(tick + 1, oracle_k) - AGREE_MARGIN
+
+
+def worst_wrong_spell_s(policy_k: Sequence[int], oracle_k: Sequence[int], *, interval_s: float,
+                        utility: Utility) -> float:
+    """The longest run of ticks (s) in which the policy does not agree with the oracle, leaving out a run that
+    starts at the first tick (module docstring). 0.0 when it always agrees."""
+    n = min(len(policy_k), len(oracle_k))
+    worst = run = 0
+    opening = True  # still in the spell that began at the first tick
+    for i in range(n):
+        if agrees(utility, i, policy_k[i], oracle_k[i]):
+            run, opening = 0, False
+            continue
+        run += 1
+        if not opening:
+            worst = max(worst, run)
+    return worst * interval_s
 
 
 def crossing_lags(policy_k: Sequence[int], oracle_k: Sequence[int], *, oracle_initial_k: int, interval_s: float,

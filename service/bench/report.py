@@ -76,8 +76,8 @@ def format_quality(results: Sequence[ScenarioResult]) -> str:
     lines.append("")
     lines.append("/oracle, /static: advisor headline over the oracle's / the best static policy's (target >= 0.97 / "
                  f">= {1 - TIE_RATIO:.3f}); cross: oracle choice")
-    lines.append("changes; lag win: worst advisor lag to agree, in decision windows (estimator window; target <= 2); "
-                 "missed: crossings never")
+    lines.append("changes; lag win: worst advisor lag to agree after a crossing, or longest spell at a worse choice "
+                 "than the oracle's, in decision windows (estimator window; target <= 2); missed: crossings never")
     lines.append("matched; flaps: changes < dwell_s after the previous one; noise: changes in steady load that made "
                  "nothing truly better")
     lines.append("(not onto the oracle's gamma, no true utility or ITL gain); acted / oracle: config changes of the "

@@ -12,7 +12,14 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
 from service.bench.actuated import ACTUATED_ADVISOR, actuated_advisor_policy
-from service.bench.checks import QualityChecks, crossing_lags, flaps, steady_changes, steady_ticks
+from service.bench.checks import (
+    QualityChecks,
+    crossing_lags,
+    flaps,
+    steady_changes,
+    steady_ticks,
+    worst_wrong_spell_s,
+)
 from service.bench.controllers import Controller
 from service.bench.oracle import Oracle
 from service.bench.pipeline import AdvisorController, SimClock, bench_advisor_settings
@@ -123,6 +130,7 @@ def quality_checks(bench: BenchScenario, *, advisor: RunResult, oracle: RunResul
         flaps=flaps(change_times, dwell_s=dwell),
         steady_changes=steady_changes(adv, steady, initial_k=initial, utility=planner.utility, oracle_k=orc,
                                       itl_s=planner.itl_s, horizon_ticks=horizon),
+        worst_wrong_spell_s=worst_wrong_spell_s(adv, orc, interval_s=interval, utility=planner.utility),
     )
 
 

@@ -10,6 +10,7 @@ from service.bench.checks import (
     flaps,
     steady_changes,
     steady_ticks,
+    worst_wrong_spell_s,
 )
 
 
@@ -135,3 +136,32 @@ def test_a_move_made_in_a_light_spell_is_judged_on_the_heavy_phase_that_follows(
     # The other way round (1 -> 3 before the heavy phase) stays noise over any horizon.
     worse = [1, 1, 3] + [3] * 23
     assert steady_changes(worse, [True] * 26, initial_k=1, utility=utility, horizon_ticks=20) == 1
+
+
+def test_a_wrong_spell_counts_even_when_the_oracle_moved_before_it() -> None:
+    # The oracle moves to 1 at tick 1, while 3 is still as good (the load has not risen yet); from tick 4 gamma 1
+    # is better and the policy only moves at tick 7: no crossing lag (it agreed at tick 1), a 3-tick wrong spell.
+    oracle = [3, 1, 1, 1, 1, 1, 1, 1, 1]
+    policy = [3, 3, 3, 3, 3, 3, 3, 1, 1]
+
+    def utility(i: int, g: int) -> float:
+        return 1.0 if i < 5 or g == 1 else 0.6  # interval i+1 is what tick i's choice runs in
+
+    [crossing] = crossing_lags(policy, oracle, oracle_initial_k=3, interval_s=5.0, utility=utility)
+    assert crossing.lag_s == 0.0
+    spell = worst_wrong_spell_s(policy, oracle, interval_s=5.0, utility=utility)
+    assert spell == 15.0
+    checks = QualityChecks(crossings=(crossing,), window_s=60.0, flaps=0, steady_changes=0, worst_wrong_spell_s=spell)
+    assert checks.worst_lag_windows == 15.0 / 60.0
+
+
+def test_the_first_ticks_correction_is_not_a_wrong_spell() -> None:
+    # Deployed at 3 where 1 is best from the start: the policy corrects at tick 3, then agrees; /oracle grades it.
+    oracle = [1, 1, 1, 1, 1]
+    policy = [3, 3, 3, 1, 1]
+
+    def utility(i: int, g: int) -> float:
+        return 1.0 if g == 1 else 0.5
+
+    assert worst_wrong_spell_s(policy, oracle, interval_s=5.0, utility=utility) == 0.0
+    assert worst_wrong_spell_s([1, 3, 3, 1, 1], oracle, interval_s=5.0, utility=utility) == 10.0
