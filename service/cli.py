@@ -138,6 +138,8 @@ def _add_bench_command(commands: Any) -> None:
     bench.add_argument("--out", type=Path, default=Path("bench-out"), metavar="DIR",
                        help="where the table and the plots go (default ./bench-out)")
     bench.add_argument("--no-plots", action="store_true", help="skip the per-scenario PNGs")
+    bench.add_argument("--schema", action="store_true",
+                       help="print the JSON Schema of a scenario file (docs/scenario.schema.json) and exit")
 
 
 def _add_whatif_commands(commands: Any) -> None:
@@ -209,7 +211,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _schedule(args)
         if args.command == "bench":
             from service.bench.command import run_bench  # noqa: PLC0415  (only `bench` needs the bench package)
+            from service.bench.spec import bench_scenario_json_schema  # noqa: PLC0415
 
+            if args.schema:
+                print(json.dumps(bench_scenario_json_schema(), indent=2))
+                return 0
             return run_bench(args.files, duration_s=args.duration_s, out_dir=args.out, plots=not args.no_plots)
         return asyncio.run(_simulate(args))
     except InputError as exc:

@@ -44,7 +44,9 @@ class AdvisorSection(_Section):
 class BenchSection(_Section):
     """How long to run, how often to decide, what the grid searches try, and the optional ITL SLO."""
 
-    duration_s: float = Field(default=DEFAULT_DURATION_S, gt=0, le=7 * 24 * 3600)
+    duration_s: float = Field(
+        default=DEFAULT_DURATION_S, gt=0, le=7 * 24 * 3600, description="Simulated seconds per policy run.",
+    )
     decision_interval_s: float = Field(
         default=5.0, gt=0, le=600, description="Tick of the advisor (its scrape interval), the oracle and baselines."
     )
@@ -60,7 +62,7 @@ class BenchSection(_Section):
         "max_num_seqs and max_num_seqs / 2.",
     )
     seed: int = Field(default=0, description="World seed, the same for every policy.")
-    advisor: AdvisorSection = Field(default_factory=AdvisorSection)
+    advisor: AdvisorSection = Field(default_factory=AdvisorSection, description="The advisor's own configuration.")
 
     @model_validator(mode="after")
     def _check(self) -> BenchSection:
@@ -139,3 +141,17 @@ def load_bench_scenario(path: str | Path) -> BenchScenario:
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         raise ScenarioError(f"{source}: not valid {'JSON' if source.endswith('.json') else 'YAML'}: {exc}") from exc
     return bench_scenario_from_mapping(data, source=source)
+
+
+def bench_scenario_json_schema() -> dict[str, Any]:
+    """The JSON Schema of a benchmark scenario file: the simulator's scenario (service/sim/scenario.py) plus the
+    optional `bench` section, with every field's bounds and description (docs/scenario.schema.json is this)."""
+    schema = Scenario.model_json_schema()
+    bench = BenchSection.model_json_schema()
+    definitions = {**schema.get("$defs", {}), **bench.pop("$defs", {}), "BenchSection": bench}
+    schema["$defs"] = dict(sorted(definitions.items()))
+    schema["properties"]["bench"] = {"$ref": "#/$defs/BenchSection", "description": "How the benchmark runs it "
+                                     "(optional; removed before the simulator sees the file)."}
+    schema["title"] = "spec-advisor benchmark scenario"
+    return schema
+

@@ -139,16 +139,21 @@ class DrafterTruth(_Model):
     `drift_end_s` (seconds since the world's start) and stays there.
     """
 
-    method: DrafterMethod
+    method: DrafterMethod = Field(
+        description="How drafts are made: eagle, eagle3, mtp, draft_model (a model), ngram or suffix (host lookups)."
+    )
     num_speculative_tokens: int = Field(
         ge=0, le=MAX_SPECULATIVE_TOKENS, description="k at start-up; 0 = speculation off."
     )
-    conditional_acceptance: tuple[Ratio, ...] = Field(min_length=1, max_length=MAX_SPECULATIVE_TOKENS)
+    conditional_acceptance: tuple[Ratio, ...] = Field(
+        min_length=1, max_length=MAX_SPECULATIVE_TOKENS,
+        description="P(draft i accepted | drafts 0..i-1 accepted) per position i; the last repeats past the end.",
+    )
     conditional_acceptance_drift_to: tuple[Ratio, ...] | None = Field(
         default=None, min_length=1, max_length=MAX_SPECULATIVE_TOKENS
     )
-    drift_start_s: float = Field(default=0.0, ge=0)
-    drift_end_s: float = Field(default=0.0, ge=0)
+    drift_start_s: float = Field(default=0.0, ge=0, description="When the drift to the second profile starts (s).")
+    drift_end_s: float = Field(default=0.0, ge=0, description="When the second profile is reached (s).")
     lookup_match_ratio: Ratio = Field(
         default=1.0, description="ngram/suffix only: share of verifications where the lookup proposes anything."
     )
@@ -217,7 +222,7 @@ class RatePoint(_Model):
     """One knot of the piecewise-linear arrival-rate profile."""
 
     t_s: float = Field(ge=0, description="Seconds since the start of the period.")
-    requests_per_s: float = Field(ge=0, le=100_000)
+    requests_per_s: float = Field(ge=0, le=100_000, description="Poisson arrival rate at this knot.")
 
 
 class FixedLength(_Model):
@@ -249,8 +254,8 @@ class LogNormalLength(_Model):
     """Log-normal lengths with the given median and log-space sigma, clipped to [min_tokens, max_tokens]."""
 
     kind: Literal["lognormal"]
-    median_tokens: float = Field(gt=0)
-    sigma: float = Field(ge=0, le=4)
+    median_tokens: float = Field(gt=0, description="exp(mu) of the log-normal.")
+    sigma: float = Field(ge=0, le=4, description="Log-space standard deviation.")
     min_tokens: int = Field(ge=1)
     max_tokens: int = Field(ge=1)
 
@@ -271,10 +276,13 @@ class Workload(_Model):
     rate at `period_s`, and the whole profile repeats every `period_s`.
     """
 
-    arrival_rate: tuple[RatePoint, ...] = Field(min_length=1)
-    period_s: float = Field(gt=0)
-    prompt_tokens: LengthDistribution
-    output_tokens: LengthDistribution
+    arrival_rate: tuple[RatePoint, ...] = Field(
+        min_length=1,
+        description="Knots of a piecewise-linear rate over one period, repeated (steady, ramps, bursts, diurnal).",
+    )
+    period_s: float = Field(gt=0, description="Length of the repeating arrival-rate period (s).")
+    prompt_tokens: LengthDistribution = Field(description="Prompt length per request (tokens).")
+    output_tokens: LengthDistribution = Field(description="Output length per request (tokens, its max_tokens).")
 
     @model_validator(mode="after")
     def _check_profile(self) -> Workload:
@@ -294,7 +302,9 @@ class Simulation(_Model):
     quantum_s: float = Field(
         default=0.25, gt=0, le=10, description="Engine steps are simulated in groups spanning about this long."
     )
-    max_steps_per_group: int = Field(default=64, ge=1, le=10_000)
+    max_steps_per_group: int = Field(
+        default=64, ge=1, le=10_000, description="Most engine steps simulated as one group."
+    )
 
 
 class Scenario(_Model):

@@ -4,6 +4,7 @@ oracle over a few simulated minutes (seconds of wall time). Behaviour only, no t
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import pytest
@@ -103,3 +104,15 @@ def test_an_unknown_advisor_profile_is_a_file_error_and_same_named_files_stay_ap
     policy_table = captured.out[:captured.out.index("goodput:")]
     for name in ("tiny-low-load", "tiny-low-load-2"):
         assert {line.split()[1] for line in policy_table.splitlines() if line.startswith(name + " ")} == set(POLICIES)
+
+
+def test_the_documented_schema_is_the_one_the_files_are_validated_against(
+    capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["bench", "--schema"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    documented = json.loads((Path(__file__).resolve().parents[2] / "docs" / "scenario.schema.json").read_text())
+    assert printed == documented, "regenerate: spec-advisor bench --schema > docs/scenario.schema.json"
+    drafter = printed["$defs"]["DrafterTruth"]["properties"]
+    assert "request_acceptance_spread" in drafter and "description" in drafter["request_acceptance_spread"]
+    assert printed["$defs"]["BenchSection"]["properties"]["itl_slo_s"]["description"]
