@@ -107,7 +107,8 @@ def advise_target(
     aged profile instead of the method prior, and the reason says so with the profile's age; its widened band is
     what decide's "low end clears 1 + margin" rule reads, so an old memory must promise more to switch on. A
     thin window (insufficient_data while speculating) then counts as ok: the remembered profile is the evidence.
-    A memory too old to use is named in the reason and the prior prices the curve, as with no memory at all.
+    A memory too old to use is named in the reason and the prior prices the curve, as with no memory at all; off,
+    either is a profile of infinite age to the probe rule (`probe_for`), which may then ask to look.
 
     Example: B = 256 with 50 waiting and the cache at 62%: objective capacity (max_num_seqs, not KV, is the
     limit, so every option holds 256); the reason ends "; objective capacity (capacity-bound: 50 waiting,
@@ -168,11 +169,11 @@ def advise_target(
         # be measured, however much the prior promised (a k=0 low-load world: SLO goodput 0 against 233).
         prior = acceptance_curve(None, method=ctx.drafter.method, gamma_max=decide_config.gamma_max)
         prior_curve = objective_curve(ctx, prior, workload, config=objective_config, scales=fit.scales)[0]
-        usable = recalled is not None and recalled.usable
+        known = recalled if recalled is not None and recalled.usable else None
         star = best_point(prior_curve, decide_config.gamma_max)
         probe = probe_for(
-            age_s=recalled.age_s if recalled is not None and usable else math.inf,
-            gamma=recalled.entry.k if recalled is not None and usable else (star.gamma if star is not None else 0),
+            age_s=known.age_s if known is not None else math.inf,
+            gamma=known.entry.k if known is not None else (star.gamma if star is not None else 0),
             remembered=curve,
             prior=prior_curve,
             inflight_s=inflight_s,
