@@ -24,7 +24,7 @@ from policies.decide import (
 )
 from policies.memory import AcceptanceMemory, MemoryConfig, Recall, recall, remember
 from policies.objectives import ObjectiveConfig, Workload, choose_objective, objective_curve, workload_from
-from policies.plan import PlanState, plan_curve, planned_share, queue_weight
+from policies.plan import PlanState, plan_curve, planned_share, queue_cost_s
 from policies.plan import cost_scale as plan_cost_scale
 from policies.plan import observe as observe_plan
 from policies.split import DRAFT_RANGE, envelope, split_observed
@@ -99,7 +99,8 @@ def advise_target(
     Planning (policies/plan.py): when a change costs a restart (`decide_config.change_cost_s` > 0), each ok tick's
     curve is added to the plan (`plan`, carried in `Advice.plan`), decide chooses and weighs changes on the plan's
     curve (the recent load's mix, in tokens/s) with the restart priced at today's rate, and the queue a restart
-    would error is added to its cost as far as the server would have served it (`plan.queue_weight`).
+    would error is added to its cost as far as the server would have served it within the horizon
+    (`plan.queue_cost_s`).
 
     Acceptance memory (policies/memory.py): ok evidence measured while speculating is remembered per model
     (`Advice.memory` is the memory to carry on). When nothing usable is measured (speculation off, or on with too
@@ -195,8 +196,9 @@ def advise_target(
             plan_state, curve, evidence, capacity_bound=choose_objective(workload, objective_config)[1],
             tau_s=decide_config.payback_horizon_s, now_s=now_s,
         )
-        # The queue a restart errors counts as far as the server would have caught up with it (plan.queue_weight).
-        inflight_s += queue_weight(plan_state, tau_s=decide_config.payback_horizon_s) * queued_work_s(evidence)
+        # The queue a restart errors counts as far as the server would have caught up with it, within the
+        # horizon the gain is counted over (plan.queue_cost_s).
+        inflight_s += queue_cost_s(plan_state, queued_work_s(evidence), tau_s=decide_config.payback_horizon_s)
     decision, decide_state = decide(
         evidence, curve, decide_config, decide_state, now_s, probe=probe, measured=measured, inflight_s=inflight_s,
         plan=planned, cost_scale=cost_scale, plan_share=plan_share,

@@ -31,8 +31,9 @@ the caller's `now_s`. It is built from the helpers in `hysteresis.py`:
    830 queued requests 90 s before its heavy phase ended). `advise_target` adds their output
    (`queued_work_s`, W x O / G) weighted by the chance the server would have caught up with them, one minus the
    recent share of capacity-bound time (policies/plan.py `queue_weight`): 0 in a persistent overload, where
-   the queue a restart drops is replaced within seconds and a faster setting pays most. The caller passes that
-   in `inflight_s`; called alone, decide counts the running requests only. The change is recommended only when
+   the queue a restart drops is replaced within seconds and a faster setting pays most; and no more of it than
+   the server could serve within the payback horizon (`plan.queue_cost_s`). The caller passes that in
+   `inflight_s`; called alone, decide counts the running requests only. The change is recommended only when
 
        gain x payback_horizon_s > change_cost_s + in-flight work (s)        gain = S(new) / S(current) - 1
 

@@ -165,6 +165,24 @@ def queue_weight(state: PlanState, *, tau_s: float) -> float:
     return max(0.0, min(1.0, 1.0 - state.capacity_s / tau_s))
 
 
+def queue_cost_s(state: PlanState, queued_s: float, *, tau_s: float) -> float:
+    """Seconds of full service a restart loses by erroring the queue: `queue_weight` x min(queued_s, tau_s), with
+    queued_s the queue's output in seconds of full service (decide.queued_work_s) and tau_s the payback horizon.
+
+    Why the cap. The gain side is counted over the horizon (gain x tau_s), so the cost side may count only what
+    the server could have served of the queue within it: tau_s seconds of full service at the most. Without
+    the cap a queue that grows without bound (arrivals past the capacity at any gamma) became a cost that grew
+    with it, and the advisor held a setting that cost 45% of the throughput for as long as the overload lasted
+    (2000 requests/s on a poor drafter: queue_weight 0.37 x 2160 s of queue against a gain of 335 s, and rising).
+    Example: tau 600 s, 120 s capacity-bound (weight 0.82): a queue of 10 s costs 8.2 s; one of 2160 s costs
+    0.82 x 600 = 492 s, not 1771 s; after an hour of overload (weight 0.0025) 1.5 s.
+    """
+    if not (math.isfinite(queued_s) and queued_s > 0):
+        return 0.0
+    bounded = min(queued_s, tau_s) if tau_s > 0 else queued_s
+    return queue_weight(state, tau_s=tau_s) * bounded
+
+
 def plan_curve(state: PlanState, curve: Sequence[CurvePoint]) -> tuple[CurvePoint, ...] | None:
     """S_plan(gamma) = V(gamma) / V(0) for the gammas of `curve`, each band scaled as this tick's, `slo_share`
     cleared (the plan is in the objective's tokens already); None when the plan is empty or does not match the

@@ -7,7 +7,16 @@ import math
 import pytest
 
 from policies.decide import DecideConfig, DecideState, decide
-from policies.plan import PlanState, cost_scale, observe, plan_curve, planned_rate, planned_share, queue_weight
+from policies.plan import (
+    PlanState,
+    cost_scale,
+    observe,
+    plan_curve,
+    planned_rate,
+    planned_share,
+    queue_cost_s,
+    queue_weight,
+)
 from policies.types import CurvePoint, Evidence, TargetState
 
 T0 = 1_800_000_000.0
@@ -60,6 +69,25 @@ def test_a_fresh_plan_does_not_take_a_short_overload_for_a_persistent_one() -> N
     assert queue_weight(overloaded_for(5.0), tau_s=600.0) == pytest.approx(1.0 - 5.0 / 600.0, rel=1e-3)
     assert queue_weight(overloaded_for(120.0), tau_s=600.0) == pytest.approx(math.exp(-0.2), abs=0.01)
     assert queue_weight(overloaded_for(3600.0), tau_s=600.0) == pytest.approx(math.exp(-6.0), abs=0.01)
+
+
+def test_a_queue_costs_no_more_than_the_horizon_can_serve_of_it() -> None:
+    state = PlanState()
+    for i in range(25):  # 120 s capacity-bound: the queue counts at ~0.82
+        state = observe(state, _curve(1.0), running_gamma=1, value_rate=6000.0, capacity_bound=True,
+                        now_s=T0 + 5.0 * i, tau_s=600.0)
+    weight = queue_weight(state, tau_s=600.0)
+    assert 0.75 < weight < 0.9
+    # A queue shorter than the horizon counts whole, at the weight.
+    assert queue_cost_s(state, 10.0, tau_s=600.0) == pytest.approx(weight * 10.0)
+    # One of 2160 s of service (an overload no gamma serves) counts only the 600 s the horizon can serve of it,
+    # and a longer one no more: the cost stops growing with the queue.
+    assert queue_cost_s(state, 2160.0, tau_s=600.0) == pytest.approx(weight * 600.0)
+    assert queue_cost_s(state, 1e7, tau_s=600.0) == queue_cost_s(state, 2160.0, tau_s=600.0)
+    assert queue_cost_s(state, 0.0, tau_s=600.0) == 0.0
+    assert queue_cost_s(state, float("nan"), tau_s=600.0) == 0.0
+    # No horizon to bound it by: the whole queue at the weight (which is then 1).
+    assert queue_cost_s(state, 2160.0, tau_s=0.0) == pytest.approx(2160.0)
 
 
 def test_a_broken_curve_point_teaches_the_plan_nothing() -> None:
