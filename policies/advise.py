@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from policies.acceptance import acceptance_curve
-from policies.calibrate import CalibrationConfig, CalibrationFit, CalibrationState, update
+from policies.calibrate import CalibrationConfig, CalibrationFit, CalibrationState, split_observed, update
 from policies.costmodel import ModelContext, operating_point, speedup_curve
 from policies.decide import (
     DecideConfig,
@@ -27,9 +27,8 @@ from policies.objectives import ObjectiveConfig, Workload, choose_objective, obj
 from policies.plan import PlanState, plan_curve, planned_share, queue_cost_s
 from policies.plan import cost_scale as plan_cost_scale
 from policies.plan import observe as observe_plan
-from policies.split import DRAFT_RANGE, envelope, split_observed
-from policies.split import alternatives as split_alternatives
 from policies.types import CurvePoint, Decision, Evidence, TargetState
+from policies.uncertainty import banded
 
 
 def advise(
@@ -146,20 +145,20 @@ def advise_target(
         curve, chosen, why = objective_curve(ctx, acceptance, workload, config=objective_config, scales=fit.scales)
         objective = chosen.value
         if not split_observed(calibration_state.points):
-            # Steps at one kind only: how much of them is drafting is the drafter prior's guess (policies/split.py).
-            others = [
-                objective_curve(ctx, acceptance, workload, config=objective_config, scales=alt)[0]
-                for alt in split_alternatives(ctx, fit.scales, point)
-            ]
-            widened = envelope(curve, others)
-            # A host drafter (n-gram, suffix) has no drafting part the draft scale moves: nothing to say then.
-            if widened != curve:
-                unseen = "plain" if evidence.speculation_on else "speculative"
-                split_note = (
-                    f"drafting vs target split not measured yet (no {unseen} steps seen): bands cover drafting "
-                    f"x{DRAFT_RANGE[0]:g}..x{DRAFT_RANGE[1]:g}"
-                )
-            curve = widened
+            # Steps at one tokens-per-sequence only: the verified token's marginal cost is the prior's, and so is
+            # how much of a step is drafting; the band below covers them.
+            unseen = "plain" if evidence.speculation_on else "speculative"
+            split_note = (
+                f"verification cost not measured yet (no {unseen} steps seen): bands cover the prior's per-token "
+                "and drafting costs; a window with speculation off (or another k) measures them"
+            )
+        if fit.covariance is not None:
+            # The cost model's own uncertainty joins the acceptance's in every band (policies/uncertainty.py).
+            running = evidence.deployed_k if evidence.speculation_on else 0
+            curve = banded(
+                lambda scales: objective_curve(ctx, acceptance, workload, config=objective_config, scales=scales)[0],
+                fit.scales, fit.covariance, error_ratio=fit.error_ratio or 0.0, base=curve, reference_gamma=running,
+            )
     probe: Probe | None = None
     off = decide_config.explore and evidence.state is TargetState.OK and not evidence.speculation_on
     if off and workload is not None and ctx is not None and fit is not None:

@@ -5,16 +5,21 @@ The server tells us, every window, its mean step time T_obs at the operating poi
 passes, context ctx and prefill tokens per step P. Each window becomes one `StepObservation`; the fitter state
 (`CalibrationState`) carries the recent ones across loop iterations, per target, like `DecideState`.
 
-What is fitted: six multipliers of policies/roofline.py's `CostScales` in log space x = log(scale), and the
+What is fitted: seven multipliers of policies/roofline.py's `CostScales` in log space x = log(scale), and the
 GEMM efficiency elasticity beta as it is:
-    memory       1 / (effective bandwidth error)    T's memory term      M(B, q, ctx, P) x memory
-    compute      1 / (effective FLOP/s error)       T's compute terms    C(B, q, ctx, P) x compute
+    memory       1 / (effective bandwidth error)    T's memory terms     weights and KV streaming x memory
+    compute      1 / (effective FLOP/s error)       T's compute terms    linear-layer and attention math x compute
     overhead     fixed host costs                   step, speculative-step and draft-launch fixed terms
     per_request  per-running-request host costs     plain + speculative bookkeeping + n-gram lookups (x B)
+    per_token    per-verified-token cost            sampler, rejection, per-token bookkeeping (x B q): the
+                                                    marginal cost of a verified token besides its roofline
     draft        the drafter's own cost             draft launches and its passes' roofline
     fill         the GEMM floor (one tile)          N_fill x fill rows: a small decode step's least math
     gemm_slope   efficiency elasticity beta         decode GEMM math x (N_ref / G)^beta (0 = one rate)
   T(x; point) = StepComponents(point).total_s(scales(x))   (roofline stays 1: it is memory/compute together)
+per_token and per_request are told apart by steps that verify different tokens per sequence at similar batches
+(speculation on and off, or another k); with one q only, the prior holds their split and the curve's band says
+so (policies/uncertainty.py).
 Why fill and gemm_slope: how a decode step's math grows with its tokens is set by the kernels' tiles and how
 well small GEMMs use the tensor cores, which no datasheet gives; with one rate and a fixed floor, a fit over a
 server's mixed steps missed pure-decode steps by 18-27% on the simulator (policies/roofline.py). Both are
@@ -38,7 +43,8 @@ Objective (a damped, bounded, robust least squares; Levenberg-Marquardt on the n
             physics (datasheet peaks x documented efficiencies, one GEMM rate) is the starting
             point; directions the data cannot tell apart (e.g. fixed overhead vs weight streaming when every
             point is memory-bound at one batch) stay at the prior instead of wandering
-    bound = |x_j| <= log(`max_scale`) (default 8x either way) for the scales; 0 <= beta <= `max_gemm_slope`
+    bound = |x_j| <= log(`max_scale`) (default 8x either way) for the scales (per_token: `max_per_token_scale`,
+            64x: engines spend from ~1 to ~150 us per verified token); 0 <= beta <= `max_gemm_slope`
 Incremental, as an online estimator: each tick starts from the previous tick's scales and damping (warm start)
 and runs at most `iterations` LM steps, so a fit that needs more converges across ticks; a tick that added no
 point to a converged fit refits nothing (the data did not change; only every weight decayed by the same factor,
@@ -51,7 +57,7 @@ bouncing off it. The Jacobian is analytic: with s = smooth_max(a, b) = (a^p + b^
     d s / d log a = s a^p / (a^p + b^p)       (and likewise for b),
 and through the GEMM rows G = smooth_max(n + pad, N_fill x fill) and the factor (N_ref / G)^beta,
     d log gemm / d log fill = share_fill (1 - beta),    d log gemm / d beta = ln(N_ref / G)    (G < N_ref),
-so one pass over the points prices log T and all seven derivatives.
+so one pass over the points prices log T and all eight derivatives.
 
 Hardware activity as extra evidence (when present). vLLM's `estimated_read_bytes_per_gpu` / `estimated_flops_
 per_gpu` counters say how much work was done per second; DCGM's DRAM / tensor activity ratios (and NVML GPM's
@@ -93,13 +99,14 @@ from policies.roofline import (
     SMOOTH_MAX_P,
     CostScales,
     StepComponents,
-    gemm_rows,
+    smooth_max,
     step_components,
 )
 from policies.types import Evidence, TargetState
 
-_PARAMS = ("memory", "compute", "overhead", "per_request", "draft", "fill", "gemm_slope")
-_LOG_PARAMS = 6  # the first six are log-scales; gemm_slope is fitted as it is
+_PARAMS = ("memory", "compute", "overhead", "per_request", "per_token", "draft", "fill", "gemm_slope")
+PARAMS = _PARAMS  # the fitted parameters, in the order of `CalibrationFit.covariance`
+_LOG_PARAMS = 7  # the first seven are log-scales; gemm_slope is fitted as it is
 _ACCEPTED_STATES = frozenset({TargetState.OK, TargetState.INSUFFICIENT_DATA})
 _MIN_ACTIVITY_RATIO = 0.05
 _INITIAL_DAMPING = 1e-3
@@ -114,12 +121,15 @@ class CalibrationConfig:
     `half_life_s` (> 0): a point's weight halves every this many seconds. `max_points` (>= 1): oldest dropped
     beyond it. `min_spacing_s` (>= 0): a new window closer than this to the last kept point replaces it (windows
     overlap: consecutive scrapes describe mostly the same steps). `min_step_samples`: ITL samples a window needs.
-    `prior_sigma`: per scale (memory, compute, overhead, per_request); 0.35 = a 1.4x error is one sd, generous
-    for datasheet peaks x 80-90% efficiencies; host overheads vary more between engine versions and CPUs (0.7,
-    1.0). `fill_sigma` (log-space) and `gemm_slope_sigma` (beta itself): the priors of the GEMM terms; a kernel's
-    tiles put the floor anywhere from one 64-row tile to a few hundred rows (0.7: 2x is one sd), and small
+    `prior_sigma`: per scale (memory, compute, overhead, per_request, draft); 0.5 = a 1.6x error is one sd,
+    generous for datasheet peaks x 80-90% efficiencies; host overheads vary more between engine versions and CPUs
+    (0.7). `per_token_sigma`: the per-token term's, 0.8 (its prior is fitted across published servers that
+    spread 2-3x either side of it: policies/profiles.py). `fill_sigma` (log-space) and `gemm_slope_sigma` (beta
+    itself): the priors of the GEMM terms; a kernel's tiles put the floor anywhere from one 64-row tile to a few
+    hundred rows (0.7: 2x is one sd), and small
     GEMMs reach roughly 1/3 to all of the large-GEMM rate (0.2: beta 0.4 = a 256-row step at 0.44 of it is two
-    sd). `max_scale`: bound on each scale either way; `max_gemm_slope`: upper bound on beta (lower: 0, an
+    sd). `max_scale`: bound on each scale either way (`max_per_token_scale` for per_token); `max_gemm_slope`:
+    upper bound on beta (lower: 0, an
     efficiency that falls with the GEMM's size is not physical). `step_noise`, `huber_delta`, `telemetry_sigma`: module
     docstring. `iterations`: LM iterations per tick once warm (3-4 suffice: one new point moves the optimum a
     little); `cold_iterations`: for a fit with no previous one; `step_tolerance`: converged when an accepted
@@ -133,9 +143,11 @@ class CalibrationConfig:
     min_spacing_s: float = 20.0
     min_step_samples: float = 20.0
     prior_sigma: tuple[float, float, float, float, float] = (0.5, 0.5, 0.7, 0.5, 0.5)
+    per_token_sigma: float = 0.8
     fill_sigma: float = 0.7
     gemm_slope_sigma: float = 0.2
     max_scale: float = 8.0
+    max_per_token_scale: float = 64.0
     max_gemm_slope: float = 0.8
     step_noise: float = 0.05
     huber_delta: float = 1.5
@@ -151,10 +163,12 @@ class CalibrationConfig:
             raise ValueError("half_life_s must be > 0, max_points >= 1, min_spacing_s >= 0")
         if len(self.prior_sigma) != 5 or min(self.prior_sigma) <= 0:
             raise ValueError("prior_sigma needs 5 positive values (memory compute overhead per_request draft)")
-        if not (self.fill_sigma > 0 and self.gemm_slope_sigma > 0 and 0 < self.max_gemm_slope <= 1):
-            raise ValueError("fill_sigma and gemm_slope_sigma must be > 0, max_gemm_slope in (0, 1]")
-        if not (self.max_scale > 1 and self.step_noise > 0 and self.huber_delta > 0 and self.telemetry_sigma > 0):
-            raise ValueError("max_scale must be > 1; step_noise, huber_delta, telemetry_sigma > 0")
+        if not (self.fill_sigma > 0 and self.gemm_slope_sigma > 0 and 0 < self.max_gemm_slope <= 1
+                and self.per_token_sigma > 0):
+            raise ValueError("fill_sigma, gemm_slope_sigma, per_token_sigma must be > 0, max_gemm_slope in (0, 1]")
+        if not (self.max_scale > 1 and self.max_per_token_scale > 1 and self.step_noise > 0 and self.huber_delta > 0
+                and self.telemetry_sigma > 0):
+            raise ValueError("max_scale, max_per_token_scale must be > 1; step_noise, huber_delta, telemetry_sigma > 0")
         if self.iterations < 1 or self.cold_iterations < 1 or self.error_points < 1:
             raise ValueError("iterations, cold_iterations and error_points must be >= 1")
         if not (self.step_tolerance > 0 and self.objective_tolerance > 0):
@@ -210,13 +224,17 @@ class CalibrationFit:
     """The fitted scales, how well they explain the recent points, and how many points they rest on.
 
     `error_ratio`: median |predicted / observed - 1| over the recent points (None without points);
-    `newest_error_ratio`: signed predicted / observed - 1 at the newest point.
+    `newest_error_ratio`: signed predicted / observed - 1 at the newest point. `covariance`: the fit's posterior
+    covariance of the parameters (`PARAMS` order: log-scales, then beta), the inverse of the Gauss-Newton matrix
+    at the optimum with the prior; with no points it is the prior's (diagonal sigma^2). What the data has not
+    identified keeps its prior variance: policies/uncertainty.py turns it into the curve's band.
     """
 
     scales: CostScales
     error_ratio: float | None
     newest_error_ratio: float | None
     points: int
+    covariance: tuple[tuple[float, ...], ...] | None = None
 
 
 def observation_from(evidence: Evidence, ctx: ModelContext, *, config: CalibrationConfig) -> StepObservation | None:
@@ -270,6 +288,13 @@ def _activity_scales(evidence: Evidence, ctx: ModelContext) -> tuple[float | Non
     return memory, compute
 
 
+def split_observed(points: Sequence[StepObservation]) -> bool:
+    """Whether the points hold both plain steps (no drafts) and speculative steps: then the tokens verified per
+    sequence differ between points, which is what tells the per-token cost and the drafting cost from the rest
+    (the band narrows, policies/uncertainty.py). Example: [k=3, k=3] -> False; [k=3, plain] -> True."""
+    return any(p.draft_passes == 0 for p in points) and any(p.draft_passes > 0 for p in points)
+
+
 def add_observation(
     state: CalibrationState, observation: StepObservation, *, config: CalibrationConfig
 ) -> CalibrationState:
@@ -292,7 +317,7 @@ def add_observation(
 def _scales(x: Sequence[float]) -> CostScales:
     return CostScales(
         memory=math.exp(x[0]), compute=math.exp(x[1]), overhead=math.exp(x[2]), per_request=math.exp(x[3]),
-        draft=math.exp(x[4]), fill=math.exp(x[5]), gemm_slope=x[6],
+        per_token=math.exp(x[4]), draft=math.exp(x[5]), fill=math.exp(x[6]), gemm_slope=x[7],
     )
 
 
@@ -309,24 +334,27 @@ def _components(ctx: ModelContext, point: StepObservation) -> StepComponents:
 # dominated the cost of a fit that prices every point several times per tick.
 # ------------------------------------------------------------------------------------------------------------
 
-# (fixed, per_request, memory, attention, allreduce, prefill, draft_fixed, draft_memory, draft_compute, passes,
-#  gemm_row_s, gemm_tokens + gemm_pad, gemm_fill): `attention` is the decode math besides the linear layers
+# (fixed, per_request, per_token, memory, kv_memory, attention, allreduce, prefill, draft_fixed, draft_memory,
+#  draft_compute, passes, gemm_row_s, gemm_tokens + gemm_pad, gemm_fill, prefill_gemm, prompt rows): `memory` is
+#  the weights' streaming, `kv_memory` and `attention` the attention kernels' bytes and math, `prefill_gemm` the
+#  prompt tokens' linear layers (priced at the elasticity of all the step's rows: decode + `prompt rows`)
 _Terms = tuple[
-    float, float, float, float, float, float, float, float, float, float, float, float, float
+    float, float, float, float, float, float, float, float, float, float, float, float, float, float, float,
+    float, float,
 ]
-# (memory, compute, overhead, per_request, draft, fill, gemm_slope): six scales and beta
-_Scales7 = tuple[float, float, float, float, float, float, float]
+# (memory, compute, overhead, per_request, per_token, draft, fill, gemm_slope): seven scales and beta
+_Scales8 = tuple[float, float, float, float, float, float, float, float]
 _INV_P = 1.0 / SMOOTH_MAX_P
 _LOG_REFERENCE = math.log(GEMM_REFERENCE_TOKENS)
 _NO_ELASTICITY = 1e-9  # beta's upper bound where the hardware has no GEMM tiles (its lower bound is 0)
 
 
 def _terms(comp: StepComponents) -> _Terms:
-    rows = comp.gemm_row_s * gemm_rows(comp.gemm_tokens, pad=comp.gemm_pad, fill=comp.gemm_fill)
     return (
-        comp.fixed_s, comp.per_request_s, comp.memory_s, max(comp.compute_s - rows, 0.0), comp.allreduce_s,
-        comp.prefill_s, comp.draft_fixed_s, comp.draft_memory_s, comp.draft_compute_s, float(comp.draft_passes),
-        comp.gemm_row_s, comp.gemm_tokens + comp.gemm_pad, comp.gemm_fill,
+        comp.fixed_s, comp.per_request_s, comp.per_token_s, comp.memory_s, comp.kv_memory_s, comp.attention_s,
+        comp.allreduce_s, comp.prefill_s, comp.draft_fixed_s, comp.draft_memory_s, comp.draft_compute_s,
+        float(comp.draft_passes), comp.gemm_row_s, comp.gemm_tokens + comp.gemm_pad, comp.gemm_fill,
+        comp.prefill_gemm_s, comp.prefill_tokens,
     )
 
 
@@ -347,55 +375,79 @@ def _gemm(row_s: float, rows_free: float, fill: float, beta: float) -> tuple[flo
     return gemm, fill_share * (1.0 - beta if rows > 1.0 else 1.0), size_log
 
 
-def _price(t: _Terms, scales: _Scales7) -> tuple[float, _Scales7]:
+def _elasticity(rows_free: float, fill: float, beta: float) -> tuple[float, float, float]:
+    """((N_ref / G)^beta, ln(N_ref / G), d log G / d log fill) for G = smooth_max(rows_free, fill) below N_ref
+    rows; (1, 0, 0) at or above it (policies/roofline.py `gemm_efficiency_factor`)."""
+    rows = smooth_max(rows_free, fill)
+    if rows >= GEMM_REFERENCE_TOKENS or rows <= 1.0:
+        return 1.0, 0.0, 0.0
+    size_log = _LOG_REFERENCE - math.log(rows)
+    fill_share = math.pow(fill / rows, SMOOTH_MAX_P)
+    return math.exp(beta * size_log), size_log, fill_share
+
+
+def _blend(a: float, b: float) -> tuple[float, float]:
+    """(smooth_max(a, b), a's share d log s / d log a) for a, b >= 0 (policies/roofline.py `smooth_max`)."""
+    top = b if b > a else a
+    if top <= 0:
+        return 0.0, 0.0
+    ra = math.pow(a / top, SMOOTH_MAX_P)
+    share = ra + math.pow(b / top, SMOOTH_MAX_P)
+    return top * math.pow(share, _INV_P), ra / share
+
+
+def _price(t: _Terms, scales: _Scales8) -> tuple[float, _Scales8]:
     """log T at `scales` (StepComponents.total_s with roofline 1, up to rounding) and d log T / d x_j for the
-    seven parameters (the point's Jacobian row). Each term is linear in the scales it carries; a smooth_max
-    s = (a^p + b^p)^(1/p) splits by shares: d s / d log a = s a^p / (a^p + b^p), and b takes the rest. (The
-    smooth_max are written out: this runs for every point several times per tick.)"""
-    ms, cs, ov, pr, dr, fs, beta = scales
-    (fixed, per_request, memory, attention, allreduce, prefill, draft_fixed, draft_memory, draft_compute, passes,
-     row_s, rows_free, fill) = t
+    eight parameters (the point's Jacobian row). Each term is linear in the scales it carries; a smooth_max
+    s = (a^p + b^p)^(1/p) splits by shares: d s / d log a = s a^p / (a^p + b^p), and b takes the rest."""
+    ms, cs, ov, pr, pt, dr, fs, beta = scales
+    (fixed, per_request, per_token, memory, kv_memory, attention, allreduce, prefill, draft_fixed, draft_memory,
+     draft_compute, passes, row_s, rows_free, fill, prefill_gemm, prompt_rows) = t
     gemm, gemm_fill_slope, gemm_beta_slope = _gemm(row_s, rows_free, fill * fs, beta)
-    compute = attention + gemm
-    pw, inv_p = SMOOTH_MAX_P, _INV_P
-    a, b = ms * memory, cs * compute
-    top = b if b > a else a
-    if top > 0:
-        ra = math.pow(a / top, pw)
-        share = ra + math.pow(b / top, pw)
-        target, target_memory_share = top * math.pow(share, inv_p), ra / share
-    else:
-        target = target_memory_share = 0.0
-    a, b = ms * draft_memory, cs * draft_compute
-    top = b if b > a else a
-    if top > 0 and passes > 0:
-        ra = math.pow(a / top, pw)
-        share = ra + math.pow(b / top, pw)
-        draft, draft_memory_share = dr * passes * top * math.pow(share, inv_p), ra / share
-    else:
-        draft = draft_memory_share = 0.0
+    prefill_beta = prefill_fill = 0.0
+    if prefill_gemm > 0.0:
+        # The prompt rows at the elasticity of the step's whole rows (policies/roofline.py `prefill_at`).
+        factor, size_log, fill_share = _elasticity(rows_free + prompt_rows, fill * fs, beta)
+        prefill += prefill_gemm * (factor - 1.0)
+        prefill_beta = cs * prefill_gemm * factor * size_log
+        prefill_fill = -cs * prefill_gemm * factor * beta * fill_share
+    forward, forward_memory_share = _blend(ms * (memory + kv_memory), cs * (gemm + attention))
+    draft, draft_memory_share = _blend(ms * draft_memory, cs * draft_compute) if passes > 0 else (0.0, 0.0)
+    draft *= dr * passes
     requests = ov * pr * per_request
-    overhead = ov * fixed + requests
+    tokens = ov * pt * per_token
+    overhead = ov * fixed + requests + tokens
     launches = dr * ov * draft_fixed
     prefill_s = cs * prefill
-    total = overhead + launches + target + prefill_s + allreduce + draft
+    total = overhead + launches + forward + prefill_s + allreduce + draft
     inv = 1.0 / total
-    target_compute = target * (1.0 - target_memory_share)
-    # d log T / d (log fill, beta) through the linear layers' share of the target's compute side.
-    gemm_part = target_compute * gemm / compute * inv if compute > 0 else 0.0
+    forward_compute = forward * (1.0 - forward_memory_share)
+    # d log T / d (log fill, beta): through the linear layers' share of the forward's compute side.
+    gemm_part = forward_compute * gemm / (gemm + attention) * inv if gemm + attention > 0 else 0.0
     return math.log(total), (
-        (target * target_memory_share + draft * draft_memory_share) * inv,
-        (target_compute + prefill_s + draft * (1.0 - draft_memory_share)) * inv,
+        (forward * forward_memory_share + draft * draft_memory_share) * inv,
+        (forward_compute + prefill_s + draft * (1.0 - draft_memory_share)) * inv,
         (overhead + launches) * inv,
         requests * inv,
+        tokens * inv,
         (launches + draft) * inv,
-        gemm_part * gemm_fill_slope,
-        gemm_part * gemm_beta_slope,
+        gemm_part * gemm_fill_slope + prefill_fill * inv,
+        gemm_part * gemm_beta_slope + prefill_beta * inv,
     )
 
 
-def _unpack(x: Sequence[float]) -> _Scales7:
-    return math.exp(x[0]), math.exp(x[1]), math.exp(x[2]), math.exp(x[3]), math.exp(x[4]), math.exp(x[5]), x[6]
+def log_step_and_slopes(components: StepComponents, x: Sequence[float]) -> tuple[float, tuple[float, ...]]:
+    """log T of a step and d log T / d x_j for the eight fitted parameters at x (`PARAMS` order: log-scales, then
+    beta), as the fitter prices them. Example: x = 0 (the profile's physics) gives log T = log total_s() and, for
+    a batch-1 plain step that is 78% weight streaming, d log T / d log memory ~ 0.78."""
+    return _price(_terms(components), _unpack(x))
+
+
+def _unpack(x: Sequence[float]) -> _Scales8:
+    return (
+        math.exp(x[0]), math.exp(x[1]), math.exp(x[2]), math.exp(x[3]), math.exp(x[4]), math.exp(x[5]),
+        math.exp(x[6]), x[7],
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -404,7 +456,7 @@ class _Evaluation:
 
     x: tuple[float, ...]
     logs: tuple[float, ...]
-    slopes: tuple[_Scales7, ...]
+    slopes: tuple[_Scales8, ...]
 
 
 def _evaluate(terms: Sequence[_Terms], x: Sequence[float]) -> _Evaluation:
@@ -442,13 +494,24 @@ class _Problem:
 
 
 def _sigmas(config: CalibrationConfig) -> tuple[float, ...]:
-    return (*config.prior_sigma, config.fill_sigma, config.gemm_slope_sigma)
+    """Prior sds in `PARAMS` order: memory, compute, overhead, per_request, per_token, draft, fill, beta."""
+    memory, compute, overhead, per_request, draft = config.prior_sigma
+    return (memory, compute, overhead, per_request, config.per_token_sigma, draft, config.fill_sigma,
+            config.gemm_slope_sigma)
+
+
+def prior_covariance(config: CalibrationConfig) -> tuple[tuple[float, ...], ...]:
+    """The prior's covariance of the parameters (`PARAMS` order): diagonal, sigma_j^2 (what nothing measured
+    leaves). Example: the defaults give memory 0.25, compute 0.25, overhead 0.49, per_token 0.64 on the diagonal."""
+    sigmas = _sigmas(config)
+    return tuple(tuple(s * s if i == j else 0.0 for j in range(len(sigmas))) for i, s in enumerate(sigmas))
 
 
 def _bounds(config: CalibrationConfig) -> tuple[tuple[float, ...], tuple[float, ...]]:
     """(lower, upper) per parameter: +-log(max_scale) for the log-scales, [0, max_gemm_slope] for beta."""
-    bound = math.log(config.max_scale)
-    return (-bound,) * _LOG_PARAMS + (0.0,), (bound,) * _LOG_PARAMS + (config.max_gemm_slope,)
+    bounds = [math.log(config.max_scale)] * _LOG_PARAMS
+    bounds[_PARAMS.index("per_token")] = math.log(config.max_per_token_scale)
+    return (*(-b for b in bounds), 0.0), (*bounds, config.max_gemm_slope)
 
 
 def _objective(problem: _Problem, at: _Evaluation, config: CalibrationConfig) -> float:
@@ -592,10 +655,28 @@ def _start(state: CalibrationState, cache: _TermsCache, x: tuple[float, ...]) ->
     return _Evaluation(x=x, logs=tuple(p[0] for p in priced), slopes=tuple(p[1] for p in priced))
 
 
+def _covariance(problem: _Problem, at: _Evaluation, config: CalibrationConfig) -> tuple[tuple[float, ...], ...]:
+    """The Laplace approximation of the posterior covariance at the optimum: the inverse of the Gauss-Newton
+    matrix (the points' Huber-weighted J^T J / step_noise^2, the telemetry and the prior's 1 / sigma^2). A
+    parameter held at a bound keeps its prior variance (the data pushes it past what the bound allows)."""
+    normal, _ = _normal_equations(problem, at, config)
+    n = len(normal)
+    columns = [_solve(normal, [1.0 if i == j else 0.0 for i in range(n)]) for j in range(n)]
+    sigmas = _sigmas(config)
+    covariance = [[columns[j][i] for j in range(n)] for i in range(n)]
+    for j in range(n):
+        if not covariance[j][j] > 0.0:  # singular (cannot happen with a prior); keep the prior's
+            covariance[j] = [0.0] * n
+            for i in range(n):
+                covariance[i][j] = 0.0
+            covariance[j][j] = sigmas[j] ** 2
+    return tuple(tuple(row) for row in covariance)
+
+
 def fit(
     state: CalibrationState, ctx: ModelContext, *, now_s: float, config: CalibrationConfig
 ) -> tuple[CalibrationState, CalibrationFit]:
-    """Refit the seven parameters (six scales and beta) to the points in `state` (weights decayed to `now_s`, Unix
+    """Refit the eight parameters (seven scales and beta) to the points in `state` (weights decayed to `now_s`, Unix
     seconds) starting from the previous fit and its damping; returns the state with the new scales and the fit's
     summary. At most
     `config.iterations` LM steps once warm (`cold_iterations` for a state never fitted); a converged state whose
@@ -606,7 +687,7 @@ def fit(
     term doubled) at batches 1..256 -> memory scale ~2.0, compute/overhead near 1, error ~ the step noise.
     """
     if not state.points:
-        empty = CalibrationFit(CostScales(), None, None, 0)
+        empty = CalibrationFit(CostScales(), None, None, 0, covariance=prior_covariance(config))
         return CalibrationState(points=state.points, converged=True, last_fit=empty), empty
     if ctx.hardware.gemm_fill_tokens <= 1.0:
         # No tensor-core tiles or SM waves (a CPU backend): beta models GPU occupancy, which this hardware does not
@@ -639,7 +720,9 @@ def fit(
     recent = sorted(abs(e) for e in errors[-config.error_points :])
     middle = len(recent) // 2
     median = recent[middle] if len(recent) % 2 else 0.5 * (recent[middle - 1] + recent[middle])
-    summary = CalibrationFit(scales, median, errors[-1], len(state.points))
+    summary = CalibrationFit(
+        scales, median, errors[-1], len(state.points), covariance=_covariance(problem, at, config)
+    )
     # The next tick starts from log(scales): file the prices under that x (equal to at.x up to rounding).
     cache = replace(cache, priced=replace(at, x=_log_scales(scales)))
     fitted = replace(state, scales=scales, damping=damping, converged=converged, cache=cache, last_fit=summary)

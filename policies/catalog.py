@@ -43,7 +43,9 @@ class HardwareRow(TypedDict):
     bandwidth_efficiency: NotRequired[float]
     flops_efficiency: NotRequired[float]
     step_fixed_s: NotRequired[float]
+    per_layer_step_s: NotRequired[float]
     per_request_step_s: NotRequired[float]
+    per_token_step_s: NotRequired[float]
     spec_step_overhead_s: NotRequired[float]
     spec_per_request_overhead_s: NotRequired[float]
     draft_step_fixed_s: NotRequired[float]
@@ -237,7 +239,7 @@ HARDWARE_ROWS: tuple[HardwareRow, ...] = (
         "interconnect_source": "assumption: shared-memory copy between processes on one host",
         "source": "assumption: generic 2-core x86-64 (AVX2) host, no accelerator",
         "bandwidth_efficiency": 0.7, "flops_efficiency": 0.5,
-        "step_fixed_s": 1.5e-3, "per_request_step_s": 50e-6,
+        "step_fixed_s": 1.5e-3, "per_layer_step_s": 0.0, "per_request_step_s": 50e-6, "per_token_step_s": 0.0,
         "spec_step_overhead_s": 0.5e-3, "spec_per_request_overhead_s": 50e-6,
         "draft_step_fixed_s": 1.0e-3, "allreduce_latency_s": 50e-6,
         # No tensor-core tiles or SM waves on a CPU: a GEMM's cost follows its tokens down to one.
@@ -284,6 +286,10 @@ class ModelEntry:
     hf_ids: tuple[str, ...]
     published_params: float
     published_active_params: float | None = None
+    # How the publisher rounded and counted: "1T" is one significant figure (5%), and some cards count the active
+    # parameters without the input embedding table (a lookup, not a matmul).
+    published_rounding: float = 0.02
+    active_counts_input_embedding: bool = True
 
 
 MODEL_ENTRIES: tuple[ModelEntry, ...] = (
@@ -523,6 +529,78 @@ MODEL_ENTRIES: tuple[ModelEntry, ...] = (
         source="huggingface.co/Qwen/Qwen2.5-72B-Instruct config.json",
         hf_ids=("Qwen/Qwen2.5-72B-Instruct", "Qwen/Qwen2.5-72B"),
         published_params=72.7e9,
+    ),
+    ModelEntry(
+        name="qwen3-32b",
+        config={
+            "architectures": ["Qwen3ForCausalLM"], "hidden_size": 5120, "intermediate_size": 25600,
+            "num_hidden_layers": 64, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 128,
+            "vocab_size": 151936, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        },
+        source="huggingface.co/Qwen/Qwen3-32B config.json",
+        hf_ids=("Qwen/Qwen3-32B", "Qwen/Qwen3-32B-FP8"),
+        published_params=32.8e9,
+    ),
+    ModelEntry(
+        name="gpt-oss-20b",
+        config={
+            "architectures": ["GptOssForCausalLM"], "hidden_size": 2880, "intermediate_size": 2880,
+            "num_hidden_layers": 24, "num_attention_heads": 64, "num_key_value_heads": 8, "head_dim": 64,
+            "num_local_experts": 32, "num_experts_per_tok": 4, "vocab_size": 201088, "tie_word_embeddings": False,
+            "sliding_window": 128, "layer_types": ["sliding_attention", "full_attention"] * 12,
+            "torch_dtype": "bfloat16",
+            "quantization_config": {
+                "quant_method": "mxfp4",
+                "modules_to_not_convert": [
+                    "model.layers.*.self_attn", "model.layers.*.mlp.router", "model.embed_tokens", "lm_head",
+                ],
+            },
+        },
+        source="huggingface.co/openai/gpt-oss-20b config.json (MXFP4 experts; attention, router, embeddings bf16)",
+        hf_ids=("openai/gpt-oss-20b",),
+        published_params=21e9,
+        published_active_params=3.6e9,  # model card: 3.6B active, without the input embedding
+        active_counts_input_embedding=False,
+    ),
+    ModelEntry(
+        name="deepseek-v3",
+        config={
+            "architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 7168, "intermediate_size": 18432,
+            "moe_intermediate_size": 2048, "num_hidden_layers": 61, "num_attention_heads": 128,
+            "num_key_value_heads": 128, "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
+            "qk_rope_head_dim": 64, "v_head_dim": 128, "n_routed_experts": 256, "n_shared_experts": 1,
+            "num_experts_per_tok": 8, "first_k_dense_replace": 3, "vocab_size": 129280, "tie_word_embeddings": False,
+            "torch_dtype": "bfloat16",
+            "quantization_config": {"quant_method": "fp8", "fmt": "e4m3", "weight_block_size": [128, 128]},
+        },
+        source="huggingface.co/deepseek-ai/DeepSeek-V3 config.json (FP8 block-scaled weights, MLA attention)",
+        hf_ids=("deepseek-ai/DeepSeek-V3", "deepseek-ai/DeepSeek-V3-0324", "deepseek-ai/DeepSeek-R1"),
+        published_params=671e9,
+        published_active_params=37e9,
+    ),
+    ModelEntry(
+        name="kimi-k2.6",
+        config={
+            "architectures": ["DeepseekV3ForCausalLM"], "hidden_size": 7168, "intermediate_size": 18432,
+            "moe_intermediate_size": 2048, "num_hidden_layers": 61, "num_attention_heads": 64,
+            "num_key_value_heads": 64, "q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128,
+            "qk_rope_head_dim": 64, "v_head_dim": 128, "n_routed_experts": 384, "n_shared_experts": 1,
+            "num_experts_per_tok": 8, "first_k_dense_replace": 1, "vocab_size": 163840, "tie_word_embeddings": False,
+            "torch_dtype": "bfloat16",
+            "quantization_config": {
+                "quant_method": "compressed-tensors",
+                "config_groups": {"group_0": {"weights": {"num_bits": 4, "group_size": 32, "type": "int"}}},
+                "ignore": ["lm_head", "re:.*self_attn.*", "re:.*shared_experts.*"],
+            },
+        },
+        source=(
+            "huggingface.co/moonshotai/Kimi-K2.6 config.json text_config (INT4 routed experts in groups of 32; "
+            "attention, shared experts and lm_head bf16; MLA attention)"
+        ),
+        hf_ids=("moonshotai/Kimi-K2.6", "moonshotai/Kimi-K2-Instruct", "moonshotai/Kimi-K2-Thinking"),
+        published_params=1.0e12,  # model card: "1T total, 32B activated"
+        published_active_params=32e9,
+        published_rounding=0.05,
     ),
     ModelEntry(
         name="tiny-llama",

@@ -4,7 +4,10 @@
 the caller's `now_s`. It is built from the helpers in `hysteresis.py`:
 
 1. gamma* = argmax over gamma in 1..gamma_max of the point speedup S(gamma) (ties -> the smaller gamma).
-2. Bounds: off -> on only when the low end of S(gamma*) >= 1 + margin; on -> off only when its high end < 1.
+2. Bounds: off -> on only when the low end of S(gamma*) >= 1 + margin; on -> off only when its high end < 1. The
+   band holds the acceptance's uncertainty and the cost model's own (policies/uncertainty.py): what the
+   calibration has not identified (while one k runs, how fast plain decoding would be) keeps the advisor where
+   it is, and the reason names the measurement that would settle it.
 3. Minimum change: while on, move gamma only for a predicted gain S(gamma*) - S(current) >= min gain.
    One step past what was measured: while on, when gamma* is extrapolated (it rests on acceptance positions the
    engine never ran), the gamma moved to is the best among 1..max(deployed k + 1, current gamma), and when that
@@ -37,9 +40,13 @@ the caller's `now_s`. It is built from the helpers in `hysteresis.py`:
 
        gain x payback_horizon_s > change_cost_s + in-flight work (s)        gain = S(new) / S(current) - 1
 
-   (off: S = 1). gain is the relative improvement of the objective's rate (per-sequence speed, server
-   throughput or SLO goodput, whichever `objectives.py` chose: the curve is in its units), so gain x horizon is
-   the seconds of service at the current rate the change wins back over the horizon. Under an SLO the gain is
+   (off: S = 1), with S(new) for a move on (another gamma, or on from off) taken at the low end of its gain's 90%
+   band, S(new) exp(-1.645 gain_sd): gain_sd is the cost model's uncertainty of S(new) / S(running)
+   (CurvePoint.gain_sd, policies/uncertainty.py), so a restart is paid for only by a gain the model is sure of,
+   not by one resting on a cost it has never measured (while one k runs, the per-draft-token cost is the prior's,
+   and S(1) vs S(3) differs mostly by it). gain is the relative improvement of the objective's rate (per-sequence
+   speed, server throughput or SLO goodput, whichever `objectives.py` chose: the curve is in its units), so gain x
+   horizon is the seconds of service at the current rate the change wins back over the horizon. Under an SLO the gain is
    counted per delivered token, the unit the cost is in: gain = (S(new) / S(current) - 1) x share(current),
    share = the current option's share of tokens meeting the SLO (`CurvePoint.slo_share`), i.e. the tokens the
    change moves across the SLO over the tokens served now. A ratio of SLO goodputs alone is blind to how few
@@ -125,6 +132,7 @@ from dataclasses import dataclass, replace
 
 from policies.hysteresis import apply_dwell, clears_min_change, hysteresis_on
 from policies.types import CurvePoint, Decision, Evidence, TargetState
+from policies.uncertainty import Z_90
 
 # (enabled, gamma); gamma is 0 whenever enabled is False.
 _Key = tuple[bool, int]
@@ -550,8 +558,13 @@ def _relative_gain(
     point, the rate it delivers now. Under an SLO the result is multiplied by the running option's share (rule 4:
     tokens moved across the SLO per delivered token).
 
+    A move on (to another gamma, or from off) is priced at the low end of its gain's 90% band: S(new) is taken
+    as S(new) exp(-1.645 gain_sd), gain_sd the sd of log(S(new) / S(running)) under the cost model's own
+    uncertainty (CurvePoint.gain_sd, policies/uncertainty.py).
+
     Example: running gamma 3 at S 1.20 (band high 1.30), off 1.0, SLO share 0.5: a turn-off gains (1.0 - 1.30) /
-    1.20 x 0.5 = -0.125, where the point alone gave (1.0 - 1.20) / 1.20 x 0.5 = -0.083.
+    1.20 x 0.5 = -0.125, where the point alone gave (1.0 - 1.20) / 1.20 x 0.5 = -0.083. Running gamma 3 at 1.20,
+    gamma 1 at 1.35 with gain_sd 0.05: (1.35 exp(-0.082) - 1.20) / 1.20 = +3.6% (the point alone: +12.5%).
     """
 
     def at(key: _Key, best: bool = False) -> tuple[float, float | None] | None:
@@ -565,7 +578,13 @@ def _relative_gain(
     now, high, new = at(current), at(current, current_at_best), at(candidate)
     if now is None or high is None or new is None or now[0] <= 0:
         return None
-    gain = (new[0] - high[0]) / now[0]
+    target = new[0]
+    moved = point_at(curve, candidate[1]) if candidate[0] else None
+    if moved is not None and not current_at_best and moved.gain_sd > 0:
+        # A move to another gamma, or on, is taken at the low end of its own gain's 90% band: the cost model's
+        # uncertainty of S(new) / S(running) (CurvePoint.gain_sd), e.g. a per-draft-token cost never measured.
+        target *= math.exp(-Z_90 * moved.gain_sd)
+    gain = (target - high[0]) / now[0]
     # SLO goodput: per delivered token, not per token now meeting the SLO (rule 4).
     return gain * now[1] if now[1] is not None else gain
 

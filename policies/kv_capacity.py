@@ -4,9 +4,11 @@ vLLM sizes its KV cache once at start: it may use `gpu_memory_utilization` of th
 vLLM EngineArgs), holds the weights, and gives what is left to KV blocks. A batch of B sequences at mean context
 ctx with gamma draft tokens each needs, per GPU (tp = tensor-parallel degree):
 
-    weights_bytes = (P_target x dtype_bytes + [gamma >= 1] P_drafter x drafter_dtype_bytes) / tp
+    weights_bytes = (P_dense x dtype_bytes + P_experts x expert_dtype_bytes
+                     + [gamma >= 1] P_drafter x drafter_dtype_bytes) / tp
     kv_per_seq    = kv_target(ctx + gamma) + [gamma >= 1] kv_drafter(ctx)              bytes
-                    kv_target(n) = 2 x layers x max(kv_heads / tp, 1) x head_dim x kv_dtype_bytes x n
+                    kv_target(n) = kv_elements(tp) x kv_dtype_bytes x n   (GQA: 2 x layers x max(kv_heads / tp, 1)
+                    x head_dim; MLA: layers x (latent + rope), whole on every GPU: policies/profiles.py)
                     (speculation reserves KV slots for its gamma draft tokens in every running sequence; a draft
                     model or EAGLE head keeps its own cache over the context, an n-gram drafter none; speculation
                     off is a server without the drafter: `--speculative-config` removed, docs/actuation.md)
@@ -68,12 +70,12 @@ def memory_fit(
         raise ValueError("batch, context_tokens and gamma must be >= 0")
     model, drafter, tp = ctx.model, ctx.drafter, float(ctx.tensor_parallel)
     drafting = gamma > 0  # off is a server without the drafter loaded
-    weights = (model.params * model.dtype_bytes + (drafter.params * drafter.dtype_bytes if drafting else 0.0)) / tp
-    target_per_token = kv_bytes_per_token_per_gpu(
-        model.layers, model.num_kv_heads, model.head_dim, model.kv_dtype_bytes, tp
-    )
+    experts = model.routed_expert_params
+    target_bytes = (model.params - experts) * model.dtype_bytes + experts * model.expert_bytes_per_param
+    weights = (target_bytes + (drafter.params * drafter.dtype_bytes if drafting else 0.0)) / tp
+    target_per_token = kv_bytes_per_token_per_gpu(model.attention, model.kv_dtype_bytes, tp)
     drafter_per_token = (
-        kv_bytes_per_token_per_gpu(drafter.layers, drafter.num_kv_heads, drafter.head_dim, drafter.kv_dtype_bytes, tp)
+        kv_bytes_per_token_per_gpu(drafter.attention, drafter.kv_dtype_bytes, tp)
         if drafting and drafter.layers > 0
         else 0.0
     )

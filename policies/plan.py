@@ -199,10 +199,21 @@ def plan_curve(state: PlanState, curve: Sequence[CurvePoint]) -> tuple[CurvePoin
     points: list[CurvePoint] = []
     for point, value in zip(curve, state.values, strict=True):
         s = value / base
-        low = s * point.speedup_low / point.speedup if point.speedup > 0 else s
-        high = s * point.speedup_high / point.speedup if point.speedup > 0 else s
-        points.append(replace(point, speedup=s, speedup_low=low, speedup_high=high, slo_share=None))
+        points.append(_rescaled(point, s))
     return tuple(points)
+
+
+def _rescaled(point: CurvePoint, speedup: float) -> CurvePoint:
+    """`point` moved to `speedup` with its band scaled as its own; `slo_share` cleared."""
+    ratio = speedup / point.speedup if point.speedup > 0 else 0.0
+
+    def scaled(value: float) -> float:
+        return value * ratio if point.speedup > 0 else speedup
+
+    return replace(
+        point, speedup=speedup, speedup_low=scaled(point.speedup_low), speedup_high=scaled(point.speedup_high),
+        slo_share=None,
+    )
 
 
 def _speed_of(curve: Sequence[CurvePoint], gamma: int) -> float | None:

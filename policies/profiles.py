@@ -8,11 +8,27 @@ Efficiency and overhead defaults on `HardwareProfile` (each one is calibrated on
 - `bandwidth_efficiency` 0.85: shared/data/hardware.csv notes sustained HBM bandwidth is typically 80-90% of peak.
 - `flops_efficiency` 0.60: the same note says achieved GEMM throughput is lower still; 0.6 of dense peak is the
   stated assumption for serving-sized GEMMs (large-shape cuBLAS runs reach ~0.7, decode shapes less).
-- `step_fixed_s` 1.5 ms: per-step host/launch cost of a vLLM V1 decode step (scheduler, input preparation,
-  sampler, output processing). Derivation: Llama-3.1-8B bs1 on H100 streams 7.5e9 params x 2 B = 15.0 GB per step,
-  15.0e9 / (3.35e12 x 0.85) = 5.3 ms, while the measured plain TPOT is 7.07 ms
-  (shared/data/published/vllm-eagle-k-sweep-bs1.csv): ~1.7 ms is not weight streaming; 1.5 ms is kept for it.
-- `per_request_step_s` 20 us: host-side per-sequence work per step (assumption, order of 10-30 us in vLLM V1).
+- `step_fixed_s` 0.38 ms + `per_layer_step_s` 35 us per layer: a step's fixed time, host work plus every layer's
+  kernel latencies (a layer runs ~10-15 kernels: the GEMMs each have a latency floor of ~2-5 us at decode sizes,
+  the small-shape rows of shared/data/published/gemm-efficiency-vs-m.csv, DeepGEMM's H800 table, measured minus the
+  bandwidth time; norms, rotary, attention and the all-reduce add their own). Their sum at 32 layers is the 1.5 ms
+  that vllm-eagle-k-sweep-bs1.csv leaves beside weight streaming: Llama-3.1-8B bs1 on H100 streams 7.5e9 params x
+  2 B = 15.0 GB, 15.0e9 / (3.35e12 x 0.85) = 5.3 ms, against a measured plain TPOT of 7.07 ms. The split is fitted
+  to the published batch > 1 data (benchmarks/published_reproduction.py --fit: the loss falls as the per-layer
+  share grows, 0.0243 at 0 us to 0.0198 at 40 us; 35 us keeps 0.38 ms for the host's own per-step work): a
+  61-layer model on 4-8 GPUs pays several ms per step at batch 1 that a 32-layer one does not (Kimi-K2.6 on GB200:
+  6.35 ms measured, 3.8 ms priced with a flat 1.5 ms).
+- `per_request_step_s` 20 us: host-side per-sequence work per step (assumption of the order of vLLM V1's 10-30 us;
+  the published fit's best, benchmarks/published_reproduction.py --fit, among 10-60 us).
+- `per_token_step_s` 40 us per verified draft token: what each draft token a speculative step verifies costs
+  besides its roofline (rejection sampling over the vocabulary, the draft tokens' bookkeeping and the engine's
+  per-token output handling, serial with the GPU unless the engine schedules asynchronously). Priced as
+  per_token_step_s x B x (q - 1): a plain step pays none of it (its one token per sequence is in the per-request
+  and roofline terms), so plain and speculative steps tell it apart. Fitted to the published batch > 1 sources
+  (benchmarks/published_reproduction.py --fit; leaving any one source out moves it by at most 20 us): from
+  ~20 us (async scheduling, B200) to ~100 us (async scheduling off, H100: the replay-oracle rows of S-GIST) per
+  token, so its calibration prior is wide (policies/calibrate.py `per_token_sigma`) and the band says so until
+  the server has been seen with and without drafts.
 - `spec_step_overhead_s` 0.775 ms: the speculative machinery's own cost per step (rejection sampler launch,
   draft bookkeeping, the extra host round trip), from shared/data/published/dynamic-sd-k0-overhead.csv (vLLM
   Dynamic SD at K=0 vs off, H100 NVL): TPOT +0.943 ms at concurrency 2 and +16.656 ms at 189, solved as
@@ -58,11 +74,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from policies.catalog import HARDWARE_ALIASES, HARDWARE_ROWS, MODEL_ENTRIES, HardwareRow, ModelEntry
+from policies.quantization import weight_bytes
 from policies.types import DraftMethod
 
 DEFAULT_EFFICIENCY_SOURCE = (
-    "bandwidth 0.85 and GEMM 0.60 of peak (shared/data/hardware.csv note); step overhead 1.5 ms "
-    "(vllm-eagle-k-sweep-bs1.csv plain TPOT minus weight streaming); speculative overhead 0.775 ms/step "
+    "bandwidth 0.85 and GEMM 0.60 of peak (hardware.csv note); step fixed 0.38 ms + 35 us per layer "
+    "(vllm-eagle-k-sweep-bs1.csv plain TPOT minus weight streaming, split by the published batch > 1 fit); "
+    "40 us per verified draft token (same fit); speculative overhead 0.775 ms/step "
     "(dynamic-sd-k0-overhead.csv) + 5 us/request (assumption, <= the 84 us K=0 slope); see policies/profiles.py"
 )
 
@@ -88,8 +106,10 @@ class HardwareProfile:
     interconnect_bytes_per_s: float = 32e9
     bandwidth_efficiency: float = 0.85
     flops_efficiency: float = 0.60
-    step_fixed_s: float = 1.5e-3
+    step_fixed_s: float = 0.38e-3
+    per_layer_step_s: float = 35e-6
     per_request_step_s: float = 20e-6
+    per_token_step_s: float = 40e-6
     spec_step_overhead_s: float = 0.775e-3
     spec_per_request_overhead_s: float = 5e-6
     draft_step_fixed_s: float = 0.5e-3
@@ -112,6 +132,60 @@ class HardwareProfile:
         if dtype_bytes == 1 and self.peak_fp8_flops_per_s is not None:
             return self.peak_fp8_flops_per_s
         return self.peak_flops_per_s
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionShape:
+    """What one token's attention stores and computes, for GQA/MHA or DeepSeek's multi-head latent attention (MLA).
+
+    GQA (`kv_lora_rank` 0): each layer caches K and V for `num_kv_heads` heads of `head_dim`; tensor parallelism
+    shards the KV heads (replicated once tp exceeds them). MLA (`kv_lora_rank` > 0, DeepSeek-V2/V3, Kimi-K2): each
+    layer caches ONE latent vector of `kv_lora_rank` + `rope_head_dim` elements per token, shared by K and V and
+    by every head, so tensor parallelism cannot shard it (vLLM keeps a full copy on every rank; data-parallel
+    attention is the way around it). Decode FLOPs per (query token, context token) pair and layer:
+        GQA:  4 x heads x head_dim                    (Q.K and P.V, 2 FLOPs per multiply-add)
+        MLA:  heads x (4 x kv_lora_rank + 2 x rope)   (the absorbed form: scores against the latent plus the rope
+                                                       part, and the weighted sum of the latent, per head)
+    so MLA's decode attention does ~128x more math per byte of cache than a GQA-8 model: at long contexts it is
+    compute, not bandwidth, and every verified token pays it in full. Prefill computes K and V from the latent and
+    runs ordinary attention: 2 x heads x (qk_head_dim + v_head_dim) per pair (qk = `head_dim`).
+    Example: DeepSeek-V3 (61 layers, 128 heads, latent 512, rope 64): 61 x 576 = 35136 cached elements per token
+    (70 KB in bf16, vs 2 x 61 x 128 x 128 = 2.0M for the same heads as plain MHA); decode FLOPs per pair
+    61 x 128 x (2048 + 128) = 16.99M. Llama-3.1-8B: 2 x 32 x 8 x 128 = 65536 elements, 4 x 32 x 32 x 128 =
+    524288 FLOPs per pair.
+    """
+
+    layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    kv_lora_rank: int = 0
+    rope_head_dim: int = 0
+    v_head_dim: int = 0
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kv_lora_rank > 0
+
+    def kv_elements_per_token(self, *, tp: float) -> float:
+        """Cached elements per token of context on one GPU of `tp` (>= 1): MLA layers x (latent + rope), whole on
+        every rank; GQA 2 x layers x max(kv_heads / tp, 1) x head_dim."""
+        if self.is_mla:
+            return float(self.layers * (self.kv_lora_rank + self.rope_head_dim))
+        return 2.0 * self.layers * max(self.num_kv_heads / tp, 1.0) * self.head_dim
+
+    @property
+    def decode_flops_per_pair(self) -> float:
+        """Decode attention FLOPs per (query token, context token) pair, all layers and heads (class docstring)."""
+        if self.is_mla:
+            return float(self.layers * self.num_heads * (4 * self.kv_lora_rank + 2 * self.rope_head_dim))
+        return 4.0 * self.layers * self.num_heads * self.head_dim
+
+    @property
+    def prefill_flops_per_pair(self) -> float:
+        """Prefill attention FLOPs per (prompt token, context token) pair: 2 x layers x heads x (qk + v dims)."""
+        v_dim = self.v_head_dim or self.head_dim
+        return 2.0 * self.layers * self.num_heads * (self.head_dim + v_dim)
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,10 +217,43 @@ class ModelProfile:
     experts_per_token: int = 0
     expert_params: float = 0.0
     moe_layers: int = 0
+    kv_lora_rank: int = 0
+    rope_head_dim: int = 0
+    v_head_dim: int = 0
+    expert_dtype_bytes: float | None = None
+    sliding_window: int = 0
+    sliding_layers: int = 0
+
+    def attended_context(self, context_tokens: float) -> float:
+        """The context a decode token attends to, averaged over layers (tokens): layers with a sliding window of W
+        read at most W cached tokens. (full x ctx + sliding x min(ctx, W)) / layers; ctx when no layer slides.
+
+        Example: gpt-oss-20b (12 of 24 layers slide over 128 tokens) at ctx 4096 -> (12 x 4096 + 12 x 128) / 24
+        = 2112.
+        """
+        if self.sliding_window <= 0 or self.sliding_layers <= 0 or self.layers <= 0:
+            return context_tokens
+        sliding = min(self.sliding_layers, self.layers)
+        full = self.layers - sliding
+        return (full * context_tokens + sliding * min(context_tokens, float(self.sliding_window))) / self.layers
 
     @property
     def is_moe(self) -> bool:
         return self.num_experts > 0 and self.experts_per_token > 0
+
+    @property
+    def attention(self) -> AttentionShape:
+        """The attention's shape (GQA, or MLA when `kv_lora_rank` > 0): what its KV cache and FLOPs are."""
+        return AttentionShape(
+            layers=self.layers, num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
+            kv_lora_rank=self.kv_lora_rank, rope_head_dim=self.rope_head_dim, v_head_dim=self.v_head_dim,
+        )
+
+    @property
+    def expert_bytes_per_param(self) -> float:
+        """Bytes per routed-expert weight: `expert_dtype_bytes` where the experts alone are quantised (gpt-oss's
+        MXFP4 experts beside bf16 attention), else `dtype_bytes`."""
+        return self.dtype_bytes if self.expert_dtype_bytes is None else self.expert_dtype_bytes
 
     @property
     def input_embedding_params(self) -> float:
@@ -162,11 +269,13 @@ class ModelProfile:
 
     @property
     def kv_bytes_per_token(self) -> float:
-        """KV-cache bytes per token of context: 2 (K and V) x layers x kv_heads x head_dim x kv_dtype_bytes.
+        """KV-cache bytes per token of context (all layers, all KV heads): `AttentionShape.kv_elements_per_token`
+        x kv_dtype_bytes.
 
-        Example: Llama-3.1-8B bf16: 2 x 32 x 8 x 128 x 2 = 131072 bytes (128 KiB) per token.
+        Example: Llama-3.1-8B bf16: 2 x 32 x 8 x 128 x 2 = 131072 bytes (128 KiB) per token; DeepSeek-V3 (MLA,
+        latent 512 + rope 64, bf16 cache): 61 x 576 x 2 = 70272 bytes.
         """
-        return 2.0 * self.layers * self.num_kv_heads * self.head_dim * self.kv_dtype_bytes
+        return self.attention.kv_elements_per_token(tp=1.0) * self.kv_dtype_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,6 +298,17 @@ class DrafterProfile:
     kv_dtype_bytes: float = 2.0
     host_time_per_request_s: float = 0.0
     source: str = ""
+    kv_lora_rank: int = 0
+    rope_head_dim: int = 0
+    v_head_dim: int = 0
+
+    @property
+    def attention(self) -> AttentionShape:
+        """The drafter's own attention (its KV cache and FLOPs; MLA for a DeepSeek-style MTP module)."""
+        return AttentionShape(
+            layers=self.layers, num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
+            kv_lora_rank=self.kv_lora_rank, rope_head_dim=self.rope_head_dim, v_head_dim=self.v_head_dim,
+        )
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -197,11 +317,6 @@ class DrafterProfile:
 
 GIB = float(2**30)  # datasheet memory sizes are binary: an "80 GB" H100 holds 80 GiB (81559 MiB in nvidia-smi)
 
-_DTYPE_BYTES: Mapping[str, float] = {
-    "float32": 4.0, "fp32": 4.0, "float": 4.0,
-    "bfloat16": 2.0, "bf16": 2.0, "float16": 2.0, "fp16": 2.0, "half": 2.0,
-    "float8_e4m3fn": 1.0, "float8_e5m2": 1.0, "fp8": 1.0,
-}
 
 
 def _section(config: Mapping[str, object]) -> Mapping[str, object]:
@@ -224,37 +339,6 @@ def _number(config: Mapping[str, object], *keys: str, default: float | None = No
     return default
 
 
-def _weight_dtype_bytes(config: Mapping[str, object]) -> float:
-    quant = config.get("quantization_config")
-    if isinstance(quant, Mapping):
-        method = str(quant.get("quant_method", "")).lower()
-        if method in {"fp8", "fbgemm_fp8"} or "fp8" in str(quant.get("quant_algo", "")).lower():
-            return 1.0
-        if method == "mxfp4":
-            return 0.5
-        bits = quant.get("bits", quant.get("w_bit"))
-        if isinstance(bits, int) and not isinstance(bits, bool):
-            return bits / 8.0
-        groups = quant.get("config_groups")
-        if isinstance(groups, Mapping):
-            for group in groups.values():
-                weights = group.get("weights") if isinstance(group, Mapping) else None
-                nbits = weights.get("num_bits") if isinstance(weights, Mapping) else None
-                if isinstance(nbits, int) and not isinstance(nbits, bool):
-                    return nbits / 8.0
-    dtype = config.get("torch_dtype", config.get("dtype"))
-    # Weight bytes set the memory-bound step time outright: a guessed dtype would change the answer silently.
-    if dtype is None:
-        raise ValueError(
-            "config.json has no torch_dtype (or dtype) and no quantization_config: the weights' bytes per element "
-            'are unknown; add the model\'s dtype, e.g. "torch_dtype": "bfloat16"'
-        )
-    known = _DTYPE_BYTES.get(str(dtype).lower())
-    if known is None:
-        raise ValueError(f"config.json torch_dtype {dtype!r} is not one of {', '.join(sorted(_DTYPE_BYTES))}")
-    return known
-
-
 def model_from_hf_config(
     config: Mapping[str, object],
     *,
@@ -264,43 +348,59 @@ def model_from_hf_config(
 ) -> ModelProfile:
     """Build a ModelProfile from a Hugging Face `config.json` (already parsed; this function does no I/O).
 
-    Counts, for a gated-MLP decoder (Llama, Qwen, Mistral, Gemma, Mixtral):
+    Counts, for a gated-MLP decoder (Llama, Qwen, Mistral, Gemma, Mixtral, gpt-oss, DeepSeek, Kimi):
       attention/layer = hidden x (heads x head_dim) [q] + 2 x hidden x (kv_heads x head_dim) [k, v]
                         + (heads x head_dim) x hidden [o]
+      MLA/layer       = (q_lora_rank ? hidden x q_lora + q_lora x heads x qk : hidden x heads x qk) [q]
+                        + hidden x (kv_lora + rope) [kv_a] + kv_lora x heads x (nope + v) [kv_b]
+                        + heads x v x hidden [o],   qk = nope + rope      (DeepSeek-V2/V3, Kimi-K2: kv_lora_rank)
       dense MLP/layer = 3 x hidden x intermediate_size            (gate, up, down)
-      expert/layer    = 3 x hidden x moe_intermediate_size (or intermediate_size: Mixtral); router hidden x E
+      expert/layer    = 3 x hidden x moe_intermediate_size (or intermediate_size: Mixtral, gpt-oss); router
+                        hidden x E; shared experts like a routed one (n_shared_experts) or their own size
       embeddings      = vocab x hidden, twice unless tie_word_embeddings; norms 2 x hidden per layer + hidden.
     `active_params` swaps the E routed experts of every MoE layer for `num_experts_per_tok` of them.
-    Weight bytes from `quantization_config` (fp8 -> 1, N-bit -> N/8) else `torch_dtype`/`dtype` (required then:
-    ValueError naming it when missing or unknown, never a guess).
-    `kv_dtype_bytes` defaults to the weight dtype, or 2 (bf16) for quantized weights: the KV-cache dtype is a
-    serving flag (`--kv-cache-dtype`), not part of config.json, so pass it when known.
-    Limits: MLA attention (DeepSeek's kv_lora_rank) and sliding-window layers are modelled as plain GQA.
+    Bytes per weight: policies/quantization.py (`quantization_config`, else `torch_dtype`/`dtype`; an unknown
+    quantisation method or a missing dtype is a ValueError naming it, never a guess); routed experts may be
+    quantised apart (`expert_dtype_bytes`). `kv_dtype_bytes` defaults to the weight dtype, or 2 (bf16) for
+    quantized weights: the KV-cache dtype is a serving flag (`--kv-cache-dtype`), not part of config.json, so pass
+    it when known. Limits: sliding-window layers are counted over the whole context (an upper bound on their
+    KV reads).
 
     Raises ValueError when a required field (hidden_size, num_hidden_layers, num_attention_heads, vocab_size,
     intermediate_size for dense models) is missing.
 
     Example: Llama-3.1-8B (hidden 4096, intermediate 14336, 32 layers, 32 heads, 8 KV heads, head_dim 128, vocab
     128256, untied): attention 41.94M + MLP 176.16M + norms 8192 = 218.1M per layer, x 32 = 6.979e9, + 2 x 525.3M
-    embeddings + 4096 = 8.03e9 params (the model card says 8.03B).
+    embeddings + 4096 = 8.03e9 params (the model card says 8.03B). DeepSeek-V3 (MLA, 3 dense + 58 MoE layers of
+    256 experts of 44.04M, one shared): 187.0M attention per layer, 671e9 params, 37.5e9 active.
     """
     cfg = _section(config)
     hidden = int(_number(cfg, "hidden_size", "d_model", "n_embd"))
     layers = int(_number(cfg, "num_hidden_layers", "n_layer", "num_layers"))
     heads = int(_number(cfg, "num_attention_heads", "n_head"))
     kv_heads = int(_number(cfg, "num_key_value_heads", "num_kv_heads", default=float(heads)))
-    head_dim = int(_number(cfg, "head_dim", default=float(hidden // heads)))
     vocab = int(_number(cfg, "vocab_size"))
     tied = bool(cfg.get("tie_word_embeddings", False))
     num_experts = int(_number(cfg, "num_local_experts", "num_experts", "n_routed_experts", default=0.0))
     experts_per_token = int(_number(cfg, "num_experts_per_tok", "moe_topk", default=0.0)) if num_experts else 0
     moe = num_experts > 0 and experts_per_token > 0
     intermediate = int(_number(cfg, "intermediate_size", "ffn_dim", default=0.0 if moe else None))
-    dtype_bytes = _weight_dtype_bytes(cfg)
+    weights = weight_bytes(cfg)
     if kv_dtype_bytes is None:
-        kv_dtype_bytes = dtype_bytes if dtype_bytes >= 2 else 2.0
+        kv_dtype_bytes = weights.dense if weights.dense >= 2 else 2.0
 
-    attention = hidden * heads * head_dim * 2 + 2 * hidden * kv_heads * head_dim
+    window, sliding_layers = _sliding(cfg, layers)
+    mla = _mla_shape(cfg)
+    if mla is not None:
+        kv_lora, rope, nope, v_dim, q_lora = mla
+        head_dim, kv_heads = nope + rope, 1
+        q_proj = hidden * q_lora + q_lora + q_lora * heads * head_dim if q_lora else hidden * heads * head_dim
+        attention = q_proj + hidden * (kv_lora + rope) + kv_lora + kv_lora * heads * (nope + v_dim)
+        attention += heads * v_dim * hidden
+    else:
+        head_dim = int(_number(cfg, "head_dim", default=float(hidden // heads)))
+        kv_lora = rope = v_dim = 0
+        attention = hidden * heads * head_dim * 2 + 2 * hidden * kv_heads * head_dim
     norms = 2 * hidden
     dense_mlp = 3 * hidden * intermediate
     expert = 0.0
@@ -334,7 +434,7 @@ def model_from_hf_config(
         num_heads=heads,
         num_kv_heads=kv_heads,
         head_dim=head_dim,
-        dtype_bytes=dtype_bytes,
+        dtype_bytes=weights.dense,
         kv_dtype_bytes=kv_dtype_bytes,
         source=source or f"config.json of {name}",
         intermediate_size=intermediate,
@@ -344,7 +444,42 @@ def model_from_hf_config(
         experts_per_token=experts_per_token,
         expert_params=expert,
         moe_layers=moe_layers,
+        kv_lora_rank=kv_lora,
+        rope_head_dim=rope,
+        v_head_dim=v_dim,
+        expert_dtype_bytes=weights.experts if moe and weights.experts != weights.dense else None,
+        sliding_window=window,
+        sliding_layers=sliding_layers,
     )
+
+
+def _sliding(cfg: Mapping[str, object], layers: int) -> tuple[int, int]:
+    """(window, layers that slide) from `sliding_window` and `layer_types` (gpt-oss, Gemma-2/3: a list naming
+    each layer "sliding_attention" or "full_attention"); (0, 0) when no layer's window is stated. A window without
+    `layer_types` slides in every layer only when `use_sliding_window` is not false (Qwen2/3 configs carry a
+    window they do not use)."""
+    window = int(_number(cfg, "sliding_window", default=0.0))
+    if window <= 0:
+        return 0, 0
+    types = cfg.get("layer_types")
+    if isinstance(types, list) and types:
+        return window, sum(1 for kind in types if "sliding" in str(kind))
+    if "use_sliding_window" in cfg and not cfg.get("use_sliding_window"):
+        return 0, 0
+    return window, layers
+
+
+def _mla_shape(cfg: Mapping[str, object]) -> tuple[int, int, int, int, int] | None:
+    """(kv_lora_rank, qk_rope_head_dim, qk_nope_head_dim, v_head_dim, q_lora_rank or 0) of an MLA config, or
+    None for GQA/MHA (no positive `kv_lora_rank`). Raises ValueError when an MLA config lacks a head size."""
+    kv_lora = int(_number(cfg, "kv_lora_rank", default=0.0))
+    if kv_lora <= 0:
+        return None
+    rope = int(_number(cfg, "qk_rope_head_dim"))
+    nope = int(_number(cfg, "qk_nope_head_dim"))
+    v_dim = int(_number(cfg, "v_head_dim"))
+    q_lora = int(_number(cfg, "q_lora_rank", default=0.0))
+    return kv_lora, rope, nope, v_dim, max(q_lora, 0)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -396,7 +531,8 @@ def drafter_for(
         return DrafterProfile(
             method=method, params=float(params), layers=1, hidden=h, num_heads=target.num_heads,
             num_kv_heads=target.num_kv_heads, head_dim=target.head_dim, dtype_bytes=target.dtype_bytes,
-            kv_dtype_bytes=target.kv_dtype_bytes,
+            kv_dtype_bytes=target.kv_dtype_bytes, kv_lora_rank=target.kv_lora_rank,
+            rope_head_dim=target.rope_head_dim, v_head_dim=target.v_head_dim,
             source=f"EAGLE-3 head shaped like {target.name}: 1 layer + fc 3h->h + 32000-token draft lm_head",
         )
     if method in (DraftMethod.EAGLE, DraftMethod.MTP):
@@ -404,7 +540,8 @@ def drafter_for(
         return DrafterProfile(
             method=method, params=float(params), layers=1, hidden=h, num_heads=target.num_heads,
             num_kv_heads=target.num_kv_heads, head_dim=target.head_dim, dtype_bytes=target.dtype_bytes,
-            kv_dtype_bytes=target.kv_dtype_bytes,
+            kv_dtype_bytes=target.kv_dtype_bytes, kv_lora_rank=target.kv_lora_rank,
+            rope_head_dim=target.rope_head_dim, v_head_dim=target.v_head_dim,
             source=f"{method.value} head shaped like {target.name}: 1 layer + fc 2h->h + the target lm_head",
         )
     if draft_model is None:
@@ -419,6 +556,9 @@ def drafter_for(
         head_dim=draft_model.head_dim,
         dtype_bytes=draft_model.dtype_bytes,
         kv_dtype_bytes=draft_model.kv_dtype_bytes,
+        kv_lora_rank=draft_model.kv_lora_rank,
+        rope_head_dim=draft_model.rope_head_dim,
+        v_head_dim=draft_model.v_head_dim,
         source=f"draft model {draft_model.name} ({draft_model.source})",
     )
 
@@ -444,7 +584,9 @@ def _hardware_from_row(row: HardwareRow) -> HardwareProfile:
         bandwidth_efficiency=row.get("bandwidth_efficiency", base.bandwidth_efficiency),
         flops_efficiency=row.get("flops_efficiency", base.flops_efficiency),
         step_fixed_s=row.get("step_fixed_s", base.step_fixed_s),
+        per_layer_step_s=row.get("per_layer_step_s", base.per_layer_step_s),
         per_request_step_s=row.get("per_request_step_s", base.per_request_step_s),
+        per_token_step_s=row.get("per_token_step_s", base.per_token_step_s),
         spec_step_overhead_s=row.get("spec_step_overhead_s", base.spec_step_overhead_s),
         spec_per_request_overhead_s=row.get("spec_per_request_overhead_s", base.spec_per_request_overhead_s),
         draft_step_fixed_s=row.get("draft_step_fixed_s", base.draft_step_fixed_s),

@@ -1,75 +1,73 @@
-"""Step time of a decode/verify step from a roofline: bytes streamed vs FLOPs, plus fixed host overheads.
+"""Step time of a decode/verify step: a roofline of bytes against FLOPs, plus host, per-layer and per-token costs.
 
 For B sequences each verifying q tokens at mean context ctx, with P prompt (prefill) tokens sharing the step
 (chunked prefill) at mean attention span ctx_p, on tensor-parallel degree tp (per GPU):
 
     N            = B q + P                                   tokens the forward pass computes
-    weight_bytes = (P_stream - P_experts + L_moe x E_touched(N) x P_expert) x dtype_bytes / tp
+    weight_bytes = (P_stream - P_experts) x b_dense / tp + L_moe x E_touched(N) x P_expert x b_expert / tp
                    P_stream = params minus an untied input-embedding table (a step reads N rows, not the table)
+                   b_dense, b_expert: bytes per weight (policies/quantization.py; experts may be quantised apart)
                    E_touched(n) = E (1 - (1 - k/E)^n): expected distinct experts per layer hit by n tokens routed
                    uniformly at random (real routers are skewed, so this is an upper bound on expert bytes)
-    kv_bytes     = 2 x layers x max(kv_heads / tp, 1) x head_dim x kv_dtype_bytes x (B x ctx + P_req x ctx_p)
-                   (each prefilling request reads its cached prefix once per chunk; P_req = 1 when P > 0)
-    flops        = 2 x P_active_matmul x N / tp  +  4 x layers x heads x head_dim x (B q ctx + P ctx_p) / tp
-    memory_s     = memory_scale x (weight_bytes + kv_bytes) / (BW_peak x bandwidth_efficiency)
-    F            = F_peak(dtype) x flops_efficiency            (the rate of a large, prefill-sized GEMM)
-    compute_s    = compute_scale x (2 P_active_matmul x G(B q) x (N_ref / clamp(G(B q), 1, N_ref))^beta
-                                    + 4 layers heads head_dim ctx B q) / tp / F
-                   G(n) = smooth_max(n + t/2, N_fill x fill_scale): the GEMM rows a step of n tokens computes.
+    kv_bytes     = kv_elements(tp) x kv_dtype_bytes x (B x ctx + P_req x ctx_p)
+                   kv_elements: GQA 2 x layers x max(kv_heads / tp, 1) x head_dim; MLA layers x (latent + rope),
+                   whole on every GPU (policies/profiles.py `AttentionShape`); P_req = 1 when P > 0; ctx is the
+                   attended context (layers with a sliding window read at most the window: `attended_context`)
+    forward_s    = smooth_max(memory x (weight_bytes + kv_bytes) / BW,
+                              compute x (2 P_matmul x G(B q) x (N_ref / G)^beta + pair_flops x ctx x B q) / tp / F)
+                   pair_flops: decode attention FLOPs per (query, cached token) pair, all layers (GQA 4 L H d; MLA
+                   L H (4 latent + 2 rope): the absorbed form does ~128x more math per cached byte)
+    BW           = BW_peak x bandwidth_efficiency;   F = F_peak(dtype) x flops_efficiency (a large GEMM's rate)
+                   G(n) = smooth_max(n + t/2, N_fill x fill): the GEMM rows a step of n tokens computes.
                           Rows run in whole tiles of t = min(64, N_fill) tokens (Hopper's wgmma instruction is
                           m64nNk16, PTX ISA), and a window's batch fluctuates by more than a tile, so on average
                           half a tile is padding. N_fill = hardware.gemm_fill_tokens (64 on GPUs: one tile, 1 on
                           CPU; policies/profiles.py says why not a wave): a step's linear layers cost at least
                           about N_fill tokens' worth of math. (t = 1 pads nothing.)
-                   beta (gemm_slope, 0 uncalibrated): GEMM efficiency elasticity. Small-M GEMMs reach less of
-                          the large-GEMM rate (fewer tiles than SMs leave a wave part empty; less operand reuse):
-                          the rate at n rows is F x (n / N_ref)^beta below N_ref = 2048 rows (a prefill chunk:
-                          vLLM's token budget is 2048-8192) and F above it. fill_scale and beta are fitted
-                          online (policies/calibrate.py): the profile cannot know a kernel's tiles.
-    prefill_s    = compute_scale x (2 P_active_matmul + 4 layers heads head_dim ctx_p) x P / tp / F
-                   (prompt chunks are GEMMs of hundreds to thousands of rows: priced at F, no elasticity)
-    roofline_s   = smooth_max(memory_s, compute_s) + prefill_s,   smooth_max(a, b) = (a^4 + b^4)^(1/4)
+                   beta (gemm_slope, 0 uncalibrated): GEMM efficiency elasticity: the rate at n rows is
+                          F x (n / N_ref)^beta below N_ref = 2048 rows (a prefill chunk) and F above it; fill and
+                          beta are fitted online (policies/calibrate.py): the profile cannot know a kernel's tiles.
+    prefill_s    = compute x (2 P_matmul x P x (N_ref / G(B q + P))^beta + prefill_pair_flops x ctx_p x P) / tp / F
+                   (the prompt tokens are rows of the same GEMMs as the decode tokens: at the step's whole row count's
+                   efficiency, which is F for a prefill-sized chunk of N_ref rows or more)
     allreduce_s  = tp > 1: 2 x layers x (latency + 2 (tp - 1)/tp x N hidden x 2 bytes / link_bytes_per_s)
-    overhead_s   = overhead_scale x (step_fixed_s + per_request_scale x per_request_step_s x B)
-    T_target     = overhead_s + roofline_scale x (roofline_s + allreduce_s)
+    overhead_s   = overhead x (step_fixed_s + layers x per_layer_step_s + per_request x per_request_step_s x B
+                               + per_token x per_token_step_s x B (q - 1))
+                   the last term: each verified draft token's own cost (rejection sampling over the vocabulary,
+                   the drafts' bookkeeping and per-token output handling); a plain step's one token per sequence
+                   is in the per-request and roofline terms
+    T_target     = overhead_s + roofline x (forward_s + prefill_s + allreduce_s)
+
+Why a per-token term: the roofline terms leave out every cost that grows with the tokens verified but is neither
+weight streaming nor GEMM math, and on published servers it is the larger part of a verified token's cost at
+decode batch sizes (policies/profiles.py `per_token_step_s`, its derivation from the published batch > 1 data).
+Why per layer: each layer's kernels have latency floors that no byte or FLOP count shows (policies/profiles.py).
 
 Ranges: B >= 1 (continuous: a window mean), q >= 1, ctx >= 0, P >= 0 tokens, tp >= 1. Worked example (H100 SXM,
-Llama-3.1-8B bf16, B=1, q=1, ctx=512, P=0): 15.08 GB / 2.85 TB/s = 5.30 ms memory; G(1) = smooth_max(33, 64)
-= 65.1 rows x 15.0 GFLOP / 5.936e14 FLOP/s = 1.65 ms compute; smooth_max -> 5.31 ms; + 1.52 ms overhead
--> 6.83 ms (vLLM measured 7.07 ms plain TPOT, vllm-eagle-k-sweep-bs1.csv).
+Llama-3.1-8B bf16, B=1, q=1, ctx=512, P=0): weights 15.01 GB + 67 MB of KV over 2.85 TB/s = 5.29 ms against
+G(1) = 65.1 rows x 15.0 GFLOP / 5.936e14 FLOP/s = 1.65 ms -> 5.31 ms; + 0.38 ms host + 32 x 35 us of layer
+latencies + 20 us per request = 1.52 ms -> 6.83 ms (vLLM measured 7.07 ms plain TPOT, vllm-eagle-k-sweep-bs1.csv).
+No draft tokens, so no per-token term; at q = 4 it adds 3 x 40 us.
 
-Why an elasticity, a fitted fill and half-tile padding: on the simulator (service/sim, whose tensor cores run
-whole 64-token tiles and reach a step-size-dependent fraction of peak) one fixed rate with a fixed 128-token
-floor missed pure-decode step times by up to 18-27% after calibration, either over-pricing small decode steps
-or under-pricing large ones, whichever way the fit leaned; with the three terms, within 8.4% over a steady
-load sweep (tests/integration/test_model_sim_calibration.py: the fit finds fill 1.0 x 64 = 64 rows, the
-world's 64-token tile, and beta 0.37-0.40; from the earlier 128-row prior it found the same 63 rows). Why the
-elasticity is on the linear layers only: attention is its own kernel (FlashAttention) whose work grows with
-B x ctx and keeps the GPU busy even at batch 1 with a long context.
-
-Why prefill is added outside the smooth max: prompts arrive in chunks of hundreds to thousands of tokens (up to
+Why prefill is added outside the smooth maxes: prompts arrive in chunks of hundreds to thousands of tokens (up to
 the token budget, e.g. 8192), which are compute-bound, so each prompt token costs its full math whichever step
 carries it; P is a window mean over bursty steps (most carry 0, a few carry a big chunk), and only a term linear
-in P averages correctly (E[T(P)] = T(E[P]) needs T linear in P). Blending the mean P under the memory time would
-hide prefill that the bursty steps really pay.
-
-Why prefill is in T (chunked prefill, vLLM V1's default): a step that also computes P prompt tokens spends
-2 P_active P FLOPs on them; at B=256 with a 2048-token chunk on an 8B model that is 31 TFLOP, ~52 ms at 0.6 of
-an H100's peak, far more than the decode work. The server's measured step time includes it, so calibration must
-price it: leaving it out made a one-point calibration at batch 256 with a queue read the prefill time as host
-overhead (x2.4) and predict S(1) = 0.57 where the simulator's truth was ~1.04. (In S itself a rate-bound prompt
-load cancels: see policies/costmodel.py.)
+in P averages correctly (E[T(P)] = T(E[P]) needs T linear in P). Why prefill is in T at all (chunked prefill,
+vLLM V1's default): the server's measured step time includes it, so calibration must price it. (In S itself a
+rate-bound prompt load cancels: see policies/costmodel.py.)
 
 Why a 4-norm smooth max: memory traffic and math overlap imperfectly near the ridge point; the 4-norm is at most
-2^(1/4) = 1.19x the larger term (at the crossover) and within 1.6% of it once one term is twice the other.
-The `CostScales` are what online calibration fits (policies/calibrate.py); the multipliers default to 1 and
-the elasticity to 0 (the physics as the profile states it). Activations
-(a few MB per step) are left out of the bytes: below 1% of the weight bytes at decode batch sizes.
+2^(1/4) = 1.19x the larger term (at the crossover) and within 1.6% of it once one term is twice the other. The
+published GEMM measurements agree (tests/fixtures/published/gemm-efficiency-vs-m.csv: cuBLAS bf16 on H100 from
+M = 1 to 256 is fitted best by p = 4-5, benchmarks/published_reproduction.py). The `CostScales` are what online
+calibration fits (policies/calibrate.py); the multipliers default to 1 and the elasticity to 0 (the physics as the
+profile states it). Activations (a few MB per step) are left out of the bytes: below 1% of the weight bytes at
+decode batch sizes.
 
 Drafting (what a speculative step adds besides verifying more tokens), for gamma >= 1 drafts:
     ngram / suffix : host_time_per_request x B                                  (one host lookup per step)
     eagle/eagle3/mtp/draft_model: gamma x (draft_step_fixed_s + roofline of the drafter at B tokens:
-                     drafter weights + its own KV cache (layers x kv_heads x head_dim) at ctx)
+                     drafter weights + its own KV cache at ctx)
     plus           : spec_step_overhead_s + spec_per_request_overhead_s x B   (rejection sampling, bookkeeping)
 The per-request speculative term is host/sampler bookkeeping only (see policies/profiles.py for why it is not
 the 84 us/request of vLLM Dynamic SD at K=0); `dynamic_sd_k0_overhead_s` prices that code path separately.
@@ -80,7 +78,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from policies.profiles import DrafterProfile, HardwareProfile, ModelProfile
+from policies.profiles import AttentionShape, DrafterProfile, HardwareProfile, ModelProfile
 from policies.types import DraftMethod
 
 SMOOTH_MAX_P = 4.0
@@ -100,8 +98,10 @@ class CostScales:
     `overhead` scales every fixed/host term and `roofline` every physics term (the one-point calibration in
     policies/costmodel.py fits these two); `memory` scales memory time (1 / effective-bandwidth error), `compute`
     compute time (1 / effective-FLOP/s error), `per_request` the per-running-request host terms on top of
-    `overhead`, `draft` every drafting pass (its launch and its roofline: drafter profiles are the least certain
-    numbers; EAGLE heads differ in layers and in whether they own an lm_head). `fill` scales the GEMM tile
+    `overhead`, `per_token` the per-verified-token term (the marginal cost of a token besides its roofline:
+    what speculation's extra tokens pay), `draft` every drafting pass (its launch and its roofline: drafter
+    profiles are the least certain numbers; EAGLE heads differ in layers and in whether they own an lm_head).
+    `fill` scales the GEMM tile
     floor N_fill and `gemm_slope` is the GEMM efficiency elasticity beta (not a multiplier: 0 uncalibrated,
     valid in [0, 1]); module docstring. The online fitter in policies/calibrate.py fits all but `roofline`.
     Example: memory 2.0 means the server streams bytes at half the bandwidth the profile assumed; fill 0.5
@@ -114,6 +114,7 @@ class CostScales:
     memory: float = 1.0
     compute: float = 1.0
     per_request: float = 1.0
+    per_token: float = 1.0
     draft: float = 1.0
     fill: float = 1.0
     gemm_slope: float = 0.0
@@ -125,7 +126,9 @@ class CostScales:
 @dataclass(frozen=True, slots=True)
 class StepTime:
     """One priced step (seconds, bytes, FLOPs per GPU). `total_s` = `overhead_s` + `physics_s`, both scaled;
-    `memory_s` / `compute_s` carry their own calibration scales (memory, compute) but not `roofline`."""
+    `overhead_s` holds the host terms and the per-token term; `memory_s` / `compute_s` are the whole step's memory
+    and math times (weights + KV; linear layers + attention) with their own calibration scales (memory, compute)
+    but not `roofline` (`physics_s` blends them per kernel class, module docstring)."""
 
     weight_bytes: float
     kv_bytes: float
@@ -197,15 +200,46 @@ def gemm_efficiency_factor(rows: float, slope: float) -> float:
     return math.exp(slope * math.log(GEMM_REFERENCE_TOKENS / min(max(rows, 1.0), GEMM_REFERENCE_TOKENS)))
 
 
+def step_fixed_s(hardware: HardwareProfile, model: ModelProfile) -> float:
+    """A step's fixed time (s, whatever its tokens): the engine's host work per step plus every layer's kernel
+    latencies, step_fixed_s + layers x per_layer_step_s (policies/profiles.py for both constants' sources).
+
+    Example: H100 profile, Llama-3.1-8B (32 layers): 0.7 ms + 32 x 25 us = 1.5 ms; DeepSeek-V3 (61): 2.23 ms.
+    """
+    return hardware.step_fixed_s + model.layers * hardware.per_layer_step_s
+
+
+def linear_layer_s(
+    hardware: HardwareProfile, *, rows: float, out_features: float, in_features: float, dtype_bytes: float
+) -> float:
+    """One linear layer (a GEMM of `rows` tokens x `in_features` -> `out_features`) as the step model prices its
+    linear layers (seconds): smooth_max(weight bytes / BW, 2 x G(rows) x out x in / F), with the profile's
+    efficiencies, tile padding and floor. The published GEMM measurements check this shape
+    (benchmarks/published_reproduction.py). Example: H100 SXM, bf16, 12288 x 5376 at 64 rows: 132.1 MB /
+    2.85 TB/s = 46.4 us against G(64) = 100.4 rows x 132.1 MFLOP / 5.936e14 = 22.3 us -> 47.0 us (cuBLAS measured
+    46.3 us, gemm-efficiency-vs-m.csv).
+    """
+    weights = out_features * in_features * dtype_bytes
+    memory = weights / (hardware.mem_bandwidth_bytes_per_s * hardware.bandwidth_efficiency)
+    tile = gemm_tile_tokens(hardware)
+    grid = gemm_rows(rows, pad=0.5 * tile if tile > 1.0 else 0.0, fill=hardware.gemm_fill_tokens)
+    rate = hardware.flops_for_dtype(dtype_bytes) * hardware.flops_efficiency
+    compute = 2.0 * grid * out_features * in_features / rate
+    return smooth_max(memory, compute)
+
+
 @dataclass(frozen=True, slots=True)
 class StepComponents:
     """One step's unscaled parts (seconds per GPU), priced by `total_s(scales)`: what calibration refits.
 
     `fixed_s`: step fixed + speculative per-step; `draft_fixed_s`: draft-pass launches; `per_request_s`: every
-    per-running-request host term (plain, speculative bookkeeping, n-gram lookup); `memory_s`/`compute_s`: the
-    target forward's decode part at unit scales, of which `gemm_row_s` x G(`gemm_tokens`) is the linear layers
-    (G with `gemm_pad` and `gemm_fill`: `gemm_rows`; repriced under the fill scale and elasticity);
-    `prefill_s`: the prompt tokens' math, added outside the smooth max (module docstring);
+    per-running-request host term (plain, speculative bookkeeping, n-gram lookup); `per_token_s`: the verified
+    tokens' own cost (per_token_step_s x B q); `memory_s`/`compute_s`: the linear layers' weight streaming and
+    math, of which `gemm_row_s` x G(`gemm_tokens`) is repriced under the fill scale and elasticity (G with
+    `gemm_pad` and `gemm_fill`: `gemm_rows`); `kv_memory_s`/`attention_s`: the attention kernels' KV streaming
+    and math; `prefill_s`: the prompt tokens' math, added outside the smooth maxes (module docstring), of which
+    `prefill_gemm_s` is linear layers, priced at the elasticity of the step's whole rows G(`gemm_tokens` +
+    `prefill_tokens`);
     `draft_memory_s`/`draft_compute_s`: ONE draft pass, run `draft_passes` times; `allreduce_s`: TP comms.
     """
 
@@ -215,6 +249,7 @@ class StepComponents:
     compute_s: float
     allreduce_s: float = 0.0
     prefill_s: float = 0.0
+    prefill_gemm_s: float = 0.0
     draft_fixed_s: float = 0.0
     draft_memory_s: float = 0.0
     draft_compute_s: float = 0.0
@@ -223,6 +258,19 @@ class StepComponents:
     gemm_tokens: float = 0.0
     gemm_pad: float = 0.0
     gemm_fill: float = 0.0
+    kv_memory_s: float = 0.0
+    attention_s: float = 0.0
+    per_token_s: float = 0.0
+    prefill_tokens: float = 0.0
+
+    def prefill_at(self, scales: CostScales | None = None) -> float:
+        """The prompt tokens' math (s, before the compute scale) under the elasticity of the step's whole rows:
+        prefill_s - prefill_gemm_s + prefill_gemm_s x (N_ref / G(gemm_tokens + prefill_tokens))^gemm_slope."""
+        s = scales or CostScales()
+        if s.gemm_slope == 0.0 or self.prefill_gemm_s <= 0.0:
+            return self.prefill_s
+        rows = gemm_rows(self.gemm_tokens + self.prefill_tokens, pad=self.gemm_pad, fill=self.gemm_fill * s.fill)
+        return self.prefill_s + self.prefill_gemm_s * (gemm_efficiency_factor(rows, s.gemm_slope) - 1.0)
 
     def gemm_s(self, scales: CostScales | None = None) -> float:
         """The linear layers' math time (s, before the compute scale) under `scales`' fill and elasticity:
@@ -235,31 +283,33 @@ class StepComponents:
         return self.gemm_row_s * rows * gemm_efficiency_factor(rows, s.gemm_slope)
 
     def total_s(self, scales: CostScales | None = None) -> float:
-        """overhead x (fixed + per_request x per-request + draft x draft_fixed) + roofline x (smooth_max(memory x
-        M, compute x C) + compute x prefill + allreduce + draft x passes x smooth_max(memory x M_d, compute x C_d)),
+        """overhead x (fixed + per_request x per-request + per_token x per-token + draft x draft_fixed)
+        + roofline x (smooth_max(memory x (M + K), compute x (C + A)) + compute x prefill
+        + allreduce + draft x passes x smooth_max(memory x M_d, compute x C_d)),
         C = compute_s - gemm_s(unit scales) + gemm_s(scales).
 
-        Example: fixed 1.5 ms, per-request 0.02 ms, M 5.3 ms, C 0.025 ms, no draft, unit scales -> 6.82 ms;
-        memory 2.0 -> 1.52 + 10.6 = 12.12 ms.
+        Example: fixed 1.5 ms, per-request 0.02 ms, per-token 0.02 ms, M 5.3 ms, C 0.025 ms, no KV, no draft, unit
+        scales -> 6.84 ms; memory 2.0 -> 1.54 + 10.6 = 12.14 ms.
         """
         s = scales or CostScales()
-        overhead = s.overhead * (self.fixed_s + s.per_request * self.per_request_s)
+        overhead = s.overhead * (self.fixed_s + s.per_request * self.per_request_s + s.per_token * self.per_token_s)
         compute_s = self.compute_s
         if (s.fill != 1.0 or s.gemm_slope != 0.0) and self.gemm_row_s > 0.0:
             compute_s += self.gemm_s(s) - self.gemm_s()
-        compute = s.compute * compute_s
-        target = smooth_max(s.memory * self.memory_s, compute) + s.compute * self.prefill_s + self.allreduce_s
+        forward = smooth_max(s.memory * (self.memory_s + self.kv_memory_s), s.compute * (compute_s + self.attention_s))
+        target = forward + s.compute * self.prefill_at(s) + self.allreduce_s
         draft = self.draft_passes * smooth_max(s.memory * self.draft_memory_s, s.compute * self.draft_compute_s)
         return overhead + s.draft * s.overhead * self.draft_fixed_s + s.roofline * (target + s.draft * draft)
 
 
-def kv_bytes_per_token_per_gpu(layers: int, kv_heads: int, head_dim: int, kv_dtype_bytes: float, tp: float) -> float:
-    """KV-cache bytes per token of context on one GPU: 2 x layers x max(kv_heads / tp, 1) x head_dim x bytes (KV
-    heads are sharded by tensor parallelism, and replicated once tp exceeds them).
+def kv_bytes_per_token_per_gpu(attention: AttentionShape, kv_dtype_bytes: float, tp: float) -> float:
+    """KV-cache bytes per token of context on one GPU (`AttentionShape.kv_elements_per_token` x bytes): GQA heads
+    are sharded by tensor parallelism (and replicated once tp exceeds them); an MLA latent is whole on every GPU.
 
-    Example: Llama-3.1-8B bf16 (32 layers, 8 KV heads, head_dim 128): tp 1 -> 131072; tp 8 -> 16384; tp 16 -> 16384.
+    Example: Llama-3.1-8B bf16 (32 layers, 8 KV heads, head_dim 128): tp 1 -> 131072; tp 8 -> 16384; tp 16 ->
+    16384. DeepSeek-V3 (latent 512 + rope 64, bf16): 70272 at any tp.
     """
-    return 2.0 * layers * max(kv_heads / tp, 1.0) * head_dim * kv_dtype_bytes
+    return attention.kv_elements_per_token(tp=tp) * kv_dtype_bytes
 
 
 @dataclass(frozen=True, slots=True)
@@ -269,8 +319,8 @@ class _TargetParts:
     weight_bytes: float
     kv_bytes: float
     flops: float
-    memory_s: float
-    compute_s: float  # decode math at unit scales: linear layers (gemm_row_s x G) + attention
+    memory_s: float  # weight streaming
+    kv_memory_s: float
     attention_s: float
     gemm_row_s: float  # seconds of linear-layer math per GEMM row (token)
     gemm_tokens: float
@@ -278,6 +328,24 @@ class _TargetParts:
     gemm_fill: float
     allreduce_s: float
     prefill_s: float
+    prefill_gemm_s: float
+    prefill_tokens: float
+    per_token_s: float
+
+    @property
+    def gemm_s(self) -> float:
+        """Linear-layer math at unit scales (s)."""
+        return self.gemm_row_s * gemm_rows(self.gemm_tokens, pad=self.gemm_pad, fill=self.gemm_fill)
+
+
+def _weight_bytes_per_gpu(model: ModelProfile, tokens: float, tp: float) -> float:
+    """Bytes of weights one forward over `tokens` tokens streams per GPU (module docstring)."""
+    dense_params = model.params - model.input_embedding_params - model.routed_expert_params
+    dense = dense_params * model.dtype_bytes
+    if not model.is_moe:
+        return dense / tp
+    touched = expected_experts_touched(model.num_experts, model.experts_per_token, tokens)
+    return (dense + model.moe_layers * touched * model.expert_params * model.expert_bytes_per_param) / tp
 
 
 def _target_parts(
@@ -291,48 +359,53 @@ def _target_parts(
     prefill_context_tokens: float,
     tensor_parallel: int,
 ) -> _TargetParts:
-    """The unscaled parts of one target forward: compute_s is the decode tokens' math (GEMM rows G(B q) plus
-    attention), prefill_s the prompt tokens' math; flops are the real ones."""
+    """The unscaled parts of one target forward: the linear layers' bytes and rows, the attention's KV bytes and
+    math (decode tokens), prefill_s the prompt tokens' math; flops are the real ones."""
     tp = float(tensor_parallel)
     decode_tokens = batch * tokens_per_seq
     tokens = decode_tokens + prefill_tokens
-    touched = expected_experts_touched(model.num_experts, model.experts_per_token, tokens)
-    dense_params = model.params - model.input_embedding_params - model.routed_expert_params
-    expert_params = model.moe_layers * touched * model.expert_params if model.is_moe else 0.0
-    weight_bytes = (dense_params + expert_params) * model.dtype_bytes / tp
-    per_token = kv_bytes_per_token_per_gpu(model.layers, model.num_kv_heads, model.head_dim, model.kv_dtype_bytes, tp)
-    prefix_read = prefill_context_tokens if prefill_tokens > 0 else 0.0
-    kv_bytes = per_token * (batch * context_tokens + prefix_read)
+    weight_bytes = _weight_bytes_per_gpu(model, tokens, tp)
+    shape = model.attention
+    per_token = kv_bytes_per_token_per_gpu(shape, model.kv_dtype_bytes, tp)
+    attended = model.attended_context(context_tokens)
+    prefix_read = model.attended_context(prefill_context_tokens) if prefill_tokens > 0 else 0.0
+    kv_bytes = per_token * (batch * attended + prefix_read)
     matmul_params = model.active_params - model.input_embedding_params
-    attention_per_pair = 4.0 * model.layers * model.num_heads * model.head_dim
-    attention_flops = attention_per_pair * context_tokens * decode_tokens / tp
-    prefill_flops = (2.0 * matmul_params + attention_per_pair * prefill_context_tokens) * prefill_tokens / tp
+    attention_flops = shape.decode_flops_per_pair * attended * decode_tokens / tp
+    prefill_flops = (2.0 * matmul_params + shape.prefill_flops_per_pair * prefill_context_tokens) * prefill_tokens / tp
     flops = 2.0 * matmul_params * decode_tokens / tp + attention_flops + prefill_flops
-    memory_s = (weight_bytes + kv_bytes) / (hardware.mem_bandwidth_bytes_per_s * hardware.bandwidth_efficiency)
+    bandwidth = hardware.mem_bandwidth_bytes_per_s * hardware.bandwidth_efficiency
     flops_per_s = hardware.flops_for_dtype(model.dtype_bytes) * hardware.flops_efficiency
     tile = gemm_tile_tokens(hardware)
-    pad = 0.5 * tile if tile > 1.0 else 0.0
-    row_s = 2.0 * matmul_params / tp / flops_per_s
-    attention_s = attention_flops / flops_per_s
-    compute_s = row_s * gemm_rows(decode_tokens, pad=pad, fill=hardware.gemm_fill_tokens) + attention_s
     allreduce_s = 0.0
     if tensor_parallel > 1:
         message = tokens * model.hidden * ACTIVATION_BYTES
         ring = 2.0 * (tp - 1.0) / tp * message / hardware.interconnect_bytes_per_s
         allreduce_s = 2.0 * model.layers * (hardware.allreduce_latency_s + ring)
     return _TargetParts(
-        weight_bytes=weight_bytes, kv_bytes=kv_bytes, flops=flops, memory_s=memory_s, compute_s=compute_s,
-        attention_s=attention_s, gemm_row_s=row_s, gemm_tokens=decode_tokens, gemm_pad=pad,
-        gemm_fill=hardware.gemm_fill_tokens, allreduce_s=allreduce_s, prefill_s=prefill_flops / flops_per_s,
+        weight_bytes=weight_bytes, kv_bytes=kv_bytes, flops=flops, memory_s=weight_bytes / bandwidth,
+        kv_memory_s=kv_bytes / bandwidth, attention_s=attention_flops / flops_per_s,
+        gemm_row_s=2.0 * matmul_params / tp / flops_per_s, gemm_tokens=decode_tokens,
+        gemm_pad=0.5 * tile if tile > 1.0 else 0.0, gemm_fill=hardware.gemm_fill_tokens, allreduce_s=allreduce_s,
+        prefill_s=prefill_flops / flops_per_s, prefill_gemm_s=2.0 * matmul_params * prefill_tokens / tp / flops_per_s,
+        prefill_tokens=prefill_tokens, per_token_s=hardware.per_token_step_s * batch * (tokens_per_seq - 1.0),
     )
 
 
-def _decode_compute_s(parts: _TargetParts, scales: CostScales) -> float:
-    """The decode math (s) under the fill scale and elasticity, before the compute scale."""
+def _prefill_s(parts: _TargetParts, scales: CostScales) -> float:
+    """The prompt tokens' math (s) under the elasticity of the step's whole rows, before the compute scale."""
+    if scales.gemm_slope == 0.0 or parts.prefill_gemm_s <= 0.0:
+        return parts.prefill_s
+    rows = gemm_rows(parts.gemm_tokens + parts.prefill_tokens, pad=parts.gemm_pad, fill=parts.gemm_fill * scales.fill)
+    return parts.prefill_s + parts.prefill_gemm_s * (gemm_efficiency_factor(rows, scales.gemm_slope) - 1.0)
+
+
+def _decode_gemm_s(parts: _TargetParts, scales: CostScales) -> float:
+    """The linear layers' decode math (s) under the fill scale and elasticity, before the compute scale."""
     if scales.fill == 1.0 and scales.gemm_slope == 0.0:
-        return parts.compute_s
+        return parts.gemm_s
     rows = gemm_rows(parts.gemm_tokens, pad=parts.gemm_pad, fill=parts.gemm_fill * scales.fill)
-    return parts.gemm_row_s * rows * gemm_efficiency_factor(rows, scales.gemm_slope) + parts.attention_s
+    return parts.gemm_row_s * rows * gemm_efficiency_factor(rows, scales.gemm_slope)
 
 
 def target_step_time(
@@ -353,10 +426,10 @@ def target_step_time(
     attends to about half the prompt), sharded over `tensor_parallel` GPUs (>= 1).
     Formulas in the module docstring. Raises ValueError outside those ranges.
 
-    Example: H100 SXM, Llama-3.1-8B, B=1, q=1, ctx=512: weights 7.505e9 x 2 = 15.01 GB, KV 131072 x 512 = 67 MB,
-    memory_s = 15.08e9 / 2.8475e12 = 5.30 ms; compute_s = 2 x 7.505e9 / 5.936e14 = 0.025 ms; overhead
-    1.5 + 0.02 ms -> total ~ 6.82 ms (vLLM measured 7.07 ms, vllm-eagle-k-sweep-bs1.csv). With 512 prefill
-    tokens added: compute 513 x 15.0 GFLOP / 5.936e14 = 13.0 ms -> the step is compute-bound, ~14.6 ms.
+    Example: H100 SXM, Llama-3.1-8B, B=1, q=1, ctx=512: weights 7.505e9 x 2 = 15.01 GB + KV 131072 x 512 = 67 MB
+    -> 5.29 ms; smooth_max(5.29, 1.65) = 5.31 ms; overhead 0.38 + 32 x 0.035 + 0.02 = 1.52 ms -> total ~ 6.83 ms
+    (vLLM measured 7.07 ms, vllm-eagle-k-sweep-bs1.csv). With 512 prefill tokens added: 512 x 15.0 GFLOP at
+    (2048 / 578)^0 x 5.936e14 = 13.0 ms of prompt math outside the smooth max -> ~19.9 ms.
     """
     _check(batch=batch, tokens_per_seq=tokens_per_seq, context_tokens=context_tokens, tp=tensor_parallel)
     prefill_ctx = _check_prefill(prefill_tokens, prefill_context_tokens, context_tokens)
@@ -365,17 +438,22 @@ def target_step_time(
         hardware, model, batch=batch, tokens_per_seq=tokens_per_seq, context_tokens=context_tokens,
         prefill_tokens=prefill_tokens, prefill_context_tokens=prefill_ctx, tensor_parallel=tensor_parallel,
     )
-    memory_s = scales.memory * parts.memory_s
-    compute_s = scales.compute * _decode_compute_s(parts, scales)
-    overhead = hardware.step_fixed_s + scales.per_request * hardware.per_request_step_s * batch
-    physics = smooth_max(memory_s, compute_s) + scales.compute * parts.prefill_s + parts.allreduce_s
+    gemm_s = scales.compute * _decode_gemm_s(parts, scales)
+    attention_s = scales.compute * parts.attention_s
+    weights_s, kv_s = scales.memory * parts.memory_s, scales.memory * parts.kv_memory_s
+    overhead = step_fixed_s(hardware, model) + scales.per_request * hardware.per_request_step_s * batch
+    physics = (
+        smooth_max(weights_s + kv_s, gemm_s + attention_s) + scales.compute * _prefill_s(parts, scales)
+        + parts.allreduce_s
+    )
+    host = scales.overhead * (overhead + scales.per_token * parts.per_token_s) + scales.target_offset_s
     return StepTime(
         weight_bytes=parts.weight_bytes,
         kv_bytes=parts.kv_bytes,
         flops=parts.flops,
-        memory_s=memory_s,
-        compute_s=compute_s,
-        overhead_s=max(0.0, scales.overhead * overhead + scales.target_offset_s),
+        memory_s=weights_s + kv_s,
+        compute_s=gemm_s + attention_s,
+        overhead_s=max(0.0, host),
         physics_s=scales.roofline * physics,
     )
 
@@ -383,13 +461,12 @@ def target_step_time(
 def _draft_pass(
     hardware: HardwareProfile, drafter: DrafterProfile, *, batch: float, context_tokens: float, tp: float
 ) -> tuple[float, float, float, float]:
-    """(bytes moved, flops, memory_s, compute_s) of ONE draft pass at `batch` tokens, unscaled."""
+    """(bytes moved, flops, memory_s, compute_s) of ONE draft pass at `batch` tokens, unscaled. A head of one or
+    two layers is one kernel chain whose weights, KV and math are blended by one smooth max."""
     weight_bytes = drafter.params * drafter.dtype_bytes / tp
-    per_token = kv_bytes_per_token_per_gpu(
-        drafter.layers, drafter.num_kv_heads, drafter.head_dim, drafter.kv_dtype_bytes, tp
-    )
-    kv_bytes = per_token * batch * context_tokens
-    attention_flops = 4.0 * drafter.layers * drafter.num_heads * drafter.head_dim * batch * context_tokens
+    shape = drafter.attention
+    kv_bytes = kv_bytes_per_token_per_gpu(shape, drafter.kv_dtype_bytes, tp) * batch * context_tokens
+    attention_flops = shape.decode_flops_per_pair * batch * context_tokens
     flops = (2.0 * drafter.params * batch + attention_flops) / tp
     memory_s = (weight_bytes + kv_bytes) / (hardware.mem_bandwidth_bytes_per_s * hardware.bandwidth_efficiency)
     compute_s = flops / (hardware.flops_for_dtype(drafter.dtype_bytes) * hardware.flops_efficiency)
@@ -461,7 +538,7 @@ def step_components(
     `target_step_time(..., scales).total_s + drafting_time(..., scales).total_s`.
 
     Example: H100, Llama-3.1-8B, EAGLE-3, B=1, q=4, 3 passes, ctx 512: fixed 1.5 + 0.775 + 3 x 0.5 = 3.775 ms,
-    per-request 0.02 + 0.010 ms, memory 5.30 ms, one draft pass 0.28 ms -> total ~ 9.95 ms.
+    per-request 0.02 + 0.010 ms, per-token 4 x 0.02 ms, linear 5.27 ms, one draft pass 0.28 ms -> ~ 10.0 ms.
     """
     _check(batch=batch, tokens_per_seq=tokens_per_seq, context_tokens=context_tokens, tp=tensor_parallel)
     if draft_passes < 0:
@@ -472,7 +549,7 @@ def step_components(
         hardware, model, batch=batch, tokens_per_seq=tokens_per_seq, context_tokens=context_tokens,
         prefill_tokens=prefill_tokens, prefill_context_tokens=prefill_ctx, tensor_parallel=tensor_parallel,
     )
-    fixed = hardware.step_fixed_s
+    fixed = step_fixed_s(hardware, model)
     per_request = hardware.per_request_step_s * batch
     draft_memory = draft_compute = draft_fixed = 0.0
     passes = 0
@@ -491,9 +568,11 @@ def step_components(
         fixed_s=fixed,
         per_request_s=per_request,
         memory_s=parts.memory_s,
-        compute_s=parts.compute_s,
+        compute_s=parts.gemm_s,
         allreduce_s=parts.allreduce_s,
         prefill_s=parts.prefill_s,
+        prefill_gemm_s=parts.prefill_gemm_s,
+        prefill_tokens=parts.prefill_tokens,
         draft_fixed_s=draft_fixed,
         draft_memory_s=draft_memory,
         draft_compute_s=draft_compute,
@@ -502,6 +581,9 @@ def step_components(
         gemm_tokens=parts.gemm_tokens,
         gemm_pad=parts.gemm_pad,
         gemm_fill=parts.gemm_fill,
+        kv_memory_s=parts.kv_memory_s,
+        attention_s=parts.attention_s,
+        per_token_s=parts.per_token_s,
     )
 
 

@@ -204,6 +204,11 @@ class CurvePoint:
     the acceptance is a prior: nothing was measured), so 0.0 means fully measured.
     `slo_share` (0..1, or None when no ITL SLO is configured) is the share of this option's delivered tokens
     predicted to meet the SLO (policies/objectives.py); the speedup is then in SLO goodput.
+    `gain_sd` (>= 0) is the sd of log(S(gamma) / S(running)) from the cost model's own uncertainty, where running is
+    the option the server runs now (policies/uncertainty.py): how sure the model is that this option beats or
+    trails what runs; 0 for the running option itself and where it was not computed.
+    `speedup_low/high` is the 90% band: the acceptance's and, once policies/uncertainty.py has added it, the cost
+    model's own uncertainty (what the calibration has not identified), in quadrature.
     """
 
     gamma: int
@@ -215,6 +220,7 @@ class CurvePoint:
     extrapolated: bool = False
     extrapolated_share: float = 0.0
     slo_share: float | None = None
+    gain_sd: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)

@@ -37,6 +37,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from policies.acceptance import AcceptancePoint, acceptance_curve
+from policies.calibrate import CalibrationConfig, prior_covariance
 from policies.costmodel import ModelContext, curve_for
 from policies.kv_capacity import VLLM_GPU_MEMORY_UTILIZATION, MemoryFit, memory_fit
 from policies.profiles import (
@@ -49,8 +50,10 @@ from policies.profiles import (
     model_by_name,
     model_from_hf_config,
 )
+from policies.roofline import CostScales
 from policies.schedule import SchedulePlan
 from policies.types import AcceptanceEvidence, CurvePoint, DraftMethod
+from policies.uncertainty import banded
 
 GAMMA_LIMIT = 16  # deepest chain priced; vLLM's EAGLE/MTP deployments use k <= ~8
 MAX_POINTS = 2048  # batch sizes x context lengths x gammas in one request
@@ -60,6 +63,7 @@ MAX_BATCH = 65536.0
 MAX_CONTEXT_TOKENS = 4_194_304.0  # 4M tokens: longer than any served context window today
 MAX_PREFILL_TOKENS_PER_STEP = 1_048_576.0
 MAX_TENSOR_PARALLEL = 64
+PRIOR_COVARIANCE = prior_covariance(CalibrationConfig())
 MAX_TREE_TOKENS = 256  # SGLang and TensorRT-LLM trees verify up to a few dozen to ~100 tokens per sequence
 CROSSOVER_SEARCH_MAX_BATCH = 4096.0
 CROSSOVER_GRID_FACTOR = 1.25
@@ -456,6 +460,8 @@ def evaluate_whatif(inp: WhatIfInput) -> WhatIfResult:
     for context in inp.context_lengths:
         for batch in inp.batch_sizes:
             curve, base = _curve(ctx, acceptance, batch=batch, context=context, prefill=prefill, tree=inp.tree_tokens)
+            curve = with_prior_band(ctx, acceptance, curve, batch=batch, context=context, prefill=prefill,
+                                tree=inp.tree_tokens)
             fits = {
                 gamma: memory_fit(
                     ctx, batch=batch, context_tokens=context, gamma=gamma,
@@ -502,6 +508,24 @@ def _curve(
             "target_model", f"the profiles give a non-finite or zero step time at batch {batch}, context {context}"
         )
     return curve, base
+
+
+def with_prior_band(
+    ctx: ModelContext, acceptance: Sequence[AcceptancePoint], curve: tuple[CurvePoint, ...], *, batch: float,
+    context: float, prefill: float, tree: int | None,
+) -> tuple[CurvePoint, ...]:
+    """The curve with the uncalibrated model's uncertainty in its bands: the calibration prior's covariance
+    (policies/calibrate.py `prior_covariance`) propagated by policies/uncertainty.py. Nothing is measured in a
+    what-if, so the band spans what the profiles' constants could be: a verification priced compute-bound at
+    the per-token and compute scales' high ends is inside it."""
+
+    def at(scales: CostScales) -> tuple[CurvePoint, ...]:
+        return curve_for(
+            ctx, acceptance, batch=batch, context_tokens=context, prefill_tokens=prefill,
+            tree_tokens=None if tree is None else float(tree), scales=scales,
+        )[0]
+
+    return banded(at, CostScales(), PRIOR_COVARIANCE, base=curve)
 
 
 def _point(point: CurvePoint, *, batch: float, context: float, base: float, fit: MemoryFit) -> WhatIfPoint:
@@ -621,7 +645,10 @@ def _notes(
 ) -> tuple[str, ...]:
     notes = [
         "uncalibrated: the profiles' datasheet peaks, efficiencies and overhead defaults (policies/profiles.py); "
-        "a live sidecar fits them to the server's measured step time"
+        "a live sidecar fits them to the server's measured step time",
+        "speedup_low/high are 90% bands that include the cost model's own uncertainty (the calibration prior: "
+        "per-token, compute, overhead and drafting costs each unknown by 1.6-2.2x), not only the acceptance's; "
+        "measure the deployment (spec-advisor profile) to narrow them",
     ]
     if gamma_max > measured:
         notes.append(

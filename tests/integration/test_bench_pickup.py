@@ -37,12 +37,17 @@ def _run() -> RunResult:
 def test_speculation_turned_off_on_a_hostile_workload_is_picked_up_after_it_changes() -> None:
     run = _run()
     ks = [(tick.t_s, tick.k) for tick in run.ticks]
+    # The hostile workload cuts speculation before it changes at 240 s; off follows (through fewer drafts first
+    # when the advisor is surer of that move than of how plain decoding would fare, policies/uncertainty.py)
+    # while the acceptance measured is still the hostile one.
+    first_cut = next(t for t, k in ks if k < 3)
+    assert first_cut < 240.0, f"first cut only at {first_cut} s"
     off_at = next(t for t, k in ks if k == 0)
-    assert off_at < 240.0, f"turned off only at {off_at} s"
+    assert off_at < 270.0, f"turned off only at {off_at} s"
     # Off while the workload changes (240-300 s): nothing measured says so...
     assert all(k == 0 for t, k in ks if off_at <= t <= 300.0)
     # ...and yet speculation comes back, and stays on to the end: the pick-up was not a probe given up.
     on_again = next(t for t, k in ks if t > off_at and k > 0)
     assert 300.0 < on_again < run.ticks[-1].t_s - 120.0
     assert all(k > 0 for t, k in ks if t >= on_again)
-    assert run.config_changes == 2
+    assert run.config_changes <= 3

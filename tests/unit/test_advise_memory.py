@@ -79,8 +79,8 @@ def test_off_and_a_fresh_memory_turns_on_after_the_dwell_once_the_batch_drops() 
 
 
 def test_off_with_a_memory_too_old_to_use_probes_on_the_prior_and_says_why() -> None:
-    # Batch 64 with the ngram drafter: the method prior's low end does not clear 1.05, the good profile would.
-    evidence = make_off_evidence(batch=64.0)
+    # Batch 8 with the ngram drafter: the method prior's low end does not clear 1.05, the good profile would.
+    evidence = make_off_evidence(batch=8.0)
     fresh = tick(evidence, DecideState(), remembered(GOOD, age_s=60.0), now_s=NOW, config=replace(DWELL, dwell_s=0))
     assert fresh.decision.enabled
     stale = tick(evidence, DecideState(), remembered(GOOD, age_s=7 * 3600.0), now_s=NOW,
@@ -106,7 +106,7 @@ def test_off_with_a_memory_too_old_to_use_probes_on_the_prior_and_says_why() -> 
 
 
 def test_the_aged_band_clears_the_margin_only_while_the_memory_is_fresh() -> None:
-    evidence = make_off_evidence(batch=64.0)
+    evidence = make_off_evidence(batch=4.0)
     config = replace(DWELL, dwell_s=0.0)
 
     def best(age_s: float) -> tuple[float, float]:

@@ -10,11 +10,13 @@ import pytest
 from costmodel_builders import make_context, make_evidence
 
 from policies.calibrate import (
+    PARAMS,
     CalibrationConfig,
     CalibrationState,
     StepObservation,
     add_observation,
     fit,
+    log_step_and_slopes,
     observation_from,
     update,
 )
@@ -258,3 +260,29 @@ def test_the_elasticity_stays_at_its_physical_bound() -> None:
     with pytest.raises(ValueError):
         CalibrationConfig(fill_sigma=0.0)
 
+
+
+@pytest.mark.parametrize("x", [(0.0,) * 8, (-0.58, 0.02, 0.32, 0.09, 0.14, 0.16, -0.69, 0.3)])
+def test_the_analytic_jacobian_is_the_derivative_of_the_priced_step(x: tuple[float, ...]) -> None:
+    # The fitter prices log T and its eight derivatives in one pass (module docstring); every derivative must match
+    # a finite difference of the same StepComponents.total_s, including at beta = 0, where the prompt rows' share of
+    # the elasticity has a derivative though its factor is 1 (missing it stalled the fit: every step rejected).
+    ctx = make_context()
+
+    def scales(at: tuple[float, ...] | list[float]) -> CostScales:
+        exp = [math.exp(v) for v in at[:7]]
+        return CostScales(memory=exp[0], compute=exp[1], overhead=exp[2], per_request=exp[3], per_token=exp[4],
+                          draft=exp[5], fill=exp[6], gemm_slope=at[7])
+
+    for point in _synthetic(CostScales(memory=0.5, overhead=1.6)).points:
+        components = step_components(
+            ctx.hardware, ctx.model, ctx.drafter, batch=point.batch, tokens_per_seq=point.tokens_per_seq,
+            draft_passes=point.draft_passes, context_tokens=point.context_tokens, prefill_tokens=point.prefill_tokens,
+        )
+        log_t, slopes = log_step_and_slopes(components, x)
+        assert log_t == pytest.approx(math.log(components.total_s(scales(x))), abs=1e-12)
+        for j in range(8):
+            moved = list(x)
+            moved[j] += 1e-7
+            numeric = (math.log(components.total_s(scales(moved))) - log_t) / 1e-7
+            assert slopes[j] == pytest.approx(numeric, abs=1e-5), (PARAMS[j], point)

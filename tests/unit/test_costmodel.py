@@ -82,10 +82,11 @@ def test_speedup_falls_with_batch() -> None:
         for b in (1.0, 16.0, 64.0, 128.0, 256.0)
     ]
     # Up to B=16 verifying 4 tokens per sequence (64 tokens, 0.96 TFLOP = 1.6 ms) hides under the 5.4 ms weight
-    # stream, so S is flat there (within 1%); past it compute grows with B q and S falls.
-    assert speedups[1] == pytest.approx(speedups[0], rel=0.01)
-    assert speedups[1:] == sorted(speedups[1:], reverse=True)
-    assert speedups[-1] < 0.7 * speedups[0]
+    # stream, but each sequence's 3 draft tokens cost 3 x 40 us of their own: 0.12 ms at B=1, 1.92 ms at B=16
+    # (against a ~7 ms plain step), so S already falls there (by ~15-20%); past it compute grows with B q as well.
+    assert 0.75 * speedups[0] < speedups[1] < 0.9 * speedups[0]
+    assert speedups == sorted(speedups, reverse=True)
+    assert speedups[-1] < 0.6 * speedups[0]
 
 
 def test_prior_curve_when_speculation_is_off() -> None:

@@ -216,11 +216,13 @@ def test_a_better_drafter_moves_the_crossover_up() -> None:
 def test_leviathan_batch1_formula_when_verification_costs_one_step() -> None:
     # Leviathan et al. 2023: with i.i.d. acceptance alpha, gamma drafts and a drafter costing c target steps,
     # S = (1 - alpha^(gamma+1)) / ((1 - alpha)(gamma c + 1)). With no drafting cost (c = 0, host n-gram at zero
-    # host time and no speculative overhead) and a verify step costing one plain step (B=1, memory-bound, the
-    # extra 3 tokens hide under the weight stream), S(3) at alpha 0.7 = (1 - 0.7^4) / 0.3 = 2.533.
+    # host time, no speculative overhead and no per-draft-token cost) and a verify step costing one plain step
+    # (B=1, memory-bound, the extra 3 tokens hide under the weight stream), S(3) at alpha 0.7 = (1 - 0.7^4) / 0.3
+    # = 2.533.
     base = make_context(method=DraftMethod.NGRAM)
     free = ModelContext(
-        hardware=replace(base.hardware, spec_step_overhead_s=0.0, spec_per_request_overhead_s=0.0),
+        hardware=replace(base.hardware, spec_step_overhead_s=0.0, spec_per_request_overhead_s=0.0,
+                         per_token_step_s=0.0),
         model=base.model,
         drafter=replace(base.drafter, host_time_per_request_s=0.0),
     )

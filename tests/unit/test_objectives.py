@@ -167,7 +167,7 @@ def test_chunked_prefill_stretch_applies_at_each_options_open_load_batch() -> No
     curve, objective, _ = objective_curve(ctx, ACCEPTANCE, workload, config=config)
     assert objective is Objective.GOODPUT_SLO
     assert curve[3].slo_share == pytest.approx(slo_share(model_itl * stretch, config))
-    for gamma in (1, 2):
+    for gamma in (0, 2):
         length = ACCEPTANCE[gamma].expected_length
 
         def itl_at(batch: float, gamma: int = gamma, length: float = length) -> float:

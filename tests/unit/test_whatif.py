@@ -298,7 +298,8 @@ def test_points_whose_kv_does_not_fit_are_flagged_and_never_the_best() -> None:
 def test_a_tree_is_nearly_free_at_batch_1_and_real_compute_at_batch_64() -> None:
     # EAGLE-1's default tree: 25 draft tokens, 5 levels (Spec-Bench's EAGLE rows), against a 5-draft chain with the
     # same tokens per step. At batch 1 both verify steps are weight streaming (26 vs 6 rows of math, each under the
-    # one-tile floor), so the tree costs at most a few % more; at batch 64 the tree verifies 64 x 26 = 1664 tokens
+    # one-tile floor), so the tree costs only its 20 more draft tokens' own cost, 20 x 40 us = 0.8 ms (~7% of an
+    # 11.7 ms step); at batch 64 the tree verifies 64 x 26 = 1664 tokens
     # where the chain verifies 384: well past the H100's ridge, so the tree's step is much longer, and its speedup
     # falls below 1 at a smaller batch.
     grid = {"acceptance": AcceptanceSpec(mean_acceptance_length=3.6, measured_at_k=5), "gammas": (0, 5),
@@ -309,7 +310,7 @@ def test_a_tree_is_nearly_free_at_batch_1_and_real_compute_at_batch_64() -> None
     def step(result: WhatIfResult, batch: float) -> float:
         return next(p.step_time_s for p in result.points if p.batch == batch and p.gamma == 5)
 
-    assert step(chain, 1.0) < step(tree, 1.0) < 1.05 * step(chain, 1.0)
+    assert step(tree, 1.0) - step(chain, 1.0) == pytest.approx(20 * 40e-6, rel=0.1)
     assert step(tree, 64.0) > 1.5 * step(chain, 64.0)
     plain = {p.batch: p.step_time_s for p in tree.points if p.gamma == 0}
     assert plain == {p.batch: p.step_time_s for p in chain.points if p.gamma == 0}  # off is off
