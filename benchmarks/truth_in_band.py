@@ -1,0 +1,165 @@
+"""Does the published band hold the simulated world's true speedup? Figures per scenario, not assertions.
+
+    .venv/bin/python -m benchmarks.truth_in_band                      # the demo world and every bench scenario
+    .venv/bin/python -m benchmarks.truth_in_band path/to/world.yaml   # any scenario files
+
+The real sidecar pipeline runs against the simulated server in simulated time (the bench's advisor policy:
+scrape -> estimate -> model -> decide). After every tick whose decision is ok and whose objective compares options
+at one batch (latency, or capacity while every option holds the same batch), the world's true S at the published
+gamma (the running one while off is not judged) is computed from the world's own physics at the window's mean
+running batch and context:
+
+    S_true(gamma) = E[L]_true(gamma) x T_true(B, 0) / T_true(B, gamma)      (service/sim/physics.py)
+
+and compared with the published band [expected_speedup_low, expected_speedup_high]. Reported per scenario: the
+share of judged ticks inside, per load phase (low, ramp, high: the arrival rate against the scenario's range),
+and the first misses. The world's physics is not the advisor's: the simulator shares no code with policies/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import statistics
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from policies.types import Decision, TargetState
+from service.bench import pipeline
+from service.bench.controllers import Controller
+from service.bench.runner import PolicySpec, run_policy
+from service.bench.spec import BenchScenario, load_bench_scenario
+from service.sim import physics
+from service.sim.scenario import Scenario
+from service.sim.world import World
+
+ROOT = Path(__file__).resolve().parents[1]
+DEMO = ROOT / "service" / "sim" / "scenarios" / "demo.yaml"
+BENCH = ROOT / "service" / "sim" / "scenarios" / "bench"
+JUDGED_OBJECTIVES = frozenset({"latency", "capacity"})
+
+
+@dataclass(frozen=True, slots=True)
+class Judged:
+    """One judged tick: time since start (s), phase, window batch, gamma, the truth and the published band."""
+
+    t_s: float
+    phase: str
+    batch: float
+    gamma: int
+    truth: float
+    speedup: float
+    low: float
+    high: float
+
+    @property
+    def inside(self) -> bool:
+        return self.low <= self.truth <= self.high
+
+
+@dataclass(frozen=True, slots=True)
+class Coverage:
+    scenario: str
+    judged: tuple[Judged, ...] = field(default_factory=tuple)
+
+    def share(self, phase: str | None = None) -> float | None:
+        """Share of judged ticks inside the band (in `phase` when given); None when none was judged."""
+        chosen = [j for j in self.judged if phase is None or j.phase == phase]
+        return sum(j.inside for j in chosen) / len(chosen) if chosen else None
+
+
+def true_speedup(scenario: Scenario, *, elapsed_s: float, batch: float, context: float, gamma: int) -> float:
+    """S_true(gamma) at `batch` running sequences (rounded, >= 1) and `context` tokens (module docstring)."""
+    if gamma == 0:
+        return 1.0
+    seqs = max(1, round(batch))
+    acceptance = physics.acceptance_at(scenario, elapsed_s, gamma)
+    length = physics.expected_tokens_per_verification(scenario.drafter, gamma, acceptance)
+    plain = physics.expected_step_time_s(scenario, num_seqs=seqs, num_speculative_tokens=0, mean_context_tokens=context)
+    spec = physics.expected_step_time_s(
+        scenario, num_seqs=seqs, num_speculative_tokens=gamma, mean_context_tokens=context
+    )
+    return length * plain / spec
+
+
+def _phase(rate: float, low: float, high: float) -> str:
+    if high - low < 1e-9:
+        return "steady"
+    share = (rate - low) / (high - low)
+    return "low" if share <= 0.2 else "high" if share >= 0.8 else "ramp"
+
+
+def coverage(bench: BenchScenario, *, name: str) -> Coverage:
+    """Run the advisor policy over the scenario and judge every eligible tick (module docstring)."""
+    scenario = bench.scenario
+    settings = pipeline.bench_advisor_settings(bench)
+    window_s = settings.estimator.window_s
+    rates = [point.requests_per_s for point in scenario.workload.arrival_rate]
+    history: list[tuple[float, int, float, float]] = []  # (now, running, context, arrival rate)
+    decisions: list[tuple[float, Decision, int]] = []
+
+    class Watching(pipeline.AdvisorController):
+        async def choose(self, world: World, now_s: float) -> int:
+            k = await super().choose(world, now_s)
+            history.append((now_s, world.num_running, world.mean_context_tokens, world.arrival_rate_per_s))
+            status = self._sidecar.board.get(pipeline.TARGET)
+            if status is not None and status.decision is not None:
+                decisions.append((now_s, status.decision, world.num_speculative_tokens))
+            return k
+
+    @contextlib.asynccontextmanager
+    async def advisor(world: World, start_s: float) -> AsyncIterator[Controller]:
+        async with Watching(settings, world=world, clock=pipeline.SimClock(start_s)) as controller:
+            yield controller
+
+    policy = PolicySpec("advisor", initial_k=scenario.drafter.num_speculative_tokens, controller=advisor)
+    asyncio.run(run_policy(bench, policy, duration_s=bench.bench.duration_s))
+    if not history:
+        return Coverage(name)
+    start = history[0][0]
+    judged: list[Judged] = []
+    for now, d, running_k in decisions:
+        if d.state is not TargetState.OK or d.objective not in JUDGED_OBJECTIVES:
+            continue
+        gamma = d.num_speculative_tokens if d.enabled else 0
+        if gamma == 0:
+            continue
+        window = [h for h in history if now - window_s < h[0] <= now and h[1] > 0]
+        if not window or running_k == 0:
+            continue
+        batch = statistics.mean(h[1] for h in window)
+        context = statistics.mean(h[2] for h in window)
+        truth = true_speedup(scenario, elapsed_s=now - start, batch=batch, context=context, gamma=gamma)
+        judged.append(Judged(
+            t_s=now - start, phase=_phase(window[-1][3], min(rates), max(rates)), batch=batch, gamma=gamma,
+            truth=truth, speedup=d.expected_speedup, low=d.expected_speedup_low, high=d.expected_speedup_high,
+        ))
+    return Coverage(name, tuple(judged))
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("scenarios", nargs="*", type=Path, help="default: the demo and the bench scenarios")
+    args = parser.parse_args(argv)
+    paths = args.scenarios or [DEMO, *sorted(BENCH.glob("*.yaml"))]
+    for path in paths:
+        result = coverage(load_bench_scenario(path), name=path.stem)
+        overall = result.share()
+        if overall is None:
+            print(f"{path.stem:26s} nothing judged (speculation off, or no latency/capacity tick)")
+            continue
+        phases = " ".join(
+            f"{phase} {share:.0%}" for phase in ("low", "ramp", "high", "steady")
+            if (share := result.share(phase)) is not None
+        )
+        print(f"{path.stem:26s} truth inside the band at {overall:4.0%} of {len(result.judged):3d} ticks ({phases})")
+        for miss in [j for j in result.judged if not j.inside][:3]:
+            print(f"    miss t={miss.t_s:5.0f}s B={miss.batch:6.1f} gamma {miss.gamma}: true S {miss.truth:.2f}, "
+                  f"published {miss.speedup:.2f} [{miss.low:.2f}..{miss.high:.2f}]")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
