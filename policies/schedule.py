@@ -227,20 +227,24 @@ def plan_from_evidence(
     evidence: Evidence,
     ctx: ModelContext,
     *,
+    scales: CostScales,
     max_num_seqs: int,
     gamma_max: int,
     context_tokens: float | None = None,
     margin: float = 0.0,
 ) -> SchedulePlan:
     """The plan for a live target: acceptance from its evidence (the method's prior when nothing was measured),
-    cost scales calibrated to its observed step time (policies/costmodel.py `evaluate`), its observed context per
-    sequence (unless `context_tokens` overrides it) and prefill tokens per step. `gamma_max` 1..16.
-    Example: evidence at batch 12 with r = (0.78, 0.58, 0.43), step 25 ms observed -> acceptance E[L] 1, 1.78,
-    2.36, 2.79 then extrapolated, scales fitted so the model reproduces 25 ms at batch 12.
+    `scales` (the online calibration the target's decision priced with, carried on the board: one calibration for
+    every answer about a target; CostScales() before its first fit), its observed context per sequence (unless
+    `context_tokens` overrides it). `gamma_max` 1..16. No prompt tokens per step: as in the decision's curve, a
+    prompt load set by the clients' rate costs every option the same share of its steps and cancels in S
+    (policies/costmodel.py), so the schedule and the recommendation price one operating point alike.
+    Example: evidence at batch 12 with r = (0.78, 0.58, 0.43) and the fitted scales -> acceptance E[L] 1, 1.78,
+    2.36, 2.79 then extrapolated, priced with those scales at the evidence's operating point.
     """
     if not 1 <= gamma_max <= 16:
         raise ValueError(f"gamma_max must be 1..16, got {gamma_max}")
-    result = evaluate(evidence, ctx, gamma_max=gamma_max)
+    result = evaluate(evidence, ctx, gamma_max=gamma_max, scales=scales)
     point = result.calibration.point
     acceptance = acceptance_curve(evidence.acceptance, method=ctx.drafter.method, gamma_max=gamma_max)
     context = point.context_tokens if context_tokens is None else context_tokens
@@ -248,7 +252,7 @@ def plan_from_evidence(
         context = DEFAULT_CONTEXT_TOKENS
     return SchedulePlan(
         ctx=ctx, acceptance=acceptance, max_num_seqs=max_num_seqs, context_tokens=context,
-        scales=result.calibration.scales, prefill_tokens=point.prefill_tokens, margin=margin,
+        scales=result.calibration.scales, margin=margin,
     )
 
 

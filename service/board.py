@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
+from policies.calibrate import CalibrationFit
 from policies.costmodel import ModelContext
 from policies.types import Decision, Evidence
 from service.sources.errors import ScrapeErrorReason
@@ -54,6 +55,9 @@ class TargetStatus:
     # The cost model's resolved profiles themselves (what `profiles` names): exact even for a model read from a
     # config.json or a separate draft model, which the names alone cannot rebuild. None until first resolved.
     context: ModelContext | None = None
+    # The online calibration the decision priced with (its scales, error and covariance): the one calibration every
+    # other reader of this target prices with too (/v1/schedule, the schedule actuator). None until first fitted.
+    calibration: CalibrationFit | None = None
     scrape_errors: Mapping[str, int] = field(default_factory=lambda: _EMPTY_COUNTS)
 
 
@@ -126,9 +130,10 @@ class Board:
         engine_activity: Mapping[str, float] | None = None,
         profiles: Mapping[str, str] | None = None,
         context: ModelContext | None = None,
+        calibration: CalibrationFit | None = None,
     ) -> None:
         """Record a finished evaluation; `good_scrape_s` is the time of this tick's scrape when it succeeded.
-        `engine_activity`, `profiles` and `context` left None keep the previous ones."""
+        `engine_activity`, `profiles`, `context` and `calibration` left None keep the previous ones."""
         status = self._status[target]
         fresh = good_scrape_s is not None
         activity = status.engine_activity if engine_activity is None else MappingProxyType(dict(engine_activity))
@@ -143,6 +148,7 @@ class Board:
             engine_activity=activity,
             profiles=status.profiles if profiles is None else MappingProxyType(dict(profiles)),
             context=status.context if context is None else context,
+            calibration=status.calibration if calibration is None else calibration,
         )
         self._version += 1
 

@@ -309,6 +309,7 @@ class AdvisorLoop:
             engine_activity=engine_activity(evidence, context) if good_scrape_s is not None else None,
             profiles=_profiles(context) if context is not None else None,
             context=context,
+            calibration=advice.calibration,
         )
         self._board.timings.observe("publish", self._timer() - started)
 

@@ -27,6 +27,7 @@ from starlette.concurrency import run_in_threadpool
 from policies.costmodel import ModelContext
 from policies.kv_capacity import VLLM_GPU_MEMORY_UTILIZATION
 from policies.profiles import drafter_for, hardware_by_name, model_by_name
+from policies.roofline import CostScales
 from policies.schedule import (
     MAX_NUM_SEQS_LIMIT,
     BatchSchedule,
@@ -443,6 +444,8 @@ class LiveTarget:
     evidence: Evidence | None
     context: ModelContext | None
     reason: str = ""
+    # The scales the target's decision priced with (the board's calibration); None before its first fit.
+    scales: CostScales | None = None
 
 
 LiveTargets = Callable[[], Sequence[LiveTarget]]
@@ -465,7 +468,8 @@ def live_targets_from_board(
                 context, reason = _context_from_names(status.profiles)
             if status.evidence is None:
                 reason = status.last_error or "not evaluated yet"
-            targets.append(LiveTarget(status.target, status.model, status.evidence, context, reason))
+            scales = status.calibration.scales if status.calibration is not None else None
+            targets.append(LiveTarget(status.target, status.model, status.evidence, context, reason, scales))
         return targets
 
     return read
@@ -606,10 +610,10 @@ def _live_schedule(
         )
     try:
         plan = plan_from_evidence(
-            evidence, context, max_num_seqs=max_num_seqs, gamma_max=gamma_max, context_tokens=context_tokens,
-            margin=margin,
+            evidence, context, scales=target.scales or CostScales(), max_num_seqs=max_num_seqs,
+            gamma_max=gamma_max, context_tokens=context_tokens, margin=margin,
         )
-        return _schedule_of(target, evidence, plan)
+        return _schedule_of(target, evidence, plan, calibrated=target.scales is not None)
     except ValueError as exc:  # the cost model refused this evidence: one target's error, not the endpoint's
         return ScheduleOut(
             target=target.name, model=target.model, state=TargetState.ERROR, reason=f"cannot compute: {exc}",
@@ -618,9 +622,13 @@ def _live_schedule(
         )
 
 
-def _schedule_of(target: LiveTarget, evidence: Evidence, plan: SchedulePlan) -> ScheduleOut:
+def _schedule_of(target: LiveTarget, evidence: Evidence, plan: SchedulePlan, *, calibrated: bool) -> ScheduleOut:
     source = "measured acceptance" if evidence.acceptance is not None else "the drafter's prior (nothing measured)"
-    reason = f"from {source}; evidence state {evidence.state.value}"
+    costs = (
+        "the online calibration the recommendation priced with" if calibrated
+        else "the uncalibrated profiles (no step time fitted yet)"
+    )
+    reason = f"from {source} and {costs}; evidence state {evidence.state.value}"
     if evidence.reason:
         reason += f" ({evidence.reason})"
     return schedule_out(

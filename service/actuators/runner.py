@@ -41,6 +41,7 @@ from policies.actuation import (
     plan_action,
 )
 from policies.deployment import ActuatorError, ApplyResult, DeploymentObservation, SpeculationSetting
+from policies.roofline import CostScales
 from policies.schedule import BatchSchedule, plan_from_evidence, schedule_for
 from policies.types import Decision, TargetState
 from service.actuators.audit import AuditLog, SkipThrottle, rfc3339
@@ -333,8 +334,9 @@ class ActuationRunner:
         if status is None or status.evidence is None or status.context is None:
             return None
         try:
+            scales = status.calibration.scales if status.calibration is not None else CostScales()
             plan = plan_from_evidence(
-                status.evidence, status.context, max_num_seqs=self._options.schedule_max_num_seqs,
+                status.evidence, status.context, scales=scales, max_num_seqs=self._options.schedule_max_num_seqs,
                 gamma_max=self._options.schedule_gamma_max, margin=self._options.schedule_margin,
             )
             return schedule_for(plan)

@@ -14,6 +14,7 @@ from sidecar_http import FIXTURES, CaptureServer, serving, wait_for
 
 from policies.costmodel import ModelContext
 from policies.profiles import drafter_for, hardware_by_name, model_by_name, model_from_hf_config
+from policies.roofline import CostScales
 from policies.schedule import plan_from_evidence, schedule_for, vllm_bands
 from policies.types import AcceptanceEvidence, Decision, DraftMethod, Evidence, TargetState
 from service.api import create_api
@@ -303,7 +304,8 @@ def test_schedule_for_a_live_target_is_ready_to_paste() -> None:
         reply = await client.get("/v1/schedule", params={"target": "llama", "max_num_seqs": 128})
         assert reply.status_code == 200, reply.text
         (out,) = reply.json()["targets"]
-        plan = plan_from_evidence(evidence, catalog_context(), max_num_seqs=128, gamma_max=6)
+        # Nothing fitted on this board yet: the uncalibrated profiles, and the reason says so.
+        plan = plan_from_evidence(evidence, catalog_context(), scales=CostScales(), max_num_seqs=128, gamma_max=6)
         expected = vllm_bands(schedule_for(plan))
         assert [[b["lo"], b["hi"], b["num_speculative_tokens"]] for b in out["bands"]] == expected
         assert out["state"] == "ok" and out["context_tokens"] == 900.0 and out["gamma_max"] == 6
@@ -420,13 +422,15 @@ def test_the_sidecar_serves_whatif_and_exact_schedules_for_config_json_models_an
                 reply = await client.get("/v1/schedule", params={"target": "llama", "max_num_seqs": 128})
                 assert reply.status_code == 200, reply.text
                 (out,) = reply.json()["targets"]
-                plan = plan_from_evidence(status.evidence, expected_ctx, max_num_seqs=128,
-                                          gamma_max=settings.decide.gamma_max)
+                # The calibration the recommendation priced with, carried on the board: one for every answer.
+                assert status.calibration is not None
+                plan = plan_from_evidence(status.evidence, expected_ctx, scales=status.calibration.scales,
+                                          max_num_seqs=128, gamma_max=settings.decide.gamma_max)
                 assert [[b["lo"], b["hi"], b["num_speculative_tokens"]] for b in out["bands"]] == vllm_bands(
                     schedule_for(plan)
                 )
                 assert out["gamma_max"] == settings.decide.gamma_max
-                assert "from measured acceptance" in out["reason"]
+                assert "from measured acceptance and the online calibration the recommendation" in out["reason"]
 
                 whatif = await client.post("/v1/whatif", json=BODY)
                 assert whatif.status_code == 200, whatif.text

@@ -8,7 +8,10 @@ import pytest
 from costmodel_builders import make_context, make_evidence, make_off_evidence
 
 from policies.acceptance import acceptance_curve
-from policies.costmodel import curve_for, evaluate
+from policies.advise import advise_target
+from policies.calibrate import CalibrationState
+from policies.costmodel import curve_for
+from policies.decide import DecideConfig, DecideState
 from policies.roofline import CostScales, dynamic_sd_k0_overhead_s
 from policies.schedule import (
     BatchSchedule,
@@ -184,18 +187,35 @@ def test_trtllm_rechooses_with_k_capped_at_batch_one_when_larger_batches_go_deep
     assert any("re-chosen" in note for note in trt.notes)
 
 
-def test_plan_from_evidence_uses_its_acceptance_calibration_and_context() -> None:
+def test_plan_from_evidence_uses_its_acceptance_the_given_calibration_and_context() -> None:
     evidence = make_evidence(batch=12.0, step_time_s=0.012, context_tokens_per_seq=700.0)
     ctx = make_context()
-    plan = plan_from_evidence(evidence, ctx, max_num_seqs=128, gamma_max=5)
+    fitted = CostScales(memory=1.3, per_token=0.5)  # what the online fit found (carried on the board)
+    plan = plan_from_evidence(evidence, ctx, scales=fitted, max_num_seqs=128, gamma_max=5)
     # E[L](3) = 1 + 0.78 + 0.58 + 0.43 = 2.79, read off the measured positions.
     assert plan.acceptance[3].expected_length == pytest.approx(2.79)
-    assert plan.scales == evaluate(evidence, ctx, gamma_max=5).calibration.scales
-    assert plan.scales != CostScales()  # 12 ms observed is not what the uncalibrated model predicts
+    # The one calibration: the scales given, not a refit of this window's step time.
+    assert plan.scales == fitted
     assert plan.context_tokens == 700.0
-    assert plan_from_evidence(evidence, ctx, max_num_seqs=128, gamma_max=5, context_tokens=64.0).context_tokens == 64.0
+    again = plan_from_evidence(evidence, ctx, scales=fitted, max_num_seqs=128, gamma_max=5, context_tokens=64.0)
+    assert again.context_tokens == 64.0
     # Speculation off, nothing measured: the method's prior stands in and every K is extrapolated.
-    prior = plan_from_evidence(make_off_evidence(), ctx, max_num_seqs=64, gamma_max=4)
+    prior = plan_from_evidence(make_off_evidence(), ctx, scales=CostScales(), max_num_seqs=64, gamma_max=4)
     assert all(point.extrapolated for point in prior.acceptance[1:])
     with pytest.raises(ValueError, match="gamma_max"):
-        plan_from_evidence(evidence, ctx, max_num_seqs=64, gamma_max=0)
+        plan_from_evidence(evidence, ctx, scales=fitted, max_num_seqs=64, gamma_max=0)
+
+
+def test_the_schedule_and_the_recommendation_price_the_running_batch_alike() -> None:
+    # One model, one calibration (issue 14 item 4): the schedule built from a target's evidence and the scales its
+    # decision priced with gives, at the batch the target runs, the same S(gamma) as the decision's curve.
+    evidence = make_evidence(batch=12.0, step_time_s=0.014, context_tokens_per_seq=700.0)
+    ctx = make_context()
+    advice = advise_target(evidence, ctx, decide_config=DecideConfig(gamma_max=5), decide_state=DecideState(),
+                           calibration_state=CalibrationState(), now_s=evidence.at_s)
+    assert advice.calibration is not None and advice.decision.objective == "latency"
+    plan = plan_from_evidence(evidence, ctx, scales=advice.calibration.scales, max_num_seqs=64, gamma_max=5)
+    priced, _ = curve_for(plan.ctx, plan.acceptance, batch=12.0, context_tokens=plan.context_tokens,
+                          scales=plan.scales, prefill_tokens=plan.prefill_tokens)
+    for decided, scheduled in zip(advice.decision.curve, priced, strict=True):
+        assert scheduled.speedup == pytest.approx(decided.speedup, rel=1e-9), decided.gamma
