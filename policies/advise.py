@@ -157,7 +157,7 @@ def advise_target(
             running = evidence.deployed_k if evidence.speculation_on else 0
             curve = banded(
                 lambda scales: objective_curve(ctx, acceptance, workload, config=objective_config, scales=scales)[0],
-                fit.scales, fit.covariance, error_ratio=fit.error_ratio or 0.0, base=curve, reference_gamma=running,
+                fit.scales, fit.covariance, error_ratio=_form_error(fit), base=curve, reference_gamma=running,
             )
     probe: Probe | None = None
     off = decide_config.explore and evidence.state is TargetState.OK and not evidence.speculation_on
@@ -343,3 +343,14 @@ def _with_memory(
 
 def _one_line(text: str) -> str:
     return " ".join(text.split())
+
+
+def _form_error(fit: CalibrationFit) -> float:
+    """The model's form error where it prices now (a relative step-time error, >= 0): the larger of the fit's
+    median error over its recent points and its error at the newest one. The newest point is the operating
+    point the curve is priced at; a fit whose form does not carry over to it (a load that just dropped from a
+    compute-bound peak to a handful of requests, seen so far by one window) misses it by more than its median says.
+    Example: median 2%, newest -18% -> 0.18."""
+    median = fit.error_ratio or 0.0
+    newest = abs(fit.newest_error_ratio) if fit.newest_error_ratio is not None else 0.0
+    return max(median, newest)
