@@ -151,14 +151,18 @@ class BestGamma:
 
 @dataclass(frozen=True, slots=True)
 class Crossover:
-    """Where S(gamma) falls to 1 at one context: `batch` None = still > 1 at `searched_up_to_batch`;
-    `batch` 1.0 with `helps_at_batch_1` False = it never helps."""
+    """Where S(gamma) falls to 1 at one context: `batch` None = still > 1 at `searched_up_to_batch`; `batch` 1.0
+    with `helps_at_batch_1` False = it does not help at batch 1. `helps_between`: every batch range on the search
+    grid where S(gamma) > 1, as (from, to) with `to` None = up to the search end; empty = it never helps. Long
+    contexts can make S rise with batch (each sequence's KV reads keep the step memory-bound while drafting's
+    fixed costs are shared), so a gamma that loses at batch 1 can win from some batch on."""
 
     context_tokens: float
     gamma: int
     batch: float | None
     helps_at_batch_1: bool
     searched_up_to_batch: float
+    helps_between: tuple[tuple[float, float | None], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -580,36 +584,51 @@ def _crossovers(
     ctx: ModelContext, acceptance: Sequence[AcceptancePoint], *, gammas: Sequence[int], context: float,
     prefill: float, tree: int | None,
 ) -> list[Crossover]:
-    # One grid scan prices every gamma at once; only the bracket where a gamma first falls to 1 is bisected.
+    # One grid scan prices every gamma at every grid batch; each change of sign of S - 1 is bisected.
     top = CROSSOVER_SEARCH_MAX_BATCH
     grid = [1.0]
     while grid[-1] < top:
         grid.append(min(grid[-1] * CROSSOVER_GRID_FACTOR, top))
-    first_below: dict[int, int] = {}
-    for index, batch in enumerate(grid):
+    speedups: list[tuple[float, ...]] = []
+    for batch in grid:
         curve, _ = _curve(ctx, acceptance, batch=batch, context=context, prefill=prefill, tree=tree)
-        for gamma in gammas:
-            if gamma not in first_below and curve[gamma].speedup <= 1.0:
-                first_below[gamma] = index
-        if len(first_below) == len(gammas):
-            break
-    crossovers: list[Crossover] = []
-    for gamma in gammas:
-        below = first_below.get(gamma)
-        if below is None:
-            crossovers.append(Crossover(context, gamma, None, helps_at_batch_1=True, searched_up_to_batch=top))
-            continue
-        if below == 0:
-            crossovers.append(Crossover(context, gamma, 1.0, helps_at_batch_1=False, searched_up_to_batch=top))
-            continue
-        low, high = grid[below - 1], grid[below]
+        speedups.append(tuple(point.speedup for point in curve))
+
+    def boundary(gamma: int, low: float, high: float) -> float:
+        """The batch in [low, high] where S(gamma) - 1 changes sign (to CROSSOVER_RELATIVE_TOL)."""
+        helps_low = _speedup(ctx, acceptance, gamma=gamma, batch=low, context=context, prefill=prefill,
+                             tree=tree) > 1
         while high - low > CROSSOVER_RELATIVE_TOL * high:
             middle = 0.5 * (low + high)
-            if _speedup(ctx, acceptance, gamma=gamma, batch=middle, context=context, prefill=prefill, tree=tree) > 1:
+            helps = _speedup(ctx, acceptance, gamma=gamma, batch=middle, context=context, prefill=prefill, tree=tree)
+            if (helps > 1) == helps_low:
                 low = middle
             else:
                 high = middle
-        crossovers.append(Crossover(context, gamma, high, helps_at_batch_1=True, searched_up_to_batch=top))
+        return high
+
+    crossovers: list[Crossover] = []
+    for gamma in gammas:
+        helps = [row[gamma] > 1.0 for row in speedups]
+        ranges: list[tuple[float, float | None]] = []
+        start: float | None = 1.0 if helps[0] else None
+        for index in range(1, len(grid)):
+            if helps[index] == helps[index - 1]:
+                continue
+            edge = boundary(gamma, grid[index - 1], grid[index])
+            if helps[index]:
+                start = edge
+            elif start is not None:
+                ranges.append((start, edge))
+                start = None
+        if start is not None:
+            ranges.append((start, None))
+        # The first crossing down: the end of the range that starts at batch 1 (None: it never ends), 1.0 when S
+        # is <= 1 at batch 1 already.
+        crossing = ranges[0][1] if helps[0] else 1.0
+        crossovers.append(Crossover(
+            context, gamma, crossing, helps_at_batch_1=helps[0], searched_up_to_batch=top, helps_between=tuple(ranges),
+        ))
     return crossovers
 
 

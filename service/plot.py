@@ -111,8 +111,11 @@ def _panel(
 
 
 def _crossing_text(crossing: CrossoverOut) -> str:
-    if not crossing.helps_at_batch_1:
+    if not crossing.helps_between:
         return "none (never helps)"
+    if not crossing.helps_at_batch_1:
+        spans = ", ".join(f"B≈{lo:.0f}.." + ("" if hi is None else f"{hi:.0f}") for lo, hi in crossing.helps_between)
+        return f"helps at {spans}"
     if crossing.batch is None:
         return f"beyond B={crossing.searched_up_to_batch:.0f}"
     return f"B≈{crossing.batch:.0f}"

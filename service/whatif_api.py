@@ -231,6 +231,11 @@ class CrossoverOut(BaseModel):
     batch: float | None = Field(description="Smallest batch with speedup <= 1; null = still > 1 at the search end.")
     helps_at_batch_1: bool
     searched_up_to_batch: float
+    helps_between: list[tuple[float, float | None]] = Field(
+        default_factory=list,
+        description="Every batch range where speedup > 1, as [from, to] (to null = up to the search end); "
+        "empty = this gamma never helps at this context. Long contexts can make it win only from some batch on.",
+    )
 
 
 class WhatIfResponse(BaseModel):

@@ -366,3 +366,28 @@ def test_schedule_plan_from_a_whatif_input() -> None:
     assert len(plan.acceptance) == 6  # gamma 0..5
     assert whatif_schedule_plan(make_input(), max_num_seqs=64, context_tokens=2048.0).context_tokens == 2048.0
     assert field_of(lambda: whatif_schedule_plan(make_input(gammas=(0,)), max_num_seqs=64)) == "gammas"
+
+
+def test_a_gamma_that_loses_at_batch_1_but_wins_at_long_context_later_is_not_never() -> None:
+    # 64k tokens per sequence with a 1B draft model at alpha 0.28: at batch 1 the draft model's own passes cost
+    # more than E[L](1) = 1.28 returns (S(1) = 0.985); every sequence added streams another 8 GB of KV while the
+    # drafter's weights are shared, so S rises with the batch and passes 1 near batch 5. The crossover must say
+    # where it helps, not "never".
+    inp = make_input(
+        target_model="llama-3.1-8b", drafter_method=DraftMethod.DRAFT_MODEL, draft_model="llama-3.2-1b",
+        acceptance=AcceptanceSpec(iid_rate=0.28), batch_sizes=(1.0, 16.0), context_lengths=(65536.0,), gammas=(0, 1),
+    )
+    result = evaluate_whatif(inp)
+    (crossing,) = result.crossovers
+    assert not crossing.helps_at_batch_1 and crossing.batch == 1.0
+    ((start, end),) = crossing.helps_between
+    assert 1.0 < start < 16.0 and end is None
+    at = {p.batch: p.speedup for p in result.points if p.gamma == 1}
+    assert at[1.0] < 1.0 < at[16.0]
+
+
+def test_crossover_ranges_close_where_the_speedup_falls_back_to_1() -> None:
+    inp = make_input(acceptance=AcceptanceSpec(iid_rate=0.7), gammas=(0, 3), context_lengths=(512.0,))
+    (crossing,) = evaluate_whatif(inp).crossovers
+    assert crossing.helps_at_batch_1 and crossing.batch is not None
+    assert crossing.helps_between == ((1.0, crossing.batch),)
