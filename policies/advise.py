@@ -144,7 +144,7 @@ def advise_target(
         workload = workload_from(evidence, context_tokens=point.context_tokens, prefill_tokens=point.prefill_tokens)
         curve, chosen, why = objective_curve(ctx, acceptance, workload, config=objective_config, scales=fit.scales)
         objective = chosen.value
-        if not split_observed(calibration_state.points):
+        if not split_observed((*calibration_state.anchors, *calibration_state.points)):
             # Steps at one tokens-per-sequence only: the verified token's marginal cost is the prior's, and so is
             # how much of a step is drafting; the band below covers them.
             unseen = "plain" if evidence.speculation_on else "speculative"

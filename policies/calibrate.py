@@ -213,6 +213,9 @@ class CalibrationState:
 
     points: tuple[StepObservation, ...] = ()
     scales: CostScales = field(default_factory=CostScales)
+    # A measured profile's points (policies/measured_profile.py): fitted with the live points at full weight,
+    # never decayed nor dropped (the deployment was measured on purpose; the live points add to it).
+    anchors: tuple[StepObservation, ...] = ()
     damping: float = _INITIAL_DAMPING
     converged: bool = False
     cache: _TermsCache | None = field(default=None, compare=False, repr=False)
@@ -286,6 +289,11 @@ def _activity_scales(evidence: Evidence, ctx: ModelContext) -> tuple[float | Non
         measured_peak = evidence.achieved_flops_per_s / tensor
         compute = hardware.flops_for_dtype(ctx.model.dtype_bytes) / measured_peak
     return memory, compute
+
+
+def with_anchors(state: CalibrationState, anchors: Sequence[StepObservation]) -> CalibrationState:
+    """`state` fitting `anchors` (a measured profile's points) beside its live points, refit from scratch."""
+    return CalibrationState(points=state.points, anchors=tuple(anchors))
 
 
 def split_observed(points: Sequence[StepObservation]) -> bool:
@@ -629,17 +637,23 @@ def _log_scales(scales: CostScales) -> tuple[float, ...]:
     return (*logs, scales.gemm_slope)
 
 
+def _same(a: tuple[StepObservation, ...], b: tuple[StepObservation, ...]) -> bool:
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b, strict=True))
+
+
 def _cached_terms(state: CalibrationState, ctx: ModelContext) -> _TermsCache:
-    """The points' terms (and log step times), reusing those of points already priced for this context."""
+    """The points' terms (and log step times), anchors first, reusing those of points already priced for this
+    context."""
     cache = state.cache
-    if cache is not None and cache.points is state.points and cache.ctx is ctx:
+    every = (*state.anchors, *state.points)
+    if cache is not None and _same(cache.points, every) and cache.ctx is ctx:
         return cache
     known: dict[int, tuple[_Terms, float]] = {}
     if cache is not None and (cache.ctx is ctx or cache.ctx == ctx):
         known = {id(p): (t, o) for p, t, o in zip(cache.points, cache.terms, cache.log_observed, strict=True)}
-    fresh = [known.get(id(p)) or (_terms(_components(ctx, p)), math.log(p.step_s)) for p in state.points]
+    fresh = [known.get(id(p)) or (_terms(_components(ctx, p)), math.log(p.step_s)) for p in every]
     return _TermsCache(
-        ctx=ctx, points=state.points, terms=tuple(f[0] for f in fresh), log_observed=tuple(f[1] for f in fresh)
+        ctx=ctx, points=every, terms=tuple(f[0] for f in fresh), log_observed=tuple(f[1] for f in fresh)
     )
 
 
@@ -686,7 +700,8 @@ def fit(
     Example: points from a server whose memory is really 2x slower than the profile says (every step's memory
     term doubled) at batches 1..256 -> memory scale ~2.0, compute/overhead near 1, error ~ the step noise.
     """
-    if not state.points:
+    every = (*state.anchors, *state.points)
+    if not every:
         empty = CalibrationFit(CostScales(), None, None, 0, covariance=prior_covariance(config))
         return CalibrationState(points=state.points, converged=True, last_fit=empty), empty
     if ctx.hardware.gemm_fill_tokens <= 1.0:
@@ -698,10 +713,13 @@ def fit(
     cache = _cached_terms(state, ctx)
     if state.converged and state.last_fit is not None and cache is state.cache:
         return state, state.last_fit  # the same points at the same optimum: nothing to refit
-    weights = tuple(0.5 ** (max(0.0, now_s - p.at_s) / config.half_life_s) for p in state.points)
+    weights = (
+        *(1.0 for _ in state.anchors),
+        *(0.5 ** (max(0.0, now_s - p.at_s) / config.half_life_s) for p in state.points),
+    )
     telemetry: list[tuple[int, float, float]] = []
     for index, values in (
-        (0, [p.memory_scale_obs for p in state.points]), (1, [p.compute_scale_obs for p in state.points])
+        (0, [p.memory_scale_obs for p in every]), (1, [p.compute_scale_obs for p in every])
     ):
         seen = [(math.log(v), w) for v, w in zip(values, weights, strict=True) if v is not None and v > 0]
         if seen:
@@ -721,12 +739,24 @@ def fit(
     middle = len(recent) // 2
     median = recent[middle] if len(recent) % 2 else 0.5 * (recent[middle - 1] + recent[middle])
     summary = CalibrationFit(
-        scales, median, errors[-1], len(state.points), covariance=_covariance(problem, at, config)
+        scales, median, errors[-1], len(every), covariance=_covariance(problem, at, config)
     )
     # The next tick starts from log(scales): file the prices under that x (equal to at.x up to rounding).
     cache = replace(cache, priced=replace(at, x=_log_scales(scales)))
     fitted = replace(state, scales=scales, damping=damping, converged=converged, cache=cache, last_fit=summary)
     return fitted, summary
+
+
+def point_errors(state: CalibrationState) -> tuple[float, ...]:
+    """Each point's predicted / observed - 1 at the scales `fit` returned `state` with (anchors first, then the live
+    points, oldest first); () for a state not fitted yet. Example: a profile whose k=3 step at batch 1 the fit
+    prices at 8.58 ms against 8.00 ms measured -> +0.0725 for that point."""
+    cache = state.cache
+    if cache is None or cache.priced is None:
+        return ()
+    return tuple(
+        math.exp(log_t - log_obs) - 1.0 for log_t, log_obs in zip(cache.priced.logs, cache.log_observed, strict=True)
+    )
 
 
 def update(

@@ -1,0 +1,162 @@
+"""A measured profile file: parsing with errors that name the field, identity and age checks, appending."""
+
+from __future__ import annotations
+
+import copy
+import math
+from typing import Any
+
+import pytest
+
+from policies.costmodel import ModelContext
+from policies.measured_profile import (
+    FORMAT,
+    MeasuredProfile,
+    ProfileError,
+    ProfileIdentity,
+    ProfilePoint,
+    check_age,
+    check_identity,
+    identity_of,
+    merged,
+    observations,
+    parse_profile,
+)
+from policies.profiles import drafter_for, hardware_by_name, model_by_name
+from policies.types import DraftMethod
+
+DAY_S = 86400.0
+CREATED_S = 1_800_000_000.0
+
+
+def _document(**overrides: Any) -> dict[str, Any]:
+    document: dict[str, Any] = {
+        "format": FORMAT,
+        "created_at_s": CREATED_S,
+        "identity": {
+            "hardware": "cpu", "model_profile": "tiny-llama", "tensor_parallel": 1, "drafter_method": "ngram",
+            "engine": "vllm", "engine_version": "0.32.0", "served_model": "tiny",
+        },
+        "points": [
+            {"concurrency": 1, "deployed_k": 3, "batch": 1.0, "tokens_per_seq": 3.8, "draft_passes": 3,
+             "context_tokens": 180.0, "prefill_tokens": 4.0, "step_s": 0.0061, "step_samples": 900.0,
+             "mean_accepted_length": 3.5},
+            {"concurrency": 8, "deployed_k": 0, "batch": 7.7, "tokens_per_seq": 1.0, "draft_passes": 0,
+             "context_tokens": 190.0, "prefill_tokens": 20.0, "step_s": 0.0102, "step_samples": 4100.0},
+        ],
+        "complete": True,
+    }
+    document.update(overrides)
+    return document
+
+
+def _tiny_cpu() -> ModelContext:
+    model = model_by_name("tiny-llama")
+    return ModelContext(
+        hardware=hardware_by_name("cpu"), model=model, drafter=drafter_for(DraftMethod.NGRAM, model), tensor_parallel=1
+    )
+
+
+def test_a_written_profile_reads_back_equal() -> None:
+    profile = parse_profile(_document())
+    assert parse_profile(profile.to_json()) == profile
+    assert profile.kinds_seen == (True, True)
+    assert profile.points[0].mean_accepted_length == 3.5
+    assert profile.points[1].mean_accepted_length is None
+
+
+@pytest.mark.parametrize(
+    ("path", "value", "message"),
+    [
+        (("format",), "spec-advisor-profile/0", "format: expected"),
+        (("created_at_s",), "yesterday", "created_at_s: a finite number expected"),
+        (("identity", "hardware"), "", "identity.hardware: a non-empty string expected"),
+        (("identity", "tensor_parallel"), 0, "identity.tensor_parallel: 0 is outside"),
+        (("points", 0, "step_s"), math.nan, "points.0.step_s: a finite number expected"),
+        (("points", 0, "step_s"), 0.0, "points.0.step_s: 0 is outside"),
+        (("points", 0, "step_s"), 1e9, "points.0.step_s: 1e+09 is outside"),
+        (("points", 1, "batch"), 1e12, "points.1.batch: 1e+12 is outside"),
+        (("points", 1, "tokens_per_seq"), 2.0, "points.1.tokens_per_seq: 2 with 0 drafting passes"),
+        (("points", 0, "tokens_per_seq"), 1.0, "points.0.tokens_per_seq: 1 with 3 drafting passes"),
+        (("points", 0, "batch"), True, "points.0.batch: a finite number expected"),
+        (("points",), [], "points: 1..1000 measured levels expected"),
+    ],
+)
+def test_bad_fields_are_named(path: tuple[Any, ...], value: object, message: str) -> None:
+    document = copy.deepcopy(_document())
+    holder: Any = document
+    for key in path[:-1]:
+        holder = holder[key]
+    holder[path[-1]] = value
+    with pytest.raises(ProfileError, match=message.replace("(", r"\(").replace("+", r"\+")):
+        parse_profile(document)
+
+
+def test_not_an_object_is_refused() -> None:
+    with pytest.raises(ProfileError, match="a JSON object"):
+        parse_profile([1, 2])
+
+
+def test_identity_matches_the_context_it_was_measured_for() -> None:
+    profile = parse_profile(_document())
+    check_identity(profile, identity_of(_tiny_cpu()), what="the target")  # the same deployment: no error
+
+
+def test_identity_of_another_gpu_or_model_is_refused_naming_the_field() -> None:
+    profile = parse_profile(_document())
+    other_gpu = {**identity_of(_tiny_cpu()), "hardware": "h100-sxm"}
+    with pytest.raises(ProfileError, match="profile measured hardware 'cpu', but the target uses 'h100-sxm'"):
+        check_identity(profile, other_gpu, what="the target")
+    other_model = {**identity_of(_tiny_cpu()), "model_profile": "llama-3.1-8b"}
+    with pytest.raises(ProfileError, match="model_profile 'tiny-llama'"):
+        check_identity(profile, other_model, what="the what-if")
+    other_tp = {**identity_of(_tiny_cpu()), "tensor_parallel": 2}
+    with pytest.raises(ProfileError, match="tensor_parallel 1"):
+        check_identity(profile, other_tp, what="the what-if")
+
+
+def test_age_limit() -> None:
+    profile = parse_profile(_document())
+    check_age(profile, now_s=CREATED_S + 29 * DAY_S, max_age_s=30 * DAY_S)
+    with pytest.raises(ProfileError, match=r"40.0 days old, past the 30.0-day limit"):
+        check_age(profile, now_s=CREATED_S + 40 * DAY_S, max_age_s=30 * DAY_S)
+    with pytest.raises(ProfileError, match="in the future"):
+        check_age(profile, now_s=CREATED_S - 3600.0, max_age_s=30 * DAY_S)
+
+
+def test_appending_the_same_deployment_keeps_both_kinds_and_the_newest_time() -> None:
+    profile = parse_profile(_document())
+    spec_only = MeasuredProfile(profile.identity, CREATED_S, profile.points[:1])
+    plain_only = MeasuredProfile(profile.identity, CREATED_S + 600.0, profile.points[1:], complete=False)
+    both = merged(spec_only, plain_only)
+    assert both.points == profile.points
+    assert both.created_at_s == CREATED_S + 600.0
+    assert both.complete is False
+    assert both.kinds_seen == (True, True)
+
+
+def test_appending_another_deployment_or_engine_version_is_refused() -> None:
+    profile = parse_profile(_document())
+    other_gpu = ProfileIdentity("h100-sxm", "tiny-llama", 1, "ngram", engine_version="0.32.0")
+    with pytest.raises(ProfileError, match="hardware"):
+        merged(profile, MeasuredProfile(other_gpu, CREATED_S, profile.points))
+    newer_engine = ProfileIdentity("cpu", "tiny-llama", 1, "ngram", engine_version="0.33.0")
+    with pytest.raises(ProfileError, match=r"engine version '0\.32\.0', this measurement '0\.33\.0'"):
+        merged(profile, MeasuredProfile(newer_engine, CREATED_S, profile.points))
+
+
+def test_points_become_calibration_observations() -> None:
+    profile = parse_profile(_document())
+    points = observations(profile, at_s=5.0)
+    assert [(p.batch, p.tokens_per_seq, p.draft_passes, p.step_s) for p in points] == [
+        (1.0, 3.8, 3, 0.0061), (7.7, 1.0, 0, 0.0102)
+    ]
+    assert all(p.at_s == 5.0 for p in points)
+
+
+def test_point_fields_are_what_the_file_says() -> None:
+    point = parse_profile(_document()).points[1]
+    assert point == ProfilePoint(
+        concurrency=8, deployed_k=0, batch=7.7, tokens_per_seq=1.0, draft_passes=0, context_tokens=190.0,
+        prefill_tokens=20.0, step_s=0.0102, step_samples=4100.0,
+    )
