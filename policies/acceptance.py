@@ -14,7 +14,7 @@ acceptance c_k = r_k / r_{k-1}, shrunk per extra position:
     r_{k+j} = r_k * (s * c_k)^j,   s = 0.90 (point), 0.75 (low band), 1.00 (high band, from the high r_i)
 
 s = 1 is the i.i.d. continuation; s < 1 encodes that drafters get worse deeper in the chain (EAGLE heads are
-trained on short horizons). Why 0.90: shared/data/published/vllm-eagle-k-sweep-bs1.csv (eagle3, Llama-3.1-8B)
+trained on short horizons). Why 0.90: tests/fixtures/published/vllm-eagle-k-sweep-bs1.csv (eagle3, Llama-3.1-8B)
 measures AL 2.36 at k=2 and 2.79 at k=3, consistent with r = (0.78, 0.58, 0.43), c_3 = 0.74. The i.i.d.
 continuation predicts AL(7) = 2.79 + 0.32 + 0.24 + 0.17 + 0.13 = 3.65, above the measured 3.54; s = 0.9
 predicts 2.79 + 0.29 + 0.19 + 0.13 + 0.09 = 3.48, just below it: conservative, as an extrapolation should be.

@@ -5,7 +5,7 @@ package works in any container. `policies/profiles.py` turns these rows into `Ha
 values (models go through the same `model_from_hf_config` an operator's own `config.json` would).
 
 Hardware: vendor peak dense tensor throughput (no 2:4 sparsity) and HBM bandwidth per GPU, copied from
-`shared/data/hardware.csv` ("Sources: NVIDIA A100/H100/H200/L4/L40S datasheets, AMD MI300X datasheet"); rows that
+`tests/fixtures/hardware.csv` ("Sources: NVIDIA A100/H100/H200/L4/L40S datasheets, AMD MI300X datasheet"); rows that
 CSV lacks (H100 PCIe / NVL, A100 40GB, B200, L40, RTX A6000, RTX 3090 / 4090) name their own vendor document. Units here
 are the datasheet's (TFLOP/s, GB/s, GB, decimal); profiles.py converts to base units. Interconnect figures
 (NVLink / PCIe / Infinity Fabric, per direction) come from the same vendors' datasheets and are not in that CSV.
@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import NotRequired, TypedDict
 
 HARDWARE_CSV_SOURCE = (
-    "shared/data/hardware.csv: vendor datasheets (NVIDIA A100/H100/H200/L4/L40S, AMD MI300X), peak dense tensor "
+    "tests/fixtures/hardware.csv: vendor datasheets (NVIDIA A100/H100/H200/L4/L40S, AMD MI300X), peak dense tensor "
     "throughput without sparsity; sustained HBM bandwidth typically 80-90% of peak"
 )
 
@@ -64,7 +64,7 @@ _IF_MI300X = "AMD MI300X datasheet: Infinity Fabric 896 GB/s peak aggregate -> ~
 _PCIE5 = "PCIe Gen5 x16: 128 GB/s bidirectional -> 64 GB/s per direction"
 _NVLINK_BRIDGE_H100 = "NVIDIA H100 NVL datasheet: NVLink bridge 600 GB/s bidirectional -> 300 GB/s per direction"
 _NVLINK5 = "NVIDIA HGX B200 datasheet: NVLink 5 1.8 TB/s bidirectional -> 900 GB/s per direction"
-# Rows beyond shared/data/hardware.csv, each from its vendor document; the datasheets print tensor rates with 2:4
+# Rows beyond tests/fixtures/hardware.csv, each from its vendor document; the datasheets print tensor rates with 2:4
 # sparsity (marked *), and these are the dense halves.
 _H100_SOURCE = (
     "NVIDIA H100 Tensor Core GPU datasheet: H100 PCIe 1,513* bf16 / 3,026* fp8 TFLOPS, 2,000 GB/s, 80 GB; "

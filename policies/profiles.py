@@ -5,12 +5,12 @@ catalog (`policies/catalog.py`, transcribed from datasheets and `config.json` fi
 `config.json` (`model_from_hf_config`, pure: the caller reads the file), or are configured by the operator.
 
 Efficiency and overhead defaults on `HardwareProfile` (each one is calibrated online, see `policies/costmodel.py`):
-- `bandwidth_efficiency` 0.85: shared/data/hardware.csv notes sustained HBM bandwidth is typically 80-90% of peak.
+- `bandwidth_efficiency` 0.85: tests/fixtures/hardware.csv notes sustained HBM bandwidth is typically 80-90% of peak.
 - `flops_efficiency` 0.60: the same note says achieved GEMM throughput is lower still; 0.6 of dense peak is the
   stated assumption for serving-sized GEMMs (large-shape cuBLAS runs reach ~0.7, decode shapes less).
 - `step_fixed_s` 0.38 ms + `per_layer_step_s` 35 us per layer: a step's fixed time, host work plus every layer's
   kernel latencies (a layer runs ~10-15 kernels: the GEMMs each have a latency floor of ~2-5 us at decode sizes,
-  the small-shape rows of shared/data/published/gemm-efficiency-vs-m.csv, DeepGEMM's H800 table, measured minus the
+  the small-shape rows of tests/fixtures/published/gemm-efficiency-vs-m.csv, DeepGEMM's H800 table, measured minus the
   bandwidth time; norms, rotary, attention and the all-reduce add their own). Their sum at 32 layers is the 1.5 ms
   that vllm-eagle-k-sweep-bs1.csv leaves beside weight streaming: Llama-3.1-8B bs1 on H100 streams 7.5e9 params x
   2 B = 15.0 GB, 15.0e9 / (3.35e12 x 0.85) = 5.3 ms, against a measured plain TPOT of 7.07 ms. The split is fitted
@@ -30,7 +30,7 @@ Efficiency and overhead defaults on `HardwareProfile` (each one is calibrated on
   token, so its calibration prior is wide (policies/calibrate.py `per_token_sigma`) and the band says so until
   the server has been seen with and without drafts.
 - `spec_step_overhead_s` 0.775 ms: the speculative machinery's own cost per step (rejection sampler launch,
-  draft bookkeeping, the extra host round trip), from shared/data/published/dynamic-sd-k0-overhead.csv (vLLM
+  draft bookkeeping, the extra host round trip), from tests/fixtures/published/dynamic-sd-k0-overhead.csv (vLLM
   Dynamic SD at K=0 vs off, H100 NVL): TPOT +0.943 ms at concurrency 2 and +16.656 ms at 189, solved as
   a + 2 b = 0.943, a + 189 b = 16.656 -> a = 0.775 ms per step. Cross-check from an independent source: the eagle3
   k-sweep's step time (TPOT x AL) extrapolates to ~7.9 ms at k=0 vs 7.07 ms plain, i.e. ~0.85 ms at batch 1.

@@ -590,7 +590,7 @@ def step_components(
 def dynamic_sd_k0_overhead_s(batch: float) -> float:
     """Extra time per step of vLLM Dynamic SD when its schedule picks K=0, vs speculation truly off (seconds).
 
-    a + b x B with a = 0.775 ms, b = 84 us, solved from shared/data/published/dynamic-sd-k0-overhead.csv (vLLM
+    a + b x B with a = 0.775 ms, b = 84 us, solved from tests/fixtures/published/dynamic-sd-k0-overhead.csv (vLLM
     0.27.1, H100 NVL, gemma-4-31B FP8 + drafter): a + 2 b = 0.943 ms, a + 189 b = 16.656 ms. It prices the
     K=0 band of an engine-native schedule (a band that keeps speculation configured but drafts nothing), not a
     speculative step: see policies/profiles.py. Valid for B >= 1 (measured at 2 and 189; linear in between,

@@ -9,7 +9,7 @@ per sequence (so also total tokens/s at that B), among K = 0..gamma_max:
 
 K = 0 is not free: an engine running a schedule keeps the speculative machinery configured, and vLLM's Dynamic SD
 at K=0 measured +0.943 ms per step at concurrency 2 and +16.656 ms at 189 over speculation disabled
-(shared/data/published/dynamic-sd-k0-overhead.csv, vLLM issue #49548; priced by
+(tests/fixtures/published/dynamic-sd-k0-overhead.csv, vLLM issue #49548; priced by
 policies/roofline.py `dynamic_sd_k0_overhead_s`, scaled by the calibrated overhead scale because it is host work).
 So a K=0 band's speedup vs "off" is below 1, and a schedule that is K=0 almost everywhere is worse than restarting
 without speculation: `speculation_useful` is False when no band drafts at all. The min() caps that price at a K=1

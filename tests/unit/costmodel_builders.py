@@ -1,6 +1,6 @@
 """Builders for the model-stage tests (profiles, acceptance, roofline, cost model).
 
-Defaults describe the published vLLM point in shared/data/published/vllm-eagle-k-sweep-bs1.csv: Llama-3.1-8B on an
+Defaults describe the published vLLM point in tests/fixtures/published/vllm-eagle-k-sweep-bs1.csv: Llama-3.1-8B on an
 H100 SXM with an EAGLE-3 head at k=3, batch 1, where AL(2) = 2.36 and AL(3) = 2.79 are consistent with per-position
 acceptance r = (0.78, 0.58, 0.43): 1 + 0.78 + 0.58 = 2.36, + 0.43 = 2.79.
 """
