@@ -40,6 +40,7 @@ from policies.acceptance import AcceptancePoint, acceptance_curve
 from policies.calibrate import CalibrationConfig, prior_covariance
 from policies.costmodel import ModelContext, curve_for
 from policies.kv_capacity import VLLM_GPU_MEMORY_UTILIZATION, MemoryFit, memory_fit
+from policies.measured_profile import MeasuredProfile, ProfileError, fit_profile
 from policies.profiles import (
     DrafterProfile,
     HardwareProfile,
@@ -443,9 +444,13 @@ def _check_list(field: str, values: Sequence[float], limit: int, *, low: float, 
             raise WhatIfInputError(field, f"{value} is outside [{low:g}, {high:g}]")
 
 
-def evaluate_whatif(inp: WhatIfInput) -> WhatIfResult:
+def evaluate_whatif(inp: WhatIfInput, profile: MeasuredProfile | None = None) -> WhatIfResult:
     """Price every (batch, context, gamma) of `inp`, the best gamma per (batch, context) and the crossover batch
     per (context, gamma >= 1). Raises WhatIfInputError (naming the field) for anything it cannot price.
+
+    Without `profile` the cost model is uncalibrated and the bands carry the calibration prior. With a measured
+    profile of this deployment (policies/measured_profile.py; WhatIfInputError on field "profile" when it measured
+    another one) every price uses the scales fitted to its steps and the bands that fit's posterior covariance.
 
     Example: H100 SXM, Llama-3.1-8B, EAGLE-3, iid_rate 0.76, batch 1, context 512, gamma 3: E[L] = 1 + 0.76 +
     0.578 + 0.439 = 2.78; T_target(q=1) ~ 6.8 ms, T_draft(3) + T_target(q=4) ~ 10 ms -> S(3) ~ 1.9, and
@@ -453,6 +458,8 @@ def evaluate_whatif(inp: WhatIfInput) -> WhatIfResult:
     """
     check_grid(inp)
     ctx = build_context(inp)
+    calibration = _calibration(profile, ctx)
+    scales = calibration.scales
     gamma_max = max(inp.gammas)
     positions = acceptance_positions(inp.acceptance, gamma_max=gamma_max)
     # An i.i.d. rate states every position, so nothing past it is an extrapolation.
@@ -463,9 +470,13 @@ def evaluate_whatif(inp: WhatIfInput) -> WhatIfResult:
     best: list[BestGamma] = []
     for context in inp.context_lengths:
         for batch in inp.batch_sizes:
-            curve, base = _curve(ctx, acceptance, batch=batch, context=context, prefill=prefill, tree=inp.tree_tokens)
-            curve = with_prior_band(ctx, acceptance, curve, batch=batch, context=context, prefill=prefill,
-                                tree=inp.tree_tokens)
+            curve, base = _curve(
+                ctx, acceptance, batch=batch, context=context, prefill=prefill, tree=inp.tree_tokens, scales=scales
+            )
+            curve = with_band(
+                ctx, acceptance, curve, batch=batch, context=context, prefill=prefill, tree=inp.tree_tokens,
+                calibration=calibration,
+            )
             fits = {
                 gamma: memory_fit(
                     ctx, batch=batch, context_tokens=context, gamma=gamma,
@@ -481,7 +492,7 @@ def evaluate_whatif(inp: WhatIfInput) -> WhatIfResult:
         crossover
         for context in inp.context_lengths
         for crossover in _crossovers(
-            ctx, acceptance, gammas=drafting, context=context, prefill=prefill, tree=inp.tree_tokens
+            ctx, acceptance, gammas=drafting, context=context, prefill=prefill, tree=inp.tree_tokens, scales=scales
         )
     )
     return WhatIfResult(
@@ -491,18 +502,43 @@ def evaluate_whatif(inp: WhatIfInput) -> WhatIfResult:
         points=tuple(points),
         best=tuple(best),
         crossovers=crossovers,
-        notes=_notes(inp, measured=measured, gamma_max=gamma_max, points=points),
+        notes=_notes(inp, measured=measured, gamma_max=gamma_max, points=points, calibration=calibration),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class WhatIfCalibration:
+    """The cost scales a what-if prices with, their covariance (the band's source), and where they come from:
+    the prior (no profile: scales 1, the prior's covariance) or a measured profile's fit (`profile` its summary)."""
+
+    scales: CostScales
+    covariance: tuple[tuple[float, ...], ...]
+    profile: MeasuredProfile | None = None
+    # The fit's largest relative step error on the profile's points: the form error every band carries.
+    form_error: float = 0.0
+
+
+def _calibration(profile: MeasuredProfile | None, ctx: ModelContext) -> WhatIfCalibration:
+    if profile is None:
+        return WhatIfCalibration(CostScales(), PRIOR_COVARIANCE)
+    try:
+        fitted = fit_profile(profile, ctx, config=CalibrationConfig())
+    except ProfileError as exc:
+        raise WhatIfInputError("profile", str(exc)) from None
+    return WhatIfCalibration(
+        fitted.fit.scales, fitted.fit.covariance or PRIOR_COVARIANCE, profile=profile,
+        form_error=fitted.max_error_ratio,
     )
 
 
 def _curve(
     ctx: ModelContext, acceptance: Sequence[AcceptancePoint], *, batch: float, context: float, prefill: float,
-    tree: int | None = None,
+    tree: int | None = None, scales: CostScales | None = None,
 ) -> tuple[tuple[CurvePoint, ...], float]:
     try:
         curve, base = curve_for(
             ctx, acceptance, batch=batch, context_tokens=context, prefill_tokens=prefill,
-            tree_tokens=None if tree is None else float(tree),
+            tree_tokens=None if tree is None else float(tree), scales=scales or CostScales(),
         )
     except ValueError as exc:  # the cost model's own range checks: report, never crash
         raise WhatIfInputError("batch_sizes", f"cannot price batch {batch} at context {context}: {exc}") from None
@@ -520,8 +556,20 @@ def with_prior_band(
 ) -> tuple[CurvePoint, ...]:
     """The curve with the uncalibrated model's uncertainty in its bands: the calibration prior's covariance
     (policies/calibrate.py `prior_covariance`) propagated by policies/uncertainty.py. Nothing is measured in a
-    what-if, so the band spans what the profiles' constants could be: a verification priced compute-bound at
-    the per-token and compute scales' high ends is inside it."""
+    what-if without a profile, so the band spans what the profiles' constants could be: a verification priced
+    compute-bound at the per-token and compute scales' high ends is inside it."""
+    return with_band(
+        ctx, acceptance, curve, batch=batch, context=context, prefill=prefill, tree=tree,
+        calibration=WhatIfCalibration(CostScales(), PRIOR_COVARIANCE),
+    )
+
+
+def with_band(
+    ctx: ModelContext, acceptance: Sequence[AcceptancePoint], curve: tuple[CurvePoint, ...], *, batch: float,
+    context: float, prefill: float, tree: int | None, calibration: WhatIfCalibration,
+) -> tuple[CurvePoint, ...]:
+    """The curve (priced at `calibration.scales`) with the model's uncertainty, `calibration.covariance` and
+    `calibration.form_error`, propagated into its bands by policies/uncertainty.py."""
 
     def at(scales: CostScales) -> tuple[CurvePoint, ...]:
         return curve_for(
@@ -529,7 +577,7 @@ def with_prior_band(
             tree_tokens=None if tree is None else float(tree), scales=scales,
         )[0]
 
-    return banded(at, CostScales(), PRIOR_COVARIANCE, base=curve)
+    return banded(at, calibration.scales, calibration.covariance, error_ratio=calibration.form_error, base=curve)
 
 
 def _point(point: CurvePoint, *, batch: float, context: float, base: float, fit: MemoryFit) -> WhatIfPoint:
@@ -574,15 +622,17 @@ def _best(
 
 def _speedup(
     ctx: ModelContext, acceptance: Sequence[AcceptancePoint], *, gamma: int, batch: float, context: float,
-    prefill: float, tree: int | None,
+    prefill: float, tree: int | None, scales: CostScales,
 ) -> float:
-    curve, _ = _curve(ctx, acceptance[: gamma + 1], batch=batch, context=context, prefill=prefill, tree=tree)
+    curve, _ = _curve(
+        ctx, acceptance[: gamma + 1], batch=batch, context=context, prefill=prefill, tree=tree, scales=scales
+    )
     return curve[gamma].speedup
 
 
 def _crossovers(
     ctx: ModelContext, acceptance: Sequence[AcceptancePoint], *, gammas: Sequence[int], context: float,
-    prefill: float, tree: int | None,
+    prefill: float, tree: int | None, scales: CostScales,
 ) -> list[Crossover]:
     # One grid scan prices every gamma at every grid batch; each change of sign of S - 1 is bisected.
     top = CROSSOVER_SEARCH_MAX_BATCH
@@ -591,16 +641,17 @@ def _crossovers(
         grid.append(min(grid[-1] * CROSSOVER_GRID_FACTOR, top))
     speedups: list[tuple[float, ...]] = []
     for batch in grid:
-        curve, _ = _curve(ctx, acceptance, batch=batch, context=context, prefill=prefill, tree=tree)
+        curve, _ = _curve(ctx, acceptance, batch=batch, context=context, prefill=prefill, tree=tree, scales=scales)
         speedups.append(tuple(point.speedup for point in curve))
 
     def boundary(gamma: int, low: float, high: float) -> float:
         """The batch in [low, high] where S(gamma) - 1 changes sign (to CROSSOVER_RELATIVE_TOL)."""
         helps_low = _speedup(ctx, acceptance, gamma=gamma, batch=low, context=context, prefill=prefill,
-                             tree=tree) > 1
+                             tree=tree, scales=scales) > 1
         while high - low > CROSSOVER_RELATIVE_TOL * high:
             middle = 0.5 * (low + high)
-            helps = _speedup(ctx, acceptance, gamma=gamma, batch=middle, context=context, prefill=prefill, tree=tree)
+            helps = _speedup(ctx, acceptance, gamma=gamma, batch=middle, context=context, prefill=prefill, tree=tree,
+                             scales=scales)
             if (helps > 1) == helps_low:
                 low = middle
             else:
@@ -632,11 +683,46 @@ def _crossovers(
     return crossovers
 
 
+def _calibration_notes(calibration: WhatIfCalibration) -> list[str]:
+    profile = calibration.profile
+    if profile is None:
+        return [
+            "uncalibrated: the profiles' datasheet peaks, efficiencies and overhead defaults (policies/profiles.py); "
+            "a live sidecar fits them to the server's measured step time",
+            "speedup_low/high are 90% bands that include the cost model's own uncertainty (the calibration prior: "
+            "per-token, compute, overhead and drafting costs each unknown by 1.6-2.2x), not only the acceptance's; "
+            "measure the deployment (spec-advisor profile) to narrow them",
+        ]
+    plain, speculative = profile.kinds_seen
+    identity = profile.identity
+    seen = "plain and speculative steps" if plain and speculative else ("plain steps only" if plain else
+                                                                        "speculative steps only")
+    notes = [
+        f"calibrated on a measured profile: {len(profile.points)} levels of {seen}, batches "
+        f"{min(p.batch for p in profile.points):.1f}-{max(p.batch for p in profile.points):.1f}, engine "
+        f"{identity.engine} {identity.engine_version or '(version unknown)'}; the fitted model misses its "
+        f"measured steps by at most {calibration.form_error:.1%}",
+        "speedup_low/high are 90% bands from the fit's posterior covariance (what the profile's steps identify), "
+        "that largest miss (the model's form error here) and the acceptance's uncertainty",
+    ]
+    if not (plain and speculative):
+        notes.append(
+            "the profile holds steps at one tokens-per-sequence setting only, so the marginal cost of a verified "
+            "token is still the prior's (the bands stay wide): profile the same deployment with speculation "
+            f"{'on' if plain else 'off'} and --append it"
+        )
+    if not profile.complete:
+        notes.append("the profile is incomplete (its run stopped early): only the levels it holds were measured")
+    return notes
+
+
 def whatif_schedule_plan(
-    inp: WhatIfInput, *, max_num_seqs: int, context_tokens: float | None = None, margin: float = 0.0
+    inp: WhatIfInput, *, max_num_seqs: int, context_tokens: float | None = None, margin: float = 0.0,
+    profile: MeasuredProfile | None = None,
 ) -> SchedulePlan:
     """A schedule plan (policies/schedule.py) for the what-if deployment: K up to max(gammas) (>= 1), at
-    `context_tokens` or the first of `inp.context_lengths`, uncalibrated scales. Raises WhatIfInputError.
+    `context_tokens` or the first of `inp.context_lengths`, priced at the scales fitted to `profile` (a measured
+    profile of this deployment), uncalibrated without one. Raises WhatIfInputError.
     Example: the example input of `evaluate_whatif` with gammas 0..5 -> a plan allowing K = 0..5 at ctx 512.
     """
     check_grid(inp)
@@ -655,20 +741,14 @@ def whatif_schedule_plan(
     acceptance = acceptance_curve(acceptance_evidence(positions), method=inp.drafter_method, gamma_max=gamma_max)
     return SchedulePlan(
         ctx=ctx, acceptance=acceptance, max_num_seqs=max_num_seqs, context_tokens=context,
-        prefill_tokens=inp.prefill_tokens_per_step, margin=margin,
+        scales=_calibration(profile, ctx).scales, prefill_tokens=inp.prefill_tokens_per_step, margin=margin,
     )
 
 
 def _notes(
-    inp: WhatIfInput, *, measured: int, gamma_max: int, points: Sequence[WhatIfPoint]
+    inp: WhatIfInput, *, measured: int, gamma_max: int, points: Sequence[WhatIfPoint], calibration: WhatIfCalibration
 ) -> tuple[str, ...]:
-    notes = [
-        "uncalibrated: the profiles' datasheet peaks, efficiencies and overhead defaults (policies/profiles.py); "
-        "a live sidecar fits them to the server's measured step time",
-        "speedup_low/high are 90% bands that include the cost model's own uncertainty (the calibration prior: "
-        "per-token, compute, overhead and drafting costs each unknown by 1.6-2.2x), not only the acceptance's; "
-        "measure the deployment (spec-advisor profile) to narrow them",
-    ]
+    notes = _calibration_notes(calibration)
     if gamma_max > measured:
         notes.append(
             f"acceptance beyond position {measured} is extrapolated (policies/acceptance.py): points with gamma > "

@@ -27,6 +27,7 @@ from policies.calibrate import CalibrationConfig
 from policies.costmodel import ModelContext
 from policies.decide import DecideConfig
 from policies.estimate import EstimatorConfig
+from policies.measured_profile import ProfileError
 from policies.objectives import ObjectiveConfig
 from policies.profiles import (
     HardwareProfile,
@@ -54,10 +55,12 @@ from service.loop import (
     ContextUnavailableError,
     GpuReader,
     IterationListener,
+    LoadedProfile,
     Scraper,
     TargetSpec,
 )
 from service.memory_store import MemoryStore
+from service.profile import read_profile
 from service.settings import ActuationSettings, GpuSettings, Settings, SettingsError, TargetSettings, write_token
 from service.sources.dcgm import DcgmSource
 from service.sources.gpu import SOURCE_ABSENT, NoGpuSource
@@ -146,10 +149,16 @@ def gpu_source_name(settings: GpuSettings) -> str:
 
 
 def target_specs(
-    settings: Settings, client: httpx.AsyncClient, *, resolvers: Mapping[str, ContextResolver] | None = None
+    settings: Settings,
+    client: httpx.AsyncClient,
+    *,
+    resolvers: Mapping[str, ContextResolver] | None = None,
+    profiles: Mapping[str, LoadedProfile | None] | None = None,
 ) -> list[TargetSpec]:
-    """What the loop needs per configured target: its scraper on `client` (pod /metrics, or fleet Prometheus) and
-    its profile resolver (`resolvers` reuses ones already checked, else they are built here)."""
+    """What the loop needs per configured target: its scraper on `client` (pod /metrics, or fleet Prometheus), its
+    profile resolver and its measured profile (`resolvers` / `profiles` reuse ones already checked, else they are
+    built here; SettingsError for a profile file that cannot be used)."""
+    loaded = profiles if profiles is not None else measured_profiles(settings)
     return [
         TargetSpec(
             name=t.name,
@@ -157,9 +166,27 @@ def target_specs(
             scraper=_scraper(t, settings, client),
             resolve_context=(resolvers or {}).get(t.name)
             or context_resolver(t, fallback_hardware=settings.fallback_hardware),
+            profile=loaded.get(t.name),
+            profile_max_age_s=settings.calibration.profile_max_age_s,
         )
         for t in settings.targets
     ]
+
+
+def measured_profiles(settings: Settings) -> dict[str, LoadedProfile | None]:
+    """Every target's measured profile file, read and checked (SettingsError naming the target otherwise)."""
+    return {t.name: _measured_profile(t) for t in settings.targets}
+
+
+def _measured_profile(target: TargetSettings) -> LoadedProfile | None:
+    """The target's measured profile file, read and checked now; SettingsError naming the problem (whether it fits
+    the target is checked when the target's profiles are resolved, its age every tick: service/loop.py)."""
+    if target.profile is None:
+        return None
+    try:
+        return LoadedProfile(source=str(target.profile), profile=read_profile(target.profile))
+    except ProfileError as exc:
+        raise SettingsError(f"target {target.name}: profile: {exc}") from None
 
 
 def advisor_loop(
@@ -199,11 +226,12 @@ def build_sidecar(
     """Compose the sidecar. `gpu_source`/`transport` replace the configured GPU source / the HTTP transport
     (tests and the demo); `actuators` (target name -> Actuator) replace the Kubernetes actuators of the configured
     actuation mode; `environ` replaces os.environ for the write token. Everything else comes from `settings`.
-    Raises SettingsError for profiles that do not exist, and when actuation is enabled with write endpoints but
-    no token, before anything starts.
+    Raises SettingsError for profiles that do not exist, measured profile files that cannot be used, and when
+    actuation is enabled with write endpoints but no token, before anything starts.
     """
     resolvers = {target.name: context_resolver(target, fallback_hardware=settings.fallback_hardware)
                  for target in settings.targets}
+    profiles = measured_profiles(settings)
     board = Board(((t.name, t.model) for t in settings.targets), started_at_s=clock())
     version = package_version()
     actuation = build_actuation(
@@ -223,7 +251,7 @@ def build_sidecar(
             )
             gpu = gpu_source if gpu_source is not None else stack.enter_context(_gpu_source(settings.gpu, client))
             loop = advisor_loop(
-                settings, target_specs(settings, client, resolvers=resolvers), board=board, gpu=gpu,
+                settings, target_specs(settings, client, resolvers=resolvers, profiles=profiles), board=board, gpu=gpu,
                 listeners=() if runner is None else (runner,),
             )
             if actuation is not None:

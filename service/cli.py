@@ -1,6 +1,7 @@
 """`spec-advisor`: serve the sidecar, run the demo against the simulator, run the simulator alone, price a
-hypothetical workload (`whatif`), print engine-native per-batch schedules (`schedule`), or grade the advisor's
-decisions against an oracle and static policies in simulated time (`bench`).
+hypothetical workload (`whatif`), print engine-native per-batch schedules (`schedule`), grade the advisor's
+decisions against an oracle and static policies in simulated time (`bench`), or measure a server's step times
+(`profile`, service/profile_command.py).
 
 Exit codes: 0 normal end, 1 a sidecar or file could not be reached/written, 2 bad usage, invalid settings or
 invalid input (one clear message per problem, no traceback), 130 interrupted.
@@ -23,11 +24,14 @@ import httpx
 import uvicorn
 from pydantic import ValidationError
 
+from policies.measured_profile import MeasuredProfile, ProfileError, check_age
 from policies.schedule import MAX_NUM_SEQS_LIMIT
 from policies.types import TargetState
 from policies.whatif import WhatIfInputError, whatif_schedule_plan
 from service.app import Sidecar, build_sidecar, package_version
 from service.logs import configure_logging, fields, get_logger
+from service.profile import read_profile
+from service.profile_command import add_profile_command, run_profile_command
 from service.settings import Settings, SettingsError, load_settings, target_name_for_url
 from service.sim.scenario import Scenario, ScenarioError, default_scenario, load_scenario
 from service.sim.server import SimServer
@@ -120,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     simulate.add_argument("--duration-s", type=_positive_float, help="stop by itself after this many seconds")
     _add_whatif_commands(commands)
     _add_bench_command(commands)
+    add_profile_command(commands)
     return parser
 
 
@@ -149,6 +154,7 @@ def _add_whatif_commands(commands: Any) -> None:
     whatif.add_argument("input", nargs="?", default="-", metavar="FILE|-", help="what-if JSON (default: stdin)")
     whatif.add_argument("--plot", type=Path, metavar="FILE", help="also draw speedup vs batch per gamma as a PNG")
     whatif.add_argument("--compact", action="store_true", help="one-line JSON")
+    _add_profile_arguments(whatif)
 
     schedule = commands.add_parser(
         "schedule", help="per-batch-size speculation schedules for vLLM and TensorRT-LLM, ready to paste"
@@ -170,6 +176,18 @@ def _add_whatif_commands(commands: Any) -> None:
         "--margin", type=_non_negative_float, default=0.0, help="gain K>=1 must show over K=0 (default 0)"
     )
     schedule.add_argument("--format", choices=("text", "json"), default="text")
+    _add_profile_arguments(schedule)
+
+
+def _add_profile_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--profile", type=Path, metavar="FILE",
+        help="price with the calibration fitted to this measured profile of the deployment (spec-advisor profile)",
+    )
+    parser.add_argument(
+        "--max-profile-age-days", type=_positive_float, default=30.0,
+        help="refuse a --profile older than this (default 30)",
+    )
 
 
 def _bounded_int(low: int, high: int) -> Any:
@@ -209,6 +227,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             return _whatif(args)
         if args.command == "schedule":
             return _schedule(args)
+        if args.command == "profile":
+            return run_profile_command(args)
         if args.command == "bench":
             from service.bench.command import run_bench  # noqa: PLC0415  (only `bench` needs the bench package)
             from service.bench.spec import bench_scenario_json_schema  # noqa: PLC0415
@@ -434,10 +454,23 @@ def _read_request(source: str) -> WhatIfRequest:
         raise InputError("invalid input\n  " + "\n  ".join(problems)) from None
 
 
+def _profile_arg(args: argparse.Namespace) -> MeasuredProfile | None:
+    """The --profile file, read and checked for age (InputError naming the problem); None without one."""
+    if args.profile is None:
+        return None
+    try:
+        profile = read_profile(args.profile)
+        check_age(profile, now_s=time.time(), max_age_s=args.max_profile_age_days * 86400.0)
+    except ProfileError as exc:
+        raise InputError(f"--profile: {exc}") from None
+    return profile
+
+
 def _whatif(args: argparse.Namespace) -> int:
     request = _read_request(args.input)
+    profile = _profile_arg(args)
     try:
-        response = run_whatif(request)
+        response = run_whatif(request, profile)
     except WhatIfInputError as exc:
         raise InputError(str(exc)) from None
     if args.plot is not None:
@@ -458,21 +491,25 @@ def _schedule(args: argparse.Namespace) -> int:
     if args.url is not None:
         if args.input is not None:
             raise InputError("give either a what-if FILE or --url, not both")
+        if args.profile is not None:
+            raise InputError("--profile applies to a what-if FILE; a sidecar's target loads its own (settings)")
         return _schedule_from_sidecar(args)
     if args.target is not None:
         raise InputError("--target only applies with --url")
     request = _read_request(args.input or "-")
+    profile = _profile_arg(args)
     try:
         plan = whatif_schedule_plan(
             request.to_input(), max_num_seqs=args.max_num_seqs, context_tokens=args.context_tokens,
-            margin=args.margin,
+            margin=args.margin, profile=profile,
         )
     except WhatIfInputError as exc:
         raise InputError(str(exc)) from None
-    out = schedule_out(
-        target="what-if", model=plan.ctx.model.name, state=TargetState.OK,
-        reason="from the what-if input (uncalibrated profiles; a live sidecar calibrates to the server)", plan=plan,
+    reason = (
+        "from the what-if input (uncalibrated profiles; a live sidecar calibrates to the server)" if profile is None
+        else f"from the what-if input, calibrated on the measured profile {args.profile}"
     )
+    out = schedule_out(target="what-if", model=plan.ctx.model.name, state=TargetState.OK, reason=reason, plan=plan)
     print(out.model_dump_json(indent=2) if args.format == "json" else schedule_text(out), end="")
     if args.format == "json":
         print()

@@ -20,10 +20,18 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol, TypeVar
 
 from policies.advise import advise_target
-from policies.calibrate import CalibrationConfig, CalibrationState
+from policies.calibrate import CalibrationConfig, CalibrationState, with_anchors
 from policies.costmodel import ModelContext
 from policies.decide import DecideConfig, DecideState
 from policies.estimate import EstimatorConfig, EstimatorState, estimate, observe
+from policies.measured_profile import (
+    MeasuredProfile,
+    ProfileError,
+    check_age,
+    check_identity,
+    identity_of,
+    observations,
+)
 from policies.memory import AcceptanceMemory, MemoryConfig
 from policies.objectives import ObjectiveConfig
 from policies.plan import PlanState
@@ -80,13 +88,27 @@ ContextResolver = Callable[[str, GpuSnapshot], ModelContext]
 
 
 @dataclass(frozen=True, slots=True)
+class LoadedProfile:
+    """A measured profile (policies/measured_profile.py) and the file it was read from, for the reasons."""
+
+    source: str
+    profile: MeasuredProfile
+
+
+@dataclass(frozen=True, slots=True)
 class TargetSpec:
-    """What the loop needs to know about one target; built by the composition root from the settings."""
+    """What the loop needs to know about one target; built by the composition root from the settings.
+
+    `profile`: the deployment's measured profile, if any. When the target's profiles resolve, it must match them
+    (`check_identity`) and it then seeds the calibration's anchors; every tick it must be younger than
+    `profile_max_age_s`. Either failing puts the target in the error state with the reason."""
 
     name: str
     model: str | None  # the vLLM model_name to follow; None = the only one served
     scraper: Scraper
     resolve_context: ContextResolver
+    profile: LoadedProfile | None = None
+    profile_max_age_s: float = 30 * 24 * 3600.0
 
 
 @dataclass(slots=True)
@@ -276,8 +298,13 @@ class AdvisorLoop:
             good_scrape_s = now_s
 
         started = self._timer()
-        context = self._context_for(runtime, evidence, gpu)
-        if context is None and evidence.state == TargetState.OK:
+        context = self._context_for(runtime, evidence, gpu, now_s)
+        stale_profile = _profile_age_error(runtime.spec, now_s)
+        if stale_profile is not None:
+            # Never advise from a profile past its age limit, whatever else the evidence says.
+            context = None
+            evidence = replace(evidence, state=TargetState.ERROR, reason=stale_profile)
+        elif context is None and evidence.state == TargetState.OK:
             evidence = replace(evidence, state=TargetState.ERROR, reason=runtime.context_error or "no cost model")
         advice = advise_target(
             evidence,
@@ -347,7 +374,9 @@ class AdvisorLoop:
         age = "never" if last_good_s is None else f"{now_s - last_good_s:.0f} s ago"
         return replace(evidence, state=TargetState.ERROR, reason=f"{what}; last good scrape {age}")
 
-    def _context_for(self, runtime: _TargetRuntime, evidence: Evidence, gpu: GpuSnapshot) -> ModelContext | None:
+    def _context_for(
+        self, runtime: _TargetRuntime, evidence: Evidence, gpu: GpuSnapshot, now_s: float
+    ) -> ModelContext | None:
         model = evidence.model
         if not model:
             return runtime.context
@@ -359,7 +388,8 @@ class AdvisorLoop:
         runtime.calibration_state = CalibrationState()
         runtime.plan = PlanState()  # its values were priced with the old profiles too
         try:
-            runtime.context = runtime.spec.resolve_context(model, gpu)
+            context = runtime.spec.resolve_context(model, gpu)
+            runtime.calibration_state = _anchored(runtime.spec.profile, context, now_s)
         except ContextUnavailableError as exc:
             if runtime.context_error != str(exc):
                 self._log.warning(
@@ -367,7 +397,7 @@ class AdvisorLoop:
                 )
             runtime.context, runtime.context_error = None, str(exc)
             return None
-        runtime.context_key, runtime.context_error = key, None
+        runtime.context, runtime.context_key, runtime.context_error = context, key, None
         return runtime.context
 
     def _scrape_failed(self, runtime: _TargetRuntime, exc: ScrapeError, now_s: float) -> None:
@@ -427,6 +457,28 @@ class AdvisorLoop:
             return await awaitable
         finally:
             self._board.timings.observe(step, self._timer() - started)
+
+
+def _anchored(loaded: LoadedProfile | None, context: ModelContext, now_s: float) -> CalibrationState:
+    """A fresh calibration for `context`, anchored on the target's measured profile when it has one; raises
+    ContextUnavailableError when the profile measured another deployment."""
+    if loaded is None:
+        return CalibrationState()
+    try:
+        check_identity(loaded.profile, identity_of(context), what="the target")
+    except ProfileError as exc:
+        raise ContextUnavailableError(f"profile {loaded.source}: {exc}") from None
+    return with_anchors(CalibrationState(), observations(loaded.profile, at_s=now_s))
+
+
+def _profile_age_error(spec: TargetSpec, now_s: float) -> str | None:
+    if spec.profile is None:
+        return None
+    try:
+        check_age(spec.profile.profile, now_s=now_s, max_age_s=spec.profile_max_age_s)
+    except ProfileError as exc:
+        return f"profile {spec.profile.source}: {exc}"
+    return None
 
 
 def engine_activity(evidence: Evidence, context: ModelContext | None) -> dict[str, float]:

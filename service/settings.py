@@ -137,6 +137,13 @@ class TargetSettings(_Section):
     tensor_parallel: int = Field(
         default=1, ge=1, le=64, description="GPUs one model replica is sharded over (vLLM --tensor-parallel-size)."
     )
+    profile: Path | None = Field(
+        default=None,
+        description="A measured profile of this deployment (`spec-advisor profile`, docs/profile.md): its step "
+        "times calibrate the cost model from the first tick. It must match the target's hardware, model profile, "
+        "tensor-parallel degree and drafter method, and be younger than calibration.profile_max_age_s; otherwise "
+        "the target is in the error state and says why.",
+    )
 
     @field_validator("url", "prometheus_url")
     @classmethod
@@ -172,6 +179,8 @@ class TargetSettings(_Section):
             raise ValueError("set model_profile or model_config_path, not both")
         if self.model_config_path is not None and not self.model_config_path.is_file():
             raise ValueError(f"model_config_path '{self.model_config_path}' is not a readable file")
+        if self.profile is not None and not self.profile.is_file():
+            raise ValueError(f"profile '{self.profile}' is not a readable file")
         return self
 
     @property
@@ -373,6 +382,13 @@ class CalibrationSettings(_Section):
         le=7 * 24 * 3600,
         description="The cost model's online calibration weighs each observed step time down by half every this "
         "many seconds. 15 min follows a redeploy or a driver update within the hour yet rides out a burst.",
+    )
+    profile_max_age_s: float = Field(
+        default=30 * 24 * 3600.0,
+        gt=0,
+        le=366 * 24 * 3600.0,
+        description="A target's measured profile older than this (seconds) is refused: the target goes to the error "
+        "state saying so, until it is measured again. 30 days: engines, drivers and kernels change within months.",
     )
 
 

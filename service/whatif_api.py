@@ -26,6 +26,7 @@ from starlette.concurrency import run_in_threadpool
 
 from policies.costmodel import ModelContext
 from policies.kv_capacity import VLLM_GPU_MEMORY_UTILIZATION
+from policies.measured_profile import MeasuredProfile
 from policies.profiles import drafter_for, hardware_by_name, model_by_name
 from policies.roofline import CostScales
 from policies.schedule import (
@@ -273,9 +274,10 @@ def whatif_response(result: WhatIfResult) -> WhatIfResponse:
     )
 
 
-def run_whatif(request: WhatIfRequest) -> WhatIfResponse:
-    """Evaluate a validated request; WhatIfInputError (naming the field) for what the model cannot price."""
-    return whatif_response(evaluate_whatif(request.to_input()))
+def run_whatif(request: WhatIfRequest, profile: MeasuredProfile | None = None) -> WhatIfResponse:
+    """Evaluate a validated request, calibrated on `profile` when given (a measured profile of the deployment);
+    WhatIfInputError (naming the field) for what the model cannot price or a profile of another deployment."""
+    return whatif_response(evaluate_whatif(request.to_input(), profile))
 
 
 # ------------------------------------------------------------------------------------------------------------
