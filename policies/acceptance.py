@@ -31,7 +31,8 @@ The speedup is proportional to E[L], so the same share of the predicted speedup 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import math
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from policies.types import AcceptanceEvidence, DraftMethod
@@ -90,6 +91,8 @@ class AcceptancePoint:
     expected_length_high: float
     extrapolated: bool
     extrapolated_share: float = 0.0  # of expected_length, from unmeasured positions (module docstring)
+    # Mean tokens the target verifies per sequence at this gamma (`acceptance_curve`); None = gamma + 1.
+    verified_tokens: float | None = None
 
 
 def expected_length(positions: Sequence[float], gamma: int) -> float:
@@ -153,6 +156,16 @@ def acceptance_curve(
 
     Example: per_position (0.8, 0.6, 0.4), gamma_max 4 -> E[L] 1, 1.8, 2.4, 2.8 (exact) and, at gamma 4,
     c_3 = 0.4 / 0.6, r_4 = 0.4 x 0.9 x 0.667 = 0.24 -> 3.04 (extrapolated).
+
+    Drafts that do not come every step, nor k tokens long (a measurement's `draft_coverage` c < 1 and
+    `mean_proposed_length` m < k: n-gram and suffix drafters propose only where they find a match): per
+    sequence-step the server emits E_c(gamma) = 1 + c (E[L](gamma) - 1) tokens (the r_i are conditional on a
+    draft, so E[L] already reflects short drafts) and the target verifies V(gamma) = 1 + c P(gamma) tokens, with
+    P(gamma) = min(gamma, m) for gamma <= k (a draft truncated to gamma tokens proposes at most both; the upper
+    bound, so the verification is never under-priced) and gamma m / k above k. `verified_tokens` carries V; the
+    prior (nothing measured) drafts every step, gamma tokens long. Example: c 0.58, per_position (0.65, 0.5, 0.39)
+    (E[L](3) = 2.54), m 2.7 at k 3 -> E_c(3) = 1 + 0.58 x 1.54 = 1.89 tokens per sequence-step, V(3) = 1 + 0.58 x
+    2.7 = 2.57.
     """
     if gamma_max < 0:
         raise ValueError(f"gamma_max must be >= 0, got {gamma_max}")
@@ -173,19 +186,41 @@ def acceptance_curve(
         r = _iid(alpha, gamma_max)
         r_low = _iid(alpha * PRIOR_LOW_FACTOR, gamma_max)
         r_high = _iid(1.0 - (1.0 - alpha) * PRIOR_LOW_FACTOR, gamma_max)
+    coverage, proposed = _draft_yield(acceptance if measured else None)
     points: list[AcceptancePoint] = []
     for gamma in range(gamma_max + 1):
-        value = expected_length(r, gamma)
-        unmeasured = sum(r[k:gamma]) if measured else value - 1.0
+        value = _covered(expected_length(r, gamma), coverage)
+        unmeasured = coverage * sum(r[k:gamma]) if measured else value - 1.0
         points.append(
             AcceptancePoint(
                 gamma=gamma,
                 expected_length=value,
                 # Extrapolated low/high could cross the point in pathological inputs; the band must contain it.
-                expected_length_low=min(expected_length(r_low, gamma), value),
-                expected_length_high=max(expected_length(r_high, gamma), value),
+                expected_length_low=min(_covered(expected_length(r_low, gamma), coverage), value),
+                expected_length_high=max(_covered(expected_length(r_high, gamma), coverage), value),
                 extrapolated=gamma > k if measured else gamma > 0,
                 extrapolated_share=max(0.0, unmeasured) / value,
+                verified_tokens=1.0 + coverage * proposed(gamma),
             )
         )
     return tuple(points)
+
+
+def _covered(length: float, coverage: float) -> float:
+    return 1.0 + coverage * (length - 1.0)
+
+
+def _draft_yield(acceptance: AcceptanceEvidence | None) -> tuple[float, Callable[[int], float]]:
+    """(c, P): the share of sequence-steps that draft and the tokens a draft proposes at gamma (docstring above)."""
+    if acceptance is None or not acceptance.per_position:
+        return 1.0, float
+    k = len(acceptance.per_position)
+    c = acceptance.draft_coverage
+    coverage = min(max(c, 1e-6), 1.0) if math.isfinite(c) else 1.0
+    m = acceptance.mean_proposed_length
+    mean = min(max(m, 0.0), float(k)) if math.isfinite(m) and m > 0 else float(k)
+
+    def proposed(gamma: int) -> float:
+        return min(float(gamma), mean) if gamma <= k else gamma * mean / k
+
+    return coverage, proposed

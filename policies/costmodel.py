@@ -26,9 +26,10 @@ absolute step time and ITL do grow by 1 / (1 - R_p c): the ITL-SLO objective use
 Calibration. `evaluate(..., scales=...)` prices with scales fitted elsewhere (the online fitter over many points,
 policies/calibrate.py, is what the loop uses). Without them, a one-point calibration (below). When the
 server reports its mean step time T_obs (ITL histogram), predict the step at the operating point the server is
-running: q_obs = 1 + mean_proposed_length and k drafting steps when speculation is on, q_obs = 1 and no drafting
-when off. Split the prediction into host overhead O (fixed + per-request + speculative bookkeeping + draft-step
-launches) and physics P (roofline + all-reduce), then
+running: q_obs = 1 + draft_coverage x mean_proposed_length (tokens proposed per decoding sequence-step) and k
+drafting steps when speculation is on, q_obs = 1 and no drafting when off. Split the prediction into host
+overhead O (fixed + per-request + speculative bookkeeping + draft-step launches) and physics P (roofline +
+all-reduce), then
 
     overhead_scale s = clamp((T_obs - P) / O, 0.1, 10)     -- first: overheads are the uncertain part
     roofline_scale e = clamp((T_obs - s O) / P, 0.25, 4)   -- only if s alone cannot explain T_obs
@@ -124,7 +125,8 @@ def operating_point(evidence: Evidence) -> OperatingPoint:
     """The (B, ctx, q, draft steps) the evidence describes; see the module docstring for defaults.
 
     Example: batch 0.4, no context, speculation on at k=3 proposing 2.79 tokens per draft, no prefill measured ->
-    OperatingPoint(batch=1.0, context_tokens=1024.0, tokens_per_seq=3.79, draft_steps=3, prefill_tokens=0.0).
+    OperatingPoint(batch=1.0, context_tokens=1024.0, tokens_per_seq=3.79, draft_steps=3, prefill_tokens=0.0);
+    with drafts on only 58% of sequence-steps (`draft_coverage` 0.58) -> tokens_per_seq = 1 + 0.58 x 2.79 = 2.62.
     With decode_seqs_per_step 70.0 measured while the running gauge averaged 131.9 (a load ramp) -> batch 70.0.
     """
     batch = max(step_batch(evidence), 1.0)
@@ -140,7 +142,10 @@ def operating_point(evidence: Evidence) -> OperatingPoint:
         )
     proposed = float(evidence.deployed_k)
     if evidence.acceptance is not None and evidence.acceptance.drafts > 0:
-        proposed = min(max(evidence.acceptance.mean_proposed_length, 0.0), float(evidence.deployed_k))
+        # Tokens proposed per decoding sequence-step: per draft, times the share of sequence-steps that drafted.
+        per_draft = min(max(evidence.acceptance.mean_proposed_length, 0.0), float(evidence.deployed_k))
+        coverage = evidence.acceptance.draft_coverage
+        proposed = per_draft * (min(max(coverage, 0.0), 1.0) if math.isfinite(coverage) else 1.0)
     return OperatingPoint(
         batch=batch, context_tokens=context, tokens_per_seq=1.0 + proposed, draft_steps=evidence.deployed_k,
         prefill_tokens=prefill,
@@ -246,8 +251,8 @@ def calibrate(evidence: Evidence, ctx: ModelContext) -> Calibration:
     Uses the step time (`observed_step_s`: the mean step at the per-step batch) only when it is a finite positive
     number of seconds; otherwise returns scales (1, 1). Formulas and clamps in the module docstring.
 
-    Example: tiny-llama on the `cpu` profile, speculation off, B=1, ctx 1024: predicted O = 1.5 + 0.05 ms,
-    P = (1.18 MB weights + 1.05 MB KV) / 14 GB/s = 0.16 ms; observed 3.2 ms -> s = (3.2 - 0.16) / 1.55 = 1.96,
+    Example: tiny-llama on the `cpu` profile, speculation off, B=1, ctx 1024: predicted O = 1.27 + 0.18 ms,
+    P = (1.18 MB weights + 1.05 MB KV) / 14 GB/s = 0.16 ms; observed 3.2 ms -> s = (3.2 - 0.16) / 1.45 = 2.10,
     e = 1, calibrated step = 3.2 ms.
     """
     point = operating_point(evidence)
@@ -302,7 +307,10 @@ def curve_for(
             ctx.hardware, ctx.drafter, gamma=acc.gamma, batch=batch, context_tokens=context_tokens,
             tensor_parallel=ctx.tensor_parallel, scales=scales,
         )
-        verified = acc.gamma + 1.0 if tree_tokens is None else tree_tokens + 1.0
+        if tree_tokens is not None:
+            verified = tree_tokens + 1.0
+        else:
+            verified = acc.verified_tokens if acc.verified_tokens is not None else acc.gamma + 1.0
         verify = target_step_time(
             ctx.hardware, ctx.model, batch=batch, tokens_per_seq=verified, context_tokens=context_tokens,
             tensor_parallel=ctx.tensor_parallel, scales=scales, prefill_tokens=prefill_tokens,

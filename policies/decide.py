@@ -130,6 +130,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+from policies.costmodel import step_batch
 from policies.hysteresis import apply_dwell, clears_min_change, hysteresis_on
 from policies.types import CurvePoint, Decision, Evidence, TargetState
 from policies.uncertainty import Z_90
@@ -407,7 +408,8 @@ def _candidate(
         currently_on=current[0], low=star.speedup_low, high=star.speedup_high, margin=config.margin
     )
     mean_len = star.expected_accepted_length
-    seen = f"{_fmt_point(star)} at batch {evidence.batch:.1f}, E[L]({star.gamma})={mean_len:.2f}"
+    # The batch the curve was priced at: sequences per engine step (costmodel.step_batch), not the running gauge.
+    seen = f"{_fmt_point(star)} at batch {max(step_batch(evidence), 1.0):.1f}, E[L]({star.gamma})={mean_len:.2f}"
     bar = f"1+margin={1.0 + config.margin:.2f}"
     if not current[0]:
         if on_next:

@@ -234,7 +234,8 @@ def estimate(
     Outputs and units: `acceptance.per_position[i]` = r_{i+1} = Δper_pos[i] / Δdrafts in [0, 1], non-increasing,
     with Wilson intervals at `config.z`; `mean_acceptance_length` = 1 + Δaccepted / Δdrafts (tokens per
     verification, in [1, k+1]); `acceptance_rate` = Δaccepted / Δdraft_tokens in [0, 1]; `mean_proposed_length` =
-    Δdraft_tokens / Δdrafts (<= k). `batch`, `waiting`: mean over the window's snapshots (requests).
+    Δdraft_tokens / Δdrafts (<= k); `draft_coverage` = Δdrafts / ΔITL count in (0, 1] (`_coverage`). `batch`,
+    `waiting`: mean over the window's snapshots (requests).
     `context_tokens_per_seq` = KV usage ratio x KV capacity (tokens) / running requests, all from the newest
     snapshot. `step_time_s` = ITL Δsum / Δcount (s). Rates are Δcounter / Δt (per second). `prefill_tokens_per_step`
     = Δprompt_tokens / Δiteration_tokens.count (tokens per engine step). `decode_seqs_per_step` = Δinter-token-
@@ -463,7 +464,17 @@ def _acceptance(span: _Span, *, z: float) -> AcceptanceEvidence | None:
         mean_proposed_length=draft_tokens / drafts,
         window_s=span.elapsed_s or 0.0,
         cold_start=span.base is None,
+        draft_coverage=_coverage(drafts, span.delta(_itl_count)),
     )
+
+
+def _coverage(drafts: float, sequence_steps: float | None) -> float:
+    """Δdrafts / Δ(ITL count), the share of decoding sequence-steps that carried a draft, in (0, 1]; 1.0 without
+    ITL samples. Scrape skew between the two counters can put the ratio a little above 1: clipped.
+    Example: 5,800 drafts over 10,000 ITL samples -> 0.58."""
+    if sequence_steps is None or not math.isfinite(sequence_steps) or sequence_steps <= 0:
+        return 1.0
+    return min(1.0, max(drafts / sequence_steps, 1e-6))
 
 
 def _position_reader(position: int) -> Callable[[EngineSnapshot], float | None]:

@@ -89,6 +89,7 @@ class RememberedAcceptance:
     mean_proposed_length: float
     measured_at_s: float
     cold_start: bool = False
+    draft_coverage: float = 1.0  # share of sequence-steps that drafted (AcceptanceEvidence.draft_coverage)
 
     @property
     def k(self) -> int:
@@ -191,6 +192,7 @@ def remember(
         mean_proposed_length=acceptance.mean_proposed_length,
         measured_at_s=evidence.at_s,
         cold_start=acceptance.cold_start,
+        draft_coverage=acceptance.draft_coverage,
     )
     return memory.with_entry(entry)
 
@@ -245,5 +247,6 @@ def recall(entry: RememberedAcceptance, *, config: MemoryConfig, now_s: float) -
         mean_proposed_length=proposed,
         window_s=age_s,
         cold_start=entry.cold_start,
+        draft_coverage=entry.draft_coverage,
     )
     return Recall(entry=entry, age_s=age_s, effective_drafts=n_eff, usable=True, acceptance=aged)

@@ -111,6 +111,9 @@ class AcceptanceOut(BaseModel):
     acceptance_rate: float
     drafts: float
     mean_proposed_length: float
+    draft_coverage: float = Field(
+        description="Share of decoding sequence-steps that carried a draft (n-gram/suffix draft only on a match)."
+    )
     cold_start: bool
 
 
@@ -382,6 +385,7 @@ def _acceptance(acceptance: AcceptanceEvidence) -> AcceptanceOut:
         acceptance_rate=acceptance.acceptance_rate,
         drafts=acceptance.drafts,
         mean_proposed_length=acceptance.mean_proposed_length,
+        draft_coverage=acceptance.draft_coverage,
         cold_start=acceptance.cold_start,
     )
 

@@ -131,6 +131,7 @@ def encode(memories: Mapping[str, AcceptanceMemory], *, now_s: float) -> dict[st
                     "mean_proposed_length": e.mean_proposed_length,
                     "measured_at_s": e.measured_at_s,
                     "cold_start": e.cold_start,
+                    "draft_coverage": e.draft_coverage,
                 }
                 for e in memory.entries
             ]
@@ -184,7 +185,16 @@ def _entry(raw: Any, *, where: str) -> RememberedAcceptance:
                                      minimum=0.0),
         measured_at_s=_number(raw.get("measured_at_s"), where=f"{where}.measured_at_s", minimum=0.0),
         cold_start=cold,
+        draft_coverage=_coverage(raw.get("draft_coverage", 1.0), where=f"{where}.draft_coverage"),
     )
+
+
+def _coverage(value: Any, *, where: str) -> float:
+    # Files written before the field existed lack it: every sequence-step drafted, as was then assumed.
+    number = _number(value, where=where, minimum=0.0)
+    if not 0.0 < number <= 1.0:
+        raise MemoryFormatError(f"{where} must be in (0, 1], got {number!r}")
+    return number
 
 
 def _number(value: Any, *, where: str, minimum: float) -> float:
