@@ -18,8 +18,13 @@ GEMM efficiency elasticity beta as it is:
     gemm_slope   efficiency elasticity beta         decode GEMM math x (N_ref / G)^beta (0 = one rate)
   T(x; point) = StepComponents(point).total_s(scales(x))   (roofline stays 1: it is memory/compute together)
 per_token and per_request are told apart by steps that verify different tokens per sequence at similar batches
-(speculation on and off, or another k); with one q only, the prior holds their split and the curve's band says
-so (policies/uncertainty.py).
+(speculation on and off, or another k), and so is the drafter's cost from the rest. With one kind of step only
+(`split_observed` False) those directions are not identified: at one q, x_per_token moves the step exactly as
+x_per_request does (both scale with B), and drafting comes with every step. Fitted anyway, they soak up whatever
+the other terms miss (on the real CPU server a window's extra 20% became a per-token cost 2.6x the prior's and an
+S(3) of 1.1 where the truth was 2.1). So while the points hold one kind of step, per_token and draft are held at
+the prior (x = 0) and keep the prior's variance in the covariance: the curve is priced at the prior's split and
+its band covers the rest (policies/uncertainty.py).
 Why fill and gemm_slope: how a decode step's math grows with its tokens is set by the kernels' tiles and how
 well small GEMMs use the tensor cores, which no datasheet gives; with one rate and a fixed floor, a fit over a
 server's mixed steps missed pure-decode steps by 18-27% on the simulator (policies/roofline.py). Both are
@@ -105,6 +110,8 @@ from policies.roofline import (
 from policies.types import Evidence, TargetState
 
 _PARAMS = ("memory", "compute", "overhead", "per_request", "per_token", "draft", "fill", "gemm_slope")
+# What steps of one kind (all speculative at one k, or all plain) cannot tell apart (module docstring).
+_UNIDENTIFIED_BY_ONE_KIND = frozenset((_PARAMS.index("per_token"), _PARAMS.index("draft")))
 PARAMS = _PARAMS  # the fitted parameters, in the order of `CalibrationFit.covariance`
 _LOG_PARAMS = 7  # the first seven are log-scales; gemm_slope is fitted as it is
 _ACCEPTED_STATES = frozenset({TargetState.OK, TargetState.INSUFFICIENT_DATA})
@@ -499,6 +506,8 @@ class _Problem:
     weights: tuple[float, ...]
     # (parameter index, log of the observed scale, weight) pseudo-observations from hardware activity
     telemetry: tuple[tuple[int, float, float], ...]
+    # Parameters the points do not identify, held at the prior (module docstring).
+    held: frozenset[int] = frozenset()
 
 
 def _sigmas(config: CalibrationConfig) -> tuple[float, ...]:
@@ -570,7 +579,8 @@ def _normal_equations(
 
 
 def _damped_step(
-    system: tuple[list[list[float]], list[float]], x: Sequence[float], damping: float, config: CalibrationConfig
+    system: tuple[list[list[float]], list[float]], x: Sequence[float], damping: float, config: CalibrationConfig,
+    held_at_prior: frozenset[int] = frozenset(),
 ) -> list[float]:
     """One damped Gauss-Newton step from x; returns the proposed new x (bounded). A scale at its bound whose
     gradient pushes it further out is held there (its row and column leave the system), so the others still get
@@ -578,7 +588,10 @@ def _damped_step(
     normal, gradient = system
     lower, upper = _bounds(config)
     n = len(x)
-    held = [(x[j] >= upper[j] and gradient[j] < 0) or (x[j] <= lower[j] and gradient[j] > 0) for j in range(n)]
+    held = [
+        j in held_at_prior or (x[j] >= upper[j] and gradient[j] < 0) or (x[j] <= lower[j] and gradient[j] > 0)
+        for j in range(n)
+    ]
     damped = [
         [0.0 if held[i] or held[j] else normal[i][j] * (1.0 + damping if i == j else 1.0) for j in range(n)]
         for i in range(n)
@@ -611,7 +624,7 @@ def _iterate(
     for _ in range(budget):
         if system is None:
             system = _normal_equations(problem, at, config)
-        candidate = _damped_step(system, at.x, damping, config)
+        candidate = _damped_step(system, at.x, damping, config, problem.held)
         moved = max(abs(c - xj) for c, xj in zip(candidate, at.x, strict=True))
         if moved == 0.0:
             return at, damping, True  # every scale held at a bound: nothing can move
@@ -675,8 +688,12 @@ def _covariance(problem: _Problem, at: _Evaluation, config: CalibrationConfig) -
     parameter held at a bound keeps its prior variance (the data pushes it past what the bound allows)."""
     normal, _ = _normal_equations(problem, at, config)
     n = len(normal)
-    columns = [_solve(normal, [1.0 if i == j else 0.0 for i in range(n)]) for j in range(n)]
     sigmas = _sigmas(config)
+    for j in problem.held:  # not identified by the points: the prior alone, uncorrelated with the rest
+        for i in range(n):
+            normal[i][j] = normal[j][i] = 0.0
+        normal[j][j] = 1.0 / sigmas[j] ** 2
+    columns = [_solve(normal, [1.0 if i == j else 0.0 for i in range(n)]) for j in range(n)]
     covariance = [[columns[j][i] for j in range(n)] for i in range(n)]
     for j in range(n):
         if not covariance[j][j] > 0.0:  # singular (cannot happen with a prior); keep the prior's
@@ -726,11 +743,13 @@ def fit(
             # One observation for all windows (module docstring): their weighted mean, at the newest one's weight.
             total = sum(w for _, w in seen)
             telemetry.append((index, sum(v * w for v, w in seen) / total, max(w for _, w in seen)))
+    held = frozenset() if split_observed(every) else _UNIDENTIFIED_BY_ONE_KIND
     problem = _Problem(
-        terms=cache.terms, log_observed=cache.log_observed, weights=weights, telemetry=tuple(telemetry)
+        terms=cache.terms, log_observed=cache.log_observed, weights=weights, telemetry=tuple(telemetry), held=held,
     )
     budget = config.iterations if state.last_fit is not None else config.cold_iterations
-    start = _start(state, cache, _log_scales(state.scales))
+    x0 = tuple(0.0 if j in held else xj for j, xj in enumerate(_log_scales(state.scales)))
+    start = _start(state, cache, x0)
     at, damping, converged = _iterate(problem, start, state.damping, budget, config)
     scales = _scales(at.x)
     # Predicted / observed - 1 per point, from the log step times the fit already has at its x.

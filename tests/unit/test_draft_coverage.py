@@ -131,3 +131,42 @@ def test_the_cpu_profile_prices_the_measured_steps_of_both_arms() -> None:
     assert len(errors) == 56
     assert errors[len(errors) // 2] < 0.10
     assert errors[int(0.9 * len(errors))] < 0.25
+
+
+def _cpu_observations(model: str, arms: tuple[str, ...]) -> list[Any]:
+    from policies.calibrate import StepObservation  # noqa: PLC0415
+
+    points = []
+    for index, run in enumerate(r for arm in arms for r in _runs(arm) if r["model"] == model):
+        e = run["engine"]
+        speculating = run["arm"] == "on"
+        points.append(StepObservation(
+            at_s=1000.0 + index, batch=max(e["decode_seqs_per_step"], 1.0),
+            tokens_per_seq=1.0 + (e["draft_tokens"] / e["itl_count"] if speculating else 0.0),
+            draft_passes=3 if speculating else 0, context_tokens=200.0,
+            prefill_tokens=e["prefill_tokens_per_step"], step_s=e["span_s"] / e["steps"],
+        ))
+    return points
+
+
+def test_speculative_steps_alone_leave_the_verified_tokens_cost_at_the_prior() -> None:
+    # The CPU server's speculative levels only (one q): per_token moves the step exactly as per_request does, so
+    # the fit holds it at the prior, with the prior's variance (policies/calibrate.py); both kinds identify it.
+    from policies.calibrate import PARAMS, CalibrationConfig, CalibrationState, fit, prior_covariance  # noqa: PLC0415
+    from policies.costmodel import ModelContext  # noqa: PLC0415
+    from policies.profiles import drafter_for, hardware_by_name, model_by_name  # noqa: PLC0415
+
+    model = model_by_name("tiny-llama")
+    ctx = ModelContext(hardware_by_name("cpu"), model, drafter_for(DraftMethod.NGRAM, model))
+    config = CalibrationConfig()
+    token = PARAMS.index("per_token")
+    one_kind = CalibrationState(points=tuple(_cpu_observations("untied", ("on",))))
+    _, alone = fit(one_kind, ctx, now_s=1100.0, config=config)
+    assert alone.scales.per_token == 1.0
+    assert alone.covariance is not None
+    assert alone.covariance[token][token] == pytest.approx(prior_covariance(config)[token][token])
+    both = CalibrationState(points=tuple(_cpu_observations("untied", ("on", "off"))))
+    _, together = fit(both, ctx, now_s=1100.0, config=config)
+    assert together.covariance is not None
+    assert together.covariance[token][token] < 0.5 * prior_covariance(config)[token][token]
+    assert together.error_ratio is not None and together.error_ratio < 0.12
