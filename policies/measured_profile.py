@@ -10,18 +10,21 @@ sidecar (`serve`, a target's `profile`) and `whatif --profile` fit the cost mode
 File (JSON, `FORMAT`):
     {"format": "spec-advisor-profile/1", "created_at_s": 1.8e9,
      "identity": {"hardware": "h100-sxm", "model_profile": "llama-3.1-8b", "tensor_parallel": 1,
-                  "drafter_method": "eagle3", "engine": "vllm", "engine_version": "0.32.0", "served_model": "m"},
+                  "drafter_method": "eagle3", "drafter_params": 2.5e8, "engine": "vllm", "engine_version": "0.32.0",
+                  "served_model": "m"},
      "points": [{"concurrency": 8, "deployed_k": 3, "batch": 7.6, "tokens_per_seq": 4.0, "draft_passes": 3,
                  "context_tokens": 412.0, "prefill_tokens": 31.0, "step_s": 0.0123, "step_samples": 2411,
                  "mean_accepted_length": 2.6}, ...],
      "complete": true}
 
 Identity: a profile prices only the deployment it measured. The cost model's inputs (hardware, model profile,
-tensor-parallel degree, drafter method) must match the target's or the what-if's, or the profile is refused with
-the field that differs; the engine and its version are recorded and reported (the engine's overheads are what the
-fit learns, so a new engine version is a reason to measure again). A profile older than the operator's limit is
-refused, never silently used. An incomplete profile (the server died mid-plan) is usable for the levels it holds
-and says so.
+tensor-parallel degree, drafter method, and the drafter's size in parameters: another draft model or EAGLE head
+is another deployment) must match the target's or the what-if's, or the profile is refused with the field that
+differs. The engine and its version (vLLM's /version) are recorded; `profile --append` refuses to mix versions,
+but the sidecar cannot see a running engine's version in /metrics, so after an engine upgrade measure again (the
+engine's overheads are what the fit learns). A profile older than the operator's limit is refused, never
+silently used. An incomplete profile (the server died mid-plan) is usable for the levels it holds and says so.
+A file with more than 1000 points is refused (`merged` refuses to grow one past that).
 """
 
 from __future__ import annotations
@@ -42,7 +45,8 @@ from policies.calibrate import (
 from policies.costmodel import ModelContext
 
 FORMAT = "spec-advisor-profile/1"
-IDENTITY_FIELDS = ("hardware", "model_profile", "tensor_parallel", "drafter_method")
+IDENTITY_FIELDS = ("hardware", "model_profile", "tensor_parallel", "drafter_method", "drafter_params")
+_PARAMS_TOLERANCE = 0.01  # drafter sizes within 1% are the same drafter (profiles round differently)
 _MAX_POINTS = 1000
 _MAX_BATCH = 65536.0
 _MAX_STEP_S = 600.0
@@ -60,6 +64,7 @@ class ProfileIdentity:
     model_profile: str
     tensor_parallel: int
     drafter_method: str
+    drafter_params: float | None = None  # the drafter's weights (0 for n-gram/suffix); None: not recorded
     engine: str = "vllm"
     engine_version: str = ""
     served_model: str = ""
@@ -118,9 +123,14 @@ def merged(old: MeasuredProfile, new: MeasuredProfile) -> MeasuredProfile:
             f"profile measured engine version {before!r}, this measurement {now!r}: the engine's overheads are part "
             "of what a profile measures; write a new profile for the new version"
         )
+    total = len(old.points) + len(new.points)
+    if total > _MAX_POINTS:
+        raise ProfileError(
+            f"appending would make {total} points, past the {_MAX_POINTS} a profile holds: write a new profile"
+        )
     return MeasuredProfile(
         identity=new.identity, created_at_s=max(old.created_at_s, new.created_at_s),
-        points=(*old.points, *new.points)[-_MAX_POINTS:], complete=old.complete and new.complete,
+        points=(*old.points, *new.points), complete=old.complete and new.complete,
     )
 
 
@@ -131,28 +141,35 @@ def _fields(identity: ProfileIdentity) -> dict[str, object]:
 def identity_of(ctx: ModelContext) -> dict[str, object]:
     """The cost-model fields (`IDENTITY_FIELDS`) a context prices with: what a profile must have measured.
     Example: llama-3.1-8b on h100-sxm, TP 1, EAGLE-3 -> {"hardware": "h100-sxm", "model_profile": "llama-3.1-8b",
-    "tensor_parallel": 1, "drafter_method": "eagle3"}."""
+    "tensor_parallel": 1, "drafter_method": "eagle3", "drafter_params": 2.5e8 (the head's weights)}."""
     return {
         "hardware": ctx.hardware.name, "model_profile": ctx.model.name, "tensor_parallel": ctx.tensor_parallel,
-        "drafter_method": str(ctx.drafter.method),
+        "drafter_method": str(ctx.drafter.method), "drafter_params": float(ctx.drafter.params),
     }
 
 
 def check_identity(profile: MeasuredProfile, wanted: Mapping[str, object], *, what: str) -> None:
     """Raise ProfileError naming the first cost-model field (`IDENTITY_FIELDS`) where `wanted` (what the caller
     prices: a target's resolved profiles, a what-if's input) differs from the profile's. Names compare
-    case-insensitively. Example: profile hardware "h100-sxm", wanted "cpu" -> "profile measured hardware
-    'h100-sxm', but <what> uses 'cpu'"."""
+    case-insensitively, the drafter's size within 1%; a field either side does not state is not compared.
+    Example: profile hardware "h100-sxm", wanted "cpu" -> "profile measured hardware 'h100-sxm', but <what> uses
+    'cpu'"."""
     for name in IDENTITY_FIELDS:
         have = getattr(profile.identity, name)
         want = wanted.get(name)
-        if want is None:
+        if want is None or have is None:
             continue
-        if str(have).strip().lower() != str(want).strip().lower():
+        if not _same(have, want):
             raise ProfileError(
                 f"profile measured {name} {have!r}, but {what} uses {want!r}: a profile prices only the deployment "
                 "it measured; measure this one (spec-advisor profile)"
             )
+
+
+def _same(have: object, want: object) -> bool:
+    if isinstance(have, float) and isinstance(want, int | float):
+        return abs(have - float(want)) <= _PARAMS_TOLERANCE * max(abs(have), abs(float(want)))
+    return str(have).strip().lower() == str(want).strip().lower()
 
 
 def check_age(profile: MeasuredProfile, *, now_s: float, max_age_s: float) -> None:
@@ -182,9 +199,10 @@ def observations(profile: MeasuredProfile, *, at_s: float) -> tuple[StepObservat
 def parse_profile(data: object) -> MeasuredProfile:
     """A MeasuredProfile from the parsed JSON of a profile file; ProfileError naming the field otherwise.
 
-    Checks: the format string, every identity field present and typed, 1..1000 points, each point's numbers
-    finite and in physical ranges (batch 0.5..65536, tokens_per_seq >= 1, step 0 < s <= 600, draft passes >= 0,
-    context and prefill >= 0), speculative points with tokens_per_seq > 1 and plain ones with exactly 1.
+    Checks: the format string, every identity field present and typed (counts integral, engine fields strings,
+    `complete` a boolean), 1..1000 points, each point's numbers finite and in physical ranges (batch 0.5..65536,
+    tokens_per_seq >= 1, step 0 < s <= 600, integral draft passes >= 0, context and prefill >= 0), speculative
+    points with tokens_per_seq > 1 and plain ones with exactly 1.
     """
     if not isinstance(data, Mapping):
         raise ProfileError("a profile is a JSON object")
@@ -197,30 +215,35 @@ def parse_profile(data: object) -> MeasuredProfile:
     identity = ProfileIdentity(
         hardware=_text(identity_data, "hardware", "identity."),
         model_profile=_text(identity_data, "model_profile", "identity."),
-        tensor_parallel=int(_number(identity_data, "tensor_parallel", low=1.0, high=64.0, path="identity.")),
+        tensor_parallel=_integer(identity_data, "tensor_parallel", low=1, high=64, path="identity."),
         drafter_method=_text(identity_data, "drafter_method", "identity."),
-        engine=str(identity_data.get("engine", "vllm")),
-        engine_version=str(identity_data.get("engine_version", "")),
-        served_model=str(identity_data.get("served_model", "")),
+        drafter_params=None if identity_data.get("drafter_params") is None else _number(
+            identity_data, "drafter_params", low=0.0, high=1e13, path="identity."),
+        engine=_optional_text(identity_data, "engine", "vllm", "identity."),
+        engine_version=_optional_text(identity_data, "engine_version", "", "identity."),
+        served_model=_optional_text(identity_data, "served_model", "", "identity."),
     )
     raw = data.get("points")
     if not isinstance(raw, Sequence) or isinstance(raw, str) or not 1 <= len(raw) <= _MAX_POINTS:
         raise ProfileError(f"points: 1..{_MAX_POINTS} measured levels expected")
     points = tuple(_point(item, f"points.{i}.") for i, item in enumerate(raw))
-    return MeasuredProfile(identity, created, points, complete=bool(data.get("complete", True)))
+    complete = data.get("complete", True)
+    if not isinstance(complete, bool):
+        raise ProfileError(f"complete: true or false expected, got {complete!r}")
+    return MeasuredProfile(identity, created, points, complete=complete)
 
 
 def _point(item: object, path: str) -> ProfilePoint:
     if not isinstance(item, Mapping):
         raise ProfileError(f"{path[:-1]}: a JSON object expected")
-    passes = int(_number(item, "draft_passes", low=0.0, high=64.0, path=path))
+    passes = _integer(item, "draft_passes", low=0, high=64, path=path)
     q = _number(item, "tokens_per_seq", low=1.0, high=257.0, path=path)
     if (passes == 0) != (q == 1.0):
         raise ProfileError(f"{path}tokens_per_seq: {q:g} with {passes} drafting passes (plain steps verify 1)")
     accepted = item.get("mean_accepted_length")
     return ProfilePoint(
-        concurrency=int(_number(item, "concurrency", low=1.0, high=100_000.0, path=path)),
-        deployed_k=int(_number(item, "deployed_k", low=0.0, high=64.0, path=path)),
+        concurrency=_integer(item, "concurrency", low=1, high=100_000, path=path),
+        deployed_k=_integer(item, "deployed_k", low=0, high=64, path=path),
         batch=_number(item, "batch", low=0.5, high=_MAX_BATCH, path=path),
         tokens_per_seq=q,
         draft_passes=passes,
@@ -235,11 +258,34 @@ def _point(item: object, path: str) -> ProfilePoint:
 
 def _number(data: Mapping[str, object], key: str, *, low: float, high: float = math.inf, path: str = "") -> float:
     value = data.get(key)
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise ProfileError(f"{path}{key}: a finite number expected, got {value!r}")
-    if not low <= value <= high:
-        raise ProfileError(f"{path}{key}: {value:g} is outside [{low:g}, {high:g}]")
-    return float(value)
+    try:
+        number = float(value) if isinstance(value, int | float) and not isinstance(value, bool) else math.nan
+    except OverflowError:  # an integer too large for a float
+        number = math.inf
+    if not math.isfinite(number):
+        raise ProfileError(f"{path}{key}: a finite number expected, got {_shown(value)}")
+    if not low <= number <= high:
+        raise ProfileError(f"{path}{key}: {number:g} is outside [{low:g}, {high:g}]")
+    return number
+
+
+def _integer(data: Mapping[str, object], key: str, *, low: int, high: int, path: str) -> int:
+    number = _number(data, key, low=float(low), high=float(high), path=path)
+    if number != int(number):
+        raise ProfileError(f"{path}{key}: a whole number expected, got {number:g}")
+    return int(number)
+
+
+def _shown(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else f"{text[:37]}..."
+
+
+def _optional_text(data: Mapping[str, object], key: str, default: str, path: str) -> str:
+    value = data.get(key, default)
+    if not isinstance(value, str):
+        raise ProfileError(f"{path}{key}: a string expected, got {_shown(value)}")
+    return value
 
 
 def _text(data: Mapping[str, object], key: str, path: str) -> str:

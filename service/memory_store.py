@@ -67,10 +67,10 @@ class MemoryStore:
             return self._ignored(f"cannot read {self.path}: {exc}")
         try:
             return LoadResult(memories=decode(json.loads(text)))
-        except json.JSONDecodeError as exc:
-            return self._ignored(f"{self.path} is not valid JSON: {exc}")
         except MemoryFormatError as exc:
             return self._ignored(f"{self.path}: {exc}")
+        except (ValueError, RecursionError) as exc:  # bad JSON, an integer past Python's digit limit, nesting
+            return self._ignored(f"{self.path} is not valid JSON: {exc}")
 
     def save(self, memories: Mapping[str, AcceptanceMemory], *, now_s: float) -> None:
         """Replace the file with `memories` (target name -> memory), durably (module docstring). Raises OSError
@@ -198,9 +198,14 @@ def _coverage(value: Any, *, where: str) -> float:
 
 
 def _number(value: Any, *, where: str, minimum: float) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < minimum:
-        raise MemoryFormatError(f"{where} must be a finite number >= {minimum:g}, got {value!r}")
-    return float(value)
+    try:
+        number = float(value) if isinstance(value, int | float) and not isinstance(value, bool) else math.nan
+    except OverflowError:  # an integer too large for a float
+        number = math.inf
+    if not math.isfinite(number) or number < minimum:
+        shown = repr(value) if len(repr(value)) <= 40 else f"{repr(value)[:37]}..."
+        raise MemoryFormatError(f"{where} must be a finite number >= {minimum:g}, got {shown}")
+    return number
 
 
 def _ratios(value: Any, *, where: str) -> tuple[float, ...]:

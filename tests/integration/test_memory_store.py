@@ -141,8 +141,17 @@ def test_saves_are_throttled_but_a_flush_writes_the_latest(tmp_path: Path) -> No
 
 @pytest.mark.parametrize(
     "content",
-    ["{not json", json.dumps({"version": 99, "targets": {}}), json.dumps({"version": 1, "targets": {"a": [{}]}})],
-    ids=["not-json", "unknown-version", "bad-entry"],
+    [
+        "{not json",
+        json.dumps({"version": 99, "targets": {}}),
+        json.dumps({"version": 1, "targets": {"a": [{}]}}),
+        '{"version": 1, "saved_at_s": ' + "9" * 5000 + ', "targets": {}}',  # past Python's int digit limit
+        json.dumps({"version": 1, "targets": {"a": [{
+            "model": "m", "per_position": [0.5], "per_position_low": [0.4], "per_position_high": [0.6],
+            "drafts": 10**400, "mean_proposed_length": 1.0, "measured_at_s": 1.0,  # finite JSON, no float
+        }]}}),
+    ],
+    ids=["not-json", "unknown-version", "bad-entry", "endless-integer", "integer-past-float"],
 )
 def test_a_bad_file_is_reported_and_ignored(tmp_path: Path, content: str, caplog: pytest.LogCaptureFixture) -> None:
     path = tmp_path / "acceptance-memory.json"

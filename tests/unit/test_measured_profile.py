@@ -80,6 +80,12 @@ def test_a_written_profile_reads_back_equal() -> None:
         (("points", 0, "tokens_per_seq"), 1.0, "points.0.tokens_per_seq: 1 with 3 drafting passes"),
         (("points", 0, "batch"), True, "points.0.batch: a finite number expected"),
         (("points",), [], "points: 1..1000 measured levels expected"),
+        (("points", 0, "step_s"), 10**400, "points.0.step_s: a finite number expected"),
+        (("points", 0, "draft_passes"), 2.5, "points.0.draft_passes: a whole number expected"),
+        (("identity", "tensor_parallel"), 1.5, "identity.tensor_parallel: a whole number expected"),
+        (("identity", "engine_version"), 32, "identity.engine_version: a string expected"),
+        (("identity", "drafter_params"), -1.0, "identity.drafter_params: -1 is outside"),
+        (("complete",), "false", "complete: true or false expected"),
     ],
 )
 def test_bad_fields_are_named(path: tuple[Any, ...], value: object, message: str) -> None:
@@ -115,6 +121,23 @@ def test_identity_of_another_gpu_or_model_is_refused_naming_the_field() -> None:
         check_identity(profile, other_tp, what="the what-if")
 
 
+def test_another_draft_model_is_another_deployment() -> None:
+    measured = _document()
+    measured["identity"] = {**measured["identity"], "drafter_method": "draft_model", "drafter_params": 1.1e9}
+    profile = parse_profile(measured)
+    same = {**identity_of(_tiny_cpu()), "drafter_method": "draft_model", "drafter_params": 1.1e9 * 1.005}
+    check_identity(profile, same, what="the target")  # rounding of the same drafter's size: no error
+    bigger = {**same, "drafter_params": 3.0e9}
+    with pytest.raises(ProfileError, match=r"drafter_params 1100000000\.0, but the target uses 3000000000\.0"):
+        check_identity(profile, bigger, what="the target")
+
+
+def test_a_profile_without_the_drafter_size_is_not_checked_on_it() -> None:
+    profile = parse_profile(_document())  # written before the size was recorded
+    assert profile.identity.drafter_params is None
+    check_identity(profile, {**identity_of(_tiny_cpu()), "drafter_params": 5e8}, what="the target")
+
+
 def test_age_limit() -> None:
     profile = parse_profile(_document())
     check_age(profile, now_s=CREATED_S + 29 * DAY_S, max_age_s=30 * DAY_S)
@@ -143,6 +166,14 @@ def test_appending_another_deployment_or_engine_version_is_refused() -> None:
     newer_engine = ProfileIdentity("cpu", "tiny-llama", 1, "ngram", engine_version="0.33.0")
     with pytest.raises(ProfileError, match=r"engine version '0\.32\.0', this measurement '0\.33\.0'"):
         merged(profile, MeasuredProfile(newer_engine, CREATED_S, profile.points))
+
+
+def test_appending_past_the_point_limit_is_refused_not_truncated() -> None:
+    profile = parse_profile(_document())
+    big = MeasuredProfile(profile.identity, CREATED_S, profile.points * 400)  # 800 points
+    with pytest.raises(ProfileError, match="appending would make 1002 points, past the 1000"):
+        merged(big, MeasuredProfile(profile.identity, CREATED_S, profile.points * 101))
+    assert len(merged(big, MeasuredProfile(profile.identity, CREATED_S, profile.points * 100)).points) == 1000
 
 
 def test_points_become_calibration_observations() -> None:
