@@ -149,8 +149,8 @@ def advise_target(
             # how much of a step is drafting; the band below covers them.
             unseen = "plain" if evidence.speculation_on else "speculative"
             split_note = (
-                f"verification cost not measured yet (no {unseen} steps seen): bands cover the prior's per-token "
-                "and drafting costs; a window with speculation off (or another k) measures them"
+                f"verification cost not measured yet (no {unseen} steps seen, nor another k): bands cover the "
+                "prior's per-token and drafting costs; a window with speculation off or at another k measures them"
             )
         if fit.covariance is not None:
             # The cost model's own uncertainty joins the acceptance's in every band (policies/uncertainty.py).

@@ -19,8 +19,9 @@ GEMM efficiency elasticity beta as it is:
   T(x; point) = StepComponents(point).total_s(scales(x))   (roofline stays 1: it is memory/compute together)
 per_token and per_request are told apart by steps that verify different tokens per sequence at similar batches
 (speculation on and off, or another k), and so is the drafter's cost from the rest. With one kind of step only
-(`split_observed` False) those directions are not identified: at one q, x_per_token moves the step exactly as
-x_per_request does (both scale with B), and drafting comes with every step. Fitted anyway, they soak up whatever
+(`split_observed` False: one drafting setting, or tokens per sequence within 25% of each other) those directions
+are not identified: at one q, x_per_token moves the step exactly as x_per_request does (both scale with B), and
+drafting comes with every step. Fitted anyway, they soak up whatever
 the other terms miss (on the real CPU server a window's extra 20% became a per-token cost 2.6x the prior's and an
 S(3) of 1.1 where the truth was 2.1). So while the points hold one kind of step, per_token and draft are held at
 the prior (x = 0) and keep the prior's variance in the covariance: the curve is priced at the prior's split and
@@ -112,6 +113,8 @@ from policies.types import Evidence, TargetState
 _PARAMS = ("memory", "compute", "overhead", "per_request", "per_token", "draft", "fill", "gemm_slope")
 # What steps of one kind (all speculative at one k, or all plain) cannot tell apart (module docstring).
 _UNIDENTIFIED_BY_ONE_KIND = frozenset((_PARAMS.index("per_token"), _PARAMS.index("draft")))
+_ANCHOR_WEIGHT_TOTAL = 16.0  # a measured profile's points weigh together at most this many fresh live points
+_SPLIT_Q_RATIO = 1.25  # tokens per sequence this far apart separate the per-token cost from the per-request one
 PARAMS = _PARAMS  # the fitted parameters, in the order of `CalibrationFit.covariance`
 _LOG_PARAMS = 7  # the first seven are log-scales; gemm_slope is fitted as it is
 _ACCEPTED_STATES = frozenset({TargetState.OK, TargetState.INSUFFICIENT_DATA})
@@ -220,8 +223,10 @@ class CalibrationState:
 
     points: tuple[StepObservation, ...] = ()
     scales: CostScales = field(default_factory=CostScales)
-    # A measured profile's points (policies/measured_profile.py): fitted with the live points at full weight,
-    # never decayed nor dropped (the deployment was measured on purpose; the live points add to it).
+    # A measured profile's points (policies/measured_profile.py): never decayed nor dropped (the deployment was
+    # measured on purpose; the live points add to it), each at weight min(1, 16 / len(anchors)): together at most
+    # as much as 16 fresh live points, so a long profile cannot outvote what the deployment does today (64 live
+    # points at most, `max_points`). Example: 40 anchors -> 0.4 each.
     anchors: tuple[StepObservation, ...] = ()
     damping: float = _INITIAL_DAMPING
     converged: bool = False
@@ -304,10 +309,16 @@ def with_anchors(state: CalibrationState, anchors: Sequence[StepObservation]) ->
 
 
 def split_observed(points: Sequence[StepObservation]) -> bool:
-    """Whether the points hold both plain steps (no drafts) and speculative steps: then the tokens verified per
-    sequence differ between points, which is what tells the per-token cost and the drafting cost from the rest
-    (the band narrows, policies/uncertainty.py). Example: [k=3, k=3] -> False; [k=3, plain] -> True."""
-    return any(p.draft_passes == 0 for p in points) and any(p.draft_passes > 0 for p in points)
+    """Whether the points hold steps of two kinds: different drafting passes (plain and speculative, or two k) and
+    tokens verified per sequence at least `_SPLIT_Q_RATIO` apart. That is what tells the per-token cost and the
+    drafting cost from the rest (the band narrows, policies/uncertainty.py). Example: [k=3, k=3] -> False;
+    [k=3, plain] -> True; [k=3 verifying 4.0, k=1 verifying 2.0] -> True; [plain, k=3 with drafts on 5% of the
+    sequence-steps, verifying 1.15] -> False (the two kinds verify nearly the same tokens)."""
+    passes = {p.draft_passes for p in points}
+    if len(passes) < 2:
+        return False
+    tokens = [p.tokens_per_seq for p in points]
+    return max(tokens) >= _SPLIT_Q_RATIO * min(tokens)
 
 
 def add_observation(
@@ -730,8 +741,9 @@ def fit(
     cache = _cached_terms(state, ctx)
     if state.converged and state.last_fit is not None and cache is state.cache:
         return state, state.last_fit  # the same points at the same optimum: nothing to refit
+    anchor_weight = min(1.0, _ANCHOR_WEIGHT_TOTAL / len(state.anchors)) if state.anchors else 0.0
     weights = (
-        *(1.0 for _ in state.anchors),
+        *(anchor_weight for _ in state.anchors),
         *(0.5 ** (max(0.0, now_s - p.at_s) / config.half_life_s) for p in state.points),
     )
     telemetry: list[tuple[int, float, float]] = []

@@ -18,7 +18,9 @@ from policies.calibrate import (
     fit,
     log_step_and_slopes,
     observation_from,
+    split_observed,
     update,
+    with_anchors,
 )
 from policies.roofline import CostScales, step_components
 from policies.types import GpuSnapshot, TargetState
@@ -286,3 +288,38 @@ def test_the_analytic_jacobian_is_the_derivative_of_the_priced_step(x: tuple[flo
             moved[j] += 1e-7
             numeric = (math.log(components.total_s(scales(moved))) - log_t) / 1e-7
             assert slopes[j] == pytest.approx(numeric, abs=1e-5), (PARAMS[j], point)
+
+
+def _kind(passes: int, tokens_per_seq: float) -> StepObservation:
+    return StepObservation(
+        at_s=0.0, batch=8.0, tokens_per_seq=tokens_per_seq, draft_passes=passes, context_tokens=500.0,
+        prefill_tokens=0.0, step_s=0.01,
+    )
+
+
+@pytest.mark.parametrize(
+    ("points", "split"),
+    [
+        ([_kind(3, 4.0), _kind(3, 3.6)], False),  # one setting: per-token and per-request move together
+        ([_kind(3, 4.0), _kind(0, 1.0)], True),  # speculation on and off
+        ([_kind(3, 4.0), _kind(1, 2.0)], True),  # another k
+        ([_kind(3, 1.15), _kind(0, 1.0)], False),  # drafts on a few sequence-steps: the same tokens either way
+        ([], False),
+    ],
+    ids=["one-k", "on-off", "two-k", "sparse-drafts", "none"],
+)
+def test_the_split_is_observed_only_with_two_drafting_settings_verifying_different_tokens(
+    points: list[StepObservation], split: bool
+) -> None:
+    assert split_observed(points) is split
+
+
+def test_a_long_profile_cannot_outvote_what_the_deployment_does_today() -> None:
+    # 240 profile points measured when memory was 2x slower (another driver, another clock) against 24 live points
+    # where it is 1x: the anchors weigh together as 16 fresh points, so the fit lands nearer today's 1x than the
+    # profile's 2x (uncapped, 240 to 24 would pin it near 2).
+    old = _synthetic(CostScales(memory=2.0), n=240).points
+    live = _synthetic(CostScales(memory=1.0))
+    state = with_anchors(live, [replace(p, at_s=T0) for p in old])
+    result = fit(state, make_context(), now_s=T0 + 720.0, config=CONFIG)[1]
+    assert 1.0 < result.scales.memory < math.sqrt(2.0)
