@@ -7,8 +7,10 @@ for `warmup_s + level_s + TAIL_S`; the first `warmup_s` fill the batch and are n
 at the end of the warm-up and `level_s` later (under load: the clients run on `TAIL_S` after it), and the
 estimator turns the two scrapes into the level's evidence (policies/estimate.py: ITL and iteration-token counters
 give the step, the sequences per step, the prefill mixed in and the proposed length). A level whose scrapes hold
-fewer than `MIN_LEVEL_SAMPLES` ITL samples is skipped and reported. Bounds: at most 16 levels of at most 512
-clients and 600 s each; the worst case (`ProfilePlan.bound_s`) is printed before the first request.
+fewer than `MIN_LEVEL_SAMPLES` ITL samples or `MIN_LEVEL_STEPS` engine steps, or with speculation on but no
+draft proposed, is skipped and reported with the condition that failed (`skip_reason`). Bounds: at most 16
+levels of at most 512 clients and 600 s each; the worst case (`ProfilePlan.bound_s`, the load only: a level's
+drain waits for its requests in flight, each bounded by the client's timeout) is printed before the first request.
 
 Refusals and failures: before loading anything, two scrapes `IDLE_CHECK_S` apart must show no running or waiting
 request and no generated token between them, or the server is serving someone and the plan refuses (`--force`
@@ -27,7 +29,7 @@ from pathlib import Path
 from typing import Protocol
 
 from policies.calibrate import CalibrationConfig, observation_from
-from policies.costmodel import ModelContext
+from policies.costmodel import ModelContext, step_batch
 from policies.estimate import EstimatorConfig, EstimatorState, estimate, observe
 from policies.measured_profile import MeasuredProfile, ProfileError, ProfileIdentity, ProfilePoint, parse_profile
 from policies.types import EngineSnapshot, Evidence
@@ -41,6 +43,9 @@ TAIL_S = 1.0
 # ITL samples a level needs: its mean step then has a standard error of ~1/sqrt(200) = 7% of the steps' spread,
 # which on an engine stepping steadily under a held load (spread well under the mean) is ~1-2% of the step.
 MIN_LEVEL_SAMPLES = 200.0
+# Engine steps a level needs (ITL samples / sequences per step): at a batch of 64, 200 samples are 3 steps, and a
+# mean over 3 steps is one prefill burst away from any value; 200 steps put the mean's error at ~1-2% again.
+MIN_LEVEL_STEPS = 200.0
 # A level where more than this share of requests failed measured an engine in trouble, not its steps.
 MAX_ERROR_SHARE = 0.5
 # A profile of 1000 points is ~400 KB of JSON.
@@ -226,14 +231,21 @@ def level_evidence(before: EngineSnapshot, after: EngineSnapshot, *, window_s: f
 def level_report(
     evidence: Evidence, ctx: ModelContext, *, index: int, concurrency: int, load: LevelLoad
 ) -> LevelReport:
-    """The level's profile point from its evidence, or the reason it has none."""
-    observation = observation_from(evidence, ctx, config=CalibrationConfig(min_step_samples=MIN_LEVEL_SAMPLES))
-    if observation is None:
+    """The level's profile point from its evidence, or the reason it has none (`skip_reason`)."""
+    why = skip_reason(evidence)
+    observation = None if why else observation_from(
+        evidence, ctx, config=CalibrationConfig(min_step_samples=MIN_LEVEL_SAMPLES)
+    )
+    drafted = evidence.acceptance is not None and evidence.acceptance.drafts > 0
+    if observation is not None and observation.draft_passes > 0 and (not drafted or observation.tokens_per_seq <= 1.0):
         why = (
-            f"only {evidence.step_samples:.0f} inter-token samples (need {MIN_LEVEL_SAMPLES:.0f}); "
-            "lengthen --level-s" if evidence.step_time_s is not None else "the server reported no inter-token latency"
+            f"speculation is on (k={evidence.deployed_k}) but no drafts were proposed: its steps are neither plain "
+            "nor speculative (an n-gram drafter with no matches in these prompts)"
         )
-        return LevelReport(index=index, concurrency=concurrency, point=None, load=load, skipped=why)
+        observation = None
+    if observation is None:
+        reason = why or f"the level's evidence is not usable ({evidence.reason or evidence.state.value})"
+        return LevelReport(index=index, concurrency=concurrency, point=None, load=load, skipped=reason)
     accepted = evidence.acceptance.mean_acceptance_length if evidence.acceptance is not None else None
     point = ProfilePoint(
         concurrency=concurrency,
@@ -248,6 +260,28 @@ def level_report(
         mean_accepted_length=accepted if accepted is not None and math.isfinite(accepted) else None,
     )
     return LevelReport(index=index, concurrency=concurrency, point=point, load=load)
+
+
+def skip_reason(evidence: Evidence) -> str | None:
+    """Why a level's evidence gives no point, naming the first condition that failed, or None: the server must
+    report inter-token latency, the level must hold `MIN_LEVEL_SAMPLES` ITL samples and `MIN_LEVEL_STEPS` engine
+    steps (samples / sequences per step), and the engine must have been decoding (batch >= 0.5).
+    Example: 900 samples at batch 32 -> "only 28 engine steps (900 inter-token samples at batch 32.0; need 200)"."""
+    if evidence.step_time_s is None:
+        return "the server reported no inter-token latency"
+    samples = evidence.step_samples
+    if samples < MIN_LEVEL_SAMPLES:
+        return f"only {samples:.0f} inter-token samples (need {MIN_LEVEL_SAMPLES:.0f}); lengthen --level-s"
+    batch = step_batch(evidence)
+    if not batch >= 0.5:
+        return f"the engine was idle (batch {batch:.2f})"
+    steps = samples / batch
+    if steps < MIN_LEVEL_STEPS:
+        return (
+            f"only {steps:.0f} engine steps ({samples:.0f} inter-token samples at batch {batch:.1f}; need "
+            f"{MIN_LEVEL_STEPS:.0f}); lengthen --level-s"
+        )
+    return None
 
 
 def parse_levels(text: str) -> tuple[int, ...]:
@@ -293,7 +327,7 @@ def read_profile(path: Path) -> MeasuredProfile:
         raise ProfileError(f"{path} is larger than {MAX_PROFILE_BYTES} bytes")
     try:
         data = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as exc:
+    except (ValueError, RecursionError) as exc:  # bad UTF-8, bad JSON, an integer past Python's digit limit
         raise ProfileError(f"{path} is not JSON: {exc}") from None
     try:
         return parse_profile(data)

@@ -6,9 +6,10 @@ through `/v1/completions` (service/loadgen.py). Progress goes to stderr, one lin
 `--out`, written atomically. An existing `--out` is never overwritten: `--append` adds to it (the same deployment
 measured again, e.g. with speculation off), otherwise the command refuses.
 
-Exit codes: 0 every level measured; 1 the server could not be reached, or died mid-plan (the levels measured so far
-are written, marked incomplete); 2 bad usage, a refusal (a busy server without --force, an existing --out without
---append), or an `--append` to a profile of another deployment or engine version.
+Exit codes: 0 the plan ran to its end (a level skipped for too few steps or no drafts is reported on its line, and
+the others are written); 1 the server could not be reached, or died mid-plan (the levels measured so far are
+written, marked incomplete), or no level gave a point; 2 bad usage, a refusal (a busy server without --force, an
+existing --out without --append), or an `--append` to a profile of another deployment or engine version.
 """
 
 from __future__ import annotations
@@ -212,7 +213,8 @@ async def _run(
             return EXIT_SERVER
         identity = ProfileIdentity(
             hardware=ctx.hardware.name, model_profile=ctx.model.name, tensor_parallel=ctx.tensor_parallel,
-            drafter_method=str(ctx.drafter.method), engine="vllm", engine_version=version, served_model=model,
+            drafter_method=str(ctx.drafter.method), drafter_params=float(ctx.drafter.params), engine="vllm",
+            engine_version=version, served_model=model,
         )
         if previous is not None:
             merged(previous, MeasuredProfile(identity=identity, created_at_s=time.time(), points=()))

@@ -607,6 +607,15 @@ def _live_schedule(
     target: LiveTarget, *, max_num_seqs: int, context_tokens: float | None, margin: float, gamma_max: int
 ) -> ScheduleOut:
     evidence, context = target.evidence, target.context
+    if evidence is not None and evidence.state is TargetState.ERROR:
+        # What the recommendation refuses to advise from (a profile past its age limit, no cost model), the
+        # schedule does not plan from either.
+        return ScheduleOut(
+            target=target.name, model=target.model, state=TargetState.ERROR,
+            reason=evidence.reason or target.reason or "the target is in the error state",
+            max_num_seqs=max_num_seqs, context_tokens=context_tokens, gamma_max=gamma_max, margin=margin,
+            speculation_useful=None, bands=[], vllm=None, trtllm=None,
+        )
     if evidence is None or context is None:
         return ScheduleOut(
             target=target.name, model=target.model,

@@ -3,12 +3,25 @@ its age limit puts the target in the error state with the reason (never a silent
 
 from __future__ import annotations
 
-from test_loop import DECIDE, ESTIMATOR, FIRST, INTERVAL_S, T0, FakeGpu, FakeScraper, StepTimer, fixed_context, run
+from test_loop import (
+    DECIDE,
+    ESTIMATOR,
+    FIRST,
+    INTERVAL_S,
+    T0,
+    FakeGpu,
+    FakeScraper,
+    StepTimer,
+    context,
+    fixed_context,
+    run,
+)
 
 from policies.measured_profile import MeasuredProfile, ProfileIdentity, ProfilePoint
 from policies.types import TargetState
 from service.board import Board
 from service.loop import AdvisorLoop, LoadedProfile, TargetSpec
+from service.whatif_api import _live_schedule, live_targets_from_board
 
 DAY_S = 86400.0
 MAX_AGE_S = 30 * DAY_S
@@ -85,3 +98,13 @@ def test_a_profile_ages_out_while_the_sidecar_runs() -> None:
     status = board.get("a")
     assert status is not None and status.evidence is not None
     assert status.evidence.state == TargetState.ERROR and "days old" in status.evidence.reason
+
+
+def test_the_schedule_endpoint_plans_nothing_from_a_target_whose_profile_aged_out() -> None:
+    loop, board = _loop(_profile(created_at_s=T0 - 40 * DAY_S), FakeScraper(FIRST))
+    run(loop.run_once(T0))
+    # The loop's resolved profiles are still at hand (what /v1/schedule prices with): they must not be used.
+    [target] = live_targets_from_board(board, context_for=lambda _name: context())()
+    schedule = _live_schedule(target, max_num_seqs=64, context_tokens=None, margin=0.05, gamma_max=4)
+    assert schedule.state == TargetState.ERROR and "days old" in schedule.reason
+    assert schedule.bands == [] and schedule.vllm is None and schedule.speculation_useful is None

@@ -9,20 +9,23 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass
+from pathlib import Path
 
 import pytest
 
 from policies.costmodel import ModelContext
-from policies.measured_profile import ProfileIdentity
+from policies.measured_profile import ProfileError, ProfileIdentity
 from policies.profiles import drafter_for, hardware_by_name, model_by_name
 from policies.types import DraftMethod, EngineSnapshot, HistogramReading, SpecDecodeCounters
 from service.profile import (
     IDLE_CHECK_S,
     LevelLoad,
+    ProfileOutcome,
     ProfilePlan,
     ProfileRefusedError,
     parse_levels,
     progress_line,
+    read_profile,
     run_profile,
 )
 from service.sources.errors import ScrapeError, ScrapeErrorReason
@@ -50,9 +53,12 @@ class _Counters:
 
 
 class FakeEngine:
-    def __init__(self, *, k: int = 3, background: int = 0, die_at_level: int | None = None) -> None:
+    def __init__(
+        self, *, k: int = 3, background: int = 0, die_at_level: int | None = None, matches: bool = True
+    ) -> None:
         self.now = 1_000.0
         self.k = k
+        self.matches = matches  # False: speculation on, but the drafter never proposes (n-gram without matches)
         self.background = background  # clients of someone else, always running
         self.active = 0
         self.levels_started = 0
@@ -79,16 +85,17 @@ class FakeEngine:
         elapsed, self._last = self.now - self._last, self.now
         if batch <= 0:
             return
-        q = 1.0 + self.k * 0.9 if self.k else 1.0
+        drafting = self.k > 0 and self.matches
+        q = 1.0 + self.k * 0.9 if drafting else 1.0
         step = true_step_s(batch, q)
         steps = elapsed / step
         c = self.counters
         c.steps += steps
         c.itl_count += steps * batch
         c.itl_sum += steps * batch * step
-        c.generated += steps * batch * (q * 0.8 if self.k else 1.0)
+        c.generated += steps * batch * (q * 0.8 if drafting else 1.0)
         c.prompts += steps * 10.0
-        c.drafts += steps * batch if self.k else 0.0
+        c.drafts += steps * batch if drafting else 0.0
 
     async def scrape(self, now_s: float) -> EngineSnapshot:
         self._advance()
@@ -207,9 +214,22 @@ def test_a_level_too_short_for_the_calibration_is_skipped_with_the_reason() -> N
         plan, engine, _ctx(), IDENTITY, clock=engine.clock, sleep=engine.sleep,
         on_level=lambda report: lines.append(progress_line(report, total=2)),
     ))
-    assert outcome.levels[0].point is None and "lengthen --level-s" in (outcome.levels[0].skipped or "")
-    assert outcome.levels[1].point is not None
-    assert lines[0].startswith("[1/2] 1 clients: skipped") and lines[1].startswith("[2/2] 8 clients: batch 8.0")
+    # 1 client for 1 s: ~115 ITL samples (steps of ~8.7 ms). 8 clients: 231 samples, but 8 per step, so 29 steps.
+    assert outcome.levels[0].point is None
+    assert "only 115 inter-token samples (need 200); lengthen --level-s" in (outcome.levels[0].skipped or "")
+    assert outcome.levels[1].point is None
+    assert "only 29 engine steps (231 inter-token samples at batch 8.0; need 200)" in (outcome.levels[1].skipped or "")
+    assert outcome.profile is None
+    assert lines[0].startswith("[1/2] 1 clients: skipped") and lines[1].startswith("[2/2] 8 clients: skipped")
+
+
+def test_a_level_with_speculation_on_but_no_drafts_is_skipped_not_written() -> None:
+    engine = FakeEngine(matches=False)
+    outcome = _run(engine, ProfilePlan(levels=(4,), level_s=20.0, warmup_s=2.0))
+    assert isinstance(outcome, ProfileOutcome)
+    [level] = outcome.levels
+    assert level.point is None and "no drafts were proposed" in (level.skipped or "")
+    assert outcome.profile is None
 
 
 @pytest.mark.parametrize(
@@ -233,3 +253,20 @@ def test_levels_parse_ascending_and_distinct() -> None:
     for bad in ("4,2", "1,1", "a,b", ""):
         with pytest.raises(ValueError, match="concurrency levels"):
             parse_levels(bad)
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        (b"\xff\xfe not utf-8", "is not JSON"),
+        (b'{"format": "spec-advisor-profile/1", "created_at_s": ' + b"9" * 5000 + b"}", "is not JSON"),
+        (b'{"format": "spec-advisor-profile/1", "created_at_s": ' + b"9" * 400 + b"}", "created_at_s: a finite"),
+    ],
+    ids=["not-utf8", "endless-integer", "integer-past-float"],
+)
+def test_an_unreadable_profile_file_is_a_profile_error_naming_it(tmp_path: Path, content: bytes, message: str) -> None:
+    path = tmp_path / "profile.json"
+    path.write_bytes(content)
+    with pytest.raises(ProfileError, match=message) as raised:
+        read_profile(path)
+    assert str(path) in str(raised.value)
