@@ -696,7 +696,9 @@ def _start(state: CalibrationState, cache: _TermsCache, x: tuple[float, ...]) ->
 def _covariance(problem: _Problem, at: _Evaluation, config: CalibrationConfig) -> tuple[tuple[float, ...], ...]:
     """The Laplace approximation of the posterior covariance at the optimum: the inverse of the Gauss-Newton
     matrix (the points' Huber-weighted J^T J / step_noise^2, the telemetry and the prior's 1 / sigma^2). A
-    parameter held at a bound keeps its prior variance (the data pushes it past what the bound allows)."""
+    parameter in `problem.held` (not identified by one kind of step) keeps its prior variance, uncorrelated. One
+    the data pushes against a bound is not treated apart: its variance is the curvature's at the bound (data and
+    prior), so the band may understate how far past the bound the data would have taken it."""
     normal, _ = _normal_equations(problem, at, config)
     n = len(normal)
     sigmas = _sigmas(config)

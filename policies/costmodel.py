@@ -1,10 +1,13 @@
 """Evidence x profiles -> the speedup curve S(gamma), calibrated to the step time the server reports.
 
-    S(gamma) = (E[L](gamma) / (T_draft(gamma) + T_target(B, q = gamma + 1))) / (1 / T_target(B, q = 1))
+    S(gamma) = (E_c[L](gamma) / (T_draft(gamma) + T_target(B, q))) / (1 / T_target(B, q = 1)),   q = 1 + c gamma
 
 the ratio of tokens per second per sequence with gamma drafts to plain decoding at the same batch B (so it is also
-the inverse ratio of inter-token latencies). E[L] comes from policies/acceptance.py, T_target and T_draft from
-policies/roofline.py. The band uses the E[L] band with the same step times.
+the inverse ratio of inter-token latencies). c in (0, 1] is the draft coverage, the share of sequence-steps that
+carry a draft (1 for EAGLE/MTP/draft models; an n-gram drafter without a match leaves a step plain), so a step
+verifies q = 1 + c gamma tokens per sequence and emits E_c[L] = 1 + c (E[L] - 1) (policies/acceptance.py, which
+also gives E[L]); T_target and T_draft from policies/roofline.py. Example: c = 0.58, gamma 3, E[L](3) = 3.4 ->
+q = 2.74, E_c[L] = 2.39. The band uses the E[L] band with the same step times.
 
 Operating point: B = max(evidence.decode_seqs_per_step, 1) sequences per step, or max(evidence.batch, 1) running
 requests when the per-step count is unknown (no iteration-tokens / ITL histograms, no step in the window). Why the

@@ -4,7 +4,9 @@ A curve point's band has two independent parts:
 - the acceptance's: E[L] low/high from the drafts counted (policies/acceptance.py), already in the point;
 - the cost model's: S depends on the fitted scales x (log-scales and beta, policies/calibrate.py `PARAMS`),
   known to within the fit's posterior covariance Sigma (the prior's where no data speaks to a direction), and on
-  the model's form, whose error the calibration measures as its median relative step-time error e.
+  the model's form, whose error e (relative, on a step time) the caller estimates from the calibration: the live
+  advisor uses max(median |error| over recent windows, |error at the newest window|) (policies/advise.py), a
+  what-if from a measured profile the largest |error| over the profile's points (policies/measured_profile.py).
 
 Linear propagation in log space (the delta method): with d_j(gamma) = d log S(gamma) / d x_j by forward
 differences of step h,

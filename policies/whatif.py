@@ -16,6 +16,10 @@ gamma), the crossover batch: the smallest batch at which S(gamma) <= 1. It is se
 (x CROSSOVER_GRID_FACTOR from batch 1 to CROSSOVER_SEARCH_MAX_BATCH), then bisected to CROSSOVER_RELATIVE_TOL, so it
 is the first crossing the grid sees (S is not monotone in B for every MoE model, and the grid is what we promise).
 
+Every sequence-step is priced as drafted (draft coverage 1, policies/costmodel.py): right for EAGLE/MTP/draft
+models; an n-gram or suffix drafter drafts only where the context matches, which the live sidecar measures and a
+what-if does not take, so for those it overstates both the verify cost and the gain.
+
 Acceptance inputs, as r_i = P(at least i drafts accepted):
 - `per_position` (r_1..r_k, non-increasing, each in [0, 1]): used as measured; gamma > k extrapolates
   conservatively (policies/acceptance.py) and the points say so (`extrapolated`, `extrapolated_share`).

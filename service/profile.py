@@ -297,7 +297,8 @@ def parse_levels(text: str) -> tuple[int, ...]:
 
 
 def progress_line(report: LevelReport, *, total: int) -> str:
-    """One level's line on stderr: '[3/7] 4 clients: batch 3.9, step 41.2 ms, q 3.8, 312 requests'."""
+    """One level's line on stderr: '[3/7] 4 clients: batch 3.9, step 14.10 ms, 3.69 tokens verified per
+    sequence, 160 requests, 0 errors', or '[1/7] 1 clients: skipped (<why>); 57 requests'."""
     head = f"[{report.index + 1}/{total}] {report.concurrency} clients"
     if report.point is None:
         return f"{head}: skipped ({report.skipped}); {report.load.requests} requests"

@@ -112,6 +112,7 @@ def test_the_cpu_profile_prices_the_measured_steps_of_both_arms() -> None:
     # The catalog's `cpu` row (policies/catalog.py) against every level of both arms and both models: the mean
     # step (span / steps, the per-step duration the calibration pairs with sequences per step) at the batch and
     # tokens per sequence each level ran. The box was shared (load 1-7), so single levels scatter by ~10%.
+    # In-sample: the row's host costs were fitted to these levels; this guards the fit, it does not validate it.
     from policies.costmodel import ModelContext, OperatingPoint, step_time_at  # noqa: PLC0415
     from policies.profiles import drafter_for, hardware_by_name, model_by_name  # noqa: PLC0415
 
