@@ -5,7 +5,7 @@ Input: hardware (catalog name), tensor-parallel degree, target model (catalog na
 r_i, a mean acceptance length measured at some k, or an i.i.d. per-token rate alpha), and lists of batch sizes,
 context lengths and gamma values. Output, for every (batch, context, gamma):
 
-    step_time_s            = T_draft(gamma) + T_target(B, q = gamma + 1)     (gamma 0: T_target(B, 1); a tree
+    step_time_s            = T_draft(gamma) + T_target(B, q = 1 + c gamma)   (gamma 0: T_target(B, 1); a tree
                              drafter of `tree_tokens` N: q = N + 1 at every gamma >= 1, gamma = its depth)
     tokens_per_s_per_seq   = E[L](gamma) / step_time_s                       (E[L](0) = 1)
     tokens_per_s_total     = B x tokens_per_s_per_seq
@@ -16,9 +16,11 @@ gamma), the crossover batch: the smallest batch at which S(gamma) <= 1. It is se
 (x CROSSOVER_GRID_FACTOR from batch 1 to CROSSOVER_SEARCH_MAX_BATCH), then bisected to CROSSOVER_RELATIVE_TOL, so it
 is the first crossing the grid sees (S is not monotone in B for every MoE model, and the grid is what we promise).
 
-Every sequence-step is priced as drafted (draft coverage 1, policies/costmodel.py): right for EAGLE/MTP/draft
-models; an n-gram or suffix drafter drafts only where the context matches, which the live sidecar measures and a
-what-if does not take, so for those it overstates both the verify cost and the gain.
+Every sequence-step is priced as drafted unless `acceptance.draft_coverage` c (0..1] says otherwise: 1 is right for
+EAGLE/MTP/draft models; an n-gram or suffix drafter drafts only where the context matches (the live sidecar
+measures c as Δdrafts / ΔITL count, /v1/evidence `draft_coverage`), and then a step verifies q = 1 + c gamma
+tokens per sequence and emits 1 + c (E[L] - 1) (policies/costmodel.py). Example: c = 0.58, E[L](3) = 2.54 ->
+E_c[L](3) = 1.89 tokens per step, q = 2.74.
 
 Acceptance inputs, as r_i = P(at least i drafts accepted):
 - `per_position` (r_1..r_k, non-increasing, each in [0, 1]): used as measured; gamma > k extrapolates
@@ -95,12 +97,14 @@ HardwareSpec = str | Mapping[str, object]
 
 @dataclass(frozen=True, slots=True)
 class AcceptanceSpec:
-    """Exactly one of `per_position`, `mean_acceptance_length` (with `measured_at_k`) or `iid_rate` (module doc)."""
+    """Exactly one of `per_position`, `mean_acceptance_length` (with `measured_at_k`) or `iid_rate` (module doc),
+    and the draft coverage c in (0, 1]: the share of sequence-steps that carry a draft (1 unless stated)."""
 
     per_position: tuple[float, ...] | None = None
     mean_acceptance_length: float | None = None
     measured_at_k: int | None = None
     iid_rate: float | None = None
+    draft_coverage: float = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -361,8 +365,9 @@ def _checked_positions(values: Sequence[float]) -> tuple[float, ...]:
     return tuple(float(v) for v in values)
 
 
-def acceptance_evidence(positions: Sequence[float]) -> AcceptanceEvidence:
-    """Stated r_i as AcceptanceEvidence with a zero-width band (nothing was counted, so no binomial interval).
+def acceptance_evidence(positions: Sequence[float], *, draft_coverage: float = 1.0) -> AcceptanceEvidence:
+    """Stated r_i as AcceptanceEvidence with a zero-width band (nothing was counted, so no binomial interval), and
+    the stated draft coverage (checked by `checked_coverage`).
 
     Example: (0.8, 0.6) -> mean_acceptance_length 2.4, acceptance_rate (0.8 + 0.6) / 2 = 0.7, k = 2.
     """
@@ -379,7 +384,17 @@ def acceptance_evidence(positions: Sequence[float]) -> AcceptanceEvidence:
         acceptance_rate=total / k if k else 0.0,
         mean_proposed_length=float(k),
         window_s=0.0,
+        draft_coverage=draft_coverage,
     )
+
+
+def checked_coverage(spec: AcceptanceSpec) -> float:
+    """The spec's draft coverage, or WhatIfInputError("acceptance.draft_coverage") unless finite in (0, 1].
+    Example: 0.58 (an n-gram drafter that found a match on 58% of sequence-steps) -> 0.58; 0 -> error."""
+    c = spec.draft_coverage
+    if isinstance(c, bool) or not (math.isfinite(c) and 0.0 < c <= 1.0):
+        raise WhatIfInputError("acceptance.draft_coverage", f"must be in (0, 1], got {c}")
+    return float(c)
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -468,7 +483,10 @@ def evaluate_whatif(inp: WhatIfInput, profile: MeasuredProfile | None = None) ->
     positions = acceptance_positions(inp.acceptance, gamma_max=gamma_max)
     # An i.i.d. rate states every position, so nothing past it is an extrapolation.
     measured = len(positions)
-    acceptance = acceptance_curve(acceptance_evidence(positions), method=inp.drafter_method, gamma_max=gamma_max)
+    acceptance = acceptance_curve(
+        acceptance_evidence(positions, draft_coverage=checked_coverage(inp.acceptance)),
+        method=inp.drafter_method, gamma_max=gamma_max,
+    )
     prefill = inp.prefill_tokens_per_step
     points: list[WhatIfPoint] = []
     best: list[BestGamma] = []
@@ -742,7 +760,10 @@ def whatif_schedule_plan(
         raise WhatIfInputError("context_lengths", f"{context} is outside [0, {MAX_CONTEXT_TOKENS:g}]")
     ctx = build_context(inp)
     positions = acceptance_positions(inp.acceptance, gamma_max=gamma_max)
-    acceptance = acceptance_curve(acceptance_evidence(positions), method=inp.drafter_method, gamma_max=gamma_max)
+    acceptance = acceptance_curve(
+        acceptance_evidence(positions, draft_coverage=checked_coverage(inp.acceptance)),
+        method=inp.drafter_method, gamma_max=gamma_max,
+    )
     return SchedulePlan(
         ctx=ctx, acceptance=acceptance, max_num_seqs=max_num_seqs, context_tokens=context,
         scales=_calibration(profile, ctx).scales, prefill_tokens=inp.prefill_tokens_per_step, margin=margin,

@@ -103,6 +103,11 @@ class AcceptanceIn(_Strict):
     iid_rate: Probability | None = Field(
         default=None, description="Per-token i.i.d. acceptance alpha (Leviathan et al.), not vLLM's acceptance rate."
     )
+    draft_coverage: float = Field(
+        default=1.0, gt=0.0, le=1.0,
+        description="Share of sequence-steps that carry a draft (an n-gram/suffix drafter drafts only where the "
+        "context matches; the sidecar's /v1/evidence reports it). 1 for EAGLE/MTP/draft models.",
+    )
 
 
 class HardwareIn(_Strict):
@@ -162,6 +167,7 @@ class WhatIfRequest(_Strict):
                 mean_acceptance_length=acc.mean_acceptance_length,
                 measured_at_k=acc.measured_at_k,
                 iid_rate=acc.iid_rate,
+                draft_coverage=acc.draft_coverage,
             ),
             batch_sizes=tuple(self.batch_sizes),
             context_lengths=tuple(self.context_lengths),

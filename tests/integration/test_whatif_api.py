@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 import yaml
 from sidecar_http import FIXTURES, CaptureServer, serving, wait_for
 
@@ -199,6 +200,10 @@ BAD_BODIES: list[tuple[str, Any, list[str | int] | None]] = [
     ("tree shallower than gamma", with_(drafter={"method": "eagle3", "tree_tokens": 3}),
      ["body", "drafter", "tree_tokens"]),
     ("memory share above 1", with_(gpu_memory_utilization=1.2), ["body", "gpu_memory_utilization"]),
+    ("draft coverage 0", with_(acceptance={"per_position": [0.8, 0.6], "draft_coverage": 0}),
+     ["body", "acceptance", "draft_coverage"]),
+    ("draft coverage above 1", with_(acceptance={"per_position": [0.8, 0.6], "draft_coverage": 1.2}),
+     ["body", "acceptance", "draft_coverage"]),
     ("body is a list", [BODY], None),
     ("body is null", None, None),
 ]
@@ -439,3 +444,16 @@ def test_the_sidecar_serves_whatif_and_exact_schedules_for_config_json_models_an
                 assert {"/v1/whatif", "/v1/schedule", "/v1/recommendation"} <= set(paths)
 
     asyncio.run(scenario())
+
+
+def test_a_stated_draft_coverage_reaches_the_prices() -> None:
+    # n-gram drafts on 58% of sequence-steps: the gamma-3 step emits 1 + 0.58 x (0.78 + 0.58 + 0.43) tokens.
+    async def check(client: httpx.AsyncClient, _board: Board) -> None:
+        body = with_(drafter={"method": "ngram"}, gammas=[0, 3],
+                     acceptance={"per_position": [0.78, 0.58, 0.43], "draft_coverage": 0.58})
+        reply = await client.post("/v1/whatif", json=body)
+        assert reply.status_code == 200, reply.text
+        lengths = [p["expected_accepted_length"] for p in reply.json()["points"] if p["gamma"] == 3]
+        assert lengths and lengths == pytest.approx([1 + 0.58 * (0.78 + 0.58 + 0.43)] * len(lengths))
+
+    run_api(check)

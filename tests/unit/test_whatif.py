@@ -102,6 +102,27 @@ def test_impossible_acceptance_names_its_field(spec: AcceptanceSpec, field: str)
     assert field_of(lambda: acceptance_positions(spec, gamma_max=4)) == field
 
 
+@pytest.mark.parametrize("coverage", [0.0, -0.2, 1.5, float("nan")])
+def test_a_draft_coverage_outside_zero_to_one_names_its_field(coverage: float) -> None:
+    inp = make_input(acceptance=AcceptanceSpec(per_position=R_EAGLE3, draft_coverage=coverage))
+    assert field_of(lambda: evaluate_whatif(inp)) == "acceptance.draft_coverage"
+
+
+def test_drafts_on_part_of_the_steps_shrink_both_the_gain_and_the_verified_tokens() -> None:
+    # An n-gram drafter matching on 58% of sequence-steps (the untied CPU model's measured share): each step emits
+    # 1 + 0.58 (E[L] - 1) tokens per sequence and verifies 1 + 0.58 gamma; at batch 1 (memory-bound: verification
+    # nearly free) the speedup is then mostly the lost acceptance.
+    full = make_input(drafter_method=DraftMethod.NGRAM, batch_sizes=(1.0,), context_lengths=(512.0,), gammas=(0, 3))
+    part = dataclasses.replace(full, acceptance=AcceptanceSpec(per_position=R_EAGLE3, draft_coverage=0.58))
+    every, some = evaluate_whatif(full), evaluate_whatif(part)
+    [every3] = [p for p in every.points if p.gamma == 3]
+    [some3] = [p for p in some.points if p.gamma == 3]
+    assert every3.expected_accepted_length == pytest.approx(1 + sum(R_EAGLE3))
+    assert some3.expected_accepted_length == pytest.approx(1 + 0.58 * sum(R_EAGLE3))
+    assert some3.step_time_s < every3.step_time_s  # fewer tokens verified per step
+    assert 1.0 < some3.speedup < every3.speedup
+
+
 def test_stated_positions_become_evidence_with_a_zero_width_band() -> None:
     evidence = acceptance_evidence((0.8, 0.6))
     assert evidence.per_position_low == evidence.per_position == evidence.per_position_high == (0.8, 0.6)
