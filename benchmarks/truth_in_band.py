@@ -2,6 +2,7 @@
 
     .venv/bin/python -m benchmarks.truth_in_band                      # the demo world and every bench scenario
     .venv/bin/python -m benchmarks.truth_in_band path/to/world.yaml   # any scenario files
+    .venv/bin/python -m benchmarks.truth_in_band WORLD.yaml --at 2 250  # the world's true S(1..4) at batches 2, 250
 
 The real sidecar pipeline runs against the simulated server in simulated time (the bench's advisor policy:
 scrape -> estimate -> model -> decide). After every tick whose decision is ok and whose objective compares options
@@ -142,8 +143,23 @@ def coverage(bench: BenchScenario, *, name: str) -> Coverage:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("scenarios", nargs="*", type=Path, help="default: the demo and the bench scenarios")
+    parser.add_argument("--at", type=float, nargs="+", metavar="BATCH",
+                        help="print the world's true S(1..4) at these batches instead of judging a run")
+    parser.add_argument("--context", type=float, default=600.0, help="context tokens for --at (default 600)")
+    parser.add_argument("--elapsed-s", type=float, default=0.0, help="scenario time for --at (acceptance drifts)")
     args = parser.parse_args(argv)
     paths = args.scenarios or [DEMO, *sorted(BENCH.glob("*.yaml"))]
+    if args.at:
+        for path in paths:
+            scenario = load_bench_scenario(path).scenario
+            for batch in args.at:
+                values = [
+                    true_speedup(scenario, elapsed_s=args.elapsed_s, batch=batch, context=args.context, gamma=g)
+                    for g in range(1, 5)
+                ]
+                truths = "  ".join(f"S({g}) {v:.3f}" for g, v in enumerate(values, start=1))
+                print(f"{path.stem:26s} batch {batch:6.1f} context {args.context:6.0f}: {truths}")
+        return 0
     for path in paths:
         result = coverage(load_bench_scenario(path), name=path.stem)
         overall = result.share()

@@ -147,10 +147,14 @@ def advise_target(
         if not split_observed((*calibration_state.anchors, *calibration_state.points)):
             # Steps at one tokens-per-sequence only: the verified token's marginal cost is the prior's, and so is
             # how much of a step is drafting; the band below covers them.
-            unseen = "plain" if evidence.speculation_on else "speculative"
+            seen = (*calibration_state.anchors, *calibration_state.points)
+            if any(p.draft_passes == 0 for p in seen) and any(p.draft_passes > 0 for p in seen):
+                why = "plain and speculative steps verify nearly the same tokens per sequence (drafts on few steps)"
+            else:
+                why = f"no {'plain' if evidence.speculation_on else 'speculative'} steps seen, nor another k"
             split_note = (
-                f"verification cost not measured yet (no {unseen} steps seen, nor another k): bands cover the "
-                "prior's per-token and drafting costs; a window with speculation off or at another k measures them"
+                f"verification cost not measured yet ({why}): bands cover the prior's per-token and drafting "
+                "costs; a window with speculation off or at another k measures them"
             )
         if fit.covariance is not None:
             # The cost model's own uncertainty joins the acceptance's in every band (policies/uncertainty.py).

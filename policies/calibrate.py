@@ -224,9 +224,10 @@ class CalibrationState:
     points: tuple[StepObservation, ...] = ()
     scales: CostScales = field(default_factory=CostScales)
     # A measured profile's points (policies/measured_profile.py): never decayed nor dropped (the deployment was
-    # measured on purpose; the live points add to it), each at weight min(1, 16 / len(anchors)): together at most
-    # as much as 16 fresh live points, so a long profile cannot outvote what the deployment does today (64 live
-    # points at most, `max_points`). Example: 40 anchors -> 0.4 each.
+    # measured on purpose; the live points add to it). Beside live points each weighs min(1, 16 / len(anchors)):
+    # together at most as much as 16 fresh live points, so a long profile cannot outvote what the deployment does
+    # today (64 live points at most, `max_points`); alone (a what-if, a first tick) each weighs 1.
+    # Example: 40 anchors and some live points -> 0.4 each.
     anchors: tuple[StepObservation, ...] = ()
     damping: float = _INITIAL_DAMPING
     converged: bool = False
@@ -743,7 +744,8 @@ def fit(
     cache = _cached_terms(state, ctx)
     if state.converged and state.last_fit is not None and cache is state.cache:
         return state, state.last_fit  # the same points at the same optimum: nothing to refit
-    anchor_weight = min(1.0, _ANCHOR_WEIGHT_TOTAL / len(state.anchors)) if state.anchors else 0.0
+    # Capped only beside live points: a profile fitted alone (a what-if) keeps all its information.
+    anchor_weight = min(1.0, _ANCHOR_WEIGHT_TOTAL / len(state.anchors)) if state.anchors and state.points else 1.0
     weights = (
         *(anchor_weight for _ in state.anchors),
         *(0.5 ** (max(0.0, now_s - p.at_s) / config.half_life_s) for p in state.points),

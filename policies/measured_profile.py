@@ -47,7 +47,8 @@ from policies.costmodel import ModelContext
 FORMAT = "spec-advisor-profile/1"
 IDENTITY_FIELDS = ("hardware", "model_profile", "tensor_parallel", "drafter_method", "drafter_params")
 _PARAMS_TOLERANCE = 0.01  # drafter sizes within 1% are the same drafter (profiles round differently)
-_MAX_POINTS = 1000
+MAX_PROFILE_POINTS = 1000
+_MAX_POINTS = MAX_PROFILE_POINTS
 _MAX_BATCH = 65536.0
 _MAX_STEP_S = 600.0
 

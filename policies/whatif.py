@@ -7,7 +7,7 @@ context lengths and gamma values. Output, for every (batch, context, gamma):
 
     step_time_s            = T_draft(gamma) + T_target(B, q = 1 + c gamma)   (gamma 0: T_target(B, 1); a tree
                              drafter of `tree_tokens` N: q = N + 1 at every gamma >= 1, gamma = its depth)
-    tokens_per_s_per_seq   = E[L](gamma) / step_time_s                       (E[L](0) = 1)
+    tokens_per_s_per_seq   = E_c[L](gamma) / step_time_s                     (E_c[L] = 1 + c (E[L] - 1); 1 at 0)
     tokens_per_s_total     = B x tokens_per_s_per_seq
     speedup                = tokens_per_s_per_seq / tokens_per_s_per_seq(gamma 0)   (policies/costmodel.py S)
 
@@ -43,10 +43,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from policies.acceptance import AcceptancePoint, acceptance_curve
-from policies.calibrate import CalibrationConfig, prior_covariance
+from policies.calibrate import CalibrationConfig, prior_covariance, split_observed
 from policies.costmodel import ModelContext, curve_for
 from policies.kv_capacity import VLLM_GPU_MEMORY_UTILIZATION, MemoryFit, memory_fit
-from policies.measured_profile import MeasuredProfile, ProfileError, fit_profile
+from policies.measured_profile import MeasuredProfile, ProfileError, fit_profile, observations
 from policies.profiles import (
     DrafterProfile,
     HardwareProfile,
@@ -727,11 +727,17 @@ def _calibration_notes(calibration: WhatIfCalibration) -> list[str]:
         "speedup_low/high are 90% bands from the fit's posterior covariance (what the profile's steps identify), "
         "that largest miss (the model's form error here) and the acceptance's uncertainty",
     ]
-    if not (plain and speculative):
+    if not split_observed(observations(profile, at_s=profile.created_at_s)):
+        missing = (
+            f"profile the same deployment with speculation {'on' if plain else 'off'} and --append it"
+            if not (plain and speculative)
+            else "its speculative steps verify nearly as few tokens as its plain ones (drafts on few steps); "
+            "profile a k or prompts that draft more and --append it"
+        )
         notes.append(
-            "the profile holds steps at one tokens-per-sequence setting only, so the marginal cost of a verified "
-            "token is still the prior's (the bands stay wide): profile the same deployment with speculation "
-            f"{'on' if plain else 'off'} and --append it"
+            "the profile holds steps at one tokens-per-sequence setting only (two drafting settings at least 25% "
+            "apart in tokens verified identify it), so the marginal cost of a verified token is still the prior's "
+            f"(the bands stay wide): {missing}"
         )
     if not profile.complete:
         notes.append("the profile is incomplete (its run stopped early): only the levels it holds were measured")

@@ -443,7 +443,7 @@ def _read_request(source: str) -> WhatIfRequest:
         raise InputError(f"input larger than {limit} bytes (the what-if limit)")
     try:
         data = json.loads(text)
-    except (json.JSONDecodeError, RecursionError) as exc:
+    except (ValueError, RecursionError) as exc:  # bad JSON, or an integer past Python's digit limit
         raise InputError(f"input is not JSON: {exc}") from None
     try:
         return WhatIfRequest.model_validate(data)

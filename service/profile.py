@@ -215,7 +215,25 @@ async def _level(
     evidence = level_evidence(before, after, window_s=plan.level_s)
     if evidence is None:
         raise _LevelFailedError(f"the server's counters restarted during the {concurrency}-client level")
-    return level_report(evidence, ctx, index=index, concurrency=concurrency, load=load)
+    context = None if evidence.context_tokens_per_seq is not None else load_context_tokens(before, after, load)
+    return level_report(evidence, ctx, index=index, concurrency=concurrency, load=load, context_tokens=context)
+
+
+def load_context_tokens(before: EngineSnapshot, after: EngineSnapshot, load: LevelLoad) -> float | None:
+    """The mean context of a decoding sequence (tokens) from what the level sent, for an engine that does not
+    report its KV capacity (the estimator's context then defaults): prompt + half the completion, per request,
+    with the prompt from the engine's own counters, prompt tokens per generated token over the measured span.
+
+        c = completion_tokens / requests,   ctx = c x dprompt / dgenerated + c / 2
+
+    Example: 64-token completions while the engine counted 30 prompt tokens per 64 generated -> 30 + 32 = 62.
+    None when nothing was generated or finished."""
+    generated = _delta(before.generation_tokens, after.generation_tokens)
+    prompts = _delta(before.prompt_tokens, after.prompt_tokens)
+    if load.requests <= 0 or generated <= 0.0:
+        return None
+    completion = load.completion_tokens / load.requests
+    return completion * prompts / generated + completion / 2.0
 
 
 def level_evidence(before: EngineSnapshot, after: EngineSnapshot, *, window_s: float) -> Evidence | None:
@@ -229,9 +247,11 @@ def level_evidence(before: EngineSnapshot, after: EngineSnapshot, *, window_s: f
 
 
 def level_report(
-    evidence: Evidence, ctx: ModelContext, *, index: int, concurrency: int, load: LevelLoad
+    evidence: Evidence, ctx: ModelContext, *, index: int, concurrency: int, load: LevelLoad,
+    context_tokens: float | None = None,
 ) -> LevelReport:
-    """The level's profile point from its evidence, or the reason it has none (`skip_reason`)."""
+    """The level's profile point from its evidence, or the reason it has none (`skip_reason`); `context_tokens`
+    replaces the evidence's context when the engine did not report one (`load_context_tokens`)."""
     why = skip_reason(evidence)
     observation = None if why else observation_from(
         evidence, ctx, config=CalibrationConfig(min_step_samples=MIN_LEVEL_SAMPLES)
@@ -253,7 +273,7 @@ def level_report(
         batch=observation.batch,
         tokens_per_seq=observation.tokens_per_seq,
         draft_passes=observation.draft_passes,
-        context_tokens=observation.context_tokens,
+        context_tokens=observation.context_tokens if context_tokens is None else context_tokens,
         prefill_tokens=observation.prefill_tokens,
         step_s=observation.step_s,
         step_samples=evidence.step_samples,

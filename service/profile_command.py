@@ -27,7 +27,7 @@ import httpx
 from pydantic import ValidationError
 
 from policies.costmodel import ModelContext
-from policies.measured_profile import MeasuredProfile, ProfileError, ProfileIdentity, merged
+from policies.measured_profile import MAX_PROFILE_POINTS, MeasuredProfile, ProfileError, ProfileIdentity, merged
 from policies.types import EngineSnapshot, GpuSnapshot
 from service.app import context_resolver
 from service.loadgen import run_closed_loop
@@ -105,6 +105,11 @@ def run_profile_command(args: argparse.Namespace) -> int:
         previous = _previous(args.out) if args.append else None
         if previous is None and args.out.exists():
             raise ProfileCommandError(f"{args.out} exists: pass --append to add to it, or choose another --out")
+        if previous is not None and len(previous.points) + len(plan.levels) > MAX_PROFILE_POINTS:
+            raise ProfileCommandError(
+                f"{args.out} holds {len(previous.points)} points; {len(plan.levels)} more would pass the "
+                f"{MAX_PROFILE_POINTS} a profile holds: write a new profile"
+            )
         return asyncio.run(_run(args, plan, ctx, previous))
     except (ProfileCommandError, ProfileRefusedError, ProfileError) as exc:
         print(f"spec-advisor profile: {exc}", file=sys.stderr)

@@ -147,6 +147,12 @@ def test_profile_refuses_usage_errors_before_touching_a_server(tmp_path: Path) -
     answer = cli("profile", "--url", url, "--out", str(out), *PROFILE_ARGS, "--append")
     assert answer.returncode == 2 and "format: expected" in answer.stderr  # the file to append to is no profile
     assert out.read_text(encoding="utf-8") == "{}"  # nothing lost
+    # A profile with 999 points cannot take a plan of two more levels: refused before the server is touched.
+    full = profile_document()  # the deployment PROFILE_ARGS name
+    full["points"] = (full["points"] * 125)[:999]
+    out.write_text(json.dumps(full), encoding="utf-8")
+    answer = cli("profile", "--url", url, "--out", str(out), *PROFILE_ARGS, "--concurrency", "1,2", "--append")
+    assert answer.returncode == 2 and "holds 999 points; 2 more would pass the 1000" in answer.stderr, answer.stderr
 
 
 def test_profile_of_an_unreachable_server_exits_1(tmp_path: Path) -> None:

@@ -87,6 +87,8 @@ def test_whatif_unreadable_input_exits_2(tmp_path: Path) -> None:
     assert missing.returncode == 2 and "cannot read" in missing.stderr
     not_json = cli("whatif", "-", stdin="{hardware: h100")
     assert not_json.returncode == 2 and "input is not JSON" in not_json.stderr
+    endless = cli("whatif", "-", stdin='{"batch_sizes": [' + "9" * 5000 + "]}")  # past Python's int digit limit
+    assert endless.returncode == 2 and "input is not JSON" in endless.stderr and "Traceback" not in endless.stderr
 
 
 def test_whatif_plot_writes_a_png(tmp_path: Path) -> None:

@@ -315,11 +315,22 @@ def test_the_split_is_observed_only_with_two_drafting_settings_verifying_differe
 
 
 def test_a_long_profile_cannot_outvote_what_the_deployment_does_today() -> None:
-    # 240 profile points measured when memory was 2x slower (another driver, another clock) against 24 live points
-    # where it is 1x: the anchors weigh together as 16 fresh points, so the fit lands nearer today's 1x than the
-    # profile's 2x (uncapped, 240 to 24 would pin it near 2).
+    # 64 profile points (the most `_synthetic` keeps) measured when memory was 2x slower (another driver, another
+    # clock) against 24 live points where it is 1x: the anchors weigh together as 16 fresh points, so the fit lands
+    # nearer today's 1x than the profile's 2x (uncapped, 64 to 24 pins it at 1.96).
     old = _synthetic(CostScales(memory=2.0), n=240).points
     live = _synthetic(CostScales(memory=1.0))
     state = with_anchors(live, [replace(p, at_s=T0) for p in old])
     result = fit(state, make_context(), now_s=T0 + 720.0, config=CONFIG)[1]
     assert 1.0 < result.scales.memory < math.sqrt(2.0)
+
+
+def test_a_profile_fitted_alone_keeps_all_its_points_weight() -> None:
+    # No live points (a what-if from a profile): the cap does not apply, so 64 points of a 2x-slower memory pin the
+    # scale there, with the posterior variance 64 points give (not the 16 the cap would leave).
+    old = [replace(p, at_s=T0) for p in _synthetic(CostScales(memory=2.0), n=240).points]
+    alone = fit(with_anchors(CalibrationState(), old), make_context(), now_s=T0, config=CONFIG)[1]
+    assert alone.scales.memory == pytest.approx(2.0, rel=0.05)
+    sixteen = fit(with_anchors(CalibrationState(), old[:16]), make_context(), now_s=T0, config=CONFIG)[1]
+    assert alone.covariance is not None and sixteen.covariance is not None
+    assert alone.covariance[0][0] < sixteen.covariance[0][0]

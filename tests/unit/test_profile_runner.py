@@ -8,6 +8,7 @@ tokens, the running gauge, and the speculative counters when k > 0. The test clo
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,6 +24,7 @@ from service.profile import (
     ProfileOutcome,
     ProfilePlan,
     ProfileRefusedError,
+    load_context_tokens,
     parse_levels,
     progress_line,
     read_profile,
@@ -270,3 +272,17 @@ def test_an_unreadable_profile_file_is_a_profile_error_naming_it(tmp_path: Path,
     with pytest.raises(ProfileError, match=message) as raised:
         read_profile(path)
     assert str(path) in str(raised.value)
+
+
+def test_the_context_of_an_engine_without_kv_capacity_comes_from_what_the_level_sent() -> None:
+    # 100 requests of 64 completion tokens; the engine counted 3000 prompt tokens per 6400 generated: 30-token
+    # prompts, so a decoding sequence holds 30 + 64 / 2 = 62 tokens on average.
+    before = asyncio.run(FakeEngine().scrape(0.0))
+    after = dataclasses.replace(
+        before, generation_tokens=(before.generation_tokens or 0.0) + 6400.0,
+        prompt_tokens=(before.prompt_tokens or 0.0) + 3000.0,
+    )
+    load = LevelLoad(requests=100, errors=0, completion_tokens=6400)
+    assert load_context_tokens(before, after, load) == pytest.approx(62.0)
+    assert load_context_tokens(before, before, load) is None  # nothing generated in the span
+    assert load_context_tokens(before, after, LevelLoad(requests=0, errors=0, completion_tokens=0)) is None
