@@ -149,11 +149,11 @@ def advise_target(
             # how much of a step is drafting; the band below covers them.
             seen = (*calibration_state.anchors, *calibration_state.points)
             if any(p.draft_passes == 0 for p in seen) and any(p.draft_passes > 0 for p in seen):
-                why = "plain and speculative steps verify nearly the same tokens per sequence (drafts on few steps)"
+                missing = "plain and speculative steps verify nearly the same tokens per sequence (drafts on few steps)"
             else:
-                why = f"no {'plain' if evidence.speculation_on else 'speculative'} steps seen, nor another k"
+                missing = f"no {'plain' if evidence.speculation_on else 'speculative'} steps seen, nor another k"
             split_note = (
-                f"verification cost not measured yet ({why}): bands cover the prior's per-token and drafting "
+                f"verification cost not measured yet ({missing}): bands cover the prior's per-token and drafting "
                 "costs; a window with speculation off or at another k measures them"
             )
         if fit.covariance is not None:
