@@ -52,6 +52,9 @@ MAX_ERROR_SHARE = 0.5
 MAX_PROFILE_BYTES = 4 * 1024 * 1024
 
 
+INTERRUPTED = "interrupted"  # the start of `ProfileOutcome.stopped` when the run was cancelled (Ctrl-C)
+
+
 class ProfileRefusedError(Exception):
     """The server is serving traffic (or the plan is out of bounds): nothing was loaded. The message says why."""
 
@@ -153,7 +156,9 @@ async def run_profile(
 ) -> ProfileOutcome:
     """Run `plan` against `engine` (module docstring). Raises ProfileRefusedError when the server is busy and the
     plan is not forced, ScrapeError when it cannot be read before anything was loaded; later failures end the
-    plan with `ProfileOutcome.stopped` set and the points measured so far."""
+    plan with `ProfileOutcome.stopped` set and the points measured so far. So does a cancellation once a level
+    has started (Ctrl-C: asyncio.run cancels the main task): the level in progress is dropped, its load stopped,
+    the levels before it are kept (`INTERRUPTED`)."""
     if not plan.force:
         await check_idle(engine, clock=clock, sleep=sleep)
     reports: list[LevelReport] = []
@@ -166,6 +171,9 @@ async def run_profile(
             break
         except _LevelFailedError as exc:
             stopped = str(exc)
+            break
+        except asyncio.CancelledError:
+            stopped = f"{INTERRUPTED} at {concurrency} clients"
             break
         reports.append(report)
         if on_level is not None:

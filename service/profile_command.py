@@ -9,7 +9,8 @@ measured again, e.g. with speculation off), otherwise the command refuses.
 Exit codes: 0 the plan ran to its end (a level skipped for too few steps or no drafts is reported on its line, and
 the others are written); 1 the server could not be reached, or died mid-plan (the levels measured so far are
 written, marked incomplete), or no level gave a point; 2 bad usage, a refusal (a busy server without --force, an
-existing --out without --append), or an `--append` to a profile of another deployment or engine version.
+existing --out without --append), or an `--append` to a profile of another deployment or engine version; 130
+Ctrl-C (the levels measured before it are written, marked incomplete).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from policies.types import EngineSnapshot, GpuSnapshot
 from service.app import context_resolver
 from service.loadgen import run_closed_loop
 from service.profile import (
+    INTERRUPTED,
     LevelLoad,
     ProfileOutcome,
     ProfilePlan,
@@ -48,6 +50,7 @@ from service.sources.vllm import VllmScraper
 
 EXIT_SERVER = 1
 EXIT_USAGE = 2
+EXIT_INTERRUPTED = 130  # the shell's convention for a run ended by SIGINT
 _HTTP_TIMEOUT_S = 10.0
 
 # Prompts of everyday requests (code, prose, lists): what an n-gram drafter meets in chat traffic. The engine's
@@ -111,6 +114,9 @@ def run_profile_command(args: argparse.Namespace) -> int:
                 f"{MAX_PROFILE_POINTS} a profile holds: write a new profile"
             )
         return asyncio.run(_run(args, plan, ctx, previous))
+    except KeyboardInterrupt:  # before the first level started: nothing was measured, nothing is written
+        print("spec-advisor profile: interrupted before any level was measured; nothing written", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except (ProfileCommandError, ProfileRefusedError, ProfileError) as exc:
         print(f"spec-advisor profile: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -237,10 +243,11 @@ async def _run(
 
 
 def _write(path: Path, outcome: ProfileOutcome, previous: MeasuredProfile | None) -> int:
+    interrupted = outcome.stopped is not None and outcome.stopped.startswith(INTERRUPTED)
     if outcome.profile is None:
         print(f"spec-advisor profile: no level was measured; {outcome.stopped or 'see the lines above'}",
               file=sys.stderr)
-        return EXIT_SERVER
+        return EXIT_INTERRUPTED if interrupted else EXIT_SERVER
     profile = outcome.profile if previous is None else merged(previous, outcome.profile)
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
@@ -250,6 +257,10 @@ def _write(path: Path, outcome: ProfileOutcome, previous: MeasuredProfile | None
         print(f"spec-advisor profile: cannot write {path}: {exc}", file=sys.stderr)
         return EXIT_SERVER
     measured = len(outcome.profile.points)
+    if interrupted:
+        print(f"spec-advisor profile: {outcome.stopped}; wrote the {measured} measured levels to {path} "
+              "(marked incomplete)", file=sys.stderr)
+        return EXIT_INTERRUPTED
     if outcome.stopped is not None:
         print(f"spec-advisor profile: stopped: {outcome.stopped}; wrote the {measured} measured levels to {path} "
               "(marked incomplete)", file=sys.stderr)

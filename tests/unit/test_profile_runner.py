@@ -61,6 +61,7 @@ class FakeEngine:
         self.now = 1_000.0
         self.k = k
         self.matches = matches  # False: speculation on, but the drafter never proposes (n-gram without matches)
+        self.loads_cancelled = 0
         self.background = background  # clients of someone else, always running
         self.active = 0
         self.levels_started = 0
@@ -128,8 +129,13 @@ class FakeEngine:
         self.levels_started += 1
         self.active = concurrency
         end = self.now + duration_s
-        while self.now < end:
-            await asyncio.sleep(0)
+        try:
+            while self.now < end:
+                await asyncio.sleep(0)
+        except asyncio.CancelledError:
+            self.loads_cancelled += 1
+            self.active = 0
+            raise
         self._advance()
         self.active = 0
         return LevelLoad(requests=concurrency * 10, errors=0, completion_tokens=concurrency * 1280)
@@ -286,3 +292,25 @@ def test_the_context_of_an_engine_without_kv_capacity_comes_from_what_the_level_
     assert load_context_tokens(before, after, load) == pytest.approx(62.0)
     assert load_context_tokens(before, before, load) is None  # nothing generated in the span
     assert load_context_tokens(before, after, LevelLoad(requests=0, errors=0, completion_tokens=0)) is None
+
+
+def test_ctrl_c_keeps_the_levels_measured_before_it() -> None:
+    # The main task is cancelled (what asyncio.run does on SIGINT) while the second level runs: its load stops,
+    # and the first level comes back as an incomplete profile saying it was interrupted.
+    engine = FakeEngine()
+    plan = ProfilePlan(levels=(1, 4, 16), level_s=20.0, warmup_s=2.0)
+
+    async def main() -> ProfileOutcome:
+        task = asyncio.current_task()
+        assert task is not None
+        outcome = await run_profile(
+            plan, engine, _ctx(), IDENTITY, clock=engine.clock, sleep=engine.sleep,
+            on_level=lambda report: task.cancel() if report.index == 0 else None,
+        )
+        assert engine.loads_cancelled == 1  # the interrupted level's clients were stopped before it returned
+        return outcome
+
+    outcome = asyncio.run(main())
+    assert outcome.stopped == "interrupted at 4 clients"
+    assert outcome.profile is not None and outcome.profile.complete is False
+    assert [p.concurrency for p in outcome.profile.points] == [1]
