@@ -21,6 +21,7 @@ from policies.types import DraftMethod, EngineSnapshot, HistogramReading, SpecDe
 from service.profile import (
     IDLE_CHECK_S,
     LevelLoad,
+    LevelReport,
     ProfileOutcome,
     ProfilePlan,
     ProfileRefusedError,
@@ -303,9 +304,13 @@ def test_ctrl_c_keeps_the_levels_measured_before_it() -> None:
     async def main() -> ProfileOutcome:
         task = asyncio.current_task()
         assert task is not None
+
+        def ctrl_c_after_the_first(report: LevelReport) -> None:
+            if report.index == 0:
+                task.cancel()
+
         outcome = await run_profile(
-            plan, engine, _ctx(), IDENTITY, clock=engine.clock, sleep=engine.sleep,
-            on_level=lambda report: task.cancel() if report.index == 0 else None,
+            plan, engine, _ctx(), IDENTITY, clock=engine.clock, sleep=engine.sleep, on_level=ctrl_c_after_the_first,
         )
         assert engine.loads_cancelled == 1  # the interrupted level's clients were stopped before it returned
         return outcome
