@@ -212,7 +212,7 @@ async def _exact_window(server: VllmServer, sidecar: RunningSidecar) -> tuple[Ra
 # one CI run read 1.815 (high) vs 1.803 (low). At 2x the physics gives ~4% less (here: 1.87 at one sequence, 1.52
 # at six).
 MIN_BATCH_RATIO = 2.0
-HIGH_PHASE_TRIES = 5
+HIGH_PHASE_TRIES = 8
 
 
 def _batched_more(low: SidecarReading, high: SidecarReading) -> bool:
