@@ -9,7 +9,14 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from policies.acceptance import acceptance_curve
-from policies.calibrate import CalibrationConfig, CalibrationFit, CalibrationState, split_observed, update
+from policies.calibrate import (
+    CalibrationConfig,
+    CalibrationFit,
+    CalibrationState,
+    StepObservation,
+    split_observed,
+    update,
+)
 from policies.costmodel import ModelContext, operating_point, speedup_curve
 from policies.decide import (
     DecideConfig,
@@ -144,18 +151,7 @@ def advise_target(
         workload = workload_from(evidence, context_tokens=point.context_tokens, prefill_tokens=point.prefill_tokens)
         curve, chosen, why = objective_curve(ctx, acceptance, workload, config=objective_config, scales=fit.scales)
         objective = chosen.value
-        if not split_observed((*calibration_state.anchors, *calibration_state.points)):
-            # Steps at one tokens-per-sequence only: the verified token's marginal cost is the prior's, and so is
-            # how much of a step is drafting; the band below covers them.
-            seen = (*calibration_state.anchors, *calibration_state.points)
-            if any(p.draft_passes == 0 for p in seen) and any(p.draft_passes > 0 for p in seen):
-                missing = "plain and speculative steps verify nearly the same tokens per sequence (drafts on few steps)"
-            else:
-                missing = f"no {'plain' if evidence.speculation_on else 'speculative'} steps seen, nor another k"
-            split_note = (
-                f"verification cost not measured yet ({missing}): bands cover the prior's per-token and drafting "
-                "costs; a window with speculation off or at another k measures them"
-            )
+        split_note = _split_note((*calibration_state.anchors, *calibration_state.points), evidence)
         if fit.covariance is not None:
             # The cost model's own uncertainty joins the acceptance's in every band (policies/uncertainty.py).
             running = evidence.deployed_k if evidence.speculation_on else 0
@@ -347,6 +343,23 @@ def _with_memory(
 
 def _one_line(text: str) -> str:
     return " ".join(text.split())
+
+
+def _split_note(seen: tuple[StepObservation, ...], evidence: Evidence) -> str:
+    """"" when the points identify the verified token's cost (`split_observed`); otherwise what the reason says:
+    steps at one tokens-per-sequence only leave that cost and the drafting share at the prior, and the band covers
+    them. Example: k=3 steps only, speculating -> "verification cost not measured yet (no plain steps seen, nor
+    another k): ..."."""
+    if split_observed(seen):
+        return ""
+    if any(p.draft_passes == 0 for p in seen) and any(p.draft_passes > 0 for p in seen):
+        missing = "plain and speculative steps verify nearly the same tokens per sequence (drafts on few steps)"
+    else:
+        missing = f"no {'plain' if evidence.speculation_on else 'speculative'} steps seen, nor another k"
+    return (
+        f"verification cost not measured yet ({missing}): bands cover the prior's per-token and drafting costs; a "
+        "window with speculation off or at another k measures them"
+    )
 
 
 def _form_error(fit: CalibrationFit) -> float:
