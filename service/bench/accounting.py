@@ -1,13 +1,22 @@
-"""What a run delivered, from the requests its clients saw finish (`world.Completion`).
+"""What a run delivered, from the requests its clients saw (`world.Completion`): the ones that finished within the
+run, and the ones still in flight at its end (`complete=False`, as far as they got).
 
 Definitions (docs/bench.md):
-- goodput: output tokens of requests that completed within the run, per second of the run. Tokens of requests a
-  restart dropped never count (their clients got an error).
-- a request's inter-token latency (ITL): (done - first token) / (output tokens - 1), its mean time between tokens,
-  queueing and preemption stalls included; requests with one token have none.
-- mean ITL: token-weighted, sum over requests of (done - first token) / sum of (output tokens - 1).
-- p99 ITL: the 99th percentile of the per-request ITL (nearest rank).
-- SLO goodput: tokens/s of completed requests whose ITL <= the scenario's SLO.
+- goodput: output tokens the clients received within the run, per second of the run: every token of a finished
+  request, and the tokens a request still in flight at the end had received. Tokens of requests a restart dropped
+  never count (their clients got an error: the `errors` column).
+- a request's inter-token latency (ITL): (last token - first token) / (tokens - 1), its mean time between tokens,
+  queueing and preemption stalls included; for a request in flight, up to the end of the run. A request with one
+  token has none, and meets an ITL SLO, as in vLLM's own benchmark goodput (`vllm bench serve`: TPOT 0 when the
+  output has one token).
+- mean ITL: token-weighted, sum over requests of (last - first token) / sum of (tokens - 1).
+- p50 / p99 ITL: the median and 99th percentile of the per-request ITL (nearest rank).
+- TTFT: first token - arrival; for a request in flight that has no token yet, end of run - arrival (a lower
+  bound: its client is still waiting). p50 / p99 of those.
+- SLO goodput: the goodput of requests whose ITL meets the scenario's SLO (finished or in flight).
+Example: two finished requests of 11 tokens over 1.0 s and 2.0 s after their first, one in flight with 6 tokens
+over 0.5 s, a 10 s run, SLO 0.15 s: goodput 2.8 tokens/s; ITLs 0.1, 0.2, 0.1 s; mean ITL 3.5 / 25 = 0.14 s;
+SLO goodput (11 + 6) / 10 = 1.7 tokens/s.
 """
 
 from __future__ import annotations
@@ -23,16 +32,38 @@ from service.sim.world import Completion
 class Metrics:
     goodput_tokens_per_s: float
     mean_itl_s: float | None
+    p50_itl_s: float | None
     p99_itl_s: float | None
+    p50_ttft_s: float | None
+    p99_ttft_s: float | None
     slo_goodput_tokens_per_s: float | None
     completed_requests: int
+    in_flight_requests: int  # admitted and not finished at the end of the run
 
 
 def request_itl_s(c: Completion) -> float | None:
-    """Mean seconds between a request's output tokens; None for a one-token request."""
+    """Mean seconds between a request's output tokens (up to now for one in flight); None with under two tokens."""
     if c.output_tokens < 2:
         return None
     return (c.done_s - c.first_token_s) / (c.output_tokens - 1)
+
+
+def request_ttft_s(c: Completion) -> float:
+    """Seconds from arrival to the first token; for a request in flight still without one, until now."""
+    return (c.first_token_s if c.output_tokens > 0 else c.done_s) - c.arrival_s
+
+
+def meets_slo(c: Completion, itl_slo_s: float) -> bool:
+    """Whether the request's ITL meets the SLO; a request with one token (or none yet) has no gap to miss it."""
+    itl = request_itl_s(c)
+    return itl is None or itl <= itl_slo_s
+
+
+def headline_tokens(completions: Sequence[Completion], *, itl_slo_s: float | None) -> float:
+    """The tokens the headline counts: all those received, or with an ITL SLO those of requests meeting it."""
+    if itl_slo_s is None:
+        return float(sum(c.output_tokens for c in completions))
+    return float(sum(c.output_tokens for c in completions if meets_slo(c, itl_slo_s)))
 
 
 def nearest_rank(values: Sequence[float], quantile: float) -> float:
@@ -42,20 +73,26 @@ def nearest_rank(values: Sequence[float], quantile: float) -> float:
     return ordered[rank - 1]
 
 
+def _quantiles(values: Sequence[float]) -> tuple[float | None, float | None]:
+    return (nearest_rank(values, 0.5), nearest_rank(values, 0.99)) if values else (None, None)
+
+
 def summarize(completions: Sequence[Completion], *, duration_s: float, itl_slo_s: float | None) -> Metrics:
-    tokens = sum(c.output_tokens for c in completions)
+    """The run's metrics from its finished and in-flight requests (module docstring)."""
     itls = [(c, itl) for c in completions if (itl := request_itl_s(c)) is not None]
     gaps = sum(c.output_tokens - 1 for c, _ in itls)
     mean = sum(c.done_s - c.first_token_s for c, _ in itls) / gaps if gaps else None
-    p99 = nearest_rank([itl for _, itl in itls], 0.99) if itls else None
-    slo: float | None = None
-    if itl_slo_s is not None:
-        # A one-token request has no inter-token gap, so it cannot miss the SLO.
-        slo = sum(c.output_tokens for c in completions if (request_itl_s(c) or 0.0) <= itl_slo_s) / duration_s
+    p50_itl, p99_itl = _quantiles([itl for _, itl in itls])
+    p50_ttft, p99_ttft = _quantiles([request_ttft_s(c) for c in completions])
+    slo = None if itl_slo_s is None else headline_tokens(completions, itl_slo_s=itl_slo_s) / duration_s
     return Metrics(
-        goodput_tokens_per_s=tokens / duration_s,
+        goodput_tokens_per_s=headline_tokens(completions, itl_slo_s=None) / duration_s,
         mean_itl_s=mean,
-        p99_itl_s=p99,
+        p50_itl_s=p50_itl,
+        p99_itl_s=p99_itl,
+        p50_ttft_s=p50_ttft,
+        p99_ttft_s=p99_ttft,
         slo_goodput_tokens_per_s=slo,
-        completed_requests=len(completions),
+        completed_requests=sum(1 for c in completions if c.complete),
+        in_flight_requests=sum(1 for c in completions if not c.complete),
     )

@@ -2,7 +2,7 @@
 
 Inputs are the k each policy had configured after each decision tick (tick i at (i + 1) x interval) and the
 oracle's true utility u(interval, gamma) (its steady-state score over the best gamma's, 0..1; see
-`service.bench.oracle`), so every check is a pure function of k sequences, u, and when the load was steady.
+`service.bench.steady_state`), so every check is a pure function of k sequences, u, and when the load was steady.
 
 - crossings: ticks where the oracle's choice changes (a load shift or drift across a crossover, as the true physics
   sees it). The lag of a crossing is the time from it until the advisor's choice agrees with the oracle's: its

@@ -97,6 +97,7 @@ async def run_policy(bench: BenchScenario, policy: PolicySpec, *, duration_s: fl
                     completed_tokens=sum(c.output_tokens for c in finished),
                 )
             )
+    done.extend(world.in_flight())  # what the clients still waiting at the end had received
     metrics = summarize(done, duration_s=steps * interval, itl_slo_s=bench.bench.itl_slo_s)
     return RunResult(
         policy=policy.name,

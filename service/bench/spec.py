@@ -61,6 +61,10 @@ class BenchSection(_Section):
         default=None, min_length=1, description="disable_by_batch_size values tried; None = powers of 4 below "
         "max_num_seqs and max_num_seqs / 2.",
     )
+    oracle_segment_s: float = Field(
+        default=60.0, gt=0, le=3600, description="How often the hindsight oracle may change gamma (a multiple of "
+        "decision_interval_s): each boundary runs every gamma to the end of the run, so halving it doubles its cost.",
+    )
     seed: int = Field(default=0, description="World seed, the same for every policy.")
     advisor: AdvisorSection = Field(default_factory=AdvisorSection, description="The advisor's own configuration.")
 
@@ -68,6 +72,9 @@ class BenchSection(_Section):
     def _check(self) -> BenchSection:
         if self.decision_interval_s * 2 > self.duration_s:
             raise ValueError("duration_s must span at least two decision intervals")
+        ratio = self.oracle_segment_s / self.decision_interval_s
+        if abs(ratio - round(ratio)) > 1e-9 or round(ratio) < 1:
+            raise ValueError("oracle_segment_s must be a whole multiple of decision_interval_s")
         if self.batch_thresholds is not None and any(b < 1 for b in self.batch_thresholds):
             raise ValueError("batch_thresholds must all be >= 1")
         return self

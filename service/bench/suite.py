@@ -21,10 +21,11 @@ from service.bench.checks import (
     worst_wrong_spell_s,
 )
 from service.bench.controllers import Controller
-from service.bench.oracle import Oracle
+from service.bench.hindsight import HindsightOracle
 from service.bench.pipeline import AdvisorController, SimClock, bench_advisor_settings
 from service.bench.runner import EPOCH_S, ControllerFactory, PolicySpec, RunResult, run_policy
 from service.bench.spec import BenchScenario
+from service.bench.steady_state import SteadyStatePlanner
 from service.settings import Settings
 from service.sim.physics import acceptance_at, arrival_rate_at
 from service.sim.world import World
@@ -82,7 +83,11 @@ def best_of(runs: Sequence[RunResult], itl_slo_s: float | None) -> RunResult:
     """The best run in hindsight: the highest headline figure; within TIE_RATIO of it, the lowest mean ITL."""
     top = max(headline_of(r, itl_slo_s) for r in runs)
     close = [r for r in runs if headline_of(r, itl_slo_s) >= top * (1.0 - TIE_RATIO)]
-    return min(close, key=lambda r: r.metrics.mean_itl_s if r.metrics.mean_itl_s is not None else float("inf"))
+    return min(close, key=_itl_or_inf)
+
+
+def _itl_or_inf(run: RunResult) -> float:
+    return run.metrics.mean_itl_s if run.metrics.mean_itl_s is not None else float("inf")
 
 
 def _advisor_factory(bench: BenchScenario) -> tuple[ControllerFactory, Settings]:
@@ -96,7 +101,7 @@ def _advisor_factory(bench: BenchScenario) -> tuple[ControllerFactory, Settings]
     return factory, settings
 
 
-def _oracle_factory(oracle: Oracle) -> ControllerFactory:
+def _oracle_factory(oracle: HindsightOracle) -> ControllerFactory:
     @contextlib.asynccontextmanager
     async def factory(world: World, start_s: float) -> AsyncIterator[Controller]:
         yield oracle
@@ -104,7 +109,7 @@ def _oracle_factory(oracle: Oracle) -> ControllerFactory:
     return factory
 
 
-def quality_checks(bench: BenchScenario, *, advisor: RunResult, oracle: RunResult, planner: Oracle,
+def quality_checks(bench: BenchScenario, *, advisor: RunResult, oracle: RunResult, planner: SteadyStatePlanner,
                    settings: Settings) -> QualityChecks:
     """The advisor's per-tick checks against the oracle's run (service.bench.checks), in the advisor's own units:
     lags in decision windows (its estimator window), flaps against its dwell period."""
@@ -134,6 +139,24 @@ def quality_checks(bench: BenchScenario, *, advisor: RunResult, oracle: RunResul
     )
 
 
+def hindsight_spec(bench: BenchScenario, duration_s: float,
+                    statics: Sequence[tuple[PolicySpec, RunResult]]) -> PolicySpec:
+    """The hindsight oracle's run: configured as the static run with the highest headline, then the rollout
+    (service.bench.hindsight) at every `bench.oracle_segment_s`."""
+    slo = bench.bench.itl_slo_s
+    # The highest headline (the bound needs the maximum, not best_of's tie margin); exact ties by mean ITL.
+    top = max(headline_of(run, slo) for _, run in statics)
+    start_spec, _ = min(((spec, run) for spec, run in statics if headline_of(run, slo) >= top),
+                        key=lambda pair: _itl_or_inf(pair[1]))
+    interval = bench.bench.decision_interval_s
+    steps = max(1, round(duration_s / interval))
+    oracle = HindsightOracle(start_s=EPOCH_S, end_s=EPOCH_S + steps * interval, segment_s=bench.bench.oracle_segment_s,
+                             gammas=range(max(bench.gamma_max, bench.scenario.drafter.num_speculative_tokens) + 1),
+                             itl_slo_s=slo)
+    return PolicySpec(name=ORACLE, initial_k=start_spec.initial_k,
+                      disable_by_batch_size=start_spec.disable_by_batch_size, controller=_oracle_factory(oracle))
+
+
 async def run_scenario(bench: BenchScenario, *, duration_s: float | None = None,
                        progress: Progress | None = None) -> ScenarioResult:
     """Every policy on one scenario, the same world seed for each. Raises on a bug or bad advisor settings; the
@@ -149,18 +172,19 @@ async def run_scenario(bench: BenchScenario, *, duration_s: float | None = None,
         say(f"  {bench.name}: {spec.name} done")
         return result
 
-    fixed = [await run(PolicySpec(name=f"fixed gamma={g}", initial_k=g)) for g in range(bench.gamma_max + 1)]
+    fixed_specs = [PolicySpec(name=f"fixed gamma={g}", initial_k=g) for g in range(bench.gamma_max + 1)]
+    fixed = [await run(spec) for spec in fixed_specs]
     k = bench.drafter_k
     always_on = fixed[k] if k < len(fixed) else await run(PolicySpec(name=ALWAYS_ON, initial_k=k))
-    thresholds = [
-        await run(PolicySpec(name=f"threshold B*={b}", initial_k=k, disable_by_batch_size=b))
-        for b in bench.batch_thresholds
-    ]
+    threshold_specs = [PolicySpec(name=f"threshold B*={b}", initial_k=k, disable_by_batch_size=b)
+                       for b in bench.batch_thresholds]
+    thresholds = [await run(spec) for spec in threshold_specs]
     best_fixed = best_of(fixed, slo)
     best_threshold = best_of(thresholds, slo)
-    planner = Oracle(bench.scenario, start_s=EPOCH_S, gamma_max=bench.gamma_max,
+    planner = SteadyStatePlanner(bench.scenario, start_s=EPOCH_S, gamma_max=bench.gamma_max,
                      interval_s=bench.bench.decision_interval_s, duration_s=duration, itl_slo_s=slo)
-    oracle = await run(PolicySpec(name=ORACLE, initial_k=planner.initial_k(), controller=_oracle_factory(planner)))
+    oracle = await run(hindsight_spec(bench, duration, [*zip(fixed_specs, fixed, strict=True),
+                                                          *zip(threshold_specs, thresholds, strict=True)]))
     advisor = await run(
         PolicySpec(name=ADVISOR, initial_k=bench.scenario.drafter.num_speculative_tokens,
                    controller=advisor_factory)

@@ -93,15 +93,18 @@ class LifetimeStats:
 
 @dataclass(frozen=True, slots=True)
 class Completion:
-    """One finished request, as its client saw it (recorded only with `World(record_completions=True)`).
+    """One finished request, as its client saw it (recorded only with `World(record_completions=True)`), or with
+    `complete=False` one still in flight, as far as it got (`World.in_flight`).
 
-    Times are the world's simulated seconds; `output_tokens` counts every token the request received.
+    Times are the world's simulated seconds; `output_tokens` counts every token the request received; for a
+    request in flight `done_s` is when it was looked at and `first_token_s` is -1 before its first token.
     """
 
     arrival_s: float
     first_token_s: float
     done_s: float
     output_tokens: int
+    complete: bool = True
 
 
 @dataclass(slots=True)
@@ -265,6 +268,17 @@ class World:
         done = tuple(self._completions)
         self._completions.clear()
         return done
+
+    def in_flight(self) -> tuple[Completion, ...]:
+        """The requests admitted and not finished now (running, or waiting after a preemption or in the queue), as
+        far as their clients got: `complete=False`, `done_s` = now. Tokens of a step group still under way are
+        not in them yet (they arrive when the group ends)."""
+        requests = [*self._running, *self._waiting]
+        return tuple(
+            Completion(arrival_s=r.arrival_s, first_token_s=r.first_token_s, done_s=self._now_s,
+                       output_tokens=r.generated, complete=False)
+            for r in sorted(requests, key=lambda r: r.arrival_s)
+        )
 
     @property
     def conditional_acceptance(self) -> tuple[float, ...]:

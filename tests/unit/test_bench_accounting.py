@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from service.bench.accounting import nearest_rank, request_itl_s, summarize
+from service.bench.accounting import headline_tokens, nearest_rank, request_itl_s, request_ttft_s, summarize
 from service.bench.spec import load_bench_scenario
 from service.sim.scenario import ScenarioError, default_scenario
 from service.sim.world import Completion, World
@@ -34,6 +34,42 @@ def test_summarize_counts_tokens_and_token_weighted_itl() -> None:
     # meeting 60 ms: the 5-token and the 1-token request, (5 + 1) / 4 s
     assert m.slo_goodput_tokens_per_s == pytest.approx(1.5)
     assert m.completed_requests == 3
+
+
+def test_requests_in_flight_at_the_end_count_what_their_clients_received() -> None:
+    done = [
+        # finished: 11 tokens, first after 0.5 s, ITL 0.1 s
+        Completion(arrival_s=0.0, first_token_s=0.5, done_s=1.5, output_tokens=11),
+        # finished: 11 tokens, ITL 0.2 s
+        Completion(arrival_s=1.0, first_token_s=1.5, done_s=3.5, output_tokens=11),
+        # in flight at the end (t = 10 s): 6 tokens over the last 0.5 s, ITL 0.1 s
+        Completion(arrival_s=9.0, first_token_s=9.5, done_s=10.0, output_tokens=6, complete=False),
+        # in flight with no token yet: waited 7 s so far, no ITL
+        Completion(arrival_s=3.0, first_token_s=-1.0, done_s=10.0, output_tokens=0, complete=False),
+    ]
+    m = summarize(done, duration_s=10.0, itl_slo_s=0.15)
+    assert m.goodput_tokens_per_s == pytest.approx(2.8)  # (11 + 11 + 6) / 10 s
+    assert m.mean_itl_s == pytest.approx(3.5 / 25)  # (1.0 + 2.0 + 0.5) s over (10 + 10 + 5) gaps
+    assert m.slo_goodput_tokens_per_s == pytest.approx(1.7)  # the 0.1 s requests: (11 + 6) / 10 s
+    assert (m.completed_requests, m.in_flight_requests) == (2, 2)
+    # TTFTs 0.5, 0.5, 0.5 and the waiting one's 7 s so far: p50 0.5, p99 7
+    assert request_ttft_s(done[3]) == pytest.approx(7.0)
+    assert m.p50_ttft_s == pytest.approx(0.5) and m.p99_ttft_s == pytest.approx(7.0)
+    assert m.p50_itl_s == pytest.approx(0.1) and m.p99_itl_s == pytest.approx(0.2)
+    assert headline_tokens(done, itl_slo_s=None) == 28.0
+    assert headline_tokens(done, itl_slo_s=0.05) == 0.0  # no request with a gap meets 50 ms
+
+
+def test_world_reports_its_requests_in_flight() -> None:
+    world = World(default_scenario(), seed=3, start_s=0.0, record_completions=True)
+    world.advance_to(60.0)
+    flying = world.in_flight()
+    assert len(flying) == world.num_running + world.num_waiting > 0
+    assert all(not c.complete and c.done_s == 60.0 and c.arrival_s <= 60.0 for c in flying)
+    # a running request has had its first token; none has more than it asked for
+    assert any(c.output_tokens > 0 and c.first_token_s >= c.arrival_s for c in flying)
+    finished = world.drain_completions()
+    assert finished and all(c.complete for c in finished)
 
 
 def test_no_slo_means_no_slo_goodput_and_one_token_requests_have_no_itl() -> None:

@@ -1,5 +1,5 @@
-"""The oracle's dynamic program: it pays for changes, follows the true physics, and its plan is the best the
-switching cost allows."""
+"""The steady-state planner's dynamic program: it pays for changes, follows the true physics, and its plan is
+the best the switching cost allows."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from service.bench.oracle import LATENCY_TIE_WEIGHT, Oracle, slo_share
+from service.bench.steady_state import LATENCY_TIE_WEIGHT, SteadyStatePlanner, slo_share
 from service.sim.scenario import Scenario, scenario_from_mapping
 
 BENCH = Path(__file__).parents[2] / "service" / "sim" / "scenarios" / "bench"
@@ -27,8 +27,10 @@ def _scenario(name: str, **engine: Any) -> Scenario:
 LOOSE_SLO_S = 10.0
 
 
-def _oracle(scenario: Scenario, duration_s: float = 1200.0, itl_slo_s: float | None = LOOSE_SLO_S) -> Oracle:
-    return Oracle(scenario, start_s=0.0, gamma_max=5, interval_s=5.0, duration_s=duration_s, itl_slo_s=itl_slo_s)
+def _oracle(scenario: Scenario, duration_s: float = 1200.0,
+            itl_slo_s: float | None = LOOSE_SLO_S) -> SteadyStatePlanner:
+    return SteadyStatePlanner(scenario, start_s=0.0, gamma_max=5, interval_s=5.0, duration_s=duration_s,
+                              itl_slo_s=itl_slo_s)
 
 
 def _changes(plan: tuple[int, ...]) -> int:
@@ -114,7 +116,7 @@ def test_a_free_start_is_what_the_deployed_start_would_pick_when_nothing_to_corr
     scenario = _scenario("load-shift")
     free_choice = _oracle(scenario).plan[1]
     # Deployed at the gamma the oracle would run first anyway: nothing to correct, no change at the start.
-    started_there = Oracle(scenario, start_s=0.0, gamma_max=5, interval_s=5.0, duration_s=1200.0,
+    started_there = SteadyStatePlanner(scenario, start_s=0.0, gamma_max=5, interval_s=5.0, duration_s=1200.0,
                            itl_slo_s=LOOSE_SLO_S, initial_k=free_choice)
     assert started_there.plan[0] == started_there.plan[1] == free_choice
 

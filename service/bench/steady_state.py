@@ -1,10 +1,15 @@
-"""The oracle: the best gamma for every decision interval of the whole run, from the world's TRUE physics, paying
-for each change. A dynamic program (Viterbi over gamma), computed once before the run starts.
+"""The steady-state planner: the true utility of every gamma in every decision interval, from the world's TRUE
+physics, and the best plan a dynamic program (Viterbi over gamma) makes on it, paying for each change.
+
+The benchmark's quality checks (`checks.py`) judge the advisor's choices with these utilities: whether its gamma
+is as good as the oracle's at a tick, whether a change in steady load made anything truly better. The oracle run
+the headline is graded against is the hindsight rollout (`hindsight.py`), which plans on the world itself.
 
 What it knows that no advisor can: the scenario's arrival-rate profile and true conditional acceptance at every
 moment of the run (drift included), the true step-time function (`service.sim.physics`) and what a
 reconfiguration costs (`engine.reconfigure`). What it does not know: the realised random arrivals, lengths and
-acceptance draws, so a policy can tie or edge past it on a particular seed; the table shows such ratios as they are.
+acceptance draws, the queue a burst leaves, or the KV cache limit: it is a model of expectations, which is why it
+grades choices tick by tick and not the headline.
 
 Score of gamma g in decision interval i (its midpoint t): the steady state the engine would settle into at the
 arrival rate r(t) (Little's law: batch B = r x mean output tokens x ITL(B), fixed-point iteration, capped at
@@ -116,7 +121,7 @@ class SteadyState:
     slo_score: float
 
 
-class Oracle:
+class SteadyStatePlanner:
     """Controller that plays a plan computed up front; `start_s` is the world's start (scenario times are relative
     to it), the plan covers `duration_s` in intervals of `interval_s`."""
 
