@@ -334,6 +334,18 @@ MODEL_ENTRIES: tuple[ModelEntry, ...] = (
         published_params=1.24e9,
     ),
     ModelEntry(
+        name="tinyllama-1.1b",
+        config={
+            "architectures": ["LlamaForCausalLM"], "hidden_size": 2048, "intermediate_size": 5632,
+            "num_hidden_layers": 22, "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 64,
+            "vocab_size": 32000, "tie_word_embeddings": False, "torch_dtype": "bfloat16",
+        },
+        source="huggingface.co/TinyLlama/TinyLlama-1.1B-Chat-v1.0 config.json (model card: 1.1B parameters)",
+        hf_ids=("TinyLlama/TinyLlama-1.1B-Chat-v1.0", "TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T"),
+        published_params=1.1e9,
+        published_rounding=0.05,
+    ),
+    ModelEntry(
         name="qwen3-8b",
         config={
             "architectures": ["Qwen3ForCausalLM"], "hidden_size": 4096, "intermediate_size": 12288,

@@ -68,9 +68,10 @@ Efficiency and overhead defaults on `HardwareProfile` (each one is calibrated on
 
 from __future__ import annotations
 
+import difflib
 import math
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 
 from policies.catalog import HARDWARE_ALIASES, HARDWARE_ROWS, MODEL_ENTRIES, HardwareRow, ModelEntry
@@ -700,8 +701,9 @@ def hardware_by_name(name: str) -> HardwareProfile:
     by_device = hardware_for_device_name(name)
     if by_device is not None:
         return by_device
-    known = ", ".join(p.name for p in HARDWARE)
-    raise ValueError(f"unknown hardware {name!r}; known: {known} (aliases: {', '.join(HARDWARE_ALIASES)})")
+    names = [p.name for p in HARDWARE]
+    raise ValueError(f"unknown hardware {name!r}{_did_you_mean(name, [*names, *HARDWARE_ALIASES])}; known: "
+                     f"{', '.join(names)} (aliases: {', '.join(HARDWARE_ALIASES)}), or give its datasheet numbers")
 
 
 def model_by_name(name: str) -> ModelProfile:
@@ -714,8 +716,15 @@ def model_by_name(name: str) -> ModelProfile:
     for entry, profile in zip(MODEL_ENTRIES, MODELS, strict=True):
         if key == entry.name or key in (hf.lower() for hf in entry.hf_ids):
             return profile
-    known = ", ".join(entry.name for entry in MODEL_ENTRIES)
-    raise ValueError(f"unknown model {name!r}; known: {known} (or their Hugging Face ids)")
+    names = [entry.name for entry in MODEL_ENTRIES]
+    raise ValueError(f"unknown model {name!r}{_did_you_mean(name, names)}; known: {', '.join(names)} (or their "
+                     "Hugging Face ids), or describe it with its config.json (model_config_path)")
+
+
+def _did_you_mean(name: str, known: Sequence[str]) -> str:
+    """' (did you mean X?)' for the closest known names (difflib's ratio >= 0.6), or ''."""
+    close = difflib.get_close_matches(name.strip().lower(), known, n=2)
+    return f" (did you mean {' or '.join(close)}?)" if close else ""
 
 
 def model_for_served_name(name: str) -> ModelProfile | None:

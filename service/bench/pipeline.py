@@ -66,13 +66,15 @@ def advisor_settings(
     *,
     model_name: str,
     hardware: str,
-    model_profile: str,
+    model_profile: str | None,
     drafter_method: str,
     draft_model_profile: str | None = None,
     interval_s: float,
     itl_slo_s: float | None,
     extra: Mapping[str, Any],
     change_cost_s: float = 0.0,
+    model_config_path: str | None = None,
+    tensor_parallel: int = 1,
 ) -> Settings:
     """The sidecar's settings for one benchmark world; raises SettingsError (one line per bad field).
 
@@ -87,6 +89,8 @@ def advisor_settings(
                 "model": model_name,
                 "hardware": hardware,
                 "model_profile": model_profile,
+                "model_config_path": model_config_path,
+                "tensor_parallel": tensor_parallel,
                 "drafter": {"method": drafter_method, "draft_model_profile": draft_model_profile},
             }
         ],
@@ -120,6 +124,8 @@ def bench_advisor_settings(bench: BenchScenario, *, extra: Mapping[str, Any] | N
         model_name=bench.scenario.model_name,
         hardware=section.advisor.hardware,
         model_profile=section.advisor.model_profile,
+        model_config_path=section.advisor.model_config_path,
+        tensor_parallel=section.advisor.tensor_parallel,
         drafter_method=section.advisor.drafter_method or bench.scenario.drafter.method,
         draft_model_profile=section.advisor.draft_model_profile,
         interval_s=section.decision_interval_s,

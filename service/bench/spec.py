@@ -24,21 +24,52 @@ class _Section(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
+# Sidecar settings the benchmark sets itself; a scenario that sets them would be silently overridden.
+RESERVED_SETTINGS = ("targets", "gpu", "scrape_interval_s", "scrape_timeout_s")
+RESERVED_SETTINGS_HINT = ("the target's fields are bench.advisor's own: hardware, model_profile, model_config_path, "
+                          "tensor_parallel, drafter_method, draft_model_profile; the tick is "
+                          "bench.decision_interval_s; the SLO is bench.itl_slo_s")
+
+
 class AdvisorSection(_Section):
     """How the advisor is configured for this world: its profiles (the advisor's own guesses about the simulated
     hardware and model; the world's truth stays in the scenario) and any other sidecar settings."""
 
     hardware: str = Field(default="h100-sxm", description="Advisor hardware profile (catalog name).")
-    model_profile: str = Field(default="llama-3.1-8b", description="Advisor model profile (catalog name).")
+    model_profile: str | None = Field(
+        default="llama-3.1-8b", description="Advisor model profile (catalog name); null with model_config_path.",
+    )
+    model_config_path: str | None = Field(
+        default=None, description="A Hugging Face config.json for a model the catalog lacks (a path relative to "
+        "the scenario file); set model_profile to null with it.",
+    )
+    tensor_parallel: int = Field(
+        default=1, ge=1, le=64, description="GPUs one replica is sharded over, as the advisor is told (the "
+        "target's tensor_parallel).",
+    )
     drafter_method: str | None = Field(default=None, description="Advisor drafter method; None = the world's.")
     draft_model_profile: str | None = Field(
         default=None, description="Catalog name of the draft model (drafter method draft_model only)."
     )
     settings: dict[str, Any] = Field(
         default_factory=dict,
-        description="Extra sidecar settings (as in the settings file, e.g. {decide: {dwell_s: 60}}); targets, "
-        "gpu, scrape interval and the ITL SLO are set by the benchmark.",
+        description="Extra sidecar settings (as in the settings file, e.g. {decide: {dwell_s: 60}}). targets, gpu, "
+        "scrape_interval_s, scrape_timeout_s and decide.itl_slo_s are the benchmark's and are refused here: the "
+        "target's fields are this section's own (hardware, model_profile, model_config_path, tensor_parallel, "
+        "drafter_method, draft_model_profile), the tick is decision_interval_s, the SLO bench.itl_slo_s.",
     )
+
+    @model_validator(mode="after")
+    def _check(self) -> AdvisorSection:
+        if (self.model_profile is None) == (self.model_config_path is None):
+            raise ValueError("set exactly one of model_profile and model_config_path")
+        reserved = [key for key in RESERVED_SETTINGS if key in self.settings]
+        decide = self.settings.get("decide")
+        if isinstance(decide, Mapping) and "itl_slo_s" in decide:
+            reserved.append("decide.itl_slo_s")
+        if reserved:
+            raise ValueError(f"settings.{reserved[0]} is set by the benchmark ({RESERVED_SETTINGS_HINT})")
+        return self
 
 
 class BenchSection(_Section):
@@ -133,6 +164,10 @@ def bench_scenario_from_mapping(data: Any, *, source: str) -> BenchScenario:
         bench = BenchSection.model_validate(raw_bench or {})
     except ValidationError as exc:
         raise ScenarioError(f"{source}: invalid bench section: {_describe(exc)}") from exc
+    config = bench.advisor.model_config_path
+    if config is not None and not Path(config).is_absolute():
+        advisor = bench.advisor.model_copy(update={"model_config_path": str(Path(source).parent / config)})
+        bench = bench.model_copy(update={"advisor": advisor})
     return BenchScenario(name=Path(source).stem, source=source, scenario=scenario, bench=bench)
 
 
