@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from service.sim.world import Completion
 
@@ -96,3 +97,38 @@ def summarize(completions: Sequence[Completion], *, duration_s: float, itl_slo_s
         completed_requests=sum(1 for c in completions if c.complete),
         in_flight_requests=sum(1 for c in completions if not c.complete),
     )
+
+
+ObjectiveKind = Literal["throughput", "slo_goodput", "latency"]
+
+
+@dataclass(frozen=True, slots=True)
+class Objective:
+    """What a scenario grades policies by (its headline figure; higher is better):
+
+    - throughput: goodput, tokens/s;
+    - slo_goodput: SLO goodput, tokens/s of requests whose ITL meets `itl_slo_s`;
+    - latency (at a throughput floor): 1 / mean ITL, each sequence's tokens/s, times min(1, goodput /
+      `floor_tokens_per_s`): a run that delivers the floor is graded on latency alone, one below it loses in
+      proportion to what it did not deliver (a backlog is not free).
+    Example (latency, floor 2000 tokens/s): mean ITL 10 ms at 2100 tokens/s scores 100; 8 ms at 1800 tokens/s
+    scores 125 x 0.9 = 112.5.
+    """
+
+    kind: ObjectiveKind
+    itl_slo_s: float | None = None
+    floor_tokens_per_s: float = 0.0
+
+    def score(self, m: Metrics) -> float:
+        if self.kind == "slo_goodput":
+            return m.slo_goodput_tokens_per_s or 0.0
+        if self.kind == "latency":
+            if m.mean_itl_s is None or m.mean_itl_s <= 0:
+                return 0.0
+            short = m.goodput_tokens_per_s / self.floor_tokens_per_s if self.floor_tokens_per_s > 0 else 1.0
+            return min(1.0, short) / m.mean_itl_s
+        return m.goodput_tokens_per_s
+
+    @property
+    def unit(self) -> str:
+        return "tokens/s per sequence (1 / mean ITL)" if self.kind == "latency" else "tokens/s"

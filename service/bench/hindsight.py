@@ -15,17 +15,18 @@ it compares
     switch g:  every other gamma in 0..gamma_max, switched to at t (paying the restart or rolling update the
                scenario says: dropped requests, lost arrivals, the outage) and kept to the end,
 
-each valued as V = the headline over [t, end]: output tokens of requests completed by the end plus the tokens
-in-flight requests had received by then (with an ITL SLO, only those of requests whose ITL meets it; the same
-function the table uses, `accounting.headline_tokens`). It switches to the best candidate when that beats hold by
-more than `SWITCH_MARGIN` of hold's value, and otherwise holds.
+each valued as V = the scenario's headline (`accounting.Objective`: goodput, SLO goodput, or latency at a
+throughput floor) of the whole run it would make: the requests finished before t, those the candidate finishes
+by the end, and those still in flight at the end, as far as they got (`accounting.summarize`, the table's own
+figures). It switches to the best candidate when that beats hold by more than `SWITCH_MARGIN` of hold's value,
+and otherwise holds.
 
-Why it bounds the static runs: the committed run's final headline is V(hold) at the last boundary plus what was
-delivered before it. At each boundary the choice is never worse than hold (hold is a candidate and the world is
-deterministic), so the committed run's headline never falls below what holding at any earlier boundary would have
-delivered; at t = 0 that is the best static run. Worked example (always-off best at 3000 tokens/s over 600 s):
-V(hold) at t = 0 is 1.8 M tokens; if switching to gamma 1 at t = 300 s gives V = 0.93 M where holding gives 0.90 M,
-the run ends at >= 0.9 M + 0.93 M - its own first half delivered twice = 1.83 M > 1.8 M.
+Why it bounds the static runs: at each boundary the run it commits to is worth at least V(hold) (hold is a
+candidate and the world is deterministic, so the run that follows is exactly the one valued), and V(hold) at a
+boundary is the value of the run committed to at the previous one. So the final headline is at least V(hold) at
+the first boundary, the best static run's own headline. Worked example (goodput, always-off best at 3000
+tokens/s over 600 s): at t = 300 s holding is worth 3000 tokens/s; if switching to gamma 1 then is worth 3060
+(its second half 2% faster than off's, the restart paid), the run commits to it and ends at 3060 >= 3000.
 
 What it does not bound: a policy that acts between its segment boundaries (an advisor can move up to
 `segment_s` earlier), or one that switches back and forth within a horizon where "switch and keep" looks worse
@@ -43,7 +44,7 @@ import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from service.bench.accounting import headline_tokens
+from service.bench.accounting import Objective, summarize
 from service.sim.world import Completion, World
 
 # A switch must beat holding by this share of holding's value (0.1%): what a restart buys less than that is left
@@ -74,20 +75,24 @@ class HindsightOracle:
     """Controller: at each segment boundary, the best of holding and switching to each gamma, run to the end."""
 
     def __init__(self, *, start_s: float, end_s: float, segment_s: float, gammas: Sequence[int],
-                 itl_slo_s: float | None) -> None:
+                 objective: Objective) -> None:
         if segment_s <= 0:
             raise ValueError(f"segment_s must be > 0, got {segment_s}")
         self._start_s = start_s
         self._end_s = end_s
         self._segment_s = segment_s
         self._gammas = tuple(sorted(set(gammas)))
-        self._slo = itl_slo_s
+        self._objective = objective
+        self._past: list[Completion] = []  # finished before the current tick, as the runner drains them
         self._hold: tuple[Completion, ...] | None = None  # the running choice's future from the last boundary
         self._completed_at_boundary = 0
         self.switches: list[tuple[float, int, float]] = []  # (time into the run, new k, gain over holding)
 
     def _value(self, future: Sequence[Completion]) -> float:
-        return headline_tokens(future, itl_slo_s=self._slo)
+        """The headline of the whole run: what finished before now, then `future`."""
+        metrics = summarize([*self._past, *future], duration_s=self._end_s - self._start_s,
+                            itl_slo_s=self._objective.itl_slo_s)
+        return self._objective.score(metrics)
 
     def _at_boundary(self, now_s: float) -> bool:
         segments = (now_s - self._start_s) / self._segment_s
@@ -95,19 +100,22 @@ class HindsightOracle:
 
     async def choose(self, world: World, now_s: float) -> int:
         current = world.num_speculative_tokens
-        if not self._at_boundary(now_s):
+        at_boundary = self._at_boundary(now_s)
+        hold = self._hold_future(world, current, now_s) if at_boundary else ()
+        self._past.extend(world.undrained_completions())  # the runner drains them after this call
+        if not at_boundary:
             return current
-        hold = self._hold_future(world, current, now_s)
-        best = Candidate(current, self._value(hold), hold)
+        hold_value = self._value(hold)
+        best = Candidate(current, hold_value, hold)
         for k in self._gammas:
             if k == current:
                 continue
             future = future_of(world, k, now_s=now_s, end_s=self._end_s)
             value = self._value(future)
-            if value > best.value and value > self._value(hold) * (1.0 + SWITCH_MARGIN):
+            if value > best.value and value > hold_value * (1.0 + SWITCH_MARGIN):
                 best = Candidate(k, value, future)
         if best.k != current:
-            self.switches.append((now_s - self._start_s, best.k, best.value / max(self._value(hold), 1e-9) - 1.0))
+            self.switches.append((now_s - self._start_s, best.k, best.value / max(hold_value, 1e-12) - 1.0))
         self._hold = best.future
         self._completed_at_boundary = world.lifetime.completed_requests
         return best.k

@@ -128,8 +128,9 @@ def _summary(results: Sequence[ScenarioResult]) -> list[str]:
         if vs_best is None or vs_static is None:
             lines.append(f"{r.name}: no ratio ({r.error or 'best known or static headline is 0'})")
             continue
+        kind = r.objective.kind if r.objective is not None else "-"
         lines.append(f"{r.name}: advisor/best known {vs_best:.3f}, advisor/best static {vs_static:.3f} "
-                     f"(wall {r.wall_s:.1f} s, {r.duration_s:.0f} simulated s)")
+                     f"({kind}; wall {r.wall_s:.1f} s, {r.duration_s:.0f} simulated s)")
         if worst is None or vs_best < worst[0]:
             worst = (vs_best, r.name)
     if worst is not None:
@@ -159,8 +160,9 @@ def format_table(results: Sequence[ScenarioResult]) -> str:
         "ITL50/99: per-request inter-token latency percentiles, ms; TTFT50/99: time to first token, ms (still "
         "waiting at the end: so far);",
         "chg: configuration changes; errors: requests a restart dropped; open: requests in flight at the end;",
-        "/best: the headline (SLO-gp with an SLO, else goodput) over the best known policy's (the oracle, or a "
-        "static policy above it).",
+        "/best: the headline (the scenario's objective: goodput, SLO-gp, or 1 / mean ITL at a throughput floor) "
+        "over the best known policy's",
+        "(the oracle, or a static policy above it).",
         "",
         *_summary(results),
         "",

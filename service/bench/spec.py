@@ -10,7 +10,7 @@ import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -84,6 +84,15 @@ class BenchSection(_Section):
     itl_slo_s: float | None = Field(
         default=None, gt=0, le=60, description="Per-request mean inter-token latency SLO; also given to the advisor."
     )
+    objective: Literal["throughput", "slo_goodput", "latency"] | None = Field(
+        default=None, description="What policies are graded by: throughput (goodput), slo_goodput (tokens/s of "
+        "requests meeting itl_slo_s; needs it) or latency (1 / mean ITL at a throughput floor: "
+        "latency_floor_ratio). None = slo_goodput with an SLO, else throughput.",
+    )
+    latency_floor_ratio: float = Field(
+        default=0.98, gt=0, le=1, description="objective latency: the share of the best static run's goodput a "
+        "run must deliver to be graded on latency alone; below it, its score falls in proportion.",
+    )
     gamma_max: int | None = Field(
         default=None, ge=1, le=MAX_SPECULATIVE_TOKENS, description="Largest gamma of the grids and the oracle; "
         "None = max(the scenario's k, 5).",
@@ -99,10 +108,21 @@ class BenchSection(_Section):
     seed: int = Field(default=0, description="World seed, the same for every policy.")
     advisor: AdvisorSection = Field(default_factory=AdvisorSection, description="The advisor's own configuration.")
 
+    @property
+    def objective_kind(self) -> Literal["throughput", "slo_goodput", "latency"]:
+        """The objective the scenario states, or its default (slo_goodput with an SLO, else throughput)."""
+        if self.objective is not None:
+            return self.objective
+        return "slo_goodput" if self.itl_slo_s is not None else "throughput"
+
     @model_validator(mode="after")
     def _check(self) -> BenchSection:
         if self.decision_interval_s * 2 > self.duration_s:
             raise ValueError("duration_s must span at least two decision intervals")
+        if self.objective == "slo_goodput" and self.itl_slo_s is None:
+            raise ValueError("objective slo_goodput needs itl_slo_s")
+        if self.objective in ("throughput", "latency") and self.itl_slo_s is not None:
+            raise ValueError(f"objective {self.objective} with itl_slo_s: an SLO is graded as slo_goodput")
         ratio = self.oracle_segment_s / self.decision_interval_s
         if abs(ratio - round(ratio)) > 1e-9 or round(ratio) < 1:
             raise ValueError("oracle_segment_s must be a whole multiple of decision_interval_s")

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
+from service.bench.accounting import Objective
 from service.bench.actuated import ACTUATED_ADVISOR, actuated_advisor_policy
 from service.bench.checks import (
     QualityChecks,
@@ -63,27 +64,31 @@ class ScenarioResult:
     error: str | None = None
     wall_s: float = 0.0
     quality: QualityChecks | None = None
+    objective: Objective | None = None  # None only for a scenario that failed before its runs
 
     def headline(self, policy: str) -> float:
-        """The figure policies are ranked by: SLO goodput when the scenario sets an SLO, else goodput."""
-        m = self.outcomes[policy].run.metrics
-        if self.itl_slo_s is not None and m.slo_goodput_tokens_per_s is not None:
-            return m.slo_goodput_tokens_per_s
-        return m.goodput_tokens_per_s
+        """The figure policies are ranked by: the scenario's objective (accounting.Objective) on the run."""
+        objective = self.objective or Objective("throughput")
+        return objective.score(self.outcomes[policy].run.metrics)
 
 
-def headline_of(run: RunResult, itl_slo_s: float | None) -> float:
-    m = run.metrics
-    return m.slo_goodput_tokens_per_s if itl_slo_s is not None and m.slo_goodput_tokens_per_s is not None else (
-        m.goodput_tokens_per_s
-    )
+def headline_of(run: RunResult, objective: Objective) -> float:
+    return objective.score(run.metrics)
 
 
-def best_of(runs: Sequence[RunResult], itl_slo_s: float | None) -> RunResult:
+def best_of(runs: Sequence[RunResult], objective: Objective) -> RunResult:
     """The best run in hindsight: the highest headline figure; within TIE_RATIO of it, the lowest mean ITL."""
-    top = max(headline_of(r, itl_slo_s) for r in runs)
-    close = [r for r in runs if headline_of(r, itl_slo_s) >= top * (1.0 - TIE_RATIO)]
+    top = max(headline_of(r, objective) for r in runs)
+    close = [r for r in runs if headline_of(r, objective) >= top * (1.0 - TIE_RATIO)]
     return min(close, key=_itl_or_inf)
+
+
+def scenario_objective(bench: BenchScenario, statics: Sequence[RunResult]) -> Objective:
+    """The scenario's objective; for latency, its floor is `latency_floor_ratio` x the best static goodput."""
+    section = bench.bench
+    kind = section.objective_kind
+    floor = section.latency_floor_ratio * max(r.metrics.goodput_tokens_per_s for r in statics)
+    return Objective(kind, itl_slo_s=section.itl_slo_s, floor_tokens_per_s=floor if kind == "latency" else 0.0)
 
 
 def _itl_or_inf(run: RunResult) -> float:
@@ -139,20 +144,19 @@ def quality_checks(bench: BenchScenario, *, advisor: RunResult, oracle: RunResul
     )
 
 
-def hindsight_spec(bench: BenchScenario, duration_s: float,
-                    statics: Sequence[tuple[PolicySpec, RunResult]]) -> PolicySpec:
+def hindsight_spec(bench: BenchScenario, duration_s: float, statics: Sequence[tuple[PolicySpec, RunResult]],
+                   objective: Objective) -> PolicySpec:
     """The hindsight oracle's run: configured as the static run with the highest headline, then the rollout
     (service.bench.hindsight) at every `bench.oracle_segment_s`."""
-    slo = bench.bench.itl_slo_s
     # The highest headline (the bound needs the maximum, not best_of's tie margin); exact ties by mean ITL.
-    top = max(headline_of(run, slo) for _, run in statics)
-    start_spec, _ = min(((spec, run) for spec, run in statics if headline_of(run, slo) >= top),
+    top = max(headline_of(run, objective) for _, run in statics)
+    start_spec, _ = min(((spec, run) for spec, run in statics if headline_of(run, objective) >= top),
                         key=lambda pair: _itl_or_inf(pair[1]))
     interval = bench.bench.decision_interval_s
     steps = max(1, round(duration_s / interval))
     oracle = HindsightOracle(start_s=EPOCH_S, end_s=EPOCH_S + steps * interval, segment_s=bench.bench.oracle_segment_s,
                              gammas=range(max(bench.gamma_max, bench.scenario.drafter.num_speculative_tokens) + 1),
-                             itl_slo_s=slo)
+                             objective=objective)
     return PolicySpec(name=ORACLE, initial_k=start_spec.initial_k,
                       disable_by_batch_size=start_spec.disable_by_batch_size, controller=_oracle_factory(oracle))
 
@@ -179,12 +183,13 @@ async def run_scenario(bench: BenchScenario, *, duration_s: float | None = None,
     threshold_specs = [PolicySpec(name=f"threshold B*={b}", initial_k=k, disable_by_batch_size=b)
                        for b in bench.batch_thresholds]
     thresholds = [await run(spec) for spec in threshold_specs]
-    best_fixed = best_of(fixed, slo)
-    best_threshold = best_of(thresholds, slo)
+    objective = scenario_objective(bench, [*fixed, always_on, *thresholds])
+    best_fixed = best_of(fixed, objective)
+    best_threshold = best_of(thresholds, objective)
     planner = SteadyStatePlanner(bench.scenario, start_s=EPOCH_S, gamma_max=bench.gamma_max,
                      interval_s=bench.bench.decision_interval_s, duration_s=duration, itl_slo_s=slo)
-    oracle = await run(hindsight_spec(bench, duration, [*zip(fixed_specs, fixed, strict=True),
-                                                          *zip(threshold_specs, thresholds, strict=True)]))
+    statics = [*zip(fixed_specs, fixed, strict=True), *zip(threshold_specs, thresholds, strict=True)]
+    oracle = await run(hindsight_spec(bench, duration, statics, objective))
     advisor = await run(
         PolicySpec(name=ADVISOR, initial_k=bench.scenario.drafter.num_speculative_tokens,
                    controller=advisor_factory)
@@ -201,7 +206,7 @@ async def run_scenario(bench: BenchScenario, *, duration_s: float | None = None,
     }
     quality = quality_checks(bench, advisor=advisor, oracle=oracle, planner=planner, settings=settings)
     return ScenarioResult(name=bench.name, source=bench.source, duration_s=duration, itl_slo_s=slo, outcomes=outcomes,
-                          quality=quality)
+                          quality=quality, objective=objective)
 
 
 def _failed(bench: BenchScenario, duration_s: float | None, exc: BaseException) -> ScenarioResult:
@@ -224,7 +229,7 @@ def run_one(bench: BenchScenario, duration_s: float | None, progress: Progress |
     say(f"  {bench.name}: {'failed' if result.error else 'done'} in {wall:.1f} s")
     return ScenarioResult(
         name=result.name, source=result.source, duration_s=result.duration_s, itl_slo_s=result.itl_slo_s,
-        outcomes=result.outcomes, error=result.error, wall_s=wall, quality=result.quality,
+        outcomes=result.outcomes, error=result.error, wall_s=wall, quality=result.quality, objective=result.objective,
     )
 
 

@@ -269,6 +269,10 @@ class World:
         self._completions.clear()
         return done
 
+    def undrained_completions(self) -> tuple[Completion, ...]:
+        """The requests finished since the last `drain_completions`, left in place (empty unless recording)."""
+        return tuple(self._completions or ())
+
     def in_flight(self) -> tuple[Completion, ...]:
         """The requests admitted and not finished now (running, or waiting after a preemption or in the queue), as
         far as their clients got: `complete=False`, `done_s` = now. Tokens of a step group still under way are

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import yaml
 
+from service.bench.accounting import Objective
 from service.bench.runner import PolicySpec, RunResult, run_policy
 from service.bench.spec import load_bench_scenario
-from service.bench.suite import headline_of, hindsight_spec
+from service.bench.suite import headline_of, hindsight_spec, scenario_objective
 
 BENCH = Path(__file__).resolve().parents[2] / "service" / "sim" / "scenarios" / "bench"
 DURATION_S = 480.0
@@ -33,13 +34,15 @@ def test_the_oracle_bounds_the_static_runs_and_moves_when_the_load_rises(tmp_pat
         return await run_policy(bench, spec, duration_s=DURATION_S)
 
     statics = [(spec, asyncio.run(run(spec))) for spec in (PolicySpec(name=f"g{g}", initial_k=g) for g in range(4))]
-    oracle_spec = hindsight_spec(bench, DURATION_S, statics)
+    objective = scenario_objective(bench, [result for _, result in statics])
+    assert objective == Objective("slo_goodput", itl_slo_s=SLO_S)
+    oracle_spec = hindsight_spec(bench, DURATION_S, statics, objective)
     oracle = asyncio.run(run(oracle_spec))
 
-    values = {spec.initial_k: headline_of(result, SLO_S) for spec, result in statics}
+    values = {spec.initial_k: headline_of(result, objective) for spec, result in statics}
     assert oracle_spec.initial_k == max(values, key=lambda g: values[g]) == 2  # starts as the best static run
     ks = [t.k for t in oracle.ticks]
     assert ks[0] == 2 and ks[-1] == 1  # moved to gamma 1 for the heavy phase
     assert ks.count(1) >= 6  # ... at least one 60 s segment before the end
     # Above every static run by more than the bench's tie margin: the move paid for its restart.
-    assert headline_of(oracle, SLO_S) > 1.005 * max(values.values())
+    assert headline_of(oracle, objective) > 1.005 * max(values.values())

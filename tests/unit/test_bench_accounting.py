@@ -7,7 +7,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from service.bench.accounting import headline_tokens, nearest_rank, request_itl_s, request_ttft_s, summarize
+from service.bench.accounting import (
+    Metrics,
+    Objective,
+    headline_tokens,
+    nearest_rank,
+    request_itl_s,
+    request_ttft_s,
+    summarize,
+)
 from service.bench.spec import load_bench_scenario
 from service.sim.scenario import ScenarioError, default_scenario
 from service.sim.world import Completion, World
@@ -165,3 +173,21 @@ def test_disable_by_batch_size_runs_no_drafts_at_or_above_the_threshold() -> Non
     assert world.lifetime.completed_requests > 0
     with pytest.raises(ValueError, match="disable_by_batch_size"):
         World(scenario, start_s=0.0, disable_by_batch_size=0)
+
+
+def _metrics(*, goodput: float, mean_itl_s: float | None, slo: float | None = None) -> Metrics:
+    return Metrics(goodput_tokens_per_s=goodput, mean_itl_s=mean_itl_s, p50_itl_s=None, p99_itl_s=None,
+                   p50_ttft_s=None, p99_ttft_s=None, slo_goodput_tokens_per_s=slo, completed_requests=1,
+                   in_flight_requests=0)
+
+
+def test_objectives_score_what_they_say() -> None:
+    assert Objective("throughput").score(_metrics(goodput=2100.0, mean_itl_s=0.01)) == 2100.0
+    slo = Objective("slo_goodput", itl_slo_s=0.02)
+    assert slo.score(_metrics(goodput=2100.0, mean_itl_s=0.01, slo=1500.0)) == 1500.0
+    latency = Objective("latency", floor_tokens_per_s=2000.0)
+    # at the floor: 1 / 10 ms = 100 tokens/s per sequence
+    assert latency.score(_metrics(goodput=2100.0, mean_itl_s=0.010)) == pytest.approx(100.0)
+    # faster but 10% short of the floor: 125 x 0.9
+    assert latency.score(_metrics(goodput=1800.0, mean_itl_s=0.008)) == pytest.approx(112.5)
+    assert latency.score(_metrics(goodput=1800.0, mean_itl_s=None)) == 0.0

@@ -80,3 +80,29 @@ def test_a_config_json_next_to_the_scenario_describes_a_model_the_catalog_lacks(
     assert target.model_profile is None
     with pytest.raises(ScenarioError, match="exactly one of model_profile and model_config_path"):
         load_bench_scenario(_with_advisor(tmp_path, {"model_config_path": "my-model.json"}))
+
+
+@pytest.mark.parametrize(
+    ("bench", "message"),
+    [
+        ({"objective": "slo_goodput", "itl_slo_s": None}, "objective slo_goodput needs itl_slo_s"),
+        ({"objective": "latency", "itl_slo_s": 0.02}, "an SLO is graded as slo_goodput"),
+        ({"oracle_segment_s": 7, "decision_interval_s": 5}, "whole multiple of decision_interval_s"),
+    ],
+)
+def test_the_objective_and_the_oracle_segment_are_checked(
+    tmp_path: Path, bench: dict[str, Any], message: str
+) -> None:
+    data = yaml.safe_load((SCENARIOS / "bench" / "low-load.yaml").read_text(encoding="utf-8"))
+    data["bench"] = {**data["bench"], **bench}
+    path = tmp_path / "scenario.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    with pytest.raises(ScenarioError, match=message):
+        load_bench_scenario(path)
+
+
+def test_every_packaged_scenario_states_its_objective() -> None:
+    files = sorted((SCENARIOS / "bench").glob("*.yaml")) + sorted((SCENARIOS / "unseen").glob("*.yaml"))
+    assert len(files) >= 26
+    for path in files:
+        assert load_bench_scenario(path).bench.objective is not None, path.name

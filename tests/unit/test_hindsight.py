@@ -8,7 +8,7 @@ import copy
 
 import pytest
 
-from service.bench.accounting import headline_tokens
+from service.bench.accounting import Objective, headline_tokens
 from service.bench.hindsight import HindsightOracle, future_of
 from service.sim.scenario import default_scenario
 from service.sim.world import Completion, World
@@ -47,7 +47,8 @@ def test_a_copy_continues_exactly_as_the_world_does_in_any_tick_size() -> None:
 
 
 def test_the_oracle_acts_only_at_its_segment_boundaries_and_never_below_holding() -> None:
-    oracle = HindsightOracle(start_s=START, end_s=START + 120.0, segment_s=60.0, gammas=range(4), itl_slo_s=None)
+    oracle = HindsightOracle(start_s=START, end_s=START + 120.0, segment_s=60.0, gammas=range(4),
+                             objective=Objective("throughput"))
     world = World(default_scenario(), seed=7, start_s=START, record_completions=True)
     deployed = world.num_speculative_tokens
     world.advance_to(START + 55.0)
@@ -63,4 +64,4 @@ def test_the_oracle_acts_only_at_its_segment_boundaries_and_never_below_holding(
 
 def test_a_segment_must_be_positive() -> None:
     with pytest.raises(ValueError, match="segment_s"):
-        HindsightOracle(start_s=0.0, end_s=10.0, segment_s=0.0, gammas=(0, 1), itl_slo_s=None)
+        HindsightOracle(start_s=0.0, end_s=10.0, segment_s=0.0, gammas=(0, 1), objective=Objective("throughput"))
