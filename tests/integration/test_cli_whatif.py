@@ -68,7 +68,7 @@ def test_whatif_reads_a_file_or_stdin_and_prints_json(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("body", "message"),
     [
-        ({**REQUEST, "hardware": "h900"}, "hardware: unknown hardware 'h900'; known: a100-80gb-sxm"),
+        ({**REQUEST, "hardware": "h900"}, "hardware: unknown hardware 'h900' (did you mean h200 or h100?)"),
         ({**REQUEST, "acceptance": {"per_position": [1.5]}}, "acceptance.per_position.0: Input should be less"),
         ({**REQUEST, "gammas": [0, 40]}, "gammas.1: Input should be less than or equal to 16"),
         ({**REQUEST, "batch_sizes": [-1]}, "batch_sizes.0: Input should be greater than or equal to 1"),
