@@ -11,9 +11,11 @@ The oracle starts configured as the best static run (the highest headline of the
 started configured like them). At every segment boundary t (every `segment_s`, a multiple of the decision tick)
 it compares
 
-    hold:      the configuration running now, kept to the end of the run;
-    switch g:  every other gamma in 0..gamma_max, switched to at t (paying the restart or rolling update the
-               scenario says: dropped requests, lost arrivals, the outage) and kept to the end,
+    continue:  the run it committed to at the last boundary, from here;
+    g, then b: every gamma in 0..gamma_max run from t (a change pays the restart or rolling update the scenario
+               says: dropped requests, lost arrivals, the outage), then at each later boundary the base policy
+               b: `hold` (keep it to the end) or the steady-state planner's plan (`steady_state.py`, which
+               lets a candidate move now and move again when the load does),
 
 each valued as V = the scenario's headline (`accounting.Objective`: goodput, SLO goodput, or latency at a
 throughput floor) of the whole run it would make: the requests finished before t, those the candidate finishes
@@ -21,27 +23,27 @@ by the end, and those still in flight at the end, as far as they got (`accountin
 figures). It switches to the best candidate when that beats hold by more than `SWITCH_MARGIN` of hold's value,
 and otherwise holds.
 
-Why it bounds the static runs: at each boundary the run it commits to is worth at least V(hold) (hold is a
-candidate and the world is deterministic, so the run that follows is exactly the one valued), and V(hold) at a
-boundary is the value of the run committed to at the previous one. So the final headline is at least V(hold) at
-the first boundary, the best static run's own headline. Worked example (goodput, always-off best at 3000
-tokens/s over 600 s): at t = 300 s holding is worth 3000 tokens/s; if switching to gamma 1 then is worth 3060
-(its second half 2% faster than off's, the restart paid), the run commits to it and ends at 3060 >= 3000.
+Why it bounds the static runs: at each boundary the run it commits to is worth at least V(continue) (continuing
+is a candidate and the world is deterministic, so the run that follows is exactly the one valued), and
+V(continue) is the value of the run committed to at the previous boundary. So the final headline is at least
+V(continue) at the first boundary, holding the best static run: that run's own headline. Worked example
+(goodput, always-off best at 3000 tokens/s over 600 s): at t = 300 s continuing is worth 3000 tokens/s; if
+switching to gamma 1 then is worth 3060 (its second half 2% faster than off's, the restart paid), the run commits
+to it and ends at 3060 >= 3000.
 
 What it does not bound: a policy that acts between its segment boundaries (an advisor can move up to
-`segment_s` earlier), or one that switches back and forth within a horizon where "switch and keep" looks worse
-than holding. The bench reports a policy above the oracle as a yardstick defect (`report.py`), never as the
-advisor's win.
+`segment_s` earlier), or one whose later moves neither holding nor the planner's plan make. The bench reports a
+policy above the oracle as a yardstick defect (`report.py`), never as the advisor's win.
 
-Cost: at each of D / segment_s boundaries, gamma_max simulated runs of the rest of the run, i.e.
-gamma_max x D^2 / (2 x segment_s) simulated seconds: a 1200 s scenario with gamma 0..5 and 30 s segments
-simulates ~120 k seconds (~ 60-150 s of CPU on one core).
+Cost: at each of D / segment_s boundaries, 2 x (gamma_max + 1) simulated runs of the rest of the run, i.e.
+(gamma_max + 1) x D^2 / segment_s simulated seconds: a 1200 s scenario with gamma 0..5 and 60 s segments
+simulates ~140 k seconds (one to three minutes on one core).
 """
 
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from service.bench.accounting import Objective, summarize
@@ -52,30 +54,48 @@ from service.sim.world import Completion, World
 SWITCH_MARGIN = 0.001
 
 
+# A base policy: the gamma to run from a boundary on (time in the world's seconds) given what runs; "hold" keeps it.
+BasePolicy = Callable[[float, int], int]
+
+
+def hold(_t_s: float, k: int) -> int:
+    return k
+
+
 @dataclass(frozen=True, slots=True)
 class Candidate:
-    """One option at a boundary: the gamma it runs and what it delivers to the end of the run."""
+    """One option at a boundary: the gamma to run now, the base policy after it, and what that run delivers."""
 
     k: int
+    base: BasePolicy
     value: float
     future: tuple[Completion, ...]
 
 
-def future_of(world: World, k: int, *, now_s: float, end_s: float) -> tuple[Completion, ...]:
-    """What the world delivers from `now_s` to `end_s` when switched to k at `now_s`: the completions after the
-    copy, then the in-flight requests at the end. The world itself is not touched."""
+def future_of(world: World, k: int, *, now_s: float, end_s: float, base: BasePolicy = hold,
+              boundaries: Sequence[float] = ()) -> tuple[Completion, ...]:
+    """What the world delivers from `now_s` to `end_s` when switched to k at `now_s` and run by `base` at each of
+    the later `boundaries`: the completions after the copy, then the in-flight requests at the end. The world
+    itself is not touched."""
     fork = copy.deepcopy(world)
     fork.drain_completions()  # finished before now: already counted by the run
     fork.set_speculation(k, now_s=now_s)
+    done: list[Completion] = []
+    for t in boundaries:
+        if now_s < t < end_s:
+            fork.advance_to(t)
+            done.extend(fork.drain_completions())
+            fork.set_speculation(base(t, fork.num_speculative_tokens), now_s=t)
     fork.advance_to(end_s)
-    return fork.drain_completions() + fork.in_flight()
+    return (*done, *fork.drain_completions(), *fork.in_flight())
 
 
 class HindsightOracle:
-    """Controller: at each segment boundary, the best of holding and switching to each gamma, run to the end."""
+    """Controller: at each segment boundary, the best of continuing and of switching to each gamma under each base
+    policy, each run to the end."""
 
     def __init__(self, *, start_s: float, end_s: float, segment_s: float, gammas: Sequence[int],
-                 objective: Objective) -> None:
+                 objective: Objective, plan: BasePolicy | None = None) -> None:
         if segment_s <= 0:
             raise ValueError(f"segment_s must be > 0, got {segment_s}")
         self._start_s = start_s
@@ -83,10 +103,33 @@ class HindsightOracle:
         self._segment_s = segment_s
         self._gammas = tuple(sorted(set(gammas)))
         self._objective = objective
+        self._bases: tuple[BasePolicy, ...] = (hold,) if plan is None else (hold, plan)
+        count = round((end_s - start_s) / segment_s)
+        self._boundaries = tuple(start_s + i * segment_s for i in range(1, count + 1))
         self._past: list[Completion] = []  # finished before the current tick, as the runner drains them
-        self._hold: tuple[Completion, ...] | None = None  # the running choice's future from the last boundary
+        self._chosen: Candidate | None = None  # what was committed to at the last boundary
         self._completed_at_boundary = 0
-        self.switches: list[tuple[float, int, float]] = []  # (time into the run, new k, gain over holding)
+        self.switches: list[tuple[float, int, float]] = []  # (time into the run, new k, gain over continuing)
+
+    def planned_start(self, world_at: Callable[[int], World], *, static_value: float) -> int | None:
+        """The gamma to start at when starting there and following the planner's plan from the first boundary beats
+        the best static run (`static_value`, its headline) by more than the margin; None otherwise. `world_at(k)`
+        builds the world deployed at k at the start. The oracle then continues that run."""
+        if len(self._bases) < 2:
+            return None
+        plan = self._bases[1]
+        best: Candidate | None = None
+        for k in self._gammas:
+            world = world_at(k)
+            future = future_of(world, k, now_s=self._start_s, end_s=self._end_s, base=plan,
+                               boundaries=self._boundaries)
+            value = self._value(future)
+            if value > static_value * (1.0 + SWITCH_MARGIN) and (best is None or value > best.value):
+                best = Candidate(k, plan, value, future)
+        if best is not None:
+            self._chosen = best
+            self._completed_at_boundary = 0
+        return None if best is None else best.k
 
     def _value(self, future: Sequence[Completion]) -> float:
         """The headline of the whole run: what finished before now, then `future`."""
@@ -101,29 +144,34 @@ class HindsightOracle:
     async def choose(self, world: World, now_s: float) -> int:
         current = world.num_speculative_tokens
         at_boundary = self._at_boundary(now_s)
-        hold = self._hold_future(world, current, now_s) if at_boundary else ()
+        continuing = self._continuing(world, current, now_s) if at_boundary else None
         self._past.extend(world.undrained_completions())  # the runner drains them after this call
-        if not at_boundary:
+        if continuing is None:
             return current
-        hold_value = self._value(hold)
-        best = Candidate(current, hold_value, hold)
+        k_now, base, future = continuing
+        floor = self._value(future)
+        best = Candidate(k_now, base, floor, future)
         for k in self._gammas:
-            if k == current:
-                continue
-            future = future_of(world, k, now_s=now_s, end_s=self._end_s)
-            value = self._value(future)
-            if value > best.value and value > hold_value * (1.0 + SWITCH_MARGIN):
-                best = Candidate(k, value, future)
+            for other in self._bases:
+                if k == k_now and other is base:
+                    continue
+                future = future_of(world, k, now_s=now_s, end_s=self._end_s, base=other,
+                                   boundaries=self._boundaries)
+                value = self._value(future)
+                if value > best.value and value > floor * (1.0 + SWITCH_MARGIN):
+                    best = Candidate(k, other, value, future)
         if best.k != current:
-            self.switches.append((now_s - self._start_s, best.k, best.value / max(hold_value, 1e-12) - 1.0))
-        self._hold = best.future
+            self.switches.append((now_s - self._start_s, best.k, best.value / max(floor, 1e-12) - 1.0))
+        self._chosen = best
         self._completed_at_boundary = world.lifetime.completed_requests
         return best.k
 
-    def _hold_future(self, world: World, current: int, now_s: float) -> tuple[Completion, ...]:
-        """Holding's future: the rest of the future computed at the last boundary (the world has since run exactly
-        its first part: determinism), or a fresh run on the first boundary."""
-        if self._hold is None:
-            return future_of(world, current, now_s=now_s, end_s=self._end_s)
+    def _continuing(self, world: World, current: int, now_s: float) -> tuple[int, BasePolicy, tuple[Completion, ...]]:
+        """The run committed to at the last boundary, from here: the gamma its base policy runs now and the rest of
+        the future computed then (the world has since run exactly its first part: determinism); on the first
+        boundary, holding what runs, run afresh."""
+        chosen = self._chosen
+        if chosen is None:
+            return current, hold, future_of(world, current, now_s=now_s, end_s=self._end_s)
         done_since = world.lifetime.completed_requests - self._completed_at_boundary
-        return self._hold[done_since:]
+        return chosen.base(now_s, current), chosen.base, chosen.future[done_since:]

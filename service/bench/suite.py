@@ -22,9 +22,9 @@ from service.bench.checks import (
     worst_wrong_spell_s,
 )
 from service.bench.controllers import Controller
-from service.bench.hindsight import HindsightOracle
+from service.bench.hindsight import BasePolicy, HindsightOracle
 from service.bench.pipeline import AdvisorController, SimClock, bench_advisor_settings
-from service.bench.runner import EPOCH_S, ControllerFactory, PolicySpec, RunResult, run_policy
+from service.bench.runner import EPOCH_S, ControllerFactory, PolicySpec, RunResult, run_policy, with_k
 from service.bench.spec import BenchScenario
 from service.bench.steady_state import SteadyStatePlanner
 from service.settings import Settings
@@ -144,21 +144,41 @@ def quality_checks(bench: BenchScenario, *, advisor: RunResult, oracle: RunResul
     )
 
 
+def plan_policy(planner: SteadyStatePlanner, *, start_s: float, interval_s: float) -> BasePolicy:
+    """The steady-state planner's plan as a base policy for the oracle: the gamma it plans for the interval that
+    starts at a boundary (the last one past its end)."""
+    plan = planner.plan
+
+    def at(t_s: float, _k: int) -> int:
+        return plan[min(len(plan) - 1, max(0, round((t_s - start_s) / interval_s)))]
+
+    return at
+
+
 def hindsight_spec(bench: BenchScenario, duration_s: float, statics: Sequence[tuple[PolicySpec, RunResult]],
-                   objective: Objective) -> PolicySpec:
-    """The hindsight oracle's run: configured as the static run with the highest headline, then the rollout
-    (service.bench.hindsight) at every `bench.oracle_segment_s`."""
+                   objective: Objective, plan: BasePolicy | None = None) -> PolicySpec:
+    """The hindsight oracle's run: configured as the static run with the highest headline, or as a gamma whose run
+    under the planner's plan does better, then the rollout (service.bench.hindsight) at every
+    `bench.oracle_segment_s`."""
     # The highest headline (the bound needs the maximum, not best_of's tie margin); exact ties by mean ITL.
     top = max(headline_of(run, objective) for _, run in statics)
     start_spec, _ = min(((spec, run) for spec, run in statics if headline_of(run, objective) >= top),
                         key=lambda pair: _itl_or_inf(pair[1]))
     interval = bench.bench.decision_interval_s
-    steps = max(1, round(duration_s / interval))
-    oracle = HindsightOracle(start_s=EPOCH_S, end_s=EPOCH_S + steps * interval, segment_s=bench.bench.oracle_segment_s,
-                             gammas=range(max(bench.gamma_max, bench.scenario.drafter.num_speculative_tokens) + 1),
-                             objective=objective)
-    return PolicySpec(name=ORACLE, initial_k=start_spec.initial_k,
-                      disable_by_batch_size=start_spec.disable_by_batch_size, controller=_oracle_factory(oracle))
+    end_s = EPOCH_S + max(1, round(duration_s / interval)) * interval
+    gammas = range(max(bench.gamma_max, bench.scenario.drafter.num_speculative_tokens) + 1)
+    oracle = HindsightOracle(start_s=EPOCH_S, end_s=end_s, segment_s=bench.bench.oracle_segment_s, gammas=gammas,
+                             objective=objective, plan=plan)
+    initial_k, threshold = start_spec.initial_k, start_spec.disable_by_batch_size
+    if plan is not None:
+        planned = oracle.planned_start(
+            lambda k: World(with_k(bench.scenario, k), seed=bench.bench.seed, start_s=EPOCH_S, record_completions=True),
+            static_value=top,
+        )
+        if planned is not None:
+            initial_k, threshold = planned, None
+    return PolicySpec(name=ORACLE, initial_k=initial_k, disable_by_batch_size=threshold,
+                      controller=_oracle_factory(oracle))
 
 
 async def run_scenario(bench: BenchScenario, *, duration_s: float | None = None,
@@ -189,7 +209,8 @@ async def run_scenario(bench: BenchScenario, *, duration_s: float | None = None,
     planner = SteadyStatePlanner(bench.scenario, start_s=EPOCH_S, gamma_max=bench.gamma_max,
                      interval_s=bench.bench.decision_interval_s, duration_s=duration, itl_slo_s=slo)
     statics = [*zip(fixed_specs, fixed, strict=True), *zip(threshold_specs, thresholds, strict=True)]
-    oracle = await run(hindsight_spec(bench, duration, statics, objective))
+    plan = plan_policy(planner, start_s=EPOCH_S, interval_s=bench.bench.decision_interval_s)
+    oracle = await run(hindsight_spec(bench, duration, statics, objective, plan))
     advisor = await run(
         PolicySpec(name=ADVISOR, initial_k=bench.scenario.drafter.num_speculative_tokens,
                    controller=advisor_factory)

@@ -10,7 +10,7 @@ import pytest
 
 from service.bench.accounting import Objective, headline_tokens
 from service.bench.hindsight import HindsightOracle, future_of
-from service.sim.scenario import default_scenario
+from service.sim.scenario import Scenario, default_scenario
 from service.sim.world import Completion, World
 
 START = 1000.0
@@ -65,3 +65,41 @@ def test_the_oracle_acts_only_at_its_segment_boundaries_and_never_below_holding(
 def test_a_segment_must_be_positive() -> None:
     with pytest.raises(ValueError, match="segment_s"):
         HindsightOracle(start_s=0.0, end_s=10.0, segment_s=0.0, gammas=(0, 1), objective=Objective("throughput"))
+
+
+def test_a_base_policy_runs_the_copy_as_the_world_would_be_run() -> None:
+    world = World(default_scenario(), seed=7, start_s=START, record_completions=True)
+
+    def off_from_90(t_s: float, k: int) -> int:
+        return 0 if t_s >= START + 90.0 else k
+
+    predicted = future_of(world, 2, now_s=START, end_s=START + 180.0, base=off_from_90,
+                          boundaries=(START + 60.0, START + 90.0, START + 120.0))
+    world.set_speculation(2, now_s=START)
+    first = [c for c in _run_on(world, until_s=START + 90.0) if c.complete]
+    world.set_speculation(0, now_s=START + 90.0)
+    rest = _run_on(world, until_s=START + 180.0)
+    assert _key((*first, *rest)) == _key(predicted)
+    assert world.lifetime.lost_requests > 0  # the move off at 90 s restarted the engine and dropped work
+
+
+def test_a_planned_start_is_taken_only_when_it_beats_the_best_static_run() -> None:
+    def world_at(k: int) -> World:
+        return World(replace_k(k), seed=7, start_s=START, record_completions=True)
+
+    def replace_k(k: int) -> Scenario:
+        s = default_scenario()
+        return s.model_copy(update={"drafter": s.drafter.model_copy(update={"num_speculative_tokens": k})})
+
+    def plan(_t_s: float, _k: int) -> int:
+        return 1
+
+    oracle = HindsightOracle(start_s=START, end_s=START + 120.0, segment_s=60.0, gammas=range(3),
+                             objective=Objective("throughput"), plan=plan)
+    assert oracle.planned_start(world_at, static_value=float("inf")) is None
+    chosen = oracle.planned_start(world_at, static_value=0.0)
+    assert chosen in (0, 1, 2)
+    # Without a plan there is nothing to start on but the static runs.
+    plain = HindsightOracle(start_s=START, end_s=START + 120.0, segment_s=60.0, gammas=range(3),
+                            objective=Objective("throughput"))
+    assert plain.planned_start(world_at, static_value=0.0) is None
