@@ -1,8 +1,9 @@
-"""Per-tick decision-quality checks of a run against the oracle's plan (docs/bench.md, "Quality checks").
+"""Per-tick decision-quality checks of a run against the oracle's run (docs/bench.md, "Quality checks").
 
 Inputs are the k each policy had configured after each decision tick (tick i at (i + 1) x interval) and the
-oracle's true utility u(interval, gamma) (its steady-state score over the best gamma's, 0..1; see
-`service.bench.steady_state`), so every check is a pure function of k sequences, u, and when the load was steady.
+steady-state planner's true utility u(interval, gamma) (each gamma's steady-state score over the best gamma's,
+0..1; see `service.bench.steady_state`), so every check is a pure function of k sequences, u, and when the load
+was steady.
 
 - crossings: ticks where the oracle's choice changes (a load shift or drift across a crossover, as the true physics
   sees it). The lag of a crossing is the time from it until the advisor's choice agrees with the oracle's: its
@@ -12,7 +13,7 @@ oracle's true utility u(interval, gamma) (its steady-state score over the best g
   agree, as above), whatever the oracle did. A crossing's lag starts when the oracle changes; an oracle that knows
   the future moves before the load does (slo-load-rise: at 295 s, while gamma 3 was still as good), and the
   advisor's later 90 s at the wrong gamma under the risen load had no crossing to be late for. The spell that
-  starts at the first tick is left out: it is the correction of the deployed k, which /oracle grades.
+  starts at the first tick is left out: it is the correction of the deployed k, which /best grades.
 - flaps: consecutive changes closer together than the advisor's dwell period (more than one change per dwell).
 - steady changes: changes while load and acceptance were steady that made nothing truly better: not onto the
   oracle's own choice at that tick, not raising the policy's true utility by at least `AGREE_MARGIN` (averaged

@@ -7,26 +7,29 @@ deterministic given the decisions made in it: arrivals come from their own rando
 (`tests/unit/test_hindsight.py` checks both). So "what would gamma g have delivered from here to the end" has an
 exact answer: copy the world, switch it to g, run it to the end, and count what the headline counts.
 
-The oracle starts configured as the best static run (the highest headline of the fixed-gamma and threshold runs,
-started configured like them). At every segment boundary t (every `segment_s`, a multiple of the decision tick)
-it compares
+The oracle starts configured as the best static run (the highest headline of the fixed-gamma, always-on and
+threshold runs, started configured like them), or at the gamma from which following the steady-state planner's
+plan does better (`planned_start`). A threshold start keeps its `disable_by_batch_size` for the whole run: every
+gamma it then runs is "g with that threshold". At every segment boundary t (every `segment_s`, a multiple of
+the decision tick) it compares
 
     continue:  the run it committed to at the last boundary, from here;
-    g, then b: every gamma in 0..gamma_max run from t (a change pays the restart or rolling update the scenario
-               says: dropped requests, lost arrivals, the outage), then at each later boundary the base policy
-               b: `hold` (keep it to the end) or the steady-state planner's plan (`steady_state.py`, which
-               lets a candidate move now and move again when the load does),
+    g, then b: every gamma in 0..max(gamma_max, deployed k) run from t (a change pays the restart or rolling
+               update the scenario says: dropped requests, lost arrivals, the outage), then at each later
+               boundary the base policy b: `hold` (keep it to the end) or the steady-state planner's plan
+               (`steady_state.py`, which lets a candidate move now and move again when the load does),
 
 each valued as V = the scenario's headline (`accounting.Objective`: goodput, SLO goodput, or latency at a
 throughput floor) of the whole run it would make: the requests finished before t, those the candidate finishes
 by the end, and those still in flight at the end, as far as they got (`accounting.summarize`, the table's own
-figures). It switches to the best candidate when that beats hold by more than `SWITCH_MARGIN` of hold's value,
-and otherwise holds.
+figures). It commits to the best candidate when that beats continuing by more than `SWITCH_MARGIN` of
+continuing's value, and otherwise continues.
 
 Why it bounds the static runs: at each boundary the run it commits to is worth at least V(continue) (continuing
 is a candidate and the world is deterministic, so the run that follows is exactly the one valued), and
 V(continue) is the value of the run committed to at the previous boundary. So the final headline is at least
-V(continue) at the first boundary, holding the best static run: that run's own headline. Worked example
+V(continue) at the first boundary: the headline of the run it started with, the best static run's or, with a
+planned start, more. Worked example
 (goodput, always-off best at 3000 tokens/s over 600 s): at t = 300 s continuing is worth 3000 tokens/s; if
 switching to gamma 1 then is worth 3060 (its second half 2% faster than off's, the restart paid), the run commits
 to it and ends at 3060 >= 3000.
@@ -109,7 +112,9 @@ class HindsightOracle:
         self._past: list[Completion] = []  # finished before the current tick, as the runner drains them
         self._chosen: Candidate | None = None  # what was committed to at the last boundary
         self._completed_at_boundary = 0
-        self.switches: list[tuple[float, int, float]] = []  # (time into the run, new k, gain over continuing)
+        # Per boundary: (time into the run, the value of continuing, the value committed to); each value
+        # committed to is the next boundary's value of continuing (the world is deterministic).
+        self.log: list[tuple[float, float, float]] = []
 
     def planned_start(self, world_at: Callable[[int], World], *, static_value: float) -> int | None:
         """The gamma to start at when starting there and following the planner's plan from the first boundary beats
@@ -129,6 +134,7 @@ class HindsightOracle:
         if best is not None:
             self._chosen = best
             self._completed_at_boundary = 0
+            self.log.append((0.0, static_value, best.value))
         return None if best is None else best.k
 
     def _value(self, future: Sequence[Completion]) -> float:
@@ -160,8 +166,7 @@ class HindsightOracle:
                 value = self._value(future)
                 if value > best.value and value > floor * (1.0 + SWITCH_MARGIN):
                     best = Candidate(k, other, value, future)
-        if best.k != current:
-            self.switches.append((now_s - self._start_s, best.k, best.value / max(floor, 1e-12) - 1.0))
+        self.log.append((now_s - self._start_s, floor, best.value))
         self._chosen = best
         self._completed_at_boundary = world.lifetime.completed_requests
         return best.k

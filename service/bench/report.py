@@ -102,8 +102,8 @@ def format_quality(results: Sequence[ScenarioResult]) -> str:
         "dwell_s after the previous one;",
         "noise: changes in steady load that made nothing truly better (not onto the oracle's gamma, no true utility "
         "or ITL gain);",
-        "acted / oracle: config changes of the advisor (from the deployed k) / the oracle (from the best static "
-        "start).",
+        "acted / oracle: config changes of the advisor (from the deployed k) / the oracle (from its start: the best "
+        "static run, or a planned start).",
     ]
     return "\n".join(lines)
 

@@ -123,6 +123,8 @@ class BenchSection(_Section):
             raise ValueError("objective slo_goodput needs itl_slo_s")
         if self.objective in ("throughput", "latency") and self.itl_slo_s is not None:
             raise ValueError(f"objective {self.objective} with itl_slo_s: an SLO is graded as slo_goodput")
+        if self.oracle_segment_s >= self.duration_s:
+            raise ValueError("oracle_segment_s must be shorter than duration_s (the oracle would never move)")
         ratio = self.oracle_segment_s / self.decision_interval_s
         if abs(ratio - round(ratio)) > 1e-9 or round(ratio) < 1:
             raise ValueError("oracle_segment_s must be a whole multiple of decision_interval_s")

@@ -43,14 +43,10 @@ Switching from a to b at the start of interval i costs, in the same units:
 - rolling (N replicas): N x restart_delay x (u(b, i) - u_reduced(b, i)), u_reduced scored with (N-1)/N of the
   seq slots, + sojourn(a, i) x u(a, i) (each replica drops its share once, all of them in total).
 
-Where it starts (the fairness choice). The oracle starts where the server was: at the scenario's deployed k
-(`drafter.num_speculative_tokens`), like the advisor, and pays a restart for its first correction like anyone
-else. The issue defines it as the best gamma at every moment "including the cost of changing", i.e. the best
-that was possible from where the server was; a free start would grade the advisor against a run that never
-had to leave a wrong deployment. The runner's first decision tick is at the end of interval 0, so interval 0
-runs the deployed k and the first change can take effect from interval 1, exactly as for the advisor. (The
-static rows, best fixed gamma and best threshold in hindsight, still start configured: they are what an
-operator could have deployed in the first place.)
+Where the plan starts: at the scenario's deployed k (`drafter.num_speculative_tokens`), as the advisor does,
+paying a restart for its first correction; the runner's first decision tick is at the end of interval 0, so
+interval 0 runs the deployed k and the first change takes effect from interval 1. (The hindsight oracle, which
+also follows this plan as one of its base policies, chooses its own start: `hindsight.py`.)
 
 The program: V[0][k0] = u(k0, 0) x dt and every other gamma unreachable (-inf) at interval 0;
 V[i][b] = u(b, i) x dt + max(V[i-1][b], max over a != b of V[i-1][a] - cost(a -> b, i)); the plan is read back

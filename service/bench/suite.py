@@ -129,7 +129,7 @@ def quality_checks(bench: BenchScenario, *, advisor: RunResult, oracle: RunResul
     initial = bench.scenario.drafter.num_speculative_tokens
     change_times = [times[i] for i, k in enumerate(adv) if k != (adv[i - 1] if i else initial)]
     # Crossings are the oracle's changes after its first decision: correcting a wrong deployed k at the start is
-    # not a load shift or drift across a crossover, and the /oracle ratio already grades how fast it was made.
+    # not a load shift or drift across a crossover, and the /best ratio already grades how fast it was made.
     first = orc[0] if orc else planner.initial_k()
     # A change that costs a restart is the advisor's bet on its payback horizon: judged over it.
     horizon = round(settings.decide.payback_horizon_s / interval) if settings.decide.change_cost_s > 0 else 1
@@ -156,10 +156,10 @@ def plan_policy(planner: SteadyStatePlanner, *, start_s: float, interval_s: floa
 
 
 def hindsight_spec(bench: BenchScenario, duration_s: float, statics: Sequence[tuple[PolicySpec, RunResult]],
-                   objective: Objective, plan: BasePolicy | None = None) -> PolicySpec:
+                   objective: Objective, plan: BasePolicy | None = None) -> tuple[PolicySpec, HindsightOracle]:
     """The hindsight oracle's run: configured as the static run with the highest headline, or as a gamma whose run
     under the planner's plan does better, then the rollout (service.bench.hindsight) at every
-    `bench.oracle_segment_s`."""
+    `bench.oracle_segment_s`. Returns the run's spec and the oracle (its `log` says what it committed to)."""
     # The highest headline (the bound needs the maximum, not best_of's tie margin); exact ties by mean ITL.
     top = max(headline_of(run, objective) for _, run in statics)
     start_spec, _ = min(((spec, run) for spec, run in statics if headline_of(run, objective) >= top),
@@ -177,8 +177,9 @@ def hindsight_spec(bench: BenchScenario, duration_s: float, statics: Sequence[tu
         )
         if planned is not None:
             initial_k, threshold = planned, None
-    return PolicySpec(name=ORACLE, initial_k=initial_k, disable_by_batch_size=threshold,
+    spec = PolicySpec(name=ORACLE, initial_k=initial_k, disable_by_batch_size=threshold,
                       controller=_oracle_factory(oracle))
+    return spec, oracle
 
 
 async def run_scenario(bench: BenchScenario, *, duration_s: float | None = None,
@@ -209,8 +210,10 @@ async def run_scenario(bench: BenchScenario, *, duration_s: float | None = None,
     planner = SteadyStatePlanner(bench.scenario, start_s=EPOCH_S, gamma_max=bench.gamma_max,
                      interval_s=bench.bench.decision_interval_s, duration_s=duration, itl_slo_s=slo)
     statics = [*zip(fixed_specs, fixed, strict=True), *zip(threshold_specs, thresholds, strict=True)]
+    if k >= len(fixed):  # always-on ran on its own (the deployed k is past gamma_max): a start like the others
+        statics.append((PolicySpec(name=ALWAYS_ON, initial_k=k), always_on))
     plan = plan_policy(planner, start_s=EPOCH_S, interval_s=bench.bench.decision_interval_s)
-    oracle = await run(hindsight_spec(bench, duration, statics, objective, plan))
+    oracle = await run(hindsight_spec(bench, duration, statics, objective, plan)[0])
     advisor = await run(
         PolicySpec(name=ADVISOR, initial_k=bench.scenario.drafter.num_speculative_tokens,
                    controller=advisor_factory)

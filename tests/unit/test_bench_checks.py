@@ -156,7 +156,7 @@ def test_a_wrong_spell_counts_even_when_the_oracle_moved_before_it() -> None:
 
 
 def test_the_first_ticks_correction_is_not_a_wrong_spell() -> None:
-    # Deployed at 3 where 1 is best from the start: the policy corrects at tick 3, then agrees; /oracle grades it.
+    # Deployed at 3 where 1 is best from the start: the policy corrects at tick 3, then agrees; /best grades it.
     oracle = [1, 1, 1, 1, 1]
     policy = [3, 3, 3, 1, 1]
 

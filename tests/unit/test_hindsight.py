@@ -8,9 +8,9 @@ import copy
 
 import pytest
 
-from service.bench.accounting import Objective, headline_tokens
+from service.bench.accounting import Objective, summarize
 from service.bench.hindsight import HindsightOracle, future_of
-from service.sim.scenario import Scenario, default_scenario
+from service.sim.scenario import default_scenario
 from service.sim.world import Completion, World
 
 START = 1000.0
@@ -46,20 +46,20 @@ def test_a_copy_continues_exactly_as_the_world_does_in_any_tick_size() -> None:
     assert _key(_run_on(twin, until_s=START + 180.0, tick_s=30.0)) == _key(predicted)
 
 
-def test_the_oracle_acts_only_at_its_segment_boundaries_and_never_below_holding() -> None:
+def test_the_oracle_acts_only_at_its_segment_boundaries_and_never_below_continuing() -> None:
     oracle = HindsightOracle(start_s=START, end_s=START + 120.0, segment_s=60.0, gammas=range(4),
                              objective=Objective("throughput"))
     world = World(default_scenario(), seed=7, start_s=START, record_completions=True)
     deployed = world.num_speculative_tokens
-    world.advance_to(START + 55.0)
-    assert asyncio.run(oracle.choose(world, START + 55.0)) == deployed  # not a boundary: keeps what runs
-    world.advance_to(START + 60.0)
-    world.drain_completions()
-    hold = headline_tokens(future_of(world, deployed, now_s=START + 60.0, end_s=START + 120.0), itl_slo_s=None)
-    chosen = asyncio.run(oracle.choose(world, START + 60.0))
-    value = headline_tokens(future_of(world, chosen, now_s=START + 60.0, end_s=START + 120.0), itl_slo_s=None)
-    assert value >= hold
-    assert chosen == deployed or value > hold * 1.001  # a switch must pay more than the margin
+    for t in (55.0, 60.0):  # the runner's order: advance, choose, then drain
+        world.advance_to(START + t)
+        chosen = asyncio.run(oracle.choose(world, START + t))
+        world.drain_completions()
+        if t == 55.0:
+            assert chosen == deployed and oracle.log == []  # not a boundary: keeps what runs, weighs nothing
+    [(t_s, continuing, committed)] = oracle.log
+    assert t_s == 60.0 and committed >= continuing > 0
+    assert chosen in range(4) and (chosen == deployed or committed > continuing * 1.001)
 
 
 def test_a_segment_must_be_positive() -> None:
@@ -83,22 +83,30 @@ def test_a_base_policy_runs_the_copy_as_the_world_would_be_run() -> None:
     assert world.lifetime.lost_requests > 0  # the move off at 90 s restarted the engine and dropped work
 
 
-def test_a_planned_start_is_taken_only_when_it_beats_the_best_static_run() -> None:
+def test_a_planned_start_is_taken_only_when_it_beats_the_best_static_run_and_is_what_the_run_delivers() -> None:
     def world_at(k: int) -> World:
-        return World(replace_k(k), seed=7, start_s=START, record_completions=True)
+        scenario = default_scenario()
+        drafter = scenario.drafter.model_copy(update={"num_speculative_tokens": k})
+        return World(scenario.model_copy(update={"drafter": drafter}), seed=7, start_s=START, record_completions=True)
 
-    def replace_k(k: int) -> Scenario:
-        s = default_scenario()
-        return s.model_copy(update={"drafter": s.drafter.model_copy(update={"num_speculative_tokens": k})})
+    def plan(t_s: float, _k: int) -> int:
+        return 1 if t_s >= START + 60.0 else 2
 
-    def plan(_t_s: float, _k: int) -> int:
-        return 1
+    def oracle() -> HindsightOracle:
+        return HindsightOracle(start_s=START, end_s=START + 120.0, segment_s=60.0, gammas=range(3),
+                               objective=Objective("throughput"), plan=plan)
 
-    oracle = HindsightOracle(start_s=START, end_s=START + 120.0, segment_s=60.0, gammas=range(3),
-                             objective=Objective("throughput"), plan=plan)
-    assert oracle.planned_start(world_at, static_value=float("inf")) is None
-    chosen = oracle.planned_start(world_at, static_value=0.0)
-    assert chosen in (0, 1, 2)
+    assert oracle().planned_start(world_at, static_value=float("inf")) is None
+    taken = oracle()
+    chosen = taken.planned_start(world_at, static_value=0.0)
+    assert chosen is not None
+    [(_, _, promised)] = taken.log
+    # Run that start by hand, the plan's move at 60 s included: it delivers exactly what was promised.
+    world = world_at(chosen)
+    first = [c for c in _run_on(world, until_s=START + 60.0) if c.complete]
+    world.set_speculation(plan(START + 60.0, chosen), now_s=START + 60.0)
+    delivered = summarize([*first, *_run_on(world, until_s=START + 120.0)], duration_s=120.0, itl_slo_s=None)
+    assert delivered.goodput_tokens_per_s == promised
     # Without a plan there is nothing to start on but the static runs.
     plain = HindsightOracle(start_s=START, end_s=START + 120.0, segment_s=60.0, gammas=range(3),
                             objective=Objective("throughput"))
