@@ -14,6 +14,8 @@ Definitions (docs/bench.md):
 - TTFT: first token - arrival; for a request in flight that has no token yet, end of run - arrival (a lower
   bound: its client is still waiting). p50 / p99 of those.
 - SLO goodput: the goodput of requests whose ITL meets the scenario's SLO (finished or in flight).
+- errors: requests a restart dropped (in flight, queued, or arriving while the engine was down); their clients
+  got an error. The headline counts each against the policy by the output tokens it asked for (Objective).
 Example: two finished requests of 11 tokens over 1.0 s and 2.0 s after their first, one in flight with 6 tokens
 over 0.5 s, a 10 s run, SLO 0.15 s: goodput 2.8 tokens/s; ITLs 0.1, 0.2, 0.1 s; mean ITL 3.5 / 25 = 0.14 s;
 SLO goodput (11 + 6) / 10 = 1.7 tokens/s.
@@ -40,6 +42,7 @@ class Metrics:
     slo_goodput_tokens_per_s: float | None
     completed_requests: int
     in_flight_requests: int  # admitted and not finished at the end of the run
+    error_tokens_per_s: float = 0.0  # output tokens the requests a restart dropped had asked for, per second
 
 
 def request_itl_s(c: Completion) -> float | None:
@@ -78,8 +81,10 @@ def _quantiles(values: Sequence[float]) -> tuple[float | None, float | None]:
     return (nearest_rank(values, 0.5), nearest_rank(values, 0.99)) if values else (None, None)
 
 
-def summarize(completions: Sequence[Completion], *, duration_s: float, itl_slo_s: float | None) -> Metrics:
-    """The run's metrics from its finished and in-flight requests (module docstring)."""
+def summarize(completions: Sequence[Completion], *, duration_s: float, itl_slo_s: float | None,
+              error_tokens: int = 0) -> Metrics:
+    """The run's metrics from its finished and in-flight requests and the tokens its dropped requests had asked
+    for (module docstring)."""
     itls = [(c, itl) for c in completions if (itl := request_itl_s(c)) is not None]
     gaps = sum(c.output_tokens - 1 for c, _ in itls)
     mean = sum(c.done_s - c.first_token_s for c, _ in itls) / gaps if gaps else None
@@ -96,6 +101,7 @@ def summarize(completions: Sequence[Completion], *, duration_s: float, itl_slo_s
         slo_goodput_tokens_per_s=slo,
         completed_requests=sum(1 for c in completions if c.complete),
         in_flight_requests=sum(1 for c in completions if not c.complete),
+        error_tokens_per_s=error_tokens / duration_s,
     )
 
 
@@ -106,13 +112,16 @@ ObjectiveKind = Literal["throughput", "slo_goodput", "latency"]
 class Objective:
     """What a scenario grades policies by (its headline figure; higher is better):
 
-    - throughput: goodput, tokens/s;
-    - slo_goodput: SLO goodput, tokens/s of requests whose ITL meets `itl_slo_s`;
-    - latency (at a throughput floor): 1 / mean ITL, each sequence's tokens/s, times min(1, goodput /
+    - throughput: goodput - errors, tokens/s;
+    - slo_goodput: SLO goodput - errors, tokens/s of requests whose ITL meets `itl_slo_s`;
+    - latency (at a throughput floor): 1 / mean ITL, each sequence's tokens/s, times min(1, (goodput - errors) /
       `floor_tokens_per_s`): a run that delivers the floor is graded on latency alone, one below it loses in
       proportion to what it did not deliver (a backlog is not free).
+    errors = the output tokens the requests a restart dropped had asked for, per second (`error_tokens_per_s`):
+    an error counts against the policy by the size of the request its client did not get, so dropping a backlog
+    is never a way to make the requests after it meet an SLO.
     Example (latency, floor 2000 tokens/s): mean ITL 10 ms at 2100 tokens/s scores 100; 8 ms at 1800 tokens/s
-    scores 125 x 0.9 = 112.5.
+    scores 125 x 0.9 = 112.5; (slo_goodput) 1500 tokens/s meeting the SLO with 300 tokens/s of errors scores 1200.
     """
 
     kind: ObjectiveKind
@@ -120,14 +129,16 @@ class Objective:
     floor_tokens_per_s: float = 0.0
 
     def score(self, m: Metrics) -> float:
+        errors = m.error_tokens_per_s
         if self.kind == "slo_goodput":
-            return m.slo_goodput_tokens_per_s or 0.0
+            return (m.slo_goodput_tokens_per_s or 0.0) - errors
         if self.kind == "latency":
             if m.mean_itl_s is None or m.mean_itl_s <= 0:
                 return 0.0
-            short = m.goodput_tokens_per_s / self.floor_tokens_per_s if self.floor_tokens_per_s > 0 else 1.0
-            return min(1.0, short) / m.mean_itl_s
-        return m.goodput_tokens_per_s
+            delivered = m.goodput_tokens_per_s - errors
+            short = delivered / self.floor_tokens_per_s if self.floor_tokens_per_s > 0 else 1.0
+            return max(0.0, min(1.0, short)) / m.mean_itl_s
+        return m.goodput_tokens_per_s - errors
 
     @property
     def unit(self) -> str:

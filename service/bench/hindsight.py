@@ -66,20 +66,38 @@ def hold(_t_s: float, k: int) -> int:
 
 
 @dataclass(frozen=True, slots=True)
+class Future:
+    """What a run delivers from a boundary on: the requests it finishes, then those in flight at the end, and the
+    output tokens of every request the run dropped from its start to its end (`LifetimeStats.lost_tokens`)."""
+
+    completions: tuple[Completion, ...]
+    lost_tokens: int
+
+    def after(self, done: int) -> Future:
+        """The same future once its first `done` completions have happened."""
+        return Future(self.completions[done:], self.lost_tokens)
+
+
+@dataclass(frozen=True, slots=True)
 class Candidate:
     """One option at a boundary: the gamma to run now, the base policy after it, and what that run delivers."""
 
     k: int
     base: BasePolicy
     value: float
-    future: tuple[Completion, ...]
+    future: Future
+
+
+def beats(value: float, reference: float) -> bool:
+    """Whether `value` beats `reference` by more than SWITCH_MARGIN of its size (headlines may be negative: errors
+    count against them)."""
+    return value > reference + abs(reference) * SWITCH_MARGIN
 
 
 def future_of(world: World, k: int, *, now_s: float, end_s: float, base: BasePolicy = hold,
-              boundaries: Sequence[float] = ()) -> tuple[Completion, ...]:
+              boundaries: Sequence[float] = ()) -> Future:
     """What the world delivers from `now_s` to `end_s` when switched to k at `now_s` and run by `base` at each of
-    the later `boundaries`: the completions after the copy, then the in-flight requests at the end. The world
-    itself is not touched."""
+    the later `boundaries`. The world itself is not touched."""
     fork = copy.deepcopy(world)
     fork.drain_completions()  # finished before now: already counted by the run
     fork.set_speculation(k, now_s=now_s)
@@ -90,7 +108,7 @@ def future_of(world: World, k: int, *, now_s: float, end_s: float, base: BasePol
             done.extend(fork.drain_completions())
             fork.set_speculation(base(t, fork.num_speculative_tokens), now_s=t)
     fork.advance_to(end_s)
-    return (*done, *fork.drain_completions(), *fork.in_flight())
+    return Future((*done, *fork.drain_completions(), *fork.in_flight()), fork.lifetime.lost_tokens)
 
 
 class HindsightOracle:
@@ -129,7 +147,7 @@ class HindsightOracle:
             future = future_of(world, k, now_s=self._start_s, end_s=self._end_s, base=plan,
                                boundaries=self._boundaries)
             value = self._value(future)
-            if value > static_value * (1.0 + SWITCH_MARGIN) and (best is None or value > best.value):
+            if beats(value, static_value) and (best is None or value > best.value):
                 best = Candidate(k, plan, value, future)
         if best is not None:
             self._chosen = best
@@ -137,10 +155,10 @@ class HindsightOracle:
             self.log.append((0.0, static_value, best.value))
         return None if best is None else best.k
 
-    def _value(self, future: Sequence[Completion]) -> float:
-        """The headline of the whole run: what finished before now, then `future`."""
-        metrics = summarize([*self._past, *future], duration_s=self._end_s - self._start_s,
-                            itl_slo_s=self._objective.itl_slo_s)
+    def _value(self, future: Future) -> float:
+        """The headline of the whole run: what finished before now, then `future`, and the requests it dropped."""
+        metrics = summarize([*self._past, *future.completions], duration_s=self._end_s - self._start_s,
+                            itl_slo_s=self._objective.itl_slo_s, error_tokens=future.lost_tokens)
         return self._objective.score(metrics)
 
     def _at_boundary(self, now_s: float) -> bool:
@@ -164,14 +182,14 @@ class HindsightOracle:
                 future = future_of(world, k, now_s=now_s, end_s=self._end_s, base=other,
                                    boundaries=self._boundaries)
                 value = self._value(future)
-                if value > best.value and value > floor * (1.0 + SWITCH_MARGIN):
+                if value > best.value and beats(value, floor):
                     best = Candidate(k, other, value, future)
         self.log.append((now_s - self._start_s, floor, best.value))
         self._chosen = best
         self._completed_at_boundary = world.lifetime.completed_requests
         return best.k
 
-    def _continuing(self, world: World, current: int, now_s: float) -> tuple[int, BasePolicy, tuple[Completion, ...]]:
+    def _continuing(self, world: World, current: int, now_s: float) -> tuple[int, BasePolicy, Future]:
         """The run committed to at the last boundary, from here: the gamma its base policy runs now and the rest of
         the future computed then (the world has since run exactly its first part: determinism); on the first
         boundary, holding what runs, run afresh."""
@@ -179,4 +197,4 @@ class HindsightOracle:
         if chosen is None:
             return current, hold, future_of(world, current, now_s=now_s, end_s=self._end_s)
         done_since = world.lifetime.completed_requests - self._completed_at_boundary
-        return chosen.base(now_s, current), chosen.base, chosen.future[done_since:]
+        return chosen.base(now_s, current), chosen.base, chosen.future.after(done_since)

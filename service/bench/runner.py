@@ -98,7 +98,8 @@ async def run_policy(bench: BenchScenario, policy: PolicySpec, *, duration_s: fl
                 )
             )
     done.extend(world.in_flight())  # what the clients still waiting at the end had received
-    metrics = summarize(done, duration_s=steps * interval, itl_slo_s=bench.bench.itl_slo_s)
+    metrics = summarize(done, duration_s=steps * interval, itl_slo_s=bench.bench.itl_slo_s,
+                        error_tokens=world.lifetime.lost_tokens)
     return RunResult(
         policy=policy.name,
         metrics=metrics,

@@ -89,6 +89,7 @@ class LifetimeStats:
     generated_tokens: int
     lost_requests: int
     preemptions: int
+    lost_tokens: int = 0  # output tokens the lost requests asked for (their max_tokens)
 
 
 @dataclass(frozen=True, slots=True)
@@ -197,6 +198,7 @@ class World:
         self._completed = 0
         self._generated = 0
         self._lost = 0
+        self._lost_tokens = 0
         self._preemptions = 0
         # The GPU's own view (what dcgm-exporter reports): bytes moved, FLOPs and seconds busy, target and drafter,
         # kept across engine restarts (the device stays), logged at each advance for trailing-window ratios.
@@ -297,6 +299,7 @@ class World:
             completed_requests=self._completed,
             generated_tokens=self._generated,
             lost_requests=self._lost,
+            lost_tokens=self._lost_tokens,
             preemptions=self._preemptions,
         )
 
@@ -337,6 +340,7 @@ class World:
             self._rollout = deque(sorted(events, key=lambda e: e[0]))
             return
         self._lost += len(self._running) + len(self._waiting)
+        self._lost_tokens += sum(r.max_tokens for r in (*self._running, *self._waiting))
         self._running.clear()
         self._waiting.clear()
         self._plan = None
@@ -451,7 +455,7 @@ class World:
     def _drop_arrivals_until(self, t_s: float) -> None:
         # Clients of a restarting server get connection errors: those requests are lost, not queued.
         while self._next_arrival_s <= t_s:
-            self._pop_arrival()
+            self._lost_tokens += self._pop_arrival().max_tokens
             self._lost += 1
 
     def _come_up(self, up_at: float) -> None:
@@ -476,6 +480,7 @@ class World:
                 queued = list(self._waiting)
                 self._waiting = deque(r for i, r in enumerate(queued) if i % n)
                 self._lost += len(gone) + len(queued[::n])
+                self._lost_tokens += sum(r.max_tokens for r in (*gone, *queued[::n]))
             elif event == "switch-k":
                 self._run_k = self._k
                 self._last_steps = 1

@@ -1,5 +1,5 @@
-"""The hindsight oracle over a load rise under an ITL SLO: starting from the best static run it stays at or above
-every static run (exactly: same seed, deterministic world), and it moves when the rest of the run pays for it."""
+"""The hindsight oracle: starting from the best static run it stays at or above every static run (exactly: same
+seed, deterministic world), and what it commits to at a boundary is what the run then delivers."""
 
 from __future__ import annotations
 
@@ -20,9 +20,10 @@ DURATION_S = 480.0
 SLO_S = 0.010
 
 
-def test_the_oracle_bounds_the_static_runs_and_moves_when_the_load_rises(tmp_path: Path) -> None:
-    # slo-load-rise's world with a 10 ms SLO: 4 requests/s until 150 s, 22/s from 180 s. Light, gamma 2 meets the
-    # SLO for the most requests; heavy, gamma 1 does (restart: 20 s).
+def test_the_oracle_bounds_the_static_runs_under_a_load_rise(tmp_path: Path) -> None:
+    # slo-load-rise's world with a 10 ms SLO: 4 requests/s until 150 s, 22/s from 180 s. Over the whole run gamma 2
+    # meets the SLO for the most requests; moving to gamma 1 for the heavy phase gains less than the requests its
+    # restart drops (errors count against the headline by the tokens they asked for), so the oracle holds.
     data = yaml.safe_load((BENCH / "slo-load-rise.yaml").read_text(encoding="utf-8"))
     data["workload"]["arrival_rate"] = [
         {"t_s": 0, "requests_per_s": 4.0}, {"t_s": 150, "requests_per_s": 4.0}, {"t_s": 180, "requests_per_s": 22.0},
@@ -43,11 +44,8 @@ def test_the_oracle_bounds_the_static_runs_and_moves_when_the_load_rises(tmp_pat
 
     values = {spec.initial_k: headline_of(result, objective) for spec, result in statics}
     assert oracle_spec.initial_k == max(values, key=lambda g: values[g]) == 2  # starts as the best static run
-    ks = [t.k for t in oracle.ticks]
-    assert ks[0] == 2 and ks[-1] == 1  # moved to gamma 1 for the heavy phase
-    assert ks.count(1) >= 6  # ... at least one 60 s segment before the end
-    # Above every static run by more than the bench's tie margin: the move paid for its restart.
-    assert headline_of(oracle, objective) > 1.005 * max(values.values())
+    assert headline_of(oracle, objective) >= max(values.values())
+    assert all(t.k == 2 for t in oracle.ticks)
 
 
 def test_what_the_oracle_commits_to_is_what_the_run_then_delivers(tmp_path: Path) -> None:

@@ -175,10 +175,10 @@ def test_disable_by_batch_size_runs_no_drafts_at_or_above_the_threshold() -> Non
         World(scenario, start_s=0.0, disable_by_batch_size=0)
 
 
-def _metrics(*, goodput: float, mean_itl_s: float | None, slo: float | None = None) -> Metrics:
+def _metrics(*, goodput: float, mean_itl_s: float | None, slo: float | None = None, errors: float = 0.0) -> Metrics:
     return Metrics(goodput_tokens_per_s=goodput, mean_itl_s=mean_itl_s, p50_itl_s=None, p99_itl_s=None,
                    p50_ttft_s=None, p99_ttft_s=None, slo_goodput_tokens_per_s=slo, completed_requests=1,
-                   in_flight_requests=0)
+                   in_flight_requests=0, error_tokens_per_s=errors)
 
 
 def test_objectives_score_what_they_say() -> None:
@@ -191,3 +191,20 @@ def test_objectives_score_what_they_say() -> None:
     # faster but 10% short of the floor: 125 x 0.9
     assert latency.score(_metrics(goodput=1800.0, mean_itl_s=0.008)) == pytest.approx(112.5)
     assert latency.score(_metrics(goodput=1800.0, mean_itl_s=None)) == 0.0
+    # Errors count against every objective by the tokens the dropped requests asked for.
+    assert slo.score(_metrics(goodput=2100.0, mean_itl_s=0.01, slo=1500.0, errors=300.0)) == 1200.0
+    assert Objective("throughput").score(_metrics(goodput=2100.0, mean_itl_s=0.01, errors=100.0)) == 2000.0
+    assert latency.score(_metrics(goodput=2100.0, mean_itl_s=0.010, errors=300.0)) == pytest.approx(90.0)
+
+
+def test_a_restart_counts_the_tokens_its_dropped_requests_asked_for() -> None:
+    world = World(default_scenario(), seed=3, start_s=0.0, record_completions=True)
+    world.advance_to(60.0)
+    dropped = world.num_running + world.num_waiting
+    assert dropped > 0 and world.lifetime.lost_tokens == 0
+    world.set_speculation(1, now_s=60.0)  # a restart: every request in flight or queued gets an error
+    assert world.lifetime.lost_requests >= dropped
+    assert world.lifetime.lost_tokens >= dropped  # each asked for at least one token
+    m = summarize(world.drain_completions(), duration_s=60.0, itl_slo_s=None,
+                  error_tokens=world.lifetime.lost_tokens)
+    assert m.error_tokens_per_s == pytest.approx(world.lifetime.lost_tokens / 60.0)
