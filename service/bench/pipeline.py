@@ -65,35 +65,21 @@ def _merge(base: Mapping[str, Any], top: Mapping[str, Any]) -> dict[str, Any]:
 def advisor_settings(
     *,
     model_name: str,
-    hardware: str,
-    model_profile: str | None,
-    drafter_method: str,
-    draft_model_profile: str | None = None,
+    target: Mapping[str, Any],
     interval_s: float,
     itl_slo_s: float | None,
     extra: Mapping[str, Any],
     change_cost_s: float = 0.0,
-    model_config_path: str | None = None,
-    tensor_parallel: int = 1,
 ) -> Settings:
     """The sidecar's settings for one benchmark world; raises SettingsError (one line per bad field).
 
-    `change_cost_s` (s) is what the operator knows of their rollout: the service one change interrupts
-    (`decide.change_cost_s`); it goes under the scenario's own settings, which may override it.
+    `target` holds the target's own settings (hardware, model_profile or model_config_path, tensor_parallel,
+    drafter); its name, URL and model are the benchmark's. `change_cost_s` (s) is what the operator knows of their
+    rollout: the service one change interrupts (`decide.change_cost_s`); it goes under the scenario's own settings,
+    which may override it.
     """
     ours: dict[str, Any] = {
-        "targets": [
-            {
-                "name": TARGET,
-                "url": METRICS_URL,
-                "model": model_name,
-                "hardware": hardware,
-                "model_profile": model_profile,
-                "model_config_path": model_config_path,
-                "tensor_parallel": tensor_parallel,
-                "drafter": {"method": drafter_method, "draft_model_profile": draft_model_profile},
-            }
-        ],
+        "targets": [{**target, "name": TARGET, "url": METRICS_URL, "model": model_name}],
         "scrape_interval_s": interval_s,
         "scrape_timeout_s": interval_s,
         "gpu": {"telemetry": "none"},
@@ -120,14 +106,18 @@ def bench_advisor_settings(bench: BenchScenario, *, extra: Mapping[str, Any] | N
     """The advisor's settings for one benchmark scenario (its advisor section, tick, SLO and restart cost), with
     `extra` laid over the scenario's own advisor settings. Raises SettingsError."""
     section = bench.bench
+    advisor = section.advisor
+    target = {
+        "hardware": advisor.hardware,
+        "model_profile": advisor.model_profile,
+        "model_config_path": advisor.model_config_path,
+        "tensor_parallel": advisor.tensor_parallel,
+        "drafter": {"method": advisor.drafter_method or bench.scenario.drafter.method,
+                    "draft_model_profile": advisor.draft_model_profile},
+    }
     return advisor_settings(
         model_name=bench.scenario.model_name,
-        hardware=section.advisor.hardware,
-        model_profile=section.advisor.model_profile,
-        model_config_path=section.advisor.model_config_path,
-        tensor_parallel=section.advisor.tensor_parallel,
-        drafter_method=section.advisor.drafter_method or bench.scenario.drafter.method,
-        draft_model_profile=section.advisor.draft_model_profile,
+        target=target,
         interval_s=section.decision_interval_s,
         itl_slo_s=section.itl_slo_s,
         extra=_merge(section.advisor.settings, extra or {}),

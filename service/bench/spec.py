@@ -53,10 +53,9 @@ class AdvisorSection(_Section):
     )
     settings: dict[str, Any] = Field(
         default_factory=dict,
-        description="Extra sidecar settings (as in the settings file, e.g. {decide: {dwell_s: 60}}). targets, gpu, "
-        "scrape_interval_s, scrape_timeout_s and decide.itl_slo_s are the benchmark's and are refused here: the "
-        "target's fields are this section's own (hardware, model_profile, model_config_path, tensor_parallel, "
-        "drafter_method, draft_model_profile), the tick is decision_interval_s, the SLO bench.itl_slo_s.",
+        description="Extra sidecar settings (as in the settings file, e.g. {decide: {dwell_s: 60}}). "
+        f"{', '.join(RESERVED_SETTINGS)} and decide.itl_slo_s are the benchmark's and are refused here: "
+        f"{RESERVED_SETTINGS_HINT}.",
     )
 
     @model_validator(mode="after")

@@ -339,8 +339,7 @@ class World:
             events.append((self._now_s + n * delay, "done"))
             self._rollout = deque(sorted(events, key=lambda e: e[0]))
             return
-        self._lost += len(self._running) + len(self._waiting)
-        self._lost_tokens += sum(r.max_tokens for r in (*self._running, *self._waiting))
+        self._count_lost((*self._running, *self._waiting))
         self._running.clear()
         self._waiting.clear()
         self._plan = None
@@ -455,8 +454,12 @@ class World:
     def _drop_arrivals_until(self, t_s: float) -> None:
         # Clients of a restarting server get connection errors: those requests are lost, not queued.
         while self._next_arrival_s <= t_s:
-            self._lost_tokens += self._pop_arrival().max_tokens
-            self._lost += 1
+            self._count_lost((self._pop_arrival(),))
+
+    def _count_lost(self, requests: tuple[_Request, ...]) -> None:
+        """Requests whose clients got an error: counted, with the output tokens they asked for."""
+        self._lost += len(requests)
+        self._lost_tokens += sum(r.max_tokens for r in requests)
 
     def _come_up(self, up_at: float) -> None:
         self._down_until_s = None
@@ -479,8 +482,7 @@ class World:
                 self._running = [r for i, r in enumerate(self._running) if i % n]
                 queued = list(self._waiting)
                 self._waiting = deque(r for i, r in enumerate(queued) if i % n)
-                self._lost += len(gone) + len(queued[::n])
-                self._lost_tokens += sum(r.max_tokens for r in (*gone, *queued[::n]))
+                self._count_lost((*gone, *queued[::n]))
             elif event == "switch-k":
                 self._run_k = self._k
                 self._last_steps = 1

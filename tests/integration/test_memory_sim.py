@@ -50,9 +50,8 @@ async def drive(memory_path: Path) -> tuple[list[Step], float]:
     clock = SimClock(EPOCH_S)
     settings = advisor_settings(
         model_name=scenario.model_name,
-        hardware=bench.bench.advisor.hardware,
-        model_profile=bench.bench.advisor.model_profile,
-        drafter_method=scenario.drafter.method,
+        target={"hardware": bench.bench.advisor.hardware, "model_profile": bench.bench.advisor.model_profile,
+                "drafter": {"method": scenario.drafter.method}},
         interval_s=interval,
         itl_slo_s=None,
         extra={},
