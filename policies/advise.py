@@ -17,25 +17,17 @@ from policies.calibrate import (
     split_observed,
     update,
 )
+from policies.change_cost import change_cost_of, inflight_work_s, queued_work_s
 from policies.costmodel import ModelContext, operating_point, speedup_curve
-from policies.decide import (
-    DecideConfig,
-    DecideState,
-    Probe,
-    best_point,
-    change_cost_of,
-    decide,
-    inflight_work_s,
-    point_at,
-    queued_work_s,
-)
+from policies.decide import DecideConfig, DecideState, Probe, best_point, decide
 from policies.memory import AcceptanceMemory, MemoryConfig, Recall, recall, remember
 from policies.objectives import ObjectiveConfig, Workload, choose_objective, objective_curve, workload_from
-from policies.plan import PlanState, plan_curve, planned_share, queue_cost_s
+from policies.plan import PlanState, plan_curve, queue_cost_s
 from policies.plan import cost_scale as plan_cost_scale
 from policies.plan import observe as observe_plan
 from policies.types import CurvePoint, Decision, Evidence, TargetState
 from policies.uncertainty import banded
+from policies.value import point_at
 
 
 def advise(
@@ -132,7 +124,7 @@ def advise_target(
     if ctx is not None:
         calibration_state, fit = update(calibration_state, evidence, ctx, now_s=now_s, config=calibration_config)
     # Measured live while speculating (not a remembered profile standing in for a thin window): what releases a
-    # held probe (decide rule 5).
+    # held probe (decide: the probe hold).
     measured = evidence.state is TargetState.OK and evidence.speculation_on and evidence.acceptance is not None
     inflight_s = inflight_work_s(evidence)
     recalled, evidence, memory_note = _with_memory(evidence, memory, config=memory_config, now_s=now_s)
@@ -188,10 +180,10 @@ def advise_target(
         # a drafter-hostile spell in which gamma 1 had lost less than 3 (benchmark pickup-after-off).
         plan_state = PlanState()
     planned: tuple[CurvePoint, ...] | None = None
-    cost_scale, plan_share = 1.0, 1.0
+    cost_scale = 1.0
     if decide_config.change_cost_s > 0 and workload is not None and curve:
         # A change costs a restart: weigh it over the recent load, not this window alone (policies/plan.py).
-        plan_state, planned, cost_scale, plan_share = _plan_tick(
+        plan_state, planned, cost_scale = _plan_tick(
             plan_state, curve, evidence, capacity_bound=choose_objective(workload, objective_config)[1],
             tau_s=decide_config.payback_horizon_s, now_s=now_s,
         )
@@ -200,7 +192,7 @@ def advise_target(
         inflight_s += queue_cost_s(plan_state, queued_work_s(evidence), tau_s=decide_config.payback_horizon_s)
     decision, decide_state = decide(
         evidence, curve, decide_config, decide_state, now_s, probe=probe, measured=measured, inflight_s=inflight_s,
-        plan=planned, cost_scale=cost_scale, plan_share=plan_share,
+        plan=planned, cost_scale=cost_scale,
     )
     error = fit.error_ratio if fit is not None else None
     notes: list[str] = []
@@ -230,24 +222,22 @@ def advise_target(
 def _plan_tick(
     state: PlanState, curve: tuple[CurvePoint, ...], evidence: Evidence, *, capacity_bound: bool, tau_s: float,
     now_s: float,
-) -> tuple[PlanState, tuple[CurvePoint, ...] | None, float, float]:
-    """This tick added to the plan, and what decide weighs changes on: (plan, its curve or None, cost scale, the
-    running option's planned share). The value rate is the generated tokens/s times the running option's share
-    meeting the SLO (1 without one)."""
+) -> tuple[PlanState, tuple[CurvePoint, ...] | None, float]:
+    """This tick added to the plan, and what decide weighs changes on: (plan, its curve or None, cost scale). The
+    value rate is the generated tokens/s times the running option's share meeting the SLO (1 without one)."""
     running = evidence.deployed_k if evidence.speculation_on else 0
     here = point_at(curve, running)
     share = here.slo_share if here is not None and here.slo_share is not None else 1.0
     rate = evidence.generation_tokens_per_s
     state = observe_plan(
         state, curve, running_gamma=running, value_rate=rate * share if rate is not None else None,
-        capacity_bound=capacity_bound, now_s=now_s, tau_s=tau_s, delivered_rate=rate,
+        capacity_bound=capacity_bound, now_s=now_s, tau_s=tau_s,
     )
     planned = plan_curve(state, curve)
     scale = plan_cost_scale(state, running_gamma=running, delivered_rate=rate)
     if planned is None or scale is None:
-        return state, None, 1.0, 1.0
-    fraction = planned_share(state, running_gamma=running)
-    return state, planned, scale, fraction if fraction is not None else 1.0
+        return state, None, 1.0
+    return state, planned, scale
 
 
 def probe_for(
@@ -264,10 +254,10 @@ def probe_for(
 
     Nothing is measured while off, so a workload that turned drafter-friendly (chat -> code) stays invisible
     until someone looks. Looking costs: two changes (on, and back off if the profile still holds), each
-    `change_cost_s` + `inflight_s` seconds of full service (decide.change_cost_of: the outage and the in-flight
-    work a restart drops, decide rule 4), plus the time it runs at the remembered speedup S_mem(gamma) (< 1 is a
-    loss) before the advisor may turn it off again: on_s = max(dwell_s, probe_min_s), the dwell or one estimator
-    window to measure, whichever is longer. It pays when the expected gain over the payback horizon exceeds that:
+    `change_cost_s` + `inflight_s` seconds of full service (policies/change_cost.py: the outage and the in-flight
+    work a restart drops), plus the time it runs at the remembered speedup S_mem(gamma) (< 1 is a loss) before
+    the advisor may turn it off again: on_s = max(dwell_s, probe_min_s), the dwell or one estimator window to
+    measure, whichever is longer. It pays when the expected gain over the payback horizon exceeds that:
 
         p(age) x (S_prior* - 1) x payback_horizon_s > 2 x (change_cost_s + inflight_s) + on_s x max(0, 1 - S_mem)
 
@@ -276,10 +266,10 @@ def probe_for(
     speedup in 1..gamma_max priced with the drafter's prior acceptance (what the drafter does on a typical
     workload) in the objective that applies. Under an ITL SLO both speedup terms are multiplied by share(off),
     plain decoding's share of tokens meeting the SLO, so that they count tokens moved across the SLO per
-    delivered token, the unit of the cost (decide rule 4): S_prior* = 99 with 1% of tokens meeting the SLO off
+    delivered token, the unit of the cost (policies/change_cost.py): S_prior* = 99 with 1% of tokens meeting the SLO off
     is a 98% gain in service, not 9800%. When speculation would not pay even at the prior (S_prior* <= 1) it
     never probes. The probe runs at the remembered k (`gamma`, >= 1), where the
-    positions will be measured again; once published, decide holds it until a window is measured (rule 5).
+    positions will be measured again; once published, decide holds it until a window is measured.
     `age_s` = inf stands for no usable profile (never measured, or too old): p = 1, and the caller passes the
     prior's own curve as `remembered` and its best gamma.
     Units: seconds; speedups are dimensionless ratios vs plain decoding.
@@ -295,7 +285,7 @@ def probe_for(
     s_mem = here.speedup if here is not None else 1.0
     chance = 1.0 - 0.5 ** (max(0.0, age_s) / half_life_s)
     # Under an SLO the curve is SLO goodput over plain decoding's: per delivered token (the unit of the cost) a
-    # gain is worth share(off) as much (decide rule 4).
+    # gain is worth share(off) as much (policies/change_cost.py).
     off = point_at(prior, 0)
     unit = off.slo_share if off is not None and off.slo_share is not None else 1.0
     won = chance * (star.speedup - 1.0) * unit * config.payback_horizon_s

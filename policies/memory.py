@@ -15,8 +15,8 @@ worth less the older it is. We express that as an effective sample size that hal
 stood behind it, a remembered profile is never worth more than that many fresh ones (the doubt is about drift,
 not counting noise; without the cap a 100 000-draft window would stay sharp for hours). Each position's interval
 is then the Wilson interval of (r_i x n_eff) successes in n_eff trials (policies/intervals.py), widened to contain
-the interval it was measured with, so it only ever grows with age. The point estimates r_i are kept: the decision
-reads the low end of the speedup band (policies/decide.py rule 2), and the widening alone makes that low end fall.
+the interval it was measured with, so it only ever grows with age. The point estimates r_i are kept: switching on
+takes the speedup at its band's low end (policies/value.py), and the widening alone makes that low end fall.
 
 A profile is unusable (the advisor falls back to the method prior) once a > `max_age_s` or n_eff <
 `min_effective_drafts`. With the defaults (half-life 30 min, cap 2000, floor 30, max 6 h) n_eff reaches 30 after

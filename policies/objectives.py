@@ -30,8 +30,8 @@ Three objectives (DESIGN.md section 4), chosen per tick from the evidence:
   The floor says that some requests always meet an SLO (very short ones, idle moments): without it S_slo is a
   ratio of two vanishing numbers (1e-6 / 1e-9), meaningless and unreadable on a dashboard; with it S_slo stays in
   [0.01, 100] while latency-bound (capacity-bound, the throughput ratio multiplies in). `slo_share` on each point
-  is share(gamma): decide weighs a change by the tokens it moves across the SLO per delivered token (rule 4), not
-  by a ratio of shares.
+  is share(gamma): decide weighs a change by the tokens it moves across the SLO per delivered token
+  (policies/value.py), not by a ratio of shares.
   Measured shares. When the window holds at least `slo_min_requests` finished requests in vLLM's per-request
   ITL histogram (`Evidence.request_itl`), the log-normal is fitted to it instead (its mean and its spread, the
   model's only in the ratio between options): policies/slo_share.py, which also says why.

@@ -59,15 +59,12 @@ MAX_TICK_GAP_S = 60.0
 class PlanState:
     """The decayed sums the plan carries between ticks: `values[g]` = sum of w x V_t(g) (tokens/s), `weight` =
     sum of w, `capacity_s` = the decayed seconds spent capacity-bound (each tick counts the time since the one
-    before, at most `MAX_TICK_GAP_S`), `delivered` = sum of w x G_t (generated tokens/s), all decayed to `at_s`
-    (Unix s; None: empty)."""
+    before, at most `MAX_TICK_GAP_S`), all decayed to `at_s` (Unix s; None: empty)."""
 
     values: tuple[float, ...] = ()
     weight: float = 0.0
     capacity_s: float = 0.0
     at_s: float | None = None
-    # sum of w x G_t, the generated tokens/s each tick delivered (SLO or not): planned_share's denominator.
-    delivered: float = 0.0
 
 
 def observe(
@@ -79,12 +76,10 @@ def observe(
     capacity_bound: bool,
     now_s: float,
     tau_s: float,
-    delivered_rate: float | None = None,
 ) -> PlanState:
     """Add this tick's values V_t(gamma) (module docstring) to the plan: `curve` is this tick's objective curve
     (gamma 0..n, contiguous), `running_gamma` the option running (0 = off), `value_rate` U_t (tokens/s; None,
-    non-finite or <= 0: nothing is added, the sums only decay), `capacity_bound` whether the tick was,
-    `delivered_rate` G_t, the generated tokens/s (U_t over the running option's SLO share; None: U_t, no SLO).
+    non-finite or <= 0: nothing is added, the sums only decay), `capacity_bound` whether the tick was.
     A curve of another length than the plan's (the deployed k moved past gamma_max) restarts the plan.
 
     Example: empty plan, curve S = (1.0, 1.46, 1.60, 1.70), gamma 3 running at 300 tokens/s -> values (176.5,
@@ -96,26 +91,23 @@ def observe(
         decay = math.exp(-gap / tau_s)
     values = tuple(v * decay for v in state.values)
     weight = state.weight * decay
-    delivered = state.delivered * decay
     # A long gap (the sidecar was down, the target unreachable) says nothing about how long the overload lasted.
     capacity_s = state.capacity_s * decay + (min(gap, MAX_TICK_GAP_S) if capacity_bound else 0.0)
     running = _speed_of(curve, running_gamma)
     if value_rate is None or not (math.isfinite(value_rate) and value_rate > 0):
-        return PlanState(values, weight, capacity_s, now_s, delivered)
+        return PlanState(values, weight, capacity_s, now_s)
     if running is None or not (math.isfinite(running) and running > 0):
-        return PlanState(values, weight, capacity_s, now_s, delivered)
+        return PlanState(values, weight, capacity_s, now_s)
     tick = tuple(value_rate * p.speedup / running for p in curve)
     if not all(math.isfinite(t) and t >= 0 for t in tick):
-        return PlanState(values, weight, capacity_s, now_s, delivered)  # a broken curve point: teaches nothing
+        return PlanState(values, weight, capacity_s, now_s)  # a broken curve point: teaches nothing
     if len(values) != len(tick):
-        values, weight, delivered = (0.0,) * len(tick), 0.0, 0.0
-    given = delivered_rate if delivered_rate is not None and math.isfinite(delivered_rate) else value_rate
+        values, weight = (0.0,) * len(tick), 0.0
     return PlanState(
         values=tuple(v + t for v, t in zip(values, tick, strict=True)),
         weight=weight + 1.0,
         capacity_s=capacity_s,
         at_s=now_s,
-        delivered=delivered + max(given, value_rate),
     )
 
 
@@ -138,20 +130,6 @@ def cost_scale(state: PlanState, *, running_gamma: int, delivered_rate: float | 
     if here is None or not here > 0:
         return None
     return delivered_rate / here
-
-
-def planned_share(state: PlanState, *, running_gamma: int) -> float | None:
-    """V(running) / G_plan: the running option's planned value per planned delivered token (0..1; 1 without an
-    SLO, its SLO share over the recent load under one); None on an empty plan. A planned gain times it is the
-    tokens moved across the SLO per delivered token (decide's decisive test), as a single window's share does.
-
-    Example: 300 s light at 400 tokens/s, share 1.0, then heavy at 4000 tokens/s, share 0.03, equal weights ->
-    (400 + 120) / (400 + 4000) = 0.118.
-    """
-    here = planned_rate(state, running_gamma)
-    if here is None or not (state.delivered > 0 and math.isfinite(state.delivered)):
-        return None
-    return max(0.0, min(1.0, here * state.weight / state.delivered))
 
 
 def queue_weight(state: PlanState, *, tau_s: float) -> float:

@@ -112,14 +112,12 @@ def decide_config(settings: Settings) -> DecideConfig:
         margin=s.margin,
         dwell_s=s.dwell_s,
         gamma_max=s.gamma_max,
-        min_speedup_gain_to_change_gamma=s.min_speedup_gain_to_change_gamma,
         change_cost_s=s.change_cost_s,
         payback_horizon_s=s.payback_horizon_s,
         explore=s.explore,
         probe_timeout_s=s.probe_timeout_s,
         probe_backoff_s=s.probe_backoff_s,
-        planned_confirm_s=s.planned_confirm_s,
-        decisive_gain=s.decisive_gain,
+        confirm_s=s.confirm_s,
     )
 
 

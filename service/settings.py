@@ -254,35 +254,44 @@ class EstimatorSettings(_Section):
 
 
 _DEFAULT_CONFIRM_S = 30.0
+# Decide settings that the single decision rule (policies/decide.py) replaced, with what to use instead.
+_REPLACED_DECIDE_SETTINGS = {
+    "min_speedup_gain_to_change_gamma": "every change must promise `margin` (a relative gain at its band's low end)",
+    "planned_confirm_s": "use confirm_s, the shortest wait of any change",
+    "decisive_gain": "a change now waits change cost / gain, between confirm_s and dwell_s",
+}
 
 
 class DecideSettings(_Section):
     margin: float = Field(
-        default=0.05,
+        default=0.02,
         ge=0,
         le=1,
-        description="Switch on only when the low end of the speedup clears 1 + margin: 5% pays for the risk of "
-        "the model being wrong.",
+        description="The least gain a change must promise at the pessimistic end of its 90% band (a share of the "
+        "service): to switch on, the speedup's low end must clear 1 + margin; to switch off, its high end must "
+        "fall short of 1 by as much (policies/decide.py).",
     )
     dwell_s: float = Field(
         default=120.0,
         ge=0,
-        description="A change must persist this long before it is published: two windows, so one burst does not "
-        "flip the recommendation. Changes are at least this far apart; a restart-priced change with a decisive "
-        "planned gain persists planned_confirm_s instead once the last change is this old.",
+        description="The longest a change waits to be published, and the least time between two published changes "
+        "(so one burst cannot flip the recommendation back and forth). A change waits its cost over its gain "
+        "(change_cost_s / gain), between confirm_s and dwell_s.",
+    )
+    confirm_s: float = Field(
+        default=_DEFAULT_CONFIRM_S,
+        ge=0,
+        le=3600,
+        allow_inf_nan=False,
+        description="The shortest a change waits to be published: a grossly wrong setting is corrected after this "
+        "long, so one bad scrape cannot change a deployment. At most dwell_s (the default follows a shorter "
+        "dwell_s).",
     )
     gamma_max: int = Field(
         default=8,
         ge=1,
         le=32,
         description="Largest gamma evaluated; past 8 drafts acceptance is rarely worth the cost.",
-    )
-    min_speedup_gain_to_change_gamma: float = Field(
-        default=0.02,
-        ge=0,
-        le=1,
-        description="While on, move gamma only for a predicted gain at least this large: a 2% gain is within the "
-        "model's error and not worth a restart.",
     )
     change_cost_s: float = Field(
         default=0.0,
@@ -292,7 +301,7 @@ class DecideSettings(_Section):
         description="Seconds of service one change of the speculation config interrupts: about the engine's restart "
         "time (vLLM restarts to change it). A change is recommended only when its predicted gain x "
         "payback_horizon_s exceeds this plus the in-flight work a restart drops (about half a request's decode "
-        "time, estimated live; policies/decide.py rule 4). 0 = the engine adapts per batch, changes are free. "
+        "time, estimated live; policies/change_cost.py). 0 = the engine adapts per batch, changes are free. "
         "Example: 20 (a 20 s rollout).",
     )
     payback_horizon_s: float = Field(
@@ -322,24 +331,6 @@ class DecideSettings(_Section):
         allow_inf_nan=False,
         description="After a dropped probe, no new probe is recommended for this many seconds.",
     )
-    planned_confirm_s: float = Field(
-        default=_DEFAULT_CONFIRM_S,
-        ge=0,
-        le=3600,
-        allow_inf_nan=False,
-        description="When a change costs a restart and its planned gain is at least decisive_gain, it is published "
-        "after staying the candidate this long instead of a whole dwell, once the last change is a dwell old "
-        "(policies/decide.py rule 6): the plan has already averaged the recent load. At most dwell_s (the "
-        "default follows a shorter dwell_s).",
-    )
-    decisive_gain: float = Field(
-        default=0.25,
-        gt=0,
-        le=100,
-        allow_inf_nan=False,
-        description="A planned gain (share of the service) at least this large is past the cost model's error and "
-        "waits only planned_confirm_s. Example: 0.25.",
-    )
     itl_slo_s: float | None = Field(
         default=None,
         gt=0,
@@ -354,23 +345,28 @@ class DecideSettings(_Section):
     @model_validator(mode="before")
     @classmethod
     def _default_confirm_follows_dwell(cls, data: Any) -> Any:
+        # Settings the one decision rule replaced are named with their replacement, not as unknown keys.
+        if isinstance(data, dict):
+            for key, instead in _REPLACED_DECIDE_SETTINGS.items():
+                if key in data:
+                    raise ValueError(f"decide.{key} was replaced: {instead}")
         # The default confirm follows a shorter dwell (the demo's 10 s); a value the operator wrote is checked below.
-        if isinstance(data, dict) and "planned_confirm_s" not in data and "dwell_s" in data:
+        if isinstance(data, dict) and "confirm_s" not in data and "dwell_s" in data:
             try:
                 dwell = float(data["dwell_s"])  # a number, or its text from an environment variable
             except (TypeError, ValueError):
                 return data  # the field's own validation names the problem
             if 0 <= dwell < _DEFAULT_CONFIRM_S:
-                return {**data, "planned_confirm_s": dwell}
+                return {**data, "confirm_s": dwell}
         return data
 
     @model_validator(mode="after")
     def _confirm_within_dwell(self) -> Self:
-        # A confirm longer than the dwell would make a decisive change wait longer than any other one.
-        if self.planned_confirm_s > self.dwell_s:
+        # The confirm is the shortest wait and the dwell the longest.
+        if self.confirm_s > self.dwell_s:
             raise ValueError(
-                f"decide.planned_confirm_s ({self.planned_confirm_s:g}) must not exceed decide.dwell_s "
-                f"({self.dwell_s:g}): it shortens the dwell for a decisive planned change"
+                f"decide.confirm_s ({self.confirm_s:g}) must not exceed decide.dwell_s ({self.dwell_s:g}): "
+                "a change waits its cost over its gain, between the two"
             )
         return self
 

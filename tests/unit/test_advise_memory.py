@@ -15,7 +15,7 @@ from policies.types import DraftMethod, Evidence, TargetState
 NOW = 1_800_000_000.0
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 CTX = make_context(method=DraftMethod.NGRAM)
-DWELL = DecideConfig(margin=0.05, dwell_s=120.0, gamma_max=8)
+DWELL = DecideConfig(margin=0.05, dwell_s=120.0, confirm_s=120.0, gamma_max=8)  # every change waits 120 s
 POOR = (0.3, 0.1, 0.03)  # a lookup drafter that rarely matches
 GOOD = (0.78, 0.58, 0.43)
 

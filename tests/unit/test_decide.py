@@ -1,26 +1,35 @@
-"""decide(): bounds, minimum change and dwell composed, driven by a hand-advanced clock."""
+"""decide(): the one rule (value over the horizon, wait = cost / gain), driven by a hand-advanced clock.
+
+Every expected number below is worked by hand from the module docstring's formulas (policies/decide.py,
+policies/value.py), not read back from the code.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
 
+import pytest
 from decide_builders import T0, make_acceptance, make_curve, make_evidence, make_point
 
-from policies.decide import DecideConfig, DecideState, best_point, decide, reachable_gamma_limit
+from policies.decide import DecideConfig, DecideState, best_point, decide, reachable_gamma_limit, wait_s
 from policies.types import CurvePoint, Decision, Evidence, TargetState
 
-CFG = DecideConfig(margin=0.05, dwell_s=120.0, gamma_max=8, min_speedup_gain_to_change_gamma=0.02)
+# margin 2%, confirm 30 s, dwell 120 s; change_cost_s 0 (an engine that adapts per batch): every wait is 30 s.
+CFG = DecideConfig(margin=0.02, dwell_s=120.0, confirm_s=30.0, gamma_max=8)
+# A 20 s restart over a 600 s horizon (in-flight work passed as 0 by `tick`, so C = 20 s).
+COST = replace(CFG, change_cost_s=20.0, payback_horizon_s=600.0)
 
-# Best point gamma 3, S(3)=1.42 [1.31..1.55]: low end 1.31 >= 1 + 0.05, so "on" from off.
+# Off -> on: g(gamma) = S_low(gamma) - 1 = 0.05, 0.25, 0.31, 0.30 for gamma 1..4: gamma 3 is the candidate.
 GOOD = make_curve(1.10, 1.30, (1.31, 1.42, 1.55), 1.35)
-# Best point gamma 2, S(2)=0.85 [0.80..0.91]: high end 0.91 < 1, so "off" from on.
+# On at 2 (S 0.85 [0.80..0.91]): off gains (1 - 0.91) / 0.85 = 10.6%; gamma 1 and 3 lose.
 BAD = make_curve((0.78, 0.82, 0.88), (0.80, 0.85, 0.91), (0.70, 0.80, 0.85))
-# Best point gamma 2, S(2)=1.03 [0.97..1.10]: between the thresholds, neither switches.
+# S(2)=1.03 [0.97..1.10]: from off every low end is < 1.02; on at 2, off gains (1 - 1.10) / 1.03 < 0: both hold.
 BAND = make_curve((0.95, 1.01, 1.05), (0.97, 1.03, 1.10), (0.90, 1.00, 1.08))
 
 OFF = make_evidence()
 ON2 = make_evidence(speculation_on=True, deployed_k=2)
+ON3 = make_evidence(speculation_on=True, deployed_k=3)
 
 
 def tick(
@@ -30,7 +39,7 @@ def tick(
     evidence: Evidence = OFF,
     config: DecideConfig = CFG,
 ) -> tuple[Decision, DecideState]:
-    return decide(replace(evidence, at_s=t), curve, config, state, t)
+    return decide(replace(evidence, at_s=t), curve, config, state, t, inflight_s=0.0)
 
 
 def published(state: DecideState) -> tuple[bool, int]:
@@ -38,15 +47,23 @@ def published(state: DecideState) -> tuple[bool, int]:
     return state.published.enabled, state.published.num_speculative_tokens
 
 
+def _published_on_gamma_2(curve: Sequence[CurvePoint] = BAND, config: DecideConfig = CFG) -> DecideState:
+    # running gamma 2 on BAND: nothing beats it by the margin, so nothing is pending
+    _, s = tick(DecideState(), T0, curve, ON2, config)
+    assert (published(s), s.pending_enabled) == ((True, 2), None)
+    return s
+
+
 # ---- first decision
 
 
-def test_first_decision_publishes_the_deployment_and_starts_the_dwell() -> None:
+def test_first_decision_publishes_the_deployment_and_starts_the_clock() -> None:
     d, s = tick(DecideState(), T0, GOOD)
     assert (d.state, d.enabled, d.num_speculative_tokens) == (TargetState.OK, False, 0)
     assert (d.expected_speedup, d.expected_speedup_low, d.expected_speedup_high) == (1.0, 1.0, 1.0)
     assert d.changed_at_s == T0 and d.evaluated_at_s == T0
     assert (s.pending_enabled, s.pending_gamma, s.pending_since_s) == (True, 3, T0)
+    assert s.last_change_s is None  # the baseline is not a change: it does not hold the next one back
     assert "baseline is the current deployment (off)" in d.reason
 
 
@@ -55,7 +72,7 @@ def test_first_decision_while_on_reports_the_running_gamma_from_the_curve() -> N
     # running gamma 2 on GOOD: S(2)=1.30, default band +-0.05 -> [1.25..1.35]
     assert (d.enabled, d.num_speculative_tokens) == (True, 2)
     assert (d.expected_speedup, d.expected_speedup_low, d.expected_speedup_high) == (1.30, 1.25, 1.35)
-    # gamma*=3 gains 1.42 - 1.30 = 0.12 >= 0.02: a move to 3 waits out the dwell
+    # gamma 3 gains (1.42 - 1.30) / 1.30 = 9.2% (no gain_sd: measured), gamma 4 3.8%: gamma 3 waits
     assert (s.pending_enabled, s.pending_gamma) == (True, 3)
 
 
@@ -65,135 +82,159 @@ def test_curve_is_passed_through() -> None:
     assert (d.target, d.model) == (OFF.target, OFF.model)
 
 
-# ---- dwell
+# ---- the wait: cost / gain between confirm_s and dwell_s
 
 
-def test_switches_on_after_the_dwell_not_before() -> None:
+def test_wait_is_the_cost_over_the_gain_clipped_to_confirm_and_dwell() -> None:
+    assert wait_s(cost_s=22.6, gain=0.04, confirm_s=30.0, dwell_s=120.0) == 120.0  # 565 s -> the dwell
+    assert wait_s(cost_s=22.6, gain=0.70, confirm_s=30.0, dwell_s=120.0) == pytest.approx(32.286, abs=1e-3)
+    assert wait_s(cost_s=20.0, gain=0.25, confirm_s=30.0, dwell_s=120.0) == pytest.approx(80.0)
+    assert wait_s(cost_s=0.0, gain=0.05, confirm_s=30.0, dwell_s=120.0) == 30.0  # free: the confirm
+    assert wait_s(cost_s=20.0, gain=0.0, confirm_s=30.0, dwell_s=120.0) == 120.0  # nothing forgone
+
+
+def test_a_free_change_is_published_after_the_confirm_not_before() -> None:
     s = DecideState()
-    for dt in (0.0, 60.0, 119.0):
+    for dt in (0.0, 10.0, 29.0):
         d, s = tick(s, T0 + dt, GOOD)
         assert (d.enabled, d.num_speculative_tokens) == (False, 0), dt
-    d, s = tick(s, T0 + 120.0, GOOD)  # 120 s since the candidate appeared at T0
+    d, s = tick(s, T0 + 30.0, GOOD)
     assert (d.enabled, d.num_speculative_tokens) == (True, 3)
     assert (d.expected_speedup, d.expected_speedup_low, d.expected_speedup_high) == (1.42, 1.31, 1.55)
-    assert d.changed_at_s == T0 + 120.0
+    assert d.changed_at_s == T0 + 30.0 and s.last_change_s == T0 + 30.0
     assert s.pending_enabled is None and s.pending_gamma is None and s.pending_since_s is None
-    d, s = tick(s, T0 + 180.0, GOOD)
-    assert (d.enabled, d.num_speculative_tokens, d.changed_at_s) == (True, 3, T0 + 120.0)
+    d, s = tick(s, T0 + 90.0, GOOD)
+    assert (d.enabled, d.num_speculative_tokens, d.changed_at_s) == (True, 3, T0 + 30.0)
 
 
-def test_zero_dwell_switches_at_the_first_disagreeing_tick() -> None:
-    d, _ = tick(DecideState(), T0, GOOD, config=replace(CFG, dwell_s=0.0))
-    assert (d.enabled, d.num_speculative_tokens, d.changed_at_s) == (True, 3, T0)
+def test_a_restart_waits_its_cost_over_its_gain() -> None:
+    # Off -> gamma 3 gains 31% at the low end; C = 20 s: 20 / 0.31 = 64.5 s.
+    s = DecideState()
+    for dt in (0.0, 30.0, 64.0):
+        d, s = tick(s, T0 + dt, GOOD, config=COST)
+        assert d.enabled is False, dt
+    assert "wait 65s (cost 20.0s / gain now +31.0%, in 30..120s)" in d.reason
+    d, s = tick(s, T0 + 65.0, GOOD, config=COST)
+    assert (d.enabled, d.num_speculative_tokens) == (True, 3)
+
+
+def test_a_grossly_wrong_setting_is_corrected_after_the_confirm_not_a_dwell() -> None:
+    # k=8 at moderate load: S(8) 0.70; gamma 2 at 1.30 gains (1.30 - 0.70) / 0.70 = 85.7%; C = 20 s: 23 s -> 30 s.
+    wrong = make_curve(1.10, 1.30, 1.25, 1.20, 1.10, 1.00, 0.90, 0.70)
+    on8 = make_evidence(speculation_on=True, deployed_k=8)
+    _, s = tick(DecideState(), T0, wrong, on8, COST)
+    assert (s.pending_enabled, s.pending_gamma) == (True, 2)
+    d, s = tick(s, T0 + 29.0, wrong, on8, COST)
+    assert d.num_speculative_tokens == 8
+    d, s = tick(s, T0 + 30.0, wrong, on8, COST)
+    assert (d.enabled, d.num_speculative_tokens) == (True, 2)
+
+
+def test_a_small_gain_that_pays_waits_the_whole_dwell() -> None:
+    # On at 2 (S 1.40); gamma 3 at 1.46 gains 0.06 / 1.40 = 4.29%: 600 x 0.0429 = 25.7 s > 20 s, wait 466 -> 120 s.
+    s = _published_on_gamma_2(make_curve(1.10, 1.40, 1.40), COST)
+    curve = make_curve(1.10, 1.40, 1.46)
+    d, s = tick(s, T0 + 10.0, curve, ON2, COST)
+    assert (s.pending_enabled, s.pending_gamma, s.pending_since_s) == (True, 3, T0 + 10.0)
+    assert "gains +4.3% at its band's low end x 600s = 25.7s vs change cost 20.0s" in d.reason
+    d, s = tick(s, T0 + 129.0, curve, ON2, COST)
+    assert d.num_speculative_tokens == 2
+    d, s = tick(s, T0 + 130.0, curve, ON2, COST)
+    assert (d.num_speculative_tokens, d.expected_speedup) == (3, 1.46)
+
+
+def test_a_gain_that_does_not_pay_its_restart_is_held_back() -> None:
+    # gamma 3 at 1.44: 2.86% >= the margin, but 600 x 0.0286 = 17.1 s < 20 s.
+    s = _published_on_gamma_2(make_curve(1.10, 1.40, 1.40), COST)
+    for i in range(1, 6):
+        d, s = tick(s, T0 + 60.0 * i, make_curve(1.10, 1.40, 1.44), ON2, COST)
+        assert (d.num_speculative_tokens, s.pending_enabled) == (2, None), i
+    assert "17.1s vs change cost 20.0s: held back by its cost" in d.reason
+
+
+def test_a_restart_is_weighed_at_the_low_end_of_the_gains_band() -> None:
+    # gamma 3 at 1.50 is +7.1% on the point; with gain_sd 0.04 its low end is 1.50 exp(-0.0658) = 1.4045, +0.3%:
+    # below the margin.
+    s = _published_on_gamma_2(make_curve(1.10, 1.40, 1.40), COST)
+    curve = make_curve(1.10, 1.40, 1.50)
+    unsure = (*curve[:3], replace(curve[3], gain_sd=0.04))
+    d, s = tick(s, T0 + 10.0, unsure, ON2, COST)
+    assert s.pending_enabled is None and "gains +0.3% at its band's low end < margin 2%" in d.reason
+
+
+def test_changes_stay_a_dwell_apart() -> None:
+    s = DecideState()
+    _, s = tick(s, T0, GOOD)
+    d, s = tick(s, T0 + 30.0, GOOD)  # on at 3 (a change at T0+30)
+    on3 = replace(ON2, deployed_k=3)
+    bad3 = make_curve((0.78, 0.82, 0.88), 0.85, (0.80, 0.85, 0.91))  # S(3) 0.85 [0.80..0.91]: off gains 10.6%
+    _, s = tick(s, T0 + 40.0, bad3, on3)
+    assert (s.pending_enabled, s.pending_since_s) == (False, T0 + 40.0)
+    d, s = tick(s, T0 + 70.0, bad3, on3)  # waited 30 s, but the last change was 40 s ago
+    assert d.enabled is True
+    assert "waiting 30s of 30s before switching off (from gamma 3) (80s more: last change 40s ago)" in d.reason
+    d, s = tick(s, T0 + 149.0, bad3, on3)
+    assert d.enabled is True
+    d, s = tick(s, T0 + 150.0, bad3, on3)  # 120 s after the change at T0+30
+    assert (d.enabled, d.changed_at_s) == (False, T0 + 150.0)
 
 
 def test_flip_flopping_candidate_never_publishes() -> None:
     s = DecideState()
-    for i in range(20):  # 20 ticks 60 s apart = 19 minutes, far beyond the 120 s dwell
+    for i in range(20):  # 20 ticks 60 s apart: each GOOD starts a fresh clock, each BAD withdraws it
         d, s = tick(s, T0 + 60.0 * i, GOOD if i % 2 == 0 else BAD)
         assert (d.enabled, d.num_speculative_tokens) == (False, 0), i
 
 
-def test_flip_flopping_between_clearly_different_gammas_restarts_the_dwell() -> None:
-    # both clear the bar, but the best gamma alternates 3 / 4 and each beats the pending one by far more than the
-    # minimum change (GOOD: 1.42 - 1.35 = 0.07; four: 1.44 - 1.35 = 0.09, both >= 0.02): each restarts the clock
-    four = make_curve(1.10, 1.30, 1.35, (1.32, 1.44, 1.56))
+# Near-equal neighbours: S(3) and S(4) swap places by 0.01.
+NEAR3 = make_curve(1.10, 1.30, (1.31, 1.42, 1.55), (1.30, 1.41, 1.54))  # best low end: gamma 3
+NEAR4 = make_curve(1.10, 1.30, (1.30, 1.41, 1.54), (1.31, 1.42, 1.55))  # best low end: gamma 4
+
+
+def test_alternating_gammas_keep_one_clock_and_publish_the_candidate_of_the_tick() -> None:
     s = DecideState()
-    for i in range(10):
-        d, s = tick(s, T0 + 100.0 * i, GOOD if i % 2 == 0 else four)
+    for i in range(3):  # T0, +10, +20: the best gamma alternates 3, 4, 3 on one on/off clock
+        d, s = tick(s, T0 + 10.0 * i, NEAR3 if i % 2 == 0 else NEAR4)
         assert d.enabled is False, i
-        assert s.pending_since_s == T0 + 100.0 * i
+        assert (s.pending_enabled, s.pending_gamma, s.pending_since_s) == (True, 3 if i % 2 == 0 else 4, T0), i
+    assert "waiting 20s of 30s before switching on at gamma 3" in d.reason
+    d, s = tick(s, T0 + 30.0, NEAR4)
+    assert (d.enabled, d.num_speculative_tokens, d.changed_at_s) == (True, 4, T0 + 30.0)
+    # Once on at 4, gamma 3's gain over it is (1.42 - 1.41) / 1.41 = 0.7% < 2%: no churn.
+    for i in range(4, 12):
+        d, s = tick(s, T0 + 10.0 * i, NEAR3 if i % 2 == 0 else NEAR4, replace(ON2, deployed_k=4))
+        assert (d.enabled, d.num_speculative_tokens, s.pending_enabled) == (True, 4, None), i
 
 
-# Near-equal neighbours: S(3) and S(4) swap places by 0.01, less than the 0.02 minimum change.
-NEAR3 = make_curve(1.10, 1.30, (1.31, 1.42, 1.55), (1.30, 1.41, 1.54))  # gamma* = 3
-NEAR4 = make_curve(1.10, 1.30, (1.30, 1.41, 1.54), (1.31, 1.42, 1.55))  # gamma* = 4
-
-
-def test_alternating_near_equal_gammas_switch_on_after_one_dwell() -> None:
-    s = DecideState()
-    for i in range(4):  # T0, +30, +60, +90: the best gamma alternates 3, 4, 3, 4
-        d, s = tick(s, T0 + 30.0 * i, NEAR3 if i % 2 == 0 else NEAR4)
-        assert d.enabled is False, i
-        # S(4) beats the pending S(3) by only 1.42 - 1.41 = 0.01 < 0.02: the same change, the clock from T0 runs on
-        assert (s.pending_enabled, s.pending_gamma, s.pending_since_s) == (True, 3, T0), i
-    assert "within 0.02 of pending S(3)=1.41, keeping gamma 3" in d.reason
-    assert "waiting 90s of 120s dwell before switching on at gamma 3" in d.reason
-    d, s = tick(s, T0 + 120.0, NEAR3)  # 120 s since T0
-    assert (d.enabled, d.num_speculative_tokens, d.expected_speedup, d.changed_at_s) == (True, 3, 1.42, T0 + 120.0)
-    # Once on at 3, the alternation is below the minimum change over the running gamma: no further churn.
-    for i in range(5, 11):
-        d, s = tick(s, T0 + 30.0 * i, NEAR3 if i % 2 == 0 else NEAR4)
-        assert (d.enabled, d.num_speculative_tokens, s.pending_enabled) == (True, 3, None), i
-
-
-def test_a_gamma_that_beats_the_pending_one_by_the_minimum_change_restarts_the_dwell() -> None:
-    five = make_curve(1.10, 1.30, (1.31, 1.42, 1.55), 1.35, (1.40, 1.50, 1.60))  # gamma* = 5
-    _, s = tick(DecideState(), T0, GOOD)  # (on, 3) pending since T0
-    d, s = tick(s, T0 + 60.0, five)
-    # 1.50 - 1.42 = 0.08 >= 0.02: a different change, waiting from T0+60
-    assert (s.pending_enabled, s.pending_gamma, s.pending_since_s) == (True, 5, T0 + 60.0)
-    assert "beats pending S(3)=1.42 by 0.08, dwell restarts" in d.reason
-    d, s = tick(s, T0 + 120.0, five)  # 60 s < 120 s
-    assert d.enabled is False
-    d, s = tick(s, T0 + 180.0, five)  # 180 - 60 = 120 s
-    assert (d.enabled, d.num_speculative_tokens) == (True, 5)
-
-
-def test_on_versus_off_candidates_still_restart_the_dwell() -> None:
+def test_one_clock_times_how_long_some_change_has_been_worth_making() -> None:
     s = _published_on_gamma_2()
-    _, s = tick(s, T0 + 10.0, BAD, ON2)  # off pending since T0+10
+    _, s = tick(s, T0 + 10.0, BAD, ON2)  # off is worth making since T0+10
     assert (s.pending_enabled, s.pending_since_s) == (False, T0 + 10.0)
-    # GOOD while on at 2: gamma 3 gains 1.42 - 1.30 = 0.12 >= 0.02, so the candidate is (on, 3): not off any more
-    _, s = tick(s, T0 + 60.0, GOOD, ON2)
-    assert (s.pending_enabled, s.pending_gamma, s.pending_since_s) == (True, 3, T0 + 60.0)
-    # and back to off at T0+130: had the clock from T0+10 survived, 130 - 10 = 120 s would publish off now
-    d, s = tick(s, T0 + 130.0, BAD, ON2)
+    # GOOD while on at 2: gamma 3 gains 9.2%: another change, but gamma 2 is still worse than something
+    _, s = tick(s, T0 + 20.0, GOOD, ON2)
+    assert (s.pending_enabled, s.pending_gamma, s.pending_since_s) == (True, 3, T0 + 10.0)
+    d, s = tick(s, T0 + 39.0, BAD, ON2)
     assert (d.enabled, d.num_speculative_tokens) == (True, 2)
-    assert (s.pending_enabled, s.pending_since_s) == (False, T0 + 130.0)
+    # 30 s after T0+10: the candidate of this tick is published
+    d, s = tick(s, T0 + 40.0, BAD, ON2)
+    assert (d.enabled, d.changed_at_s) == (False, T0 + 40.0)
 
 
-def test_alternating_near_equal_gammas_move_the_running_gamma_after_one_dwell() -> None:
-    s = _published_on_gamma_2()
-    # Running gamma 2 at S(2)=1.40. On X the best is S(4)=1.43 (gain 0.03 >= 0.02), on Y it is S(3)=1.43; the
-    # other of 3 / 4 sits 0.015 lower: within 0.02 of each other, but only 0.015 above S(2), too little to move to.
-    x = make_curve(1.10, 1.40, 1.415, 1.43)
-    y = make_curve(1.10, 1.40, 1.43, 1.415)
-    expected_gammas = (4, 3, 4, 3)
-    for i, gamma in enumerate(expected_gammas):  # T0+10, +40, +70, +100
-        d, s = tick(s, T0 + 10.0 + 30.0 * i, x if i % 2 == 0 else y, ON2)
-        assert (d.enabled, d.num_speculative_tokens) == (True, 2), i
-        # the pending gamma follows the one that clears the minimum change, on a clock that started at T0+10
-        assert (s.pending_enabled, s.pending_gamma, s.pending_since_s) == (True, gamma, T0 + 10.0), i
-    assert "no longer clears 0.02 over the running gamma" in d.reason
-    d, s = tick(s, T0 + 130.0, x, ON2)  # 130 - 10 = 120 s
-    assert (d.enabled, d.num_speculative_tokens, d.expected_speedup) == (True, 4, 1.43)
-    assert d.changed_at_s == T0 + 130.0
-
-
-def test_candidate_returning_to_published_clears_the_dwell() -> None:
+def test_candidate_returning_to_published_clears_the_clock() -> None:
     s = DecideState()
     _, s = tick(s, T0, GOOD)
-    _, s = tick(s, T0 + 100.0, GOOD)
-    d, s = tick(s, T0 + 110.0, BAND)  # off stays off in the band: candidate == published
+    _, s = tick(s, T0 + 20.0, GOOD)
+    d, s = tick(s, T0 + 25.0, BAND)  # off stays off in the band: candidate == published
     assert s.pending_since_s is None
     assert "withdrawn" in d.reason
-    d, s = tick(s, T0 + 130.0, GOOD)  # the dwell starts again at T0+130
+    d, s = tick(s, T0 + 40.0, GOOD)  # the clock starts again at T0+40
+    d, s = tick(s, T0 + 69.0, GOOD)
     assert d.enabled is False
-    d, s = tick(s, T0 + 249.0, GOOD)  # 119 s < 120 s
-    assert d.enabled is False
-    d, s = tick(s, T0 + 250.0, GOOD)  # 120 s
+    d, s = tick(s, T0 + 70.0, GOOD)
     assert (d.enabled, d.num_speculative_tokens) == (True, 3)
 
 
-# ---- bounds / hysteresis
-
-
-def _published_on_gamma_2() -> DecideState:
-    # running gamma 2 on BAND: on stays on (high 1.10 >= 1) and gamma* is 2, so nothing is pending
-    _, s = tick(DecideState(), T0, BAND, ON2)
-    assert (published(s), s.pending_enabled) == ((True, 2), None)
-    return s
+# ---- hysteresis: the pessimistic band on both sides
 
 
 def test_band_holds_off_when_off() -> None:
@@ -201,8 +242,8 @@ def test_band_holds_off_when_off() -> None:
     for i in range(10):
         d, s = tick(s, T0 + 60.0 * i, BAND)
         assert (d.enabled, s.pending_enabled) == (False, None)
-    # low end 0.97 < 1 + 0.05 keeps it off
-    assert "low end 0.97 < 1+margin=1.05" in d.reason
+    # the best low end, S_low(2) = 0.97, gains -3% < 2%
+    assert "stays: on, gamma 2 S(2)=1.03 [0.97..1.10] gains -3.0% at its band's low end < margin 2%" in d.reason
 
 
 def test_band_holds_on_when_on() -> None:
@@ -210,85 +251,71 @@ def test_band_holds_on_when_on() -> None:
     for i in range(1, 10):
         d, s = tick(s, T0 + 60.0 * i, BAND, ON2)
         assert (d.enabled, d.num_speculative_tokens, s.pending_enabled) == (True, 2, None)
-    # high end 1.10 >= 1 keeps it on; the reason says the band, not confidence, did it
-    assert "high end 1.10 >= 1" in d.reason
-    assert "inside hysteresis band" in d.reason
+    # off would gain (1 - 1.10) / 1.03 = -9.7% at speculation's best; gamma 1: (1.01 - 1.03) / 1.03 = -1.9%
+    assert "stays: on, gamma 1" in d.reason and "gains -1.9%" in d.reason
 
 
-def test_switches_off_after_the_dwell_when_the_high_end_drops_below_one() -> None:
+def test_switches_off_after_the_confirm_when_the_high_end_drops_below_one_by_the_margin() -> None:
     s = _published_on_gamma_2()
     d, s = tick(s, T0 + 10.0, BAD, ON2)
     assert (d.enabled, s.pending_enabled, s.pending_gamma) == (True, False, 0)
-    assert "high end 0.91 < 1" in d.reason
-    d, s = tick(s, T0 + 130.0, BAD, ON2)  # 130 - 10 = 120 s
+    assert "off gains +10.6% at its band's low end" in d.reason
+    d, s = tick(s, T0 + 40.0, BAD, ON2)
     assert (d.enabled, d.num_speculative_tokens) == (False, 0)
     assert (d.expected_speedup, d.expected_speedup_low, d.expected_speedup_high) == (1.0, 1.0, 1.0)
-    assert d.changed_at_s == T0 + 130.0
+    assert d.changed_at_s == T0 + 40.0
+    # High end 0.99: off gains (1 - 0.99) / 0.95 = 1.1% < 2%: a loss inside the margin keeps what runs.
+    close = make_curve((0.78, 0.82, 0.88), (0.90, 0.95, 0.99), (0.70, 0.80, 0.85))
+    _, s = tick(_published_on_gamma_2(), T0 + 10.0, close, ON2)
+    assert s.pending_enabled is None
 
 
-def test_gamma_moves_only_for_the_minimum_gain() -> None:
+def test_gamma_moves_only_for_the_margin() -> None:
     s = _published_on_gamma_2()
-    small = make_curve(1.10, 1.40, 1.41)  # gain 1.41 - 1.40 = 0.01 < 0.02
+    small = make_curve(1.10, 1.40, 1.42)  # (1.42 - 1.40) / 1.40 = 1.43% < 2%
     d, s = tick(s, T0 + 10.0, small, ON2)
     assert (d.num_speculative_tokens, s.pending_gamma) == (2, None)
-    assert "gain 0.01 over S(2)=1.40" in d.reason and "keeps gamma 2" in d.reason
-    enough = make_curve(1.10, 1.40, 1.43)  # gain 1.43 - 1.40 = 0.03 >= 0.02
+    assert "gains +1.4% at its band's low end < margin 2%" in d.reason
+    enough = make_curve(1.10, 1.40, 1.43)  # 2.14% >= 2%
     d, s = tick(s, T0 + 20.0, enough, ON2)
     assert (d.num_speculative_tokens, s.pending_enabled, s.pending_gamma) == (2, True, 3)
-    d, s = tick(s, T0 + 140.0, enough, ON2)  # 140 - 20 = 120 s
+    d, s = tick(s, T0 + 50.0, enough, ON2)
     assert (d.enabled, d.num_speculative_tokens, d.expected_speedup) == (True, 3, 1.43)
 
 
-def test_running_gamma_off_the_curve_claims_no_gain_and_moves_to_gamma_star() -> None:
+def test_running_gamma_off_the_curve_moves_to_the_best_option_against_plain_decoding() -> None:
     deep = replace(ON2, deployed_k=10)  # beyond gamma_max 8: no S(10) on the curve
     d, s = tick(DecideState(), T0, GOOD, deep)
     assert (d.enabled, d.num_speculative_tokens, d.expected_speedup) == (True, 10, 1.0)
     assert (s.pending_enabled, s.pending_gamma) == (True, 3)
-    assert "S(10) not on the curve" in d.reason
+    assert "the running gamma is not on the curve" in d.reason
 
 
-# ---- gamma*: tie-breaking, gamma_max, extrapolation
+# ---- which gamma: ties, gamma_max, extrapolation
 
 
 def test_ties_go_to_the_smaller_gamma() -> None:
     tied = make_curve(1.20, 1.35, 1.35, 1.30)
     point = best_point(tied, 8)
     assert point is not None and point.gamma == 2
-    # same in reverse order: the result does not depend on how the curve is listed
     point = best_point(tuple(reversed(tied)), 8)
     assert point is not None and point.gamma == 2
-    _, s = tick(DecideState(), T0, tied)
+    _, s = tick(DecideState(), T0, tied)  # low ends 1.15, 1.30, 1.30, 1.25
     assert s.pending_gamma == 2
 
 
-def test_gamma_star_ignores_gamma_zero_and_points_above_gamma_max() -> None:
+def test_best_point_ignores_gamma_zero_and_points_above_gamma_max() -> None:
     curve = (*make_curve(0.90, 0.95), make_point(9, 3.0))
     point = best_point(curve, 8)
-    # gamma 0 (1.0) beats both 0.90 and 0.95 but is not a candidate; gamma 9 > gamma_max
     assert point is not None and point.gamma == 2
 
 
 def test_extrapolated_best_point_with_a_wide_band_does_not_switch_on() -> None:
-    # measured up to k=3; S(5)=1.50 is the best point but extrapolated with low end 0.95 < 1.05
+    # measured up to k=3; S(5)=1.50 is the best point but extrapolated with low end 0.95; gamma 4's low end 1.35
+    # is the best: it is the candidate, not 5
     curve = make_curve(1.10, 1.20, (1.15, 1.25, 1.35), 1.40, (0.95, 1.50, 2.00), extrapolated_above=3)
-    s = DecideState()
-    for i in range(5):
-        d, s = tick(s, T0 + 60.0 * i, curve)
-        assert (d.enabled, s.pending_enabled) == (False, None)
-    assert "S(5)=1.50 [0.95..2.00] extrapolated" in d.reason
-
-
-def test_extrapolated_point_that_clears_the_bar_can_be_chosen_and_is_labelled() -> None:
-    curve = make_curve(1.10, (1.20, 1.30, 1.40), extrapolated_above=1)
     _, s = tick(DecideState(), T0, curve)
-    d, s = tick(s, T0 + 120.0, curve)
-    assert (d.enabled, d.num_speculative_tokens) == (True, 2)
-    assert "S(2)=1.30 [1.20..1.40] extrapolated" in d.reason
-
-
-# ---- extrapolated gamma*: one step past the measured k, on its low end
-
-ON3 = make_evidence(speculation_on=True, deployed_k=3)
+    assert (s.pending_enabled, s.pending_gamma) == (True, 4)
 
 
 def eagle_like(s4: tuple[float, float, float]) -> tuple[CurvePoint, ...]:
@@ -299,40 +326,38 @@ def eagle_like(s4: tuple[float, float, float]) -> tuple[CurvePoint, ...]:
     )
 
 
-def test_an_extrapolated_best_gamma_is_capped_one_step_past_the_measured_k() -> None:
-    # The synthetic EAGLE k=3 case: S(8)=1.70 is best only by extrapolation. The move goes to gamma 4 (3 + 1), and
-    # only because S(4)'s LOW end 1.53 clears S(3) + min gain = 1.50 + 0.02 = 1.52.
-    curve = eagle_like((1.53, 1.60, 1.70))
+def test_an_extrapolated_gamma_is_reached_one_step_past_the_measured_k_on_its_low_end() -> None:
+    # S(8)=1.70 is best only by extrapolation; the options stop at gamma 4 (3 + 1), valued at its low end:
+    # (1.56 - 1.50) / 1.50 = 4% >= 2%.
+    curve = eagle_like((1.56, 1.60, 1.70))
     _, s = tick(DecideState(), T0, curve, ON3)
     d, s = tick(s, T0 + 10.0, curve, ON3)
     assert (d.num_speculative_tokens, s.pending_enabled, s.pending_gamma) == (3, True, 4)
-    assert "S(8)=1.70" in d.reason and "best up to gamma 4 is S(4)=1.60" in d.reason
-    d, s = tick(s, T0 + 130.0, curve, ON3)  # 130 - 10 = 120 s dwell
+    assert "best S(8)=1.70 [1.30..2.20] extrapolated" in d.reason and "on, gamma 4 S(4)=1.60" in d.reason
+    d, s = tick(s, T0 + 30.0, curve, ON3)
     assert (d.enabled, d.num_speculative_tokens, d.expected_speedup) == (True, 4, 1.60)
 
 
 def test_an_extrapolated_gamma_whose_low_end_does_not_clear_keeps_the_running_gamma() -> None:
-    # S(4) = 1.58 beats S(3) = 1.50 by 0.08 on its point value, but its low end 1.45 < 1.50 + 0.02 = 1.52.
+    # S(4) = 1.58 beats S(3) = 1.50 on its point, but its low end 1.45 gains -3.3%.
     curve = eagle_like((1.45, 1.58, 1.75))
     s = DecideState()
     for i in range(5):
         d, s = tick(s, T0 + 60.0 * i, curve, ON3)
         assert (d.num_speculative_tokens, s.pending_enabled) == (3, None), i
-    assert "extrapolated low end 1.45 vs S(3)+0.02=1.52 does not: keeps gamma 3" in d.reason
 
 
 def test_the_next_step_up_waits_until_the_engine_runs_the_last_one() -> None:
-    curve = eagle_like((1.53, 1.60, 1.70))
+    curve = eagle_like((1.56, 1.60, 1.70))
     _, s = tick(DecideState(), T0, curve, ON3)
-    _, s = tick(s, T0 + 10.0, curve, ON3)
-    d, s = tick(s, T0 + 130.0, curve, ON3)
+    d, s = tick(s, T0 + 30.0, curve, ON3)
     assert published(s) == (True, 4)
     # Recommend-only: the engine still runs k=3, so gamma 4 is still unmeasured; limit max(3 + 1, 4) = 4.
     d, s = tick(s, T0 + 200.0, curve, ON3)
     assert (d.num_speculative_tokens, s.pending_enabled) == (4, None)
-    # Once k=4 runs and S(5) is the next extrapolated point (low 1.63 >= S(4) 1.60 + 0.02 = 1.62), gamma 5.
+    # Once k=4 runs, S(5)'s low end 1.65 gains (1.65 - 1.60) / 1.60 = 3.1% over the measured S(4).
     measured4 = make_curve(
-        1.20, 1.40, 1.50, (1.55, 1.60, 1.65), (1.63, 1.66, 1.80), (1.40, 1.68, 2.00), (1.30, 1.69, 2.10),
+        1.20, 1.40, 1.50, (1.55, 1.60, 1.65), (1.65, 1.66, 1.80), (1.40, 1.68, 2.00), (1.30, 1.69, 2.10),
         (1.30, 1.70, 2.20), extrapolated_above=4,
     )
     on4 = make_evidence(speculation_on=True, deployed_k=4)
@@ -351,33 +376,24 @@ def test_reachable_gamma_limit() -> None:
 
 
 def test_reason_names_the_numbers() -> None:
-    on3 = replace(ON2, deployed_k=2, batch=6.0)
+    on2 = replace(ON2, batch=6.0)
     curve = make_curve(1.10, 1.30, (1.31, 1.42, 1.55))
-    curve = (*curve[:3], replace(curve[3], expected_accepted_length=2.61))
-    _, s = tick(DecideState(), T0, curve, on3)
-    d, _ = tick(s, T0 + 40.0, curve, on3)
+    _, s = tick(DecideState(), T0, curve, on2)
+    d, _ = tick(s, T0 + 10.0, curve, on2)
     for part in (
-        "on: S(3)=1.42 [1.31..1.55] at batch 6.0",
-        "E[L](3)=2.61",
-        "gain 0.12 over S(2)=1.30",  # 1.42 - 1.30
-        "waiting 40s of 120s dwell before switching gamma 2->3",
+        "on, gamma 2: best S(3)=1.42 [1.31..1.55] at batch 6.0",
+        "on, gamma 3 S(3)=1.42 [1.31..1.55] gains +9.2% at its band's low end",  # (1.42 - 1.30) / 1.30
+        "waiting 10s of 30s before switching gamma 2->3",
     ):
         assert part in d.reason, (part, d.reason)
     assert "\n" not in d.reason
 
 
-def test_reason_when_off_names_the_low_end_and_the_bar() -> None:
-    d, _ = tick(DecideState(), T0, GOOD)
-    assert "on: S(3)=1.42 [1.31..1.55] at batch 6.0" in d.reason
-    assert "low end 1.31 clears 1+margin=1.05" in d.reason
-    assert "waiting 0s of 120s dwell before switching on at gamma 3" in d.reason
-
-
-def test_reason_when_off_at_high_batch() -> None:
-    d, _ = tick(DecideState(), T0, BAD, replace(ON2, batch=180.0))
-    assert "off: S(2)=0.85 [0.80..0.91] at batch 180.0" in d.reason
-    assert "high end 0.91 < 1" in d.reason
-    assert "switching off (from gamma 2)" in d.reason
+def test_reason_when_switching_off_at_high_batch() -> None:
+    d, s = tick(DecideState(), T0, BAD, replace(ON2, batch=180.0))
+    assert "best S(2)=0.85 [0.80..0.91] at batch 180.0" in d.reason
+    d, _ = tick(s, T0 + 30.0, BAD, replace(ON2, batch=180.0))
+    assert "switching off (from gamma 2) after 30s" in d.reason
 
 
 # ---- evidence not ok
@@ -402,10 +418,12 @@ def test_stale_keeps_the_last_decision_and_resets_the_dwell() -> None:
     assert "last scrape 95s ago" in d.reason and "dwell restarts" in d.reason
     assert (s.pending_enabled, s.pending_gamma, s.pending_since_s) == (None, None, None)
     assert s.published == good
-    # back to ok at T0+130: had the stale spell counted, 130 - 10 = 120 s would publish "off" now
+    # back to ok at T0+130: the clock starts again (the stale spell does not count toward the wait)
     d, s = tick(s, T0 + 130.0, BAD, ON2)
     assert (d.state, d.enabled, s.pending_since_s) == (TargetState.OK, True, T0 + 130.0)
-    d, s = tick(s, T0 + 250.0, BAD, ON2)  # 250 - 130 = 120 s
+    d, s = tick(s, T0 + 159.0, BAD, ON2)
+    assert d.enabled is True
+    d, s = tick(s, T0 + 160.0, BAD, ON2)  # 30 s
     assert d.enabled is False
 
 
@@ -451,8 +469,28 @@ def test_ok_evidence_without_a_usable_curve_is_an_error_that_keeps_state() -> No
 
 def test_same_inputs_give_the_same_outputs() -> None:
     _, s = tick(DecideState(), T0, GOOD)
-    first = decide(replace(OFF, at_s=T0 + 40.0), GOOD, CFG, s, T0 + 40.0)
-    second = decide(replace(OFF, at_s=T0 + 40.0), GOOD, CFG, s, T0 + 40.0)
+    first = decide(replace(OFF, at_s=T0 + 20.0), GOOD, CFG, s, T0 + 20.0)
+    second = decide(replace(OFF, at_s=T0 + 20.0), GOOD, CFG, s, T0 + 20.0)
     assert first == second
     # and the state passed in is untouched (a frozen value, still waiting since T0)
     assert (s.pending_enabled, s.pending_gamma, s.pending_since_s) == (True, 3, T0)
+
+
+# ---- off is an option only when speculation at its best loses
+
+
+def test_off_is_on_offer_only_when_the_best_gamma_is_expected_to_lose() -> None:
+    # On at 3, S(3) 0.80 [0.75..0.85]: off would gain (1 - 0.85) / 0.80 = 18.8%. gamma 1 at 0.90 [0.85..0.95]
+    # gains (0.90 - 0.80) / 0.80 = 12.5%. The best gamma (1) is expected to lose to plain decoding: off is chosen.
+    s3 = (0.75, 0.80, 0.85)
+    losing = make_curve((0.85, 0.90, 0.95), (0.70, 0.75, 0.80), s3)
+    _, s = tick(DecideState(), T0, losing, ON3)
+    assert (s.pending_enabled, s.pending_gamma) == (False, 0)
+    # gamma 1 expected at 1.00 (as fast as plain decoding) but unsure of its gain over gamma 3 (gain_sd 0.15:
+    # 1.00 exp(-0.247) = 0.781, (0.781 - 0.80) / 0.80 = -2.3%): off is not on offer while a gamma is expected to
+    # do as well, and no gamma's pessimistic gain clears the margin, so gamma 3 stays.
+    even = make_curve((0.90, 1.00, 1.10), (0.70, 0.75, 0.80), s3)
+    even = (even[0], replace(even[1], gain_sd=0.15), *even[2:])
+    d, s = tick(DecideState(), T0, even, ON3)
+    assert (d.enabled, d.num_speculative_tokens, s.pending_enabled) == (True, 3, None)
+    assert "stays: on, gamma 1 S(1)=1.00 [0.90..1.10] gains -2.3%" in d.reason

@@ -1,17 +1,11 @@
-"""Restart-cost-aware decisions (policies/decide.py rule 4) and the re-measuring probe (advise.probe_for)."""
+"""What a change costs (policies/change_cost.py), how decide weighs it (per delivered token, at the band's
+pessimistic end, scaled into the plan's units) and the re-measuring probe (advise.probe_for)."""
 
 from __future__ import annotations
 
 from policies.advise import probe_for
-from policies.decide import (
-    DecideConfig,
-    DecideState,
-    change_cost_of,
-    change_pays,
-    decide,
-    inflight_work_s,
-    queued_work_s,
-)
+from policies.change_cost import change_cost_of, inflight_work_s, queued_work_s
+from policies.decide import DecideConfig, DecideState, decide
 from policies.types import CurvePoint, Evidence, TargetState
 
 
@@ -59,28 +53,11 @@ def test_missing_rates_leave_only_the_outage() -> None:
     assert change_cost_of(change_cost_s=20.0, inflight_s=0.0) == 20.0
 
 
-def test_a_gain_that_pays_back_its_restart_is_recommended_and_a_small_one_is_not() -> None:
-    # Cost: 20 s outage + 2.56 s in flight = 22.56 s.
-    # 1.40 -> 1.48: gain 0.08 / 1.40 = 5.71%, x 600 s = 34.3 s > 22.56 s.
-    assert change_pays(gain=1.48 / 1.40 - 1, change_cost_s=20, inflight_s=2.56, payback_horizon_s=600)[0]
-    # 1.40 -> 1.45: 3.57% x 600 = 21.4 s < 22.56 s (it would have paid the outage alone).
-    pays, text = change_pays(gain=1.45 / 1.40 - 1, change_cost_s=20, inflight_s=2.56, payback_horizon_s=600)
-    assert not pays
-    assert "change cost 20.0s outage + 2.6s in-flight work = 22.6s" in text
-    assert change_pays(gain=1.45 / 1.40 - 1, change_cost_s=20, inflight_s=0.0, payback_horizon_s=600)[0]
-
-
-def test_a_long_queue_does_not_block_a_change_that_pays() -> None:
-    # 4.5% better for 600 s = 27 s against 20 s + 2.56 s, however many wait (the old rule's 20 x (1 + W/B)
-    # was 60 s with 64 waiting behind 32 running, and kept the slower setting).
-    lost = inflight_work_s(_evidence(waiting=64.0))
-    assert change_pays(gain=0.045, change_cost_s=20, inflight_s=lost, payback_horizon_s=600)[0]
-
-
-def test_free_changes_always_pay() -> None:
-    assert change_pays(gain=0.001, change_cost_s=0, inflight_s=5.0, payback_horizon_s=600) == (True, "")
-    # No restart, no in-flight work lost either.
+def test_free_changes_lose_nothing_in_flight() -> None:
+    # No restart, no in-flight work lost either; a restart costs its outage plus the work in flight.
     assert change_cost_of(change_cost_s=0.0, inflight_s=5.0) == 0.0
+    assert change_cost_of(change_cost_s=20.0, inflight_s=2.56) == 22.56
+    assert change_cost_of(change_cost_s=20.0, inflight_s=float("nan")) == 20.0
 
 
 def test_probe_waits_until_the_memory_is_old_enough_to_be_worth_a_look() -> None:
@@ -131,7 +108,7 @@ def test_slo_gain_is_counted_per_delivered_token_not_as_a_ratio_of_tiny_shares()
     # moves 1% of the served tokens across the SLO: 0.01 x 600 s = 6 s < 20 s + in-flight: keep running (and
     # keep measuring the acceptance, which turning off would blind).
     enabled, reason = _decide_on_k3(_slo_curve(s3=0.5, share0=0.02, share3=0.01))
-    assert enabled and "change cost" in reason
+    assert enabled and "off gains +1.0% at its band's low end" in reason  # (1 - 0.5) / 0.5 x 0.01
     # Off meets the SLO for 60% of tokens where k=3 meets it for 30%: 30% of the service, 180 s > the cost.
     enabled, _ = _decide_on_k3(_slo_curve(s3=0.5, share0=0.6, share3=0.3))
     assert not enabled
@@ -152,15 +129,15 @@ def test_under_an_slo_a_probe_counts_the_tokens_it_could_move_across_the_slo() -
     assert probe is not None and "share 0.01 meeting the SLO off" in probe.why
 
 
-def test_a_planned_cost_shows_todays_cost_and_its_scale() -> None:
-    # 20 s + 0.8 s = 20.8 s today, x 0.09 in the plan's units = 1.9 s: a 7.7% planned gain over 600 s (46 s) pays.
-    pays, text = change_pays(gain=0.077, change_cost_s=20.0, inflight_s=0.8, payback_horizon_s=600.0,
-                             cost_scale=0.09)
-    assert pays
-    assert "change cost 20.0s outage + 0.8s in-flight work = 20.8s x 0.09" in text and text.endswith("= 1.9s")
-    # x 2.5 (deep in a heavy phase): 52 s > 46 s.
-    assert not change_pays(gain=0.077, change_cost_s=20.0, inflight_s=0.8, payback_horizon_s=600.0,
-                           cost_scale=2.5)[0]
+def test_a_planned_cost_is_todays_cost_in_the_plans_units() -> None:
+    # 20 s + 2.56 s in flight = 22.56 s today; x 0.1 in the plan's units (a light spell) = 2.256 s: gamma 1
+    # planned 8% better over 600 s (48 s) pays. The wait is today's cost over today's gain (here the same 8%):
+    # 22.56 / 0.08 = 282 s -> the 120 s dwell.
+    assert _planned_switch_time(0.08, cost_scale=0.1) == 120.0
+    # x 2.5 (deep in a heavy phase): 56.4 s > 48 s, never; a 60% gain (360 s) pays and waits 22.56 / 0.6 = 37.6 s
+    # (the 40 s tick).
+    assert _planned_switch_time(0.08, cost_scale=2.5) is None
+    assert _planned_switch_time(0.6, cost_scale=2.5) == 40.0
 
 
 def test_a_turn_off_must_pay_at_speculations_best_not_at_the_point_value() -> None:
@@ -187,48 +164,32 @@ def test_a_turn_off_must_pay_at_speculations_best_not_at_the_point_value() -> No
     assert not _decide_on_k3(curve(0.45))[0]
 
 
-def _planned_switch_time(gain_s1: float, from_s: float = 1150.0) -> float:
+def _planned_switch_time(gain_s1: float, *, cost_scale: float, from_s: float = 1150.0) -> float | None:
     # On at k=3 (the baseline, published at T=1000); from T=from_s the plan says gamma 1 is worth gain_s1 over
-    # S(3) = 1.0 and a restart is cheap (cost scale 0.1): how long after from_s the switch is published, a tick
-    # every 5 s.
-    config = DecideConfig(change_cost_s=20.0, payback_horizon_s=600.0, dwell_s=120.0, planned_confirm_s=30.0)
+    # S(3) = 1.0: how long after from_s the switch is published (a tick every 5 s), None if never.
+    config = DecideConfig(change_cost_s=20.0, payback_horizon_s=600.0, dwell_s=120.0, confirm_s=30.0)
     steady = _curve(0.9, 0.95, 1.0)
     better = _curve(1.0 + gain_s1, 1.0, 1.0)
     state = DecideState()
     for tick in range(0, 120):
         now = 1000.0 + 5.0 * tick
         curve = steady if now < from_s else better
-        decision, state = decide(_evidence(), curve, config, state, now, plan=curve, cost_scale=0.1)
+        decision, state = decide(_evidence(), curve, config, state, now, plan=curve, cost_scale=cost_scale)
         if decision.num_speculative_tokens == 1:
             return now - from_s
-    raise AssertionError("never switched")
+    return None
 
 
-def test_a_planned_gain_on_a_small_slo_share_is_not_decisive() -> None:
-    # Under an SLO with gamma 3's planned value 2% of what it delivers, a plan saying gamma 1 is worth 50% more
-    # SLO goodput moves 1% of the delivered tokens (< 5%): a tail the model prices worst, so the whole dwell. At
-    # a 60% share the same 50% moves 30% of them: decisive, 30 s.
-    config = DecideConfig(change_cost_s=20.0, payback_horizon_s=600.0, dwell_s=120.0, planned_confirm_s=30.0)
-
-    def switch_after(share: float) -> float:
-        state = DecideState()
-        for tick in range(0, 120):
-            now = 1000.0 + 5.0 * tick
-            plan = _curve(1.5, 1.0, 1.0) if now >= 1150.0 else _curve(0.9, 0.95, 1.0)
-            decision, state = decide(_evidence(), plan, config, state, now, plan=plan, cost_scale=0.1,
-                                     plan_share=share)
-            if decision.num_speculative_tokens == 1:
-                return now - 1150.0
-        raise AssertionError("never switched")
-
-    assert switch_after(0.02) == 120.0
-    assert switch_after(0.6) == 30.0
+def test_under_an_slo_a_small_running_share_makes_a_restart_dear_in_the_plans_units() -> None:
+    # The plan's value is SLO goodput; the cost scale is today's delivered rate over the running option's planned
+    # value, 1 / share when steady. gamma 1 planned 50% better: at share 0.02 the 22.56 s restart is 1128 s of
+    # planned value (> 300 s won): held; at share 0.6 it is 37.6 s (< 300 s): it pays, and waits today's 22.56 s
+    # over today's 50%, 45 s (the 50 s tick).
+    assert _planned_switch_time(0.5, cost_scale=1 / 0.02) is None
+    assert _planned_switch_time(0.5, cost_scale=1 / 0.6) == 50.0
 
 
-def test_a_decisive_planned_gain_waits_a_short_confirm_once_the_last_change_is_a_dwell_old() -> None:
-    # 60% better: past the model's error, and the last change (the baseline) is 150 s old: 30 s of confirmation.
-    assert _planned_switch_time(0.6) == 30.0
-    # 8% better: within what the model's error explains, so the whole dwell.
-    assert _planned_switch_time(0.08) == 120.0
-    # Decisive 50 s after the last change: it waits until that change is a dwell old (T=1120), 70 s.
-    assert _planned_switch_time(0.6, from_s=1050.0) == 70.0
+def test_the_baseline_does_not_hold_back_the_first_change() -> None:
+    # The first decision adopts what runs; it is not a change, so a change seen 50 s later waits only its own
+    # 22.56 / 0.6 = 37.6 s (the 40 s tick), not until the baseline is a dwell old.
+    assert _planned_switch_time(0.6, cost_scale=0.1, from_s=1050.0) == 40.0

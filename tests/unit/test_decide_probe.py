@@ -1,4 +1,4 @@
-"""decide's handling of a re-measuring probe (rule 5): when it publishes, how long it is held, the back-off."""
+"""decide's handling of a re-measuring probe: when it publishes, how long it is held, the back-off."""
 
 from __future__ import annotations
 
@@ -14,11 +14,11 @@ PROBE = Probe(gamma=3, why="memory is old")
 
 
 def _off_state(changed_at_s: float) -> DecideState:
-    # Published off since `changed_at_s`: one tick with no probe makes the published decision.
+    # Published off by a change at `changed_at_s`: one tick with no probe makes the published decision.
     off = make_evidence(speculation_on=False, deployed_k=0, acceptance=None)
     decision, _ = decide(off, OFF_CURVE, CONFIG, DecideState(), changed_at_s)
     assert not decision.enabled
-    return DecideState(published=decision)
+    return DecideState(published=decision, last_change_s=changed_at_s)
 
 
 def test_a_probe_publishes_at_once_when_the_last_change_is_a_dwell_old() -> None:

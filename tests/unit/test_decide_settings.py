@@ -11,26 +11,32 @@ TARGET = {"name": "a", "url": "http://127.0.0.1:8000/metrics"}
 
 
 def test_every_decide_setting_reaches_the_policy() -> None:
-    decide = {"margin": 0.07, "dwell_s": 45.0, "gamma_max": 6, "min_speedup_gain_to_change_gamma": 0.03,
-              "change_cost_s": 25.0, "payback_horizon_s": 900.0, "explore": False, "probe_timeout_s": 600.0,
-              "probe_backoff_s": 7200.0, "planned_confirm_s": 45.0, "decisive_gain": 0.4}
+    decide = {"margin": 0.07, "dwell_s": 45.0, "confirm_s": 15.0, "gamma_max": 6, "change_cost_s": 25.0,
+              "payback_horizon_s": 900.0, "explore": False, "probe_timeout_s": 600.0, "probe_backoff_s": 7200.0}
     config = decide_config(load_settings(None, overrides={"targets": [TARGET], "decide": decide}))
     assert {name: getattr(config, name) for name in decide} == decide
 
 
 @pytest.mark.parametrize("bad", [{"probe_timeout_s": 0}, {"probe_backoff_s": -1}, {"change_cost_s": float("nan")},
-                                 {"planned_confirm_s": -1}, {"decisive_gain": 0}])
+                                 {"confirm_s": -1}, {"margin": 2}])
 def test_impossible_decide_values_are_refused_by_name(bad: dict[str, float]) -> None:
     with pytest.raises(SettingsError, match=next(iter(bad))):
         load_settings(None, overrides={"targets": [TARGET], "decide": bad})
 
 
 def test_a_confirm_longer_than_the_dwell_is_refused() -> None:
-    with pytest.raises(SettingsError, match=r"planned_confirm_s \(200\) must not exceed decide.dwell_s \(120\)"):
-        load_settings(None, overrides={"targets": [TARGET], "decide": {"planned_confirm_s": 200, "dwell_s": 120}})
-    load_settings(None, overrides={"targets": [TARGET], "decide": {"planned_confirm_s": 120, "dwell_s": 120}})
+    with pytest.raises(SettingsError, match=r"confirm_s \(200\) must not exceed decide.dwell_s \(120\)"):
+        load_settings(None, overrides={"targets": [TARGET], "decide": {"confirm_s": 200, "dwell_s": 120}})
+    load_settings(None, overrides={"targets": [TARGET], "decide": {"confirm_s": 120, "dwell_s": 120}})
 
 
 def test_the_default_confirm_follows_a_shorter_dwell() -> None:
     config = decide_config(load_settings(None, overrides={"targets": [TARGET], "decide": {"dwell_s": 10}}))
-    assert config.planned_confirm_s == 10.0 and config.dwell_s == 10.0
+    assert config.confirm_s == 10.0 and config.dwell_s == 10.0
+
+
+@pytest.mark.parametrize(("key", "says"), [("min_speedup_gain_to_change_gamma", "margin"),
+                                           ("planned_confirm_s", "confirm_s"), ("decisive_gain", "cost / gain")])
+def test_a_replaced_setting_names_its_replacement(key: str, says: str) -> None:
+    with pytest.raises(SettingsError, match=rf"decide.{key} was replaced: .*{says}"):
+        load_settings(None, overrides={"targets": [TARGET], "decide": {key: 0.1}})

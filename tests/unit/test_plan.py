@@ -13,7 +13,6 @@ from policies.plan import (
     observe,
     plan_curve,
     planned_rate,
-    planned_share,
     queue_cost_s,
     queue_weight,
 )
@@ -142,7 +141,7 @@ def test_decide_moves_to_the_planned_gamma_when_a_restart_is_cheap_now() -> None
     enabled, gamma, speedup, reason = _published_after_a_dwell(cost_scale=0.09)
     assert (enabled, gamma) == (True, 1)
     assert speedup == pytest.approx(1.46)
-    assert reason.startswith("planned over the recent load")
+    assert "planned over the recent load" in reason
 
 
 def test_decide_holds_the_planned_gamma_when_a_restart_is_dear_now() -> None:
@@ -198,14 +197,3 @@ def test_the_cost_scale_is_todays_delivered_rate_over_the_planned_value() -> Non
     assert cost_scale(mixed, running_gamma=3, delivered_rate=None) is None
 
 
-def test_planned_share_is_the_running_options_value_per_delivered_token() -> None:
-    # 300 s light (400 tokens/s, all meeting the SLO) then one tick heavy (4000 tokens/s, 3% meeting it), tau so
-    # long the two weigh alike: (400 + 120) / (400 + 4000) = 0.118. Without an SLO it is 1.
-    curve = _curve(1.0, 1.0, 1.0)
-    light = observe(PlanState(), curve, running_gamma=3, value_rate=400.0, capacity_bound=False, now_s=T0,
-                    tau_s=1e12, delivered_rate=400.0)
-    assert planned_share(light, running_gamma=3) == pytest.approx(1.0)
-    heavy = observe(light, curve, running_gamma=3, value_rate=120.0, capacity_bound=True, now_s=T0 + 300.0,
-                    tau_s=1e12, delivered_rate=4000.0)
-    assert planned_share(heavy, running_gamma=3) == pytest.approx(520.0 / 4400.0)
-    assert planned_share(PlanState(), running_gamma=3) is None

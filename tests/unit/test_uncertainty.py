@@ -115,10 +115,11 @@ def _running_three(gain_sd: float) -> tuple[CurvePoint, ...]:
 
 def test_a_restart_is_paid_only_by_a_gain_the_model_is_sure_of() -> None:
     # Running gamma 3 at S 1.20; gamma 1 at 1.35 is +12.5% on the point. A restart costs 20 s + the in-flight work
-    # against a 600 s horizon (rule 4): at gain_sd 0.02 the gain's low end, 1.35 exp(-1.645 x 0.02) / 1.20 - 1 =
-    # +8.8%, pays (53 s > ~20 s); at gain_sd 0.06, 1.35 exp(-0.099) / 1.20 - 1 = +1.9% (11 s) does not.
+    # against a 600 s horizon (policies/decide.py): at gain_sd 0.02 the gain's low end,
+    # 1.35 exp(-1.645 x 0.02) / 1.20 - 1 = +8.8%, pays (53 s > ~20 s); at gain_sd 0.06, 1.35 exp(-0.099) / 1.20 - 1
+    # = +1.9% (11 s) does not.
     evidence = replace(make_evidence(batch=4.0), deployed_k=3)
-    config = DecideConfig(dwell_s=0.0, change_cost_s=20.0, gamma_max=3)
+    config = DecideConfig(margin=0.0, dwell_s=0.0, confirm_s=0.0, change_cost_s=20.0, gamma_max=3)
     # The first tick publishes what runs as its baseline (no move is priced as sure at gain_sd 1).
     _, state = decide(evidence, _running_three(1.0), config, DecideState(), NOW)
     sure, _ = decide(evidence, _running_three(0.02), config, state, NOW + 5.0)

@@ -1,0 +1,115 @@
+"""Value of each option against the one that runs: the pessimistic gain g and V = H x g - C (decide's rule).
+
+An option is (enabled, gamma), gamma 0 when off. Its gain over the running option c is read off the curve (or the
+plan's curve), whose speedups S are in the objective's units (per-sequence speed, server throughput or SLO
+goodput, policies/objectives.py), and is taken at the low end of its 90% band so that a change is paid for only
+by a gain the model is sure of:
+
+    c off      -> o on at gamma:  g = S_low(gamma) - 1                         (the band of S vs plain decoding)
+    c on at k  -> o off:          g = (1 - S_high(k)) / S(k)                    (the running option at its best)
+    c on at k  -> o on at gamma:  g = (S(gamma) exp(-1.645 gain_sd) - S(k)) / S(k)
+
+Off is on offer only when the best gamma is expected to lose to plain decoding: S(gamma*) < 1, gamma* the on
+option with the best point speedup. Off gives up every gamma and the acceptance measurement with them (nothing
+is measured while off), so while some gamma is expected to do at least as well, the choice is among the gammas.
+
+gain_sd is the sd of log(S(gamma) / S(k)) under the cost model's own uncertainty (CurvePoint.gain_sd,
+policies/uncertainty.py): while one k runs, how a step grows with the tokens verified is the prior's, and S(1) vs
+S(3) differs mostly by it. The acceptance both share (measured at k, so at every gamma <= k) cancels in the
+ratio; an extrapolated gamma's does not (its positions past k were never run), so it is taken at no more than its
+own band's low end, S_low(gamma). Under an ITL SLO g is multiplied by the running option's SLO share
+(CurvePoint.slo_share): the tokens the change moves across the SLO per delivered token, not a ratio of goodputs
+(1% -> 2% of tokens meeting the SLO is a "100% gain" worth 1% of the service). g is a share of the service, so
+g x H is the seconds of service the option wins back over a horizon of H seconds, and
+
+    V(o) = H x g(o) - C        (s; C the change's cost in seconds of service, policies/change_cost.py)
+
+Example: running gamma 3 at S 1.20 [band high 1.30], off: g = (1 - 1.30) / 1.20 = -0.25; gamma 1 at S 1.35 with
+gain_sd 0.05: g = (1.35 exp(-0.082) - 1.20) / 1.20 = +3.6%, V = 600 x 0.036 - 22.6 = -1.0 s with H 600 s and
+C 22.6 s: not worth a restart.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from policies.types import CurvePoint
+from policies.uncertainty import Z_90
+
+# (enabled, gamma); gamma is 0 whenever enabled is False.
+Key = tuple[bool, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Valued:
+    """One option against the running one: `gain` g (dimensionless share of the service, pessimistic),
+    `value_s` V = H x g - C (s), and `point` the option's curve point (None for off)."""
+
+    key: Key
+    gain: float
+    value_s: float
+    point: CurvePoint | None
+
+
+def point_at(curve: Sequence[CurvePoint], gamma: int) -> CurvePoint | None:
+    """The curve point for `gamma` (an int >= 0), or None when the curve has none.
+
+    Example: point_at(curve, 3) on a curve for gamma 0..8 returns the gamma=3 point; point_at(curve, 9) -> None.
+    """
+    return next((p for p in curve if p.gamma == gamma), None)
+
+
+def pessimistic_gain(
+    curve: Sequence[CurvePoint], current: Key, option: Key, *, best: float = 0.0
+) -> float | None:
+    """g(option) over `current` (module docstring); None when either has no point on the curve. `best` is
+    S(gamma*), the best gamma's point speedup: off is priced only when it is below 1 (`best_point_of`)."""
+    new = point_at(curve, option[1]) if option[0] else None
+    if option[0] and new is None:
+        return None
+    if not current[0]:
+        off = point_at(curve, 0)
+        share = _share(off)
+        return (new.speedup_low - 1.0) * share if new is not None else 0.0
+    here = point_at(curve, current[1])
+    if here is None or not here.speedup > 0:
+        return None
+    if new is None:
+        return (1.0 - here.speedup_high) / here.speedup * _share(here) if best < 1.0 else None
+    if option == current:
+        return 0.0
+    target = new.speedup * math.exp(-Z_90 * new.gain_sd) if new.gain_sd > 0 else new.speedup
+    if new.extrapolated:
+        target = min(target, new.speedup_low)
+    return (target - here.speedup) / here.speedup * _share(here)
+
+
+def value_options(
+    curve: Sequence[CurvePoint], current: Key, *, options: Sequence[Key], horizon_s: float, cost_s: float
+) -> list[Valued]:
+    """Every option in `options` (other than `current`) that the curve can price, valued against `current`:
+    V = horizon_s x g - cost_s. Options the curve cannot price (no point) are left out."""
+    out: list[Valued] = []
+    best = best_point_of(curve, options)
+    for key in options:
+        if key == current:
+            continue
+        gain = pessimistic_gain(curve, current, key, best=best)
+        if gain is None:
+            continue
+        point = point_at(curve, key[1]) if key[0] else None
+        out.append(Valued(key=key, gain=gain, value_s=horizon_s * gain - cost_s, point=point))
+    return out
+
+
+def best_point_of(curve: Sequence[CurvePoint], options: Sequence[Key]) -> float:
+    """S(gamma*), the best point speedup among the on options (0.0 when none has a point).
+    Example: S(1) 1.00 [0.98..1.02], S(2) 0.97 [0.90..1.05] -> 1.00."""
+    return max((p.speedup for key in options if key[0] and (p := point_at(curve, key[1])) is not None), default=0.0)
+
+
+def _share(point: CurvePoint | None) -> float:
+    share = point.slo_share if point is not None else None
+    return share if share is not None and math.isfinite(share) and share >= 0 else 1.0
