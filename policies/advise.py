@@ -48,7 +48,8 @@ def advise(
 
     Example: evidence at batch 4 with per-position acceptance (0.8, 0.6, 0.4) gives E[L](3) = 1 + 0.8 + 0.6 + 0.4
     = 2.8 tokens per verification; if the model predicts a verify step 1.4x a plain step plus a draft cost of 0.1x,
-    S(3) = 2.8 / 1.5 = 1.87, and `decide` (margin 0.05) turns speculation on at gamma 3 once the dwell has passed.
+    S(3) = 2.8 / 1.5 = 1.87, and `decide` turns speculation on at gamma 3 once its wait (30 s with free changes)
+    has passed.
     """
     curve: tuple[CurvePoint, ...] = ()
     if evidence.state == TargetState.OK and ctx is not None:

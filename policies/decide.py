@@ -4,27 +4,31 @@ The rule. Value every option o (off, or on at gamma) against the one that runs, 
 
     V(o) = H x g(o) - C          C = (change_cost_s + in-flight work + weighed queue) x cost_scale     (s)
 
-g(o) is o's gain over c at the low end of its 90% band, per delivered token (policies/value.py); C is what one
-change destroys in seconds of service (policies/change_cost.py; 0 for an engine that adapts per batch). The
+g(o) is o's gain over c at the pessimistic end of its 90% band, per delivered token (policies/value.py); C is what
+one change destroys in seconds of service (policies/change_cost.py; 0 for an engine that adapts per batch). The
 candidate is the option with the greatest V among those with g >= margin (ties: the smaller gamma, off first);
-when none has V > 0, what runs stays. The candidate is published once some change has been worth making for
+when none has V > 0, what runs stays. A turn-off goes to gamma* (the best point speedup) instead when S(gamma*)
+>= 1: as much expected service, and the acceptance stays measured. The candidate is published once some change
+has been worth making for
 
     wait = C / g, clipped to [confirm_s, dwell_s]
 
-(the service forgone by waiting has then paid for the switch: the break-even rule, which loses at most twice
-what hindsight would, however long the condition lasts), and never within dwell_s of the last published change.
-What is published is the candidate of the tick the wait is served on (near the optimum neighbouring options
-alternate within noise; each says what runs is worse).
-Hysteresis comes from the pessimistic band on both sides (to switch on, S's low end must clear 1 + margin; to switch
-off, the best gamma's point must fall below 1 and the running option's high end below 1 by margin) and the cost; the
-wait from the cost over the gain: a grossly wrong setting (g of 50% or more) is corrected after confirm_s, a 5% gain
-waits the whole dwell.
+(the service forgone by waiting has then paid for the switch: the break-even rule, which unclipped loses at most
+twice what hindsight would on a condition of any length), once the candidate has kept its on/off state for
+confirm_s (one outlying window cannot publish a change), and never within dwell_s of the last published change.
+What is published is the candidate of that tick: near the optimum, neighbouring gammas alternate within noise.
+Hysteresis comes from the pessimistic band on both sides (to switch on, S's low end must clear 1 + margin; to
+switch off, the running option's high end must fall short of 1 by margin x S(c)) and the cost; the wait from the
+cost over the gain: a grossly wrong setting (g >= C / confirm_s) is corrected after confirm_s, a gain below C /
+dwell_s waits the whole dwell. With no restart (C = 0) every change waits confirm_s: undoing it costs nothing.
 
 The options: off, and every gamma in 1..gamma_max; while on, no further than one gamma past the measured k
 (`reachable_gamma_limit`): past it the acceptance is a guess, and each step up runs, gets its position measured
 and the next is decided on data. With a plan (policies/plan.py) the options are valued on the plan's curve (the
-recent load's mix: the forecast over the horizon) with C scaled to its units by `cost_scale`, while the wait's
-C / g is this window's (waiting forgoes the gain at today's rate); the published speedups stay this window's.
+recent load's mix: the forecast over the horizon) with C scaled to its units by `cost_scale`, and g there is a
+ratio of planned values (the plan carries no SLO share); the wait's C / g is this window's (waiting forgoes the
+gain at today's rate). The published speedups stay this window's. A running gamma off the curve (deployed k >
+gamma_max) cannot be weighed: the best option against plain decoding is the move, after confirm_s.
 
 Worked example (H 600 s, C 22.6 s, margin 0.02, confirm 30 s, dwell 120 s): running gamma 3 at S 1.40, gamma 2
 priced at 1.48 with gain_sd 0.01: g = (1.48 x 0.984 - 1.40) / 1.40 = 4.0%, V = 23.9 - 22.6 = +1.3 s, wait 22.6 /
@@ -32,11 +36,11 @@ priced at 1.48 with gain_sd 0.01: g = (1.48 x 0.984 - 1.40) / 1.40 = 4.0%, V = 2
 32 s. Off, S(3) = 1.42 [1.31..1.55], C 0: g = 31%, V > 0, wait 30 s (the confirm).
 
 Probe (value of information): while off on a remembered profile, `advise.probe_for` may ask to switch on to
-measure again; it is the candidate when the rule would stay off, published at once when the last change is a
-dwell old, then held until a live window is measured (or `probe_timeout_s` passes; then no probe for
-`probe_backoff_s`). First decision: the current deployment is published as the baseline (not a change). Evidence
-that is not ok never flips anything: the last decision stays with the new state and a reason, and any pending
-change is dropped.
+measure again; it is the candidate when the rule would stay off, published at once when the last change (or the
+first baseline) is a dwell old, then held until a live window is measured (or `probe_timeout_s` passes; then no
+probe for `probe_backoff_s`). First decision: the current deployment is published as the baseline (not a
+change). Evidence that is not ok never flips anything: the last decision stays with the new state and a reason,
+and any pending change is dropped.
 """
 
 from __future__ import annotations
@@ -48,9 +52,7 @@ from dataclasses import dataclass, replace
 from policies.change_cost import change_cost_of, inflight_work_s
 from policies.costmodel import step_batch
 from policies.types import CurvePoint, Decision, Evidence, TargetState
-from policies.value import Key, Valued, best_point_of, pessimistic_gain, point_at, value_options
-
-_Key = Key
+from policies.value import Key, Valued, best_on, pessimistic_gain, point_at, value_options
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,6 +87,7 @@ class DecideState:
     pending_enabled: bool | None = None  # the change waiting to be published
     pending_gamma: int | None = None  # the last candidate's gamma
     pending_since_s: float | None = None  # since when some change has been worth making (the wait's clock)
+    candidate_since_s: float | None = None  # since when the candidate has kept its on/off state
     probe_since_s: float | None = None  # when a probe was published; held until a live window is measured
     probe_after_s: float | None = None  # no probe before this time (back-off after a probe nobody applied)
     last_change_s: float | None = None  # when a change (not the first baseline) was last published
@@ -177,15 +180,14 @@ def decide(
     if held:
         head += note  # a published probe the engine has not run yet: the curve is still the remembered one
     elif choice is not None and choice.value_s > 0 and choice.gain >= config.margin:
-        candidate = choice.key
         # Waiting forgoes the gain at this window's rate: the rent is paid now, whatever the plan forecasts.
-        now_gain = (
-            pessimistic_gain(curve, current, candidate, best=best_point_of(curve, options)) if plan else choice.gain
-        )
+        now_gain = pessimistic_gain(curve, current, choice.key) if plan else choice.gain
         rent = choice.gain if now_gain is None else now_gain
         wait = wait_s(cost_s=today_s, gain=rent, confirm_s=config.confirm_s, dwell_s=config.dwell_s)
-        head += note + f"; {_worth(choice, config, cost_s)}, wait {wait:.0f}s (cost {today_s:.1f}s / gain now "
-        head += f"{rent:+.1%}, in {config.confirm_s:.0f}..{config.dwell_s:.0f}s)"
+        head += note + f"; {_worth(choice, config, cost_s)}, wait {wait:.0f}s (cost today {today_s:.1f}s / gain "
+        head += f"now {rent:+.1%}, in {config.confirm_s:.0f}..{config.dwell_s:.0f}s)"
+        candidate, kept = _keep_measuring(choice.key, choose, options)
+        head += kept
     elif probe is not None and not current[0] and (probe_after is None or now_s >= probe_after):
         # The probe's own test priced its restarts (advise.probe_for); it rests on the memory's age, which only
         # grows, so it does not wait for confirmation, only for the spacing after the last change.
@@ -196,10 +198,20 @@ def decide(
         if probe is not None and probe_after is not None and now_s < probe_after:
             head += f"; no probe for another {probe_after - now_s:.0f}s (back-off after an unapplied probe)"
     return _publish(evidence, curve, state, published, now_s, candidate=candidate, wait=wait, config=config,
-                    reason=prefix + head, probe=(probing, probe_since), probe_after=probe_after)
+                    reason=prefix + head, probing=probing, probe_since_s=probe_since, probe_after_s=probe_after)
 
 
-def _options(current: _Key, evidence: Evidence, config: DecideConfig) -> list[_Key]:
+def _keep_measuring(key: Key, curve: Sequence[CurvePoint], options: Sequence[Key]) -> tuple[Key, str]:
+    """A turn-off that pays goes to gamma* instead when gamma* is expected to do as well as plain decoding
+    (S(gamma*) >= 1): the same expected service, and the acceptance stays measured (nothing is while off)."""
+    star = best_on(curve, options)
+    if key[0] or star is None or star.speedup < 1.0:
+        return key, ""
+    return (True, star.gamma), f"; {_fmt_point(star)} is expected to do as well as off: gamma {star.gamma} instead"
+
+
+
+def _options(current: Key, evidence: Evidence, config: DecideConfig) -> list[Key]:
     """Off and gamma 1..gamma_max; while on, no further than `reachable_gamma_limit`."""
     limit = config.gamma_max
     if current[0]:
@@ -210,7 +222,7 @@ def _options(current: _Key, evidence: Evidence, config: DecideConfig) -> list[_K
 
 
 def _choose(
-    curve: Sequence[CurvePoint], current: _Key, options: Sequence[_Key], config: DecideConfig, *, cost_s: float
+    curve: Sequence[CurvePoint], current: Key, options: Sequence[Key], config: DecideConfig, *, cost_s: float
 ) -> Valued | None:
     """The option with the greatest V (ties: the smaller gamma, off first), or None when none can be priced."""
     if current[0] and point_at(curve, current[1]) is None:
@@ -233,7 +245,9 @@ def _worth(choice: Valued, config: DecideConfig, cost_s: float) -> str:
     seen = f" {_fmt_point(choice.point)}" if choice.point is not None else ""
     if math.isinf(choice.gain):
         return f"{_describe(choice.key)}{seen}, the running gamma is not on the curve"
-    text = f"{_describe(choice.key)}{seen} gains {choice.gain:+.1%} at its band's low end"
+    # Off is priced against the running option at its best (its band's high end); a gamma at its own low end.
+    side = "against the running option's band high end" if not choice.key[0] else "at its band's low end"
+    text = f"{_describe(choice.key)}{seen} gains {choice.gain:+.1%} {side}"
     if choice.gain < config.margin:
         return text + f" < margin {config.margin:.0%}"
     if cost_s <= 0:
@@ -250,30 +264,36 @@ def _publish(
     published: Decision,
     now_s: float,
     *,
-    candidate: _Key,
+    candidate: Key,
     wait: float,
     config: DecideConfig,
     reason: str,
-    probe: tuple[bool, float | None],
-    probe_after: float | None,
+    probing: bool,
+    probe_since_s: float | None,
+    probe_after_s: float | None,
 ) -> tuple[Decision, DecideState]:
-    """Run the wait clock (module docstring) and build the Decision and the next state. `probe`: (the candidate
-    is a probe, when a held probe was published or None)."""
-    probing, probe_since = probe
+    """Run the wait clock (module docstring) and build the Decision and the next state. `probing`: the candidate
+    is a probe; `probe_since_s`: when a held probe was published (None: none held)."""
     current, pending = _key(published), _pending(state)
-    changed, since, tail = False, None, ""
+    changed, since, steady, tail = False, None, None, ""
     if candidate == current:
         tail = f"; candidate {_describe(pending)} withdrawn" if pending is not None else ""
     else:
         since = state.pending_since_s if pending is not None and state.pending_since_s is not None else now_s
-        waited = max(0.0, now_s - since)
-        last = state.last_change_s
+        same_side = pending is not None and pending[0] == candidate[0] and state.candidate_since_s is not None
+        steady = state.candidate_since_s if same_side and state.candidate_since_s is not None else now_s
+        waited, held_s = max(0.0, now_s - since), max(0.0, now_s - steady)
+        # A probe rests on the memory's age; the first one is spaced from the baseline, so a restarted sidecar
+        # does not probe on its first tick.
+        last = state.last_change_s if state.last_change_s is not None or not probing else published.changed_at_s
         spacing = 0.0 if last is None else max(0.0, last + config.dwell_s - now_s)
-        if waited >= wait and spacing <= 0:
-            changed, since = True, None
+        if waited >= wait and held_s >= min(wait, config.confirm_s) and spacing <= 0:
+            changed, since, steady = True, None, None
             tail = f"; {_transition(current, candidate)} after {waited:.0f}s"
         else:
             tail = f"; waiting {waited:.0f}s of {wait:.0f}s before {_transition(current, candidate)}"
+            if held_s < min(wait, config.confirm_s) <= waited:
+                tail += f" (its on/off state held {held_s:.0f}s of {config.confirm_s:.0f}s)"
             if last is not None and spacing > 0:
                 tail += f" ({spacing:.0f}s more: last change {now_s - last:.0f}s ago)"
     publish = candidate if changed else current
@@ -284,9 +304,10 @@ def _publish(
         pending_enabled=None if changed or candidate == current else candidate[0],
         pending_gamma=None if changed or candidate == current else candidate[1],
         pending_since_s=since,
+        candidate_since_s=steady,
         # A probe published now is held until it is measured; any other change ends a hold.
-        probe_since_s=now_s if probing and changed else (None if changed else probe_since),
-        probe_after_s=probe_after,
+        probe_since_s=now_s if probing and changed else (None if changed else probe_since_s),
+        probe_after_s=probe_after_s,
         last_change_s=now_s if changed else state.last_change_s,
     )
     return decision, next_state
@@ -297,7 +318,7 @@ def _valid_scale(cost_scale: float) -> float:
 
 
 def _probe_hold(
-    state: DecideState, current: _Key, *, measured: bool, config: DecideConfig, now_s: float
+    state: DecideState, current: Key, *, measured: bool, config: DecideConfig, now_s: float
 ) -> tuple[bool, float | None, float | None, str]:
     """(hold the published probe this tick, probe_since_s, probe_after_s, a note for the reason)."""
     since, after = state.probe_since_s, state.probe_after_s
@@ -334,7 +355,7 @@ def _hold(
     kind: TargetState,
     why: str,
 ) -> tuple[Decision, DecideState]:
-    dropped = "" if _pending(state) is None else "; pending change dropped, dwell restarts"
+    dropped = "" if _pending(state) is None else "; pending change dropped, its wait restarts"
     published = state.published
     if published is None:
         shown = _deployment(evidence)
@@ -389,18 +410,18 @@ def _measured_k(evidence: Evidence) -> int:
     return evidence.deployed_k if evidence.speculation_on else 0
 
 
-def _deployment(evidence: Evidence) -> _Key:
+def _deployment(evidence: Evidence) -> Key:
     # "On with 0 drafts" is not a state the engine can be in for our purposes: normalise to off.
     if evidence.speculation_on and evidence.deployed_k >= 1:
         return True, evidence.deployed_k
     return False, 0
 
 
-def _key(decision: Decision) -> _Key:
+def _key(decision: Decision) -> Key:
     return decision.enabled, decision.num_speculative_tokens if decision.enabled else 0
 
 
-def _pending(state: DecideState) -> _Key | None:
+def _pending(state: DecideState) -> Key | None:
     if state.pending_enabled is None or state.pending_gamma is None or state.pending_since_s is None:
         return None
     return state.pending_enabled, state.pending_gamma if state.pending_enabled else 0
@@ -409,7 +430,7 @@ def _pending(state: DecideState) -> _Key | None:
 def _decision(
     evidence: Evidence,
     curve: Sequence[CurvePoint],
-    key: _Key,
+    key: Key,
     *,
     reason: str,
     now_s: float,
@@ -443,11 +464,11 @@ def _fmt_point(point: CurvePoint) -> str:
     return f"S({point.gamma})={point.speedup:.2f} {band}{extrapolated}"
 
 
-def _describe(key: _Key) -> str:
+def _describe(key: Key) -> str:
     return f"on, gamma {key[1]}" if key[0] else "off"
 
 
-def _transition(before: _Key, after: _Key) -> str:
+def _transition(before: Key, after: Key) -> str:
     if before[0] and after[0]:
         return f"switching gamma {before[1]}->{after[1]}"
     if after[0]:

@@ -9,10 +9,6 @@ by a gain the model is sure of:
     c on at k  -> o off:          g = (1 - S_high(k)) / S(k)                    (the running option at its best)
     c on at k  -> o on at gamma:  g = (S(gamma) exp(-1.645 gain_sd) - S(k)) / S(k)
 
-Off is on offer only when the best gamma is expected to lose to plain decoding: S(gamma*) < 1, gamma* the on
-option with the best point speedup. Off gives up every gamma and the acceptance measurement with them (nothing
-is measured while off), so while some gamma is expected to do at least as well, the choice is among the gammas.
-
 gain_sd is the sd of log(S(gamma) / S(k)) under the cost model's own uncertainty (CurvePoint.gain_sd,
 policies/uncertainty.py): while one k runs, how a step grows with the tokens verified is the prior's, and S(1) vs
 S(3) differs mostly by it. The acceptance both share (measured at k, so at every gamma <= k) cancels in the
@@ -25,7 +21,7 @@ g x H is the seconds of service the option wins back over a horizon of H seconds
     V(o) = H x g(o) - C        (s; C the change's cost in seconds of service, policies/change_cost.py)
 
 Example: running gamma 3 at S 1.20 [band high 1.30], off: g = (1 - 1.30) / 1.20 = -0.25; gamma 1 at S 1.35 with
-gain_sd 0.05: g = (1.35 exp(-0.082) - 1.20) / 1.20 = +3.6%, V = 600 x 0.036 - 22.6 = -1.0 s with H 600 s and
+gain_sd 0.05: g = (1.35 exp(-0.082) - 1.20) / 1.20 = +3.6%, V = 600 x 0.0362 - 22.6 = -0.9 s with H 600 s and
 C 22.6 s: not worth a restart.
 """
 
@@ -61,11 +57,14 @@ def point_at(curve: Sequence[CurvePoint], gamma: int) -> CurvePoint | None:
     return next((p for p in curve if p.gamma == gamma), None)
 
 
-def pessimistic_gain(
-    curve: Sequence[CurvePoint], current: Key, option: Key, *, best: float = 0.0
-) -> float | None:
-    """g(option) over `current` (module docstring); None when either has no point on the curve. `best` is
-    S(gamma*), the best gamma's point speedup: off is priced only when it is below 1 (`best_point_of`)."""
+def pessimistic_gain(curve: Sequence[CurvePoint], current: Key, option: Key) -> float | None:
+    """g(option) over `current` (module docstring); None when either has no point on the curve or g is not a
+    finite number (a broken point prices nothing)."""
+    gain = _gain(curve, current, option)
+    return gain if gain is not None and math.isfinite(gain) else None
+
+
+def _gain(curve: Sequence[CurvePoint], current: Key, option: Key) -> float | None:
     new = point_at(curve, option[1]) if option[0] else None
     if option[0] and new is None:
         return None
@@ -77,7 +76,7 @@ def pessimistic_gain(
     if here is None or not here.speedup > 0:
         return None
     if new is None:
-        return (1.0 - here.speedup_high) / here.speedup * _share(here) if best < 1.0 else None
+        return (1.0 - here.speedup_high) / here.speedup * _share(here)
     if option == current:
         return 0.0
     target = new.speedup * math.exp(-Z_90 * new.gain_sd) if new.gain_sd > 0 else new.speedup
@@ -92,11 +91,10 @@ def value_options(
     """Every option in `options` (other than `current`) that the curve can price, valued against `current`:
     V = horizon_s x g - cost_s. Options the curve cannot price (no point) are left out."""
     out: list[Valued] = []
-    best = best_point_of(curve, options)
     for key in options:
         if key == current:
             continue
-        gain = pessimistic_gain(curve, current, key, best=best)
+        gain = pessimistic_gain(curve, current, key)
         if gain is None:
             continue
         point = point_at(curve, key[1]) if key[0] else None
@@ -104,10 +102,12 @@ def value_options(
     return out
 
 
-def best_point_of(curve: Sequence[CurvePoint], options: Sequence[Key]) -> float:
-    """S(gamma*), the best point speedup among the on options (0.0 when none has a point).
-    Example: S(1) 1.00 [0.98..1.02], S(2) 0.97 [0.90..1.05] -> 1.00."""
-    return max((p.speedup for key in options if key[0] and (p := point_at(curve, key[1])) is not None), default=0.0)
+def best_on(curve: Sequence[CurvePoint], options: Sequence[Key]) -> CurvePoint | None:
+    """gamma*: the point with the best point speedup among the on options (ties: the smaller gamma; non-finite
+    speedups skipped), or None. Example: S(1) 1.00 [0.98..1.02], S(2) 0.97 [0.90..1.05] -> the gamma 1 point."""
+    found = (point_at(curve, key[1]) for key in options if key[0])
+    points = [p for p in found if p is not None and math.isfinite(p.speedup)]
+    return max(sorted(points, key=lambda p: p.gamma), key=lambda p: p.speedup, default=None)
 
 
 def _share(point: CurvePoint | None) -> float:

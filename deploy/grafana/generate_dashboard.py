@@ -226,7 +226,7 @@ def build() -> Json:
     on_off = _value_map((0, "off", "text"), (1, "on", "green"))
     layout.add(state_timeline(
         "Speculation: recommended vs deployed",
-        "Whether speculative decoding is recommended (the advisor's published decision, after hysteresis and dwell) "
+        "Whether speculative decoding is recommended (the advisor's published decision, after its margin and wait) "
         "and whether the engine runs it. A lasting difference is SpecAdvisorRecommendationNotApplied; deployed on "
         "while recommended off is SpecAdvisorSpeculationCostsThroughput.",
         [q(f"specadvisor_recommended_enabled{{{T}}}", "recommended {{target}}"),
@@ -309,8 +309,8 @@ def build() -> Json:
         "Batch vs crossover",
         "Running requests (the continuous batch) and queued requests. The sidecar exports no crossover gauge yet, "
         "so the crossover is bracketed from the advisor's own decisions over the last 6 hours: the largest batch "
-        "at which speculation was recommended on and the smallest at which it was recommended off. Hysteresis and "
-        "dwell widen that bracket, and acceptance changes move the crossover itself.",
+        "at which speculation was recommended on and the smallest at which it was recommended off. The margin and "
+        "the wait before a change widen that bracket, and acceptance changes move the crossover itself.",
         [q(f"specadvisor_batch_requests{{{T}}}", "batch {{target}}"),
          q(f"specadvisor_waiting_requests{{{T}}}", "waiting {{target}}"),
          q(f"max_over_time((specadvisor_batch_requests{{{T}}} and specadvisor_recommended_enabled{{{T}}} == 1)"

@@ -32,8 +32,8 @@ import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-# Two choices whose true utilities are within this of each other are equally right (2%: the advisor's own
-# min_speedup_gain_to_change_gamma, and about the step-time jitter of a decision window).
+# Two choices whose true utilities are within this of each other are equally right (2%: the advisor's default
+# decide.margin, and about the step-time jitter of a decision window).
 AGREE_MARGIN = 0.02
 
 # utility(interval index, gamma) -> 0..1, the oracle's normalised true score.

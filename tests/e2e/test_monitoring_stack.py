@@ -128,7 +128,7 @@ def test_scenario_pays_at_light_load_and_loses_at_every_gamma_when_saturated() -
     assert ctx == pytest.approx(512.5)
     # Light phase: 1 request/s of ~225 output tokens keeps about 2 requests running; memory-bound, drafts pay.
     light = {gamma: true_speedup(scenario, gamma=gamma, batch=2, context_tokens=ctx) for gamma in range(1, 9)}
-    assert light[k] > 1.05, light  # clears the advisor's default 5% margin to be recommended on
+    assert light[k] > 1.05, light  # clears the advisor's default 2% margin at the band's low end, with room
     # Overload: 45 requests/s x ~225 tokens = ~10k tokens/s asked of an engine that serves fewer, so the batch
     # sits at max_num_seqs; compute-bound there, every gamma loses.
     loaded = {

@@ -118,7 +118,7 @@ def test_speculation_comes_back_on_after_the_load_drops(tmp_path: Path) -> None:
     off_ticks = [s for s in steps if turned_off.t_s < s.t_s < drained.t_s and s.k == 0 and s.ok]
     assert off_ticks and all("remembered acceptance" in s.reason for s in off_ticks)
     back_on = next(s for s in light if s.t_s >= drained.t_s and s.k > 0)
-    # "Within a few windows": the 120 s dwell plus at most two more 60 s windows.
+    # "Within a few windows": the wait (at most the 120 s dwell) plus at most two more 60 s windows.
     assert back_on.t_s - drained.t_s <= 4 * window_s
     assert "remembered acceptance from" in back_on.reason
     # It stays on for the rest of the run (no flapping at steady light load) and saved what it measured.

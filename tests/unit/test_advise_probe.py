@@ -1,4 +1,4 @@
-"""The re-measuring probe over many ticks (policies/decide.py rule 5): held until measured, no flip-flop."""
+"""The re-measuring probe over many ticks (policies/decide.py, the probe hold): held until measured, no flip-flop."""
 
 from __future__ import annotations
 
@@ -90,7 +90,7 @@ def test_a_probe_the_engine_applies_is_released_by_the_measured_window_and_decid
     memory = _memory(USELESS, measured_at_s=NOW - 3600.0)
     advice = None
     now = NOW
-    # Off at batch 1 on an hour-old useless memory: the probe is pending, then published after the dwell.
+    # Off at batch 1 on an hour-old useless memory: the probe is pending, then published a dwell after the baseline.
     while advice is None or not advice.decision.enabled:
         advice = _tick(make_off_evidence(batch=1.0), advice, memory, now)
         now += TICK_S

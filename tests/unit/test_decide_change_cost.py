@@ -108,7 +108,7 @@ def test_slo_gain_is_counted_per_delivered_token_not_as_a_ratio_of_tiny_shares()
     # moves 1% of the served tokens across the SLO: 0.01 x 600 s = 6 s < 20 s + in-flight: keep running (and
     # keep measuring the acceptance, which turning off would blind).
     enabled, reason = _decide_on_k3(_slo_curve(s3=0.5, share0=0.02, share3=0.01))
-    assert enabled and "off gains +1.0% at its band's low end" in reason  # (1 - 0.5) / 0.5 x 0.01
+    assert enabled and "off gains +1.0% against the running option's band high end" in reason  # (1 - 0.5) / 0.5 x 0.01
     # Off meets the SLO for 60% of tokens where k=3 meets it for 30%: 30% of the service, 180 s > the cost.
     enabled, _ = _decide_on_k3(_slo_curve(s3=0.5, share0=0.6, share3=0.3))
     assert not enabled
@@ -193,3 +193,16 @@ def test_the_baseline_does_not_hold_back_the_first_change() -> None:
     # The first decision adopts what runs; it is not a change, so a change seen 50 s later waits only its own
     # 22.56 / 0.6 = 37.6 s (the 40 s tick), not until the baseline is a dwell old.
     assert _planned_switch_time(0.6, cost_scale=0.1, from_s=1050.0) == 40.0
+
+
+def test_with_a_plan_the_wait_is_todays_cost_over_todays_gain() -> None:
+    # The plan says gamma 1 is worth 60% more over the recent load; this window says 8% (the load just turned).
+    # Valued on the plan (360 s against 2.3 s at cost scale 0.1) it pays; the wait is today's 22.56 s over today's
+    # 8% = 282 s -> the 120 s dwell, not 22.56 / 0.6 = 38 s.
+    config = DecideConfig(change_cost_s=20.0, payback_horizon_s=600.0, dwell_s=120.0, confirm_s=30.0)
+    today, planned = _curve(1.08, 1.0, 1.0), _curve(1.6, 1.0, 1.0)
+    _, state = decide(_evidence(), today, config, DecideState(), 1000.0, plan=planned, cost_scale=0.1)
+    decision, state = decide(_evidence(), today, config, state, 1040.0, plan=planned, cost_scale=0.1)
+    assert decision.num_speculative_tokens == 3 and "wait 120s (cost today 22.6s / gain now +8.0%" in decision.reason
+    decision, _ = decide(_evidence(), today, config, state, 1120.0, plan=planned, cost_scale=0.1)
+    assert decision.num_speculative_tokens == 1

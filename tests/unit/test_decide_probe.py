@@ -63,3 +63,15 @@ def test_a_measured_window_releases_the_probe() -> None:
     # Released: the live curve (S < 1) now argues off, which waits out the dwell.
     assert after.probe_since_s is None
     assert decision.enabled and after.pending_enabled is False
+
+
+def test_a_sidecar_that_starts_off_does_not_probe_on_its_first_tick() -> None:
+    # The baseline published on the first tick is not a change, but a probe is spaced from it: a restarted
+    # sidecar (its memory and back-off are not kept) would otherwise probe at once, every restart.
+    off = make_evidence(speculation_on=False, deployed_k=0, acceptance=None)
+    first, state = decide(off, OFF_CURVE, CONFIG, DecideState(), T0, probe=PROBE)
+    assert not first.enabled and state.pending_enabled is True
+    decision, state = decide(off, OFF_CURVE, CONFIG, state, T0 + 119.0, probe=PROBE)
+    assert not decision.enabled
+    decision, state = decide(off, OFF_CURVE, CONFIG, state, T0 + 120.0, probe=PROBE)
+    assert decision.enabled and state.probe_since_s == T0 + 120.0
