@@ -181,7 +181,7 @@ def decide(
         head += note  # a published probe the engine has not run yet: the curve is still the remembered one
     elif choice is not None and choice.value_s > 0 and choice.gain >= config.margin:
         # Waiting forgoes the gain at this window's rate: the rent is paid now, whatever the plan forecasts.
-        now_gain = pessimistic_gain(curve, current, choice.key) if plan else choice.gain
+        now_gain = pessimistic_gain(curve, current, choice.key, costly=cost_s > 0) if plan else choice.gain
         rent = choice.gain if now_gain is None else now_gain
         wait = wait_s(cost_s=today_s, gain=rent, confirm_s=config.confirm_s, dwell_s=config.dwell_s)
         head += note + f"; {_worth(choice, config, cost_s)}, wait {wait:.0f}s (cost today {today_s:.1f}s / gain "

@@ -7,11 +7,14 @@ by a gain the model is sure of:
 
     c off      -> o on at gamma:  g = S_low(gamma) - 1                         (the band of S vs plain decoding)
     c on at k  -> o off:          g = (1 - S_high(k)) / S(k)                    (the running option at its best)
-    c on at k  -> o on at gamma:  g = (S(gamma) exp(-1.645 gain_sd) - S(k)) / S(k)
+    c on at k  -> o on at gamma:  g = (S(gamma) exp(-1.645 gain_sd) - S(k)) / S(k)   (gain_sd: only when C > 0)
 
 gain_sd is the sd of log(S(gamma) / S(k)) under the cost model's own uncertainty (CurvePoint.gain_sd,
 policies/uncertainty.py): while one k runs, how a step grows with the tokens verified is the prior's, and S(1) vs
-S(3) differs mostly by it. The acceptance both share (measured at k, so at every gamma <= k) cancels in the
+S(3) differs mostly by it. That doubt is priced only when the move costs a restart (C > 0): a free move between
+gammas keeps speculating, its next window shows whether it was right, and undoing it costs nothing, so it is taken
+on its expected gain (pessimism then would only keep a gamma the model expects to be worse). The acceptance both
+share (measured at k, so at every gamma <= k) cancels in the
 ratio; an extrapolated gamma's does not (its positions past k were never run), so it is taken at no more than its
 own band's low end, S_low(gamma). Under an ITL SLO g is multiplied by the running option's SLO share
 (CurvePoint.slo_share): the tokens the change moves across the SLO per delivered token, not a ratio of goodputs
@@ -57,14 +60,15 @@ def point_at(curve: Sequence[CurvePoint], gamma: int) -> CurvePoint | None:
     return next((p for p in curve if p.gamma == gamma), None)
 
 
-def pessimistic_gain(curve: Sequence[CurvePoint], current: Key, option: Key) -> float | None:
+def pessimistic_gain(curve: Sequence[CurvePoint], current: Key, option: Key, *, costly: bool) -> float | None:
     """g(option) over `current` (module docstring); None when either has no point on the curve or g is not a
-    finite number (a broken point prices nothing)."""
-    gain = _gain(curve, current, option)
+    finite number (a broken point prices nothing). `costly`: the change costs a restart (C > 0), so a move between
+    gammas is taken at the low end of its gain's band."""
+    gain = _gain(curve, current, option, costly=costly)
     return gain if gain is not None and math.isfinite(gain) else None
 
 
-def _gain(curve: Sequence[CurvePoint], current: Key, option: Key) -> float | None:
+def _gain(curve: Sequence[CurvePoint], current: Key, option: Key, *, costly: bool) -> float | None:
     new = point_at(curve, option[1]) if option[0] else None
     if option[0] and new is None:
         return None
@@ -79,7 +83,7 @@ def _gain(curve: Sequence[CurvePoint], current: Key, option: Key) -> float | Non
         return (1.0 - here.speedup_high) / here.speedup * _share(here)
     if option == current:
         return 0.0
-    target = new.speedup * math.exp(-Z_90 * new.gain_sd) if new.gain_sd > 0 else new.speedup
+    target = new.speedup * math.exp(-Z_90 * new.gain_sd) if costly and new.gain_sd > 0 else new.speedup
     if new.extrapolated:
         target = min(target, new.speedup_low)
     return (target - here.speedup) / here.speedup * _share(here)
@@ -94,7 +98,7 @@ def value_options(
     for key in options:
         if key == current:
             continue
-        gain = pessimistic_gain(curve, current, key)
+        gain = pessimistic_gain(curve, current, key, costly=cost_s > 0)
         if gain is None:
             continue
         point = point_at(curve, key[1]) if key[0] else None

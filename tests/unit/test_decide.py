@@ -160,6 +160,9 @@ def test_a_restart_is_weighed_at_the_low_end_of_the_gains_band() -> None:
     unsure = (*curve[:3], replace(curve[3], gain_sd=0.04))
     d, s = tick(s, T0 + 10.0, unsure, ON2, COST)
     assert s.pending_enabled is None and "gains +0.3% at its band's low end < margin 2%" in d.reason
+    # A free move (no restart) is taken on its expected gain, +7.1%: the next window shows whether it was right.
+    _, s = tick(_published_on_gamma_2(make_curve(1.10, 1.40, 1.40)), T0 + 10.0, unsure, ON2)
+    assert (s.pending_enabled, s.pending_gamma) == (True, 3)
 
 
 def test_changes_stay_a_dwell_apart() -> None:
@@ -526,6 +529,6 @@ def test_a_turn_off_goes_to_the_best_gamma_when_it_is_expected_to_do_as_well_as_
     # serve as well as off while keeping the acceptance measured: the move goes to gamma 1.
     even = make_curve((0.90, 1.00, 1.10), (0.70, 0.75, 0.80), s3)
     even = (even[0], replace(even[1], gain_sd=0.15), *even[2:])
-    d, s = tick(DecideState(), T0, even, ON3)
+    d, s = tick(DecideState(), T0, even, ON3, COST)  # a restart: gamma 1's doubt is priced
     assert (s.pending_enabled, s.pending_gamma) == (True, 1)
     assert "off gains +18.8%" in d.reason and "S(1)=1.00 [0.90..1.10] is expected to do as well as off" in d.reason
