@@ -4,23 +4,24 @@ The rule. Value every option o (off, or on at gamma) against the one that runs, 
 
     V(o) = H x g(o) - C          C = (change_cost_s + in-flight work + weighed queue) x cost_scale     (s)
 
-g(o) is o's gain over c at the pessimistic end of its 90% band, per delivered token (policies/value.py); C is what
-one change destroys in seconds of service (policies/change_cost.py; 0 for an engine that adapts per batch). The
-candidate is the option with the greatest V among those with g >= margin (ties: the smaller gamma, off first);
-when none has V > 0, what runs stays. A turn-off goes to gamma* (the best point speedup) instead when S(gamma*)
->= 1: as much expected service, and the acceptance stays measured. The candidate is published once some change
-has been worth making for
+g(o) is o's gain over c at the pessimistic end of its 90% band (a free move between gammas: its expected gain), per
+delivered token (policies/value.py); C is what one change destroys in seconds of service (policies/change_cost.py; 0
+for an engine that adapts per batch). The candidate is the option with the greatest V among those with g >= margin
+(ties: the smaller gamma, off first); when none has V > 0, what runs stays. A turn-off goes to gamma* (the best
+point speedup among measured gammas) instead when S(gamma*) >= 1: as much expected service, and the acceptance stays
+measured. The candidate is published once some change has been worth making for
 
     wait = C / g, clipped to [confirm_s, dwell_s]
 
 (the service forgone by waiting has then paid for the switch: the break-even rule, which unclipped loses at most
-twice what hindsight would on a condition of any length), once the candidate has kept its on/off state for
-confirm_s (one outlying window cannot publish a change), and never within dwell_s of the last published change.
-What is published is the candidate of that tick: near the optimum, neighbouring gammas alternate within noise.
-Hysteresis comes from the pessimistic band on both sides (to switch on, S's low end must clear 1 + margin; to
+twice what hindsight would on a condition of any length), once the candidate has kept its side for confirm_s (off,
+more drafts or fewer: one outlying window cannot publish a change), and never within dwell_s of the last published
+change. What is published is the candidate of that tick: near the optimum, neighbouring gammas alternate within
+noise. Hysteresis comes from the pessimistic band on both sides (to switch on, S's low end must clear 1 + margin; to
 switch off, the running option's high end must fall short of 1 by margin x S(c)) and the cost; the wait from the
 cost over the gain: a grossly wrong setting (g >= C / confirm_s) is corrected after confirm_s, a gain below C /
-dwell_s waits the whole dwell. With no restart (C = 0) every change waits confirm_s: undoing it costs nothing.
+dwell_s waits the whole dwell. With no restart (C = 0) every change but a probe waits confirm_s: undoing it costs
+nothing.
 
 The options: off, and every gamma in 1..gamma_max; while on, no further than one gamma past the measured k
 (`reachable_gamma_limit`): past it the acceptance is a guess, and each step up runs, gets its position measured
@@ -87,7 +88,8 @@ class DecideState:
     pending_enabled: bool | None = None  # the change waiting to be published
     pending_gamma: int | None = None  # the last candidate's gamma
     pending_since_s: float | None = None  # since when some change has been worth making (the wait's clock)
-    candidate_since_s: float | None = None  # since when the candidate has kept its on/off state
+    candidate_since_s: float | None = None  # since when the candidate has kept its side (off, up or down)
+    candidate_side: int | None = None  # that side: 0 off, +1 more drafts than run, -1 fewer
     probe_since_s: float | None = None  # when a probe was published; held until a live window is measured
     probe_after_s: float | None = None  # no probe before this time (back-off after a probe nobody applied)
     last_change_s: float | None = None  # when a change (not the first baseline) was last published
@@ -176,7 +178,7 @@ def decide(
     held, probe_since, probe_after, note = _probe_hold(state, current, measured=measured, config=config, now_s=now_s)
     options = _options(current, evidence, config)
     choice = _choose(choose, current, options, config, cost_s=cost_s)
-    candidate, wait, probing = current, config.dwell_s, False
+    candidate, wait, probing, side = current, config.dwell_s, False, 0
     if held:
         head += note  # a published probe the engine has not run yet: the curve is still the remembered one
     elif choice is not None and choice.value_s > 0 and choice.gain >= config.margin:
@@ -184,27 +186,39 @@ def decide(
         now_gain = pessimistic_gain(curve, current, choice.key, costly=cost_s > 0) if plan else choice.gain
         rent = choice.gain if now_gain is None else now_gain
         wait = wait_s(cost_s=today_s, gain=rent, confirm_s=config.confirm_s, dwell_s=config.dwell_s)
-        head += note + f"; {_worth(choice, config, cost_s)}, wait {wait:.0f}s (cost today {today_s:.1f}s / gain "
+        worth = _worth(choice, config, cost_s, from_on=current[0])
+        head += note + f"; {worth}, wait {wait:.0f}s (cost today {today_s:.1f}s / gain "
         head += f"now {rent:+.1%}, in {config.confirm_s:.0f}..{config.dwell_s:.0f}s)"
+        side = _side(choice.key, current)  # the option valued: a turn-off kept measuring is still a turn-off
         candidate, kept = _keep_measuring(choice.key, choose, options)
         head += kept
     elif probe is not None and not current[0] and (probe_after is None or now_s >= probe_after):
         # The probe's own test priced its restarts (advise.probe_for); it rests on the memory's age, which only
         # grows, so it does not wait for confirmation, only for the spacing after the last change.
-        candidate, wait, probing = (True, max(1, min(probe.gamma, config.gamma_max))), 0.0, True
+        candidate, wait, probing, side = (True, max(1, min(probe.gamma, config.gamma_max))), 0.0, True, 1
         head += note + f"; probing: {probe.why}"
     else:
-        head += note + (f"; stays: {_worth(choice, config, cost_s)}" if choice is not None else "; stays")
+        stays = _worth(choice, config, cost_s, from_on=current[0]) if choice is not None else ""
+        head += note + (f"; stays: {stays}" if stays else "; stays")
         if probe is not None and probe_after is not None and now_s < probe_after:
             head += f"; no probe for another {probe_after - now_s:.0f}s (back-off after an unapplied probe)"
     return _publish(evidence, curve, state, published, now_s, candidate=candidate, wait=wait, config=config,
-                    reason=prefix + head, probing=probing, probe_since_s=probe_since, probe_after_s=probe_after)
+                    side=side, reason=prefix + head, probing=probing, probe_since_s=probe_since,
+                    probe_after_s=probe_after)
+
+
+def _side(option: Key, current: Key) -> int:
+    """Which way a change goes: 0 off, +1 to more drafts than run (on from off included), -1 to fewer."""
+    if not option[0]:
+        return 0
+    return 1 if not current[0] or option[1] > current[1] else -1
 
 
 def _keep_measuring(key: Key, curve: Sequence[CurvePoint], options: Sequence[Key]) -> tuple[Key, str]:
     """A turn-off that pays goes to gamma* instead when gamma* is expected to do as well as plain decoding
-    (S(gamma*) >= 1): the same expected service, and the acceptance stays measured (nothing is while off)."""
-    star = best_on(curve, options)
+    (S(gamma*) >= 1, gamma* among the measured gammas: an extrapolated one is a guess): the same expected service,
+    and the acceptance stays measured (nothing is while off)."""
+    star = best_on(curve, [o for o in options if (p := point_at(curve, o[1])) is not None and not p.extrapolated])
     if key[0] or star is None or star.speedup < 1.0:
         return key, ""
     return (True, star.gamma), f"; {_fmt_point(star)} is expected to do as well as off: gamma {star.gamma} instead"
@@ -240,14 +254,20 @@ def _choose(
     return best
 
 
-def _worth(choice: Valued, config: DecideConfig, cost_s: float) -> str:
+def _worth(choice: Valued, config: DecideConfig, cost_s: float, *, from_on: bool) -> str:
     """The numbers behind a candidate (or the best option that is not one), for the reason."""
     seen = f" {_fmt_point(choice.point)}" if choice.point is not None else ""
     if math.isinf(choice.gain):
         return f"{_describe(choice.key)}{seen}, the running gamma is not on the curve"
-    # Off is priced against the running option at its best (its band's high end); a gamma at its own low end.
-    side = "against the running option's band high end" if not choice.key[0] else "at its band's low end"
-    text = f"{_describe(choice.key)}{seen} gains {choice.gain:+.1%} {side}"
+    # Off is priced against the running option at its best (its band's high end); a gamma at its own low end, or
+    # on its expected value when it is a free move between gammas (policies/value.py).
+    if not choice.key[0]:
+        basis = "against the running option's band high end"
+    elif not from_on or cost_s > 0 or choice.point is None or choice.point.extrapolated:
+        basis = "at its band's low end"
+    else:
+        basis = "expected (a free move)"
+    text = f"{_describe(choice.key)}{seen} gains {choice.gain:+.1%} {basis}"
     if choice.gain < config.margin:
         return text + f" < margin {config.margin:.0%}"
     if cost_s <= 0:
@@ -266,21 +286,23 @@ def _publish(
     *,
     candidate: Key,
     wait: float,
+    side: int,
     config: DecideConfig,
     reason: str,
     probing: bool,
     probe_since_s: float | None,
     probe_after_s: float | None,
 ) -> tuple[Decision, DecideState]:
-    """Run the wait clock (module docstring) and build the Decision and the next state. `probing`: the candidate
-    is a probe; `probe_since_s`: when a held probe was published (None: none held)."""
+    """Run the wait clock (module docstring) and build the Decision and the next state. `side`: which way the
+    valued change goes (`_side`); `probing`: the candidate is a probe; `probe_since_s`: when a held probe was
+    published (None: none held)."""
     current, pending = _key(published), _pending(state)
     changed, since, steady, tail = False, None, None, ""
     if candidate == current:
         tail = f"; candidate {_describe(pending)} withdrawn" if pending is not None else ""
     else:
         since = state.pending_since_s if pending is not None and state.pending_since_s is not None else now_s
-        same_side = pending is not None and pending[0] == candidate[0] and state.candidate_since_s is not None
+        same_side = pending is not None and state.candidate_side == side
         steady = state.candidate_since_s if same_side and state.candidate_since_s is not None else now_s
         waited, held_s = max(0.0, now_s - since), max(0.0, now_s - steady)
         # A probe rests on the memory's age; the first one is spaced from the baseline, so a restarted sidecar
@@ -293,7 +315,7 @@ def _publish(
         else:
             tail = f"; waiting {waited:.0f}s of {wait:.0f}s before {_transition(current, candidate)}"
             if held_s < min(wait, config.confirm_s) <= waited:
-                tail += f" (its on/off state held {held_s:.0f}s of {config.confirm_s:.0f}s)"
+                tail += f" (its side held {held_s:.0f}s of {config.confirm_s:.0f}s)"
             if last is not None and spacing > 0:
                 tail += f" ({spacing:.0f}s more: last change {now_s - last:.0f}s ago)"
     publish = candidate if changed else current
@@ -305,6 +327,7 @@ def _publish(
         pending_gamma=None if changed or candidate == current else candidate[1],
         pending_since_s=since,
         candidate_since_s=steady,
+        candidate_side=None if steady is None else side,
         # A probe published now is held until it is measured; any other change ends a hold.
         probe_since_s=now_s if probing and changed else (None if changed else probe_since_s),
         probe_after_s=probe_after_s,

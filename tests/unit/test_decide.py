@@ -250,12 +250,31 @@ def test_one_bad_tick_cannot_publish_a_change_another_was_waiting_for() -> None:
     outlier = make_curve(0.55, 0.50)
     d, s = tick(s, T0 + 110.0, outlier, ON2, COST)
     assert (d.enabled, d.num_speculative_tokens) == (True, 2)
-    assert "its on/off state held 0s of 30s" in d.reason
-    # Back to what it was: gamma 3 is published once its own 120 s are served.
+    assert "its side held 0s of 30s" in d.reason
+    # Back to what it was: gamma 3 has waited 120 s at T0+130 but its side has held only 1 s since T0+129.
     d, s = tick(s, T0 + 129.0, slow, ON2, COST)
     assert d.num_speculative_tokens == 2
-    d, s = tick(s, T0 + 160.0, slow, ON2, COST)  # on for 50 s >= 30 s; 150 s >= 120 s
+    d, s = tick(s, T0 + 130.0, slow, ON2, COST)
+    assert d.num_speculative_tokens == 2 and "its side held 1s of 30s" in d.reason
+    d, s = tick(s, T0 + 159.0, slow, ON2, COST)  # more drafts for 30 s since T0+129; 149 s >= 120 s
     assert (d.enabled, d.num_speculative_tokens) == (True, 3)
+
+
+def test_an_outlying_window_naming_another_gamma_cannot_ride_the_pending_clock() -> None:
+    # As above, but the outlier says gamma 1 (S 1.00) gains (1.00 - 0.50) / 0.50 = 100% over S(2) 0.50: fewer drafts,
+    # the other side from the pending gamma 3. Its side has held 0 s: not published.
+    s = _published_on_gamma_2(make_curve(1.10, 1.40, 1.40), COST)
+    slow = make_curve(1.10, 1.40, 1.46)
+    _, s = tick(s, T0 + 10.0, slow, ON2, COST)
+    d, s = tick(s, T0 + 110.0, make_curve((0.95, 1.00, 1.05), (0.45, 0.50, 0.55), 0.40), ON2, COST)
+    assert d.num_speculative_tokens == 2 and "switching gamma 2->1" in d.reason and "its side held 0s" in d.reason
+
+
+def test_a_broken_point_prices_nothing() -> None:
+    # gamma 1's low end is NaN: it is left out, and gamma 3 (low end 1.31, +31%) is still the candidate from off.
+    broken = (GOOD[0], replace(GOOD[1], speedup_low=float("nan")), *GOOD[2:])
+    _, s = tick(DecideState(), T0, broken)
+    assert (s.pending_enabled, s.pending_gamma) == (True, 3)
 
 
 def test_candidate_returning_to_published_clears_the_clock() -> None:
@@ -313,7 +332,7 @@ def test_gamma_moves_only_for_the_margin() -> None:
     small = make_curve(1.10, 1.40, 1.42)  # (1.42 - 1.40) / 1.40 = 1.43% < 2%
     d, s = tick(s, T0 + 10.0, small, ON2)
     assert (d.num_speculative_tokens, s.pending_gamma) == (2, None)
-    assert "gains +1.4% at its band's low end < margin 2%" in d.reason
+    assert "gains +1.4% expected (a free move) < margin 2%" in d.reason
     enough = make_curve(1.10, 1.40, 1.43)  # 2.14% >= 2%
     d, s = tick(s, T0 + 20.0, enough, ON2)
     assert (d.num_speculative_tokens, s.pending_enabled, s.pending_gamma) == (2, True, 3)
@@ -420,7 +439,7 @@ def test_reason_names_the_numbers() -> None:
     d, _ = tick(s, T0 + 10.0, curve, on2)
     for part in (
         "on, gamma 2: best S(3)=1.42 [1.31..1.55] at batch 6.0",
-        "on, gamma 3 S(3)=1.42 [1.31..1.55] gains +9.2% at its band's low end",  # (1.42 - 1.30) / 1.30
+        "on, gamma 3 S(3)=1.42 [1.31..1.55] gains +9.2% expected (a free move)",  # (1.42 - 1.30) / 1.30
         "waiting 10s of 30s before switching gamma 2->3",
     ):
         assert part in d.reason, (part, d.reason)
@@ -532,3 +551,8 @@ def test_a_turn_off_goes_to_the_best_gamma_when_it_is_expected_to_do_as_well_as_
     d, s = tick(DecideState(), T0, even, ON3, COST)  # a restart: gamma 1's doubt is priced
     assert (s.pending_enabled, s.pending_gamma) == (True, 1)
     assert "off gains +18.8%" in d.reason and "S(1)=1.00 [0.90..1.10] is expected to do as well as off" in d.reason
+    # The wait is priced on the turn-off: 20 s / 0.1875 = 106.7 s; gamma 1 is published on the first tick past it.
+    d, s = tick(s, T0 + 106.0, even, ON3, COST)
+    assert d.num_speculative_tokens == 3
+    d, s = tick(s, T0 + 107.0, even, ON3, COST)
+    assert (d.enabled, d.num_speculative_tokens) == (True, 1)
