@@ -101,11 +101,7 @@ def best_point(curve: Sequence[CurvePoint], gamma_max: int) -> CurvePoint | None
     `curve` may be in any order and may be empty; returns None when no point has 1 <= gamma <= gamma_max.
     Example: S(1)=1.20, S(2)=1.35, S(3)=1.35, S(4)=1.30 -> the gamma=2 point.
     """
-    best: CurvePoint | None = None
-    for point in sorted(curve, key=lambda p: p.gamma):
-        if 1 <= point.gamma <= gamma_max and (best is None or point.speedup > best.speedup):
-            best = point
-    return best
+    return best_on(curve, [(True, gamma) for gamma in range(1, gamma_max + 1)])
 
 
 @dataclass(frozen=True, slots=True)
