@@ -19,7 +19,7 @@ from lightkube.resources.apps_v1 import Deployment
 from lightkube.types import PatchType
 
 from policies.deployment import ActuatorError, ApplyResult, DeploymentObservation, SpeculationSetting
-from service.actuators.guarded_patch import PatchRefusedError, guarded_apply
+from service.actuators.guarded_patch import GuardedWrite, PatchRefusedError, guarded_apply
 from service.actuators.kube_errors import (
     error_for_exception,
     failed_observation,
@@ -165,11 +165,11 @@ class DeploymentActuator:
             )
             return result.metadata.resourceVersion if result.metadata is not None else None
 
-        return await guarded_apply(
-            target_ref=self.target_ref, observed=observed, dry_run=dry_run, read=self._read, patch_for=patch_for,
-            send=send, patch_type=PATCH_TYPE.value,
+        write = GuardedWrite(
+            target_ref=self.target_ref, read=self._read, patch_for=patch_for, send=send, patch_type=PATCH_TYPE.value,
             unchanged=f"{self.target_ref} already runs the desired setting; nothing to send",
         )
+        return await guarded_apply(write, observed, dry_run=dry_run)
 
 def _containers(deployment: Mapping[str, Any]) -> list[dict[str, Any]]:
     spec = (((deployment.get("spec") or {}).get("template") or {}).get("spec")) or {}

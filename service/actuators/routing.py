@@ -17,7 +17,7 @@ from lightkube.generic_resource import create_namespaced_resource
 from lightkube.types import PatchType
 
 from policies.deployment import ActuatorError, ApplyResult, DeploymentObservation, SpeculationSetting
-from service.actuators.guarded_patch import PatchRefusedError, guarded_apply
+from service.actuators.guarded_patch import GuardedWrite, PatchRefusedError, guarded_apply
 from service.actuators.kube_errors import (
     error_for_exception,
     failed_observation,
@@ -143,11 +143,11 @@ class RoutingActuator:
             metadata = result.metadata
             return metadata.resourceVersion if metadata is not None else None
 
-        return await guarded_apply(
-            target_ref=self.target_ref, observed=observed, dry_run=dry_run, read=self._read, patch_for=patch_for,
-            send=send, patch_type=PATCH_TYPE.value,
+        write = GuardedWrite(
+            target_ref=self.target_ref, read=self._read, patch_for=patch_for, send=send, patch_type=PATCH_TYPE.value,
             unchanged=f"{self.target_ref} already routes to the desired pool; nothing to send",
         )
+        return await guarded_apply(write, observed, dry_run=dry_run)
 
 class _NoBackendError(Exception):
     pass

@@ -113,6 +113,20 @@ class _Runtime:
     errors: dict[str, int] = field(default_factory=dict)
 
 
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    """What one audit record says: its kind and result, why (`reason`, `detail`), the setting wanted, and for an
+    action the actuator's result; for an override, when it expires."""
+
+    kind: str
+    reason: str
+    result: str = "ok"
+    desired: SpeculationSetting | None = None
+    detail: str = ""
+    apply: ApplyResult | None = None
+    expires_at_s: float | None = None
+
+
 class UnknownTargetError(KeyError):
     """A command named a target the runner does not act on."""
 
@@ -225,9 +239,8 @@ class ActuationRunner:
             # An observation error's cause is part of its key: forbidden then unreachable is news worth a line.
             key = plan.skip.value if observation.error is None else f"{plan.skip.value}:{observation.error.value}"
             if self._throttle.should_write(runtime.target, key, now_s):
-                await self._write(self._record(runtime, "skip", now_s, status=status, observation=observation,
-                                               desired=plan.desired, reason=plan.skip.value, detail=plan.detail,
-                                               result="skipped"))
+                entry = _Entry("skip", plan.skip.value, "skipped", desired=plan.desired, detail=plan.detail)
+                await self._write(self._record(runtime, now_s, entry, status=status, observation=observation))
             return
         assert plan.desired is not None
         reason = "override" if plan.via_override else "recommendation"
@@ -245,10 +258,8 @@ class ActuationRunner:
         # (the write awaits a thread, and GET /v1/actions is served meanwhile). The action happened whatever the
         # write does (a cancelled await, an unexpected error): the counters and the throttle follow it anyway.
         try:
-            await self._write(self._record(
-                runtime, "action", now_s, status=status, observation=observation, desired=plan.desired,
-                reason=reason, detail=detail, result=label, apply=result,
-            ))
+            entry = _Entry("action", reason, label, desired=plan.desired, detail=detail, apply=result)
+            await self._write(self._record(runtime, now_s, entry, status=status, observation=observation))
         finally:
             runtime.actions[label] = runtime.actions.get(label, 0) + 1
             runtime.last_result = label
@@ -275,10 +286,8 @@ class ActuationRunner:
         preview = await self._apply(runtime, plan.desired, observation, dry_run=True)
         if preview.error is not None or preview.patch is None:
             return replace(preview, dry_run=False)  # nothing to send, or it would fail the same way: nothing sent
-        started = await self._write(self._record(
-            runtime, "action_started", now_s, status=status, observation=observation, desired=plan.desired,
-            reason=reason, detail=plan.detail, result="started", apply=preview,
-        ))
+        entry = _Entry("action_started", reason, "started", desired=plan.desired, detail=plan.detail, apply=preview)
+        started = await self._write(self._record(runtime, now_s, entry, status=status, observation=observation))
         if not started:
             return ApplyResult(applied=False, dry_run=False, patch=preview.patch, patch_type=preview.patch_type,
                                error=ActuatorError.UNEXPECTED,
@@ -360,25 +369,31 @@ class ActuationRunner:
             at_s = record.get("at_s")
             if runtime is None or not isinstance(at_s, int | float):
                 continue
-            state, kind = runtime.state, record.get("kind")
-            if kind in ("pause", "resume"):
-                state = replace(state, paused=kind == "pause")
-            elif kind == "override":
-                state = _restored_override(state, record, float(at_s))
-            elif kind == "override_cleared":
-                state = replace(state, override=None)
-            elif kind == "action_started":
-                started[runtime.target] = float(at_s)
-                state = _restored_action(state, float(at_s), now_s)
-            elif kind == "action" and started.get(runtime.target) == float(at_s):
-                del started[runtime.target]  # the result of an action already counted from its started record
-            elif kind == "action" and self._counts_at_restore(record.get("result")):
-                state = _restored_action(state, float(at_s), now_s)
-            runtime.state = state
+            kind = record.get("kind")
+            command = _RESTORE_COMMAND.get(kind) if isinstance(kind, str) else None
+            if command is not None:
+                runtime.state = command(runtime.state, record, float(at_s))
+            elif kind in ("action_started", "action"):
+                runtime.state = self._restored_from_action(runtime, record, float(at_s), now_s, started)
         for runtime in self._runtimes.values():
             if runtime.state.override is not None and active_override(runtime.state, now_s) is None:
                 runtime.state = replace(runtime.state, override=None)
         self.version += 1
+
+    def _restored_from_action(
+        self, runtime: _Runtime, record: Mapping[str, Any], at_s: float, now_s: float, started: dict[str, float]
+    ) -> ActuationState:
+        """`runtime`'s gate state after an "action_started" or "action" record at `at_s`; `started` (target -> at_s
+        of its last "action_started" record) is updated so an action's result is not counted twice."""
+        if record.get("kind") == "action_started":
+            started[runtime.target] = at_s
+            return _restored_action(runtime.state, at_s, now_s)
+        if started.get(runtime.target) == at_s:
+            del started[runtime.target]  # the result of an action already counted from its started record
+            return runtime.state
+        if self._counts_at_restore(record.get("result")):
+            return _restored_action(runtime.state, at_s, now_s)
+        return runtime.state
 
     def _counts_at_restore(self, result: object) -> bool:
         return result in _LIVE_RESULTS or (result == "dry_run" and self._options.config.dry_run)
@@ -388,10 +403,10 @@ class ActuationRunner:
     async def pause(self, target: str | None, *, reason: str, now_s: float) -> list[str]:
         """Pause one target (or all when None); returns the targets paused. Every command raises
         AuditNotPersistedError (after changing the state in memory) when its audit record could not be written."""
-        return await self._command(target, "pause", reason, now_s, lambda s: replace(s, paused=True))
+        return await self._command(target, _Entry("pause", reason), now_s, lambda s: replace(s, paused=True))
 
     async def resume(self, target: str | None, *, reason: str, now_s: float) -> list[str]:
-        return await self._command(target, "resume", reason, now_s, lambda s: replace(s, paused=False))
+        return await self._command(target, _Entry("resume", reason), now_s, lambda s: replace(s, paused=False))
 
     async def set_override(
         self, target: str, *, num_speculative_tokens: int, expires_in_s: float, reason: str, now_s: float
@@ -404,30 +419,22 @@ class ActuationRunner:
             k = on_pool_k
         override = Override(setting=SpeculationSetting(k), expires_at_s=now_s + expires_in_s, reason=reason,
                             set_at_s=now_s)
-        await self._command(target, "override", reason, now_s, lambda s: replace(s, override=override),
-                            desired=override.setting, detail=f"until {rfc3339(override.expires_at_s)}",
-                            expires_at_s=override.expires_at_s)
+        entry = _Entry("override", reason, desired=override.setting, detail=f"until {rfc3339(override.expires_at_s)}",
+                       expires_at_s=override.expires_at_s)
+        await self._command(target, entry, now_s, lambda s: replace(s, override=override))
         return override
 
     async def clear_override(self, target: str, *, reason: str, now_s: float) -> bool:
         """Drop `target`'s override; False when it had none in force."""
         runtime = self._runtime(target)
         had = active_override(runtime.state, now_s) is not None
-        await self._command(target, "override_cleared", reason, now_s, lambda s: replace(s, override=None))
+        await self._command(target, _Entry("override_cleared", reason), now_s, lambda s: replace(s, override=None))
         return had
 
     async def _command(
-        self,
-        target: str | None,
-        kind: str,
-        reason: str,
-        now_s: float,
-        change: Callable[[ActuationState], ActuationState],
-        *,
-        desired: SpeculationSetting | None = None,
-        detail: str = "",
-        expires_at_s: float | None = None,
+        self, target: str | None, entry: _Entry, now_s: float, change: Callable[[ActuationState], ActuationState]
     ) -> list[str]:
+        """Apply `change` to the gate state of `target` (all targets when None), then write `entry` for each."""
         runtimes = list(self._runtimes.values()) if target is None else [self._runtime(target)]
         for runtime in runtimes:
             runtime.state = change(runtime.state)
@@ -435,11 +442,10 @@ class ActuationRunner:
         self.version += 1
         unpersisted: list[str] = []
         for runtime in runtimes:
-            self._log.info("actuation " + kind, extra=fields(target=runtime.target, reason=reason))
+            self._log.info("actuation " + entry.kind, extra=fields(target=runtime.target, reason=entry.reason))
             status = self._board.get(runtime.target)
             written = await self._write(self._record(
-                runtime, kind, now_s, status=status, observation=runtime.last_observation, desired=desired,
-                reason=reason, detail=detail, result="ok", expires_at_s=expires_at_s,
+                runtime, now_s, entry, status=status, observation=runtime.last_observation
             ))
             if not written:
                 unpersisted.append(runtime.target)
@@ -487,38 +493,34 @@ class ActuationRunner:
     def _record(
         self,
         runtime: _Runtime,
-        kind: str,
         now_s: float,
+        entry: _Entry,
         *,
         status: TargetStatus | None,
         observation: DeploymentObservation | None,
-        desired: SpeculationSetting | None,
-        reason: str,
-        detail: str,
-        result: str,
-        apply: ApplyResult | None = None,
-        expires_at_s: float | None = None,
     ) -> dict[str, Any]:
+        """The audit record of `entry` for `runtime`'s target at `now_s`, with what was observed and the evidence."""
+        apply = entry.apply
         return {
             "time": rfc3339(now_s),
             "at_s": now_s,
-            "kind": kind,
+            "kind": entry.kind,
             "target": runtime.target,
             "target_ref": runtime.actuator.target_ref,
             "mode": self._options.mode,
             "dry_run": self._options.config.dry_run,
-            "desired": _setting_json(desired),
+            "desired": _setting_json(entry.desired),
             "observed": None if observation is None else _setting_json(observation.setting),
             "observed_error": None if observation is None or observation.error is None else observation.error.value,
-            "reason": reason,
-            "detail": detail,
+            "reason": entry.reason,
+            "detail": entry.detail,
             "patch": None if apply is None else apply.patch,
             "patch_type": None if apply is None else apply.patch_type,
-            "result": result,
+            "result": entry.result,
             "error": None if apply is None or apply.error is None else apply.error.value,
             "resource_version": None if apply is None else apply.resource_version,
             "evidence": _evidence_summary(status),
-            "expires_at_s": expires_at_s,
+            "expires_at_s": entry.expires_at_s,
         }
 
     async def _write(self, record: dict[str, Any]) -> bool:
@@ -575,6 +577,15 @@ def _restored_override(state: ActuationState, record: Mapping[str, Any], at_s: f
     override = Override(setting=SpeculationSetting(k), expires_at_s=float(expires_at_s),
                         reason=str(record.get("reason", "")), set_at_s=at_s)
     return replace(state, override=override)
+
+
+# How an operator command's audit record ("kind") changes the gate state it is restored into.
+_RESTORE_COMMAND: dict[str, Callable[[ActuationState, Mapping[str, Any], float], ActuationState]] = {
+    "pause": lambda state, _record, _at_s: replace(state, paused=True),
+    "resume": lambda state, _record, _at_s: replace(state, paused=False),
+    "override": _restored_override,
+    "override_cleared": lambda state, _record, _at_s: replace(state, override=None),
+}
 
 
 def _setting_json(setting: SpeculationSetting | None) -> dict[str, Any] | None:

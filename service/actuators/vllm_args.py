@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import shlex
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -89,91 +89,127 @@ def _refuse_shell(why: str) -> ArgsError:
     )
 
 
+# Characters that make the shell do more than run one command with literal words, wherever they are unquoted.
+_UNSAFE_GROUPS = (
+    (";&|", "it has the operator {!r}, so it is more than one simple command"),
+    ("<>", "it has a redirection {!r}"),
+    ("()", "it has a subshell or function {!r}"),
+    ("$`", "it has an expansion {!r}: the value is only known when the shell runs"),
+    ("*?[{}", "it has an unquoted {!r}, which the shell may expand"),
+)
+_UNSAFE = {c: why.format(c) for chars, why in _UNSAFE_GROUPS for c in chars}
+# ... and those that do so only at the start of a word.
+_UNSAFE_AT_WORD_START = {"#": "it has a comment", "~": "it has an unquoted '~', which the shell expands"}
+# The characters a backslash escapes inside double quotes (a `\\`-newline is dropped there too).
+_DOUBLE_QUOTE_ESCAPES = '$`"\\\n'
+
+
+class _ShellLexer:
+    """A cursor over one shell script that cuts it into (word, start, end) by the shell's quoting rules: `i` is the
+    next character to read, `chars` the word being built (None between words) and `start` where that word began."""
+
+    def __init__(self, script: str) -> None:
+        self.script = script
+        self.i = 0
+        self.chars: list[str] | None = None
+        self.start = 0
+        self.words: list[tuple[str, int, int]] = []
+
+    def run(self) -> list[tuple[str, int, int]]:
+        while self.i < len(self.script):
+            _LEXER_HANDLERS.get(self.script[self.i], _ShellLexer.plain)(self)
+        self.finish(self.i)
+        return self.words
+
+    def begin(self) -> list[str]:
+        """The word being built, starting one at `i` if between words."""
+        if self.chars is None:
+            self.chars, self.start = [], self.i
+        return self.chars
+
+    def finish(self, end: int) -> None:
+        """End the word being built (if any) at `end`."""
+        if self.chars is not None:
+            self.words.append(("".join(self.chars), self.start, end))
+            self.chars = None
+
+    def backslash(self) -> None:
+        """`\\`-newline is a line continuation (the shell drops both characters); `\\c` is a literal c."""
+        script, i = self.script, self.i
+        if script.startswith("\\\n", i):
+            self.i += 2
+            return
+        if i + 1 >= len(script):
+            raise _refuse_shell("it ends with a lone backslash")
+        self.begin().append(script[i + 1])
+        self.i += 2
+
+    def blank(self) -> None:
+        self.finish(self.i)
+        self.i += 1
+
+    def newline(self) -> None:
+        """A newline ends the command: only blanks may follow."""
+        self.finish(self.i)
+        if self.script[self.i :].strip():
+            raise _refuse_shell("it has several lines, i.e. several commands")
+        self.i = len(self.script)
+
+    def single_quote(self) -> None:
+        chars = self.begin()
+        close = self.script.find("'", self.i + 1)
+        if close < 0:
+            raise _refuse_shell("a single quote is not closed")
+        chars.extend(self.script[self.i + 1 : close])
+        self.i = close + 1
+
+    def double_quote(self) -> None:
+        """Literal text up to the closing quote, with `\\` escaping only $ ` " \\ and newline; no expansions."""
+        chars = self.begin()
+        script, n = self.script, len(self.script)
+        i = self.i + 1
+        while i < n:
+            d = script[i]
+            if d == '"':
+                self.i = i + 1
+                return
+            if d in "$`":
+                raise _refuse_shell(f"it expands {d!r} inside double quotes")
+            if d == "\\" and i + 1 < n and script[i + 1] in _DOUBLE_QUOTE_ESCAPES:
+                if script[i + 1] != "\n":
+                    chars.append(script[i + 1])
+                i += 2
+                continue
+            chars.append(d)
+            i += 1
+        raise _refuse_shell("a double quote is not closed")
+
+    def plain(self) -> None:
+        """An unquoted character: part of the word unless the shell would give it a meaning."""
+        c = self.script[self.i]
+        why = _UNSAFE.get(c)
+        if why is None and self.chars is None:
+            why = _UNSAFE_AT_WORD_START.get(c)
+        if why is not None:
+            raise _refuse_shell(why)
+        self.begin().append(c)
+        self.i += 1
+
+
+_LEXER_HANDLERS: dict[str, Callable[[_ShellLexer], None]] = {
+    "\\": _ShellLexer.backslash,
+    " ": _ShellLexer.blank,
+    "\t": _ShellLexer.blank,
+    "\n": _ShellLexer.newline,
+    "'": _ShellLexer.single_quote,
+    '"': _ShellLexer.double_quote,
+}
+
+
 def shell_words(script: str) -> list[tuple[str, int, int]]:
     """Split one simple shell command into (word, start, end) with the shell's quoting rules, refusing anything
     that would make the shell do more than run one command with literal words. Cross-checked against shlex."""
-    words: list[tuple[str, int, int]] = []
-    chars: list[str] | None = None
-    start = 0
-    i, n = 0, len(script)
-
-    def begin() -> None:
-        nonlocal chars, start
-        if chars is None:
-            chars, start = [], i
-
-    def finish(end: int) -> None:
-        nonlocal chars
-        if chars is not None:
-            words.append(("".join(chars), start, end))
-            chars = None
-
-    while i < n:
-        c = script[i]
-        if c == "\\":
-            if script.startswith("\\\n", i):  # line continuation: the shell drops both characters
-                i += 2
-                continue
-            if i + 1 >= n:
-                raise _refuse_shell("it ends with a lone backslash")
-            begin()
-            assert chars is not None
-            chars.append(script[i + 1])
-            i += 2
-        elif c in " \t":
-            finish(i)
-            i += 1
-        elif c == "\n":
-            finish(i)
-            if script[i:].strip():
-                raise _refuse_shell("it has several lines, i.e. several commands")
-            break
-        elif c == "'":
-            begin()
-            close = script.find("'", i + 1)
-            if close < 0:
-                raise _refuse_shell("a single quote is not closed")
-            assert chars is not None
-            chars.extend(script[i + 1 : close])
-            i = close + 1
-        elif c == '"':
-            begin()
-            assert chars is not None
-            i += 1
-            while True:
-                if i >= n:
-                    raise _refuse_shell("a double quote is not closed")
-                d = script[i]
-                if d == '"':
-                    i += 1
-                    break
-                if d in "$`":
-                    raise _refuse_shell(f"it expands {d!r} inside double quotes")
-                if d == "\\" and i + 1 < n and script[i + 1] in '$`"\\\n':
-                    if script[i + 1] != "\n":
-                        chars.append(script[i + 1])
-                    i += 2
-                    continue
-                chars.append(d)
-                i += 1
-        elif c in ";&|":
-            raise _refuse_shell(f"it has the operator {c!r}, so it is more than one simple command")
-        elif c in "<>":
-            raise _refuse_shell(f"it has a redirection {c!r}")
-        elif c in "()":
-            raise _refuse_shell(f"it has a subshell or function {c!r}")
-        elif c in "$`":
-            raise _refuse_shell(f"it has an expansion {c!r}: the value is only known when the shell runs")
-        elif c in "*?[{}":
-            raise _refuse_shell(f"it has an unquoted {c!r}, which the shell may expand")
-        elif c in "#~" and chars is None:
-            raise _refuse_shell("it has a comment" if c == "#" else "it has an unquoted '~', which the shell expands")
-        else:
-            begin()
-            assert chars is not None
-            chars.append(c)
-            i += 1
-    finish(i)
+    words = _ShellLexer(script).run()
     if [w for w, _, _ in words] != shlex.split(script.replace("\\\n", ""), posix=True):
         raise _refuse_shell("shlex does not split it the way the shell would")
     return words
@@ -309,17 +345,25 @@ def _config(found: Sequence[_SpecArg]) -> tuple[dict[str, Any] | None, Form]:
             f"--speculative-config is given {len(full)} times (only the last counts); {_JSON_FORM_HINT}, once",
         )
     if full:
-        try:
-            parsed = json.loads(full[0].raw)
-        except json.JSONDecodeError as exc:
-            raise ArgsError(
-                ActuatorError.MALFORMED_ARGS, f"--speculative-config is not valid JSON ({exc}): {full[0].raw!r}"
-            ) from exc
-        if not isinstance(parsed, dict):
-            raise ArgsError(
-                ActuatorError.MALFORMED_ARGS, f"--speculative-config is JSON but not an object: {full[0].raw!r}"
-            )
-        return parsed, "json"
+        return _json_config(full[0]), "json"
+    return _dotted_config(dotted), "dotted"
+
+
+def _json_config(arg: _SpecArg) -> dict[str, Any]:
+    """The config `--speculative-config '<json>'` gives: its value parsed as a JSON object."""
+    try:
+        parsed = json.loads(arg.raw)
+    except json.JSONDecodeError as exc:
+        raise ArgsError(
+            ActuatorError.MALFORMED_ARGS, f"--speculative-config is not valid JSON ({exc}): {arg.raw!r}"
+        ) from exc
+    if not isinstance(parsed, dict):
+        raise ArgsError(ActuatorError.MALFORMED_ARGS, f"--speculative-config is JSON but not an object: {arg.raw!r}")
+    return parsed
+
+
+def _dotted_config(dotted: Sequence[_SpecArg]) -> dict[str, Any]:
+    """The config the dotted `--speculative-config.<a>.<b> value` arguments give: nested objects by key path."""
     config: dict[str, Any] = {}
     seen: set[str] = set()
     for arg in dotted:
@@ -341,7 +385,7 @@ def _config(found: Sequence[_SpecArg]) -> tuple[dict[str, Any] | None, Form]:
                 raise ArgsError(ActuatorError.MALFORMED_ARGS, f"{arg.flag_text} conflicts with another dotted key")
             node = child
         node[leaf] = _dotted_value(arg.raw)
-    return config, "dotted"
+    return config
 
 
 def _model(located: _Located) -> str | None:
@@ -481,8 +525,12 @@ def _edits(located: _Located, found: Sequence[_SpecArg], old: dict[str, Any] | N
     if not dotted:
         end = len(located.words) - 1
         return [_Edit(end + 1, end, (FLAG, text))]
-    # Dotted form: change only the top-level keys that differ, each in its own word, keeping the user's form.
     assert old is not None
+    return _dotted_edits(dotted, old, config)
+
+
+def _dotted_edits(dotted: Sequence[_SpecArg], old: Mapping[str, Any], config: Mapping[str, Any]) -> list[_Edit]:
+    """Dotted form: change only the top-level keys that differ, each in its own word, keeping the user's form."""
     changed = {k for k in set(old) | set(config) if old.get(k) != config.get(k) or (k in old) != (k in config)}
     by_key = {a.key: a for a in dotted}
     edits: list[_Edit] = []
@@ -495,20 +543,25 @@ def _edits(located: _Located, found: Sequence[_SpecArg], old: dict[str, Any] | N
                 f"the dotted --speculative-config.{key} arguments cannot be changed one key at a time; "
                 f"{_JSON_FORM_HINT}",
             )
-        if key not in config:
-            assert known is not None
-            edits.append(_Edit(known.words[0], known.words[-1], ()))
-        elif known is None:
-            last = dotted[-1]
-            prefix = last.flag_text.split(".", 1)[0]
-            new = (f"{prefix}.{key}={_dotted_text(config[key])}",) if last.inline else (
-                f"{prefix}.{key}", _dotted_text(config[key]))
-            edits.append(_Edit(last.words[-1] + 1, last.words[-1], new))
-        elif known.inline:
-            edits.append(_Edit(known.words[0], known.words[0], (f"{known.flag_text}={_dotted_text(config[key])}",)))
-        else:
-            edits.append(_Edit(known.words[1], known.words[1], (_dotted_text(config[key]),)))
+        edits.append(_dotted_key_edit(key, known, dotted[-1], config))
     return edits
+
+
+def _dotted_key_edit(key: str, known: _SpecArg | None, last: _SpecArg, config: Mapping[str, Any]) -> _Edit:
+    """The edit setting top-level `key` to `config[key]`: drop its argument when `config` has no such key, append a
+    new one after `last` (the last dotted argument, in its inline-or-not form) when there is none (`known` None),
+    else replace its value."""
+    if key not in config:
+        assert known is not None
+        return _Edit(known.words[0], known.words[-1], ())
+    text = _dotted_text(config[key])
+    if known is None:
+        prefix = last.flag_text.split(".", 1)[0]
+        new = (f"{prefix}.{key}={text}",) if last.inline else (f"{prefix}.{key}", text)
+        return _Edit(last.words[-1] + 1, last.words[-1], new)
+    if known.inline:
+        return _Edit(known.words[0], known.words[0], (f"{known.flag_text}={text}",))
+    return _Edit(known.words[1], known.words[1], (text,))
 
 
 def _apply_exec(located: _Located, edits: Sequence[_Edit], command: Sequence[str],
