@@ -183,6 +183,34 @@ def _remove(doc: Json, path: str) -> Json:
     return doc
 
 
+def _op_replace(doc: Json, op: dict[str, Any]) -> Json:
+    path = op["path"]
+    _get(doc, path)  # must exist
+    return _add(_remove(doc, path), path, op["value"]) if _pointer(path) else copy.deepcopy(op["value"])
+
+
+def _op_move(doc: Json, op: dict[str, Any]) -> Json:
+    value = copy.deepcopy(_get(doc, op["from"]))
+    return _add(_remove(doc, op["from"]), op["path"], value)
+
+
+def _op_test(doc: Json, op: dict[str, Any]) -> Json:
+    if _get(doc, op["path"]) != op["value"]:
+        raise _invalid(f"testing value {op['path']} failed")
+    return doc
+
+
+# RFC 6902 operation -> (document, operation) -> the document after it.
+JSON_PATCH_OPS: dict[str, Callable[[Json, dict[str, Any]], Json]] = {
+    "add": lambda doc, op: _add(doc, op["path"], op["value"]),
+    "remove": lambda doc, op: _remove(doc, op["path"]),
+    "replace": _op_replace,
+    "move": _op_move,
+    "copy": lambda doc, op: _add(doc, op["path"], copy.deepcopy(_get(doc, op["from"]))),
+    "test": _op_test,
+}
+
+
 def json_patch(doc: Json, operations: Json) -> Json:
     """RFC 6902: add, remove, replace, move, copy, test, applied in order, all or nothing."""
     if not isinstance(operations, list):
@@ -191,26 +219,13 @@ def json_patch(doc: Json, operations: Json) -> Json:
     for op in operations:
         if not isinstance(op, dict) or "op" not in op or "path" not in op:
             raise _bad_request(f"invalid json patch operation {op!r}")
-        kind, path = op["op"], op["path"]
+        kind = op["op"]
         if kind in ("add", "replace", "test") and "value" not in op:
             raise _bad_request(f"{kind} operation without a value")
-        if kind == "add":
-            doc = _add(doc, path, op["value"])
-        elif kind == "remove":
-            doc = _remove(doc, path)
-        elif kind == "replace":
-            _get(doc, path)  # must exist
-            doc = _add(_remove(doc, path), path, op["value"]) if _pointer(path) else copy.deepcopy(op["value"])
-        elif kind in ("move", "copy"):
-            value = copy.deepcopy(_get(doc, op["from"]))
-            if kind == "move":
-                doc = _remove(doc, op["from"])
-            doc = _add(doc, path, value)
-        elif kind == "test":
-            if _get(doc, path) != op["value"]:
-                raise _invalid(f"testing value {path} failed")
-        else:
+        apply = JSON_PATCH_OPS.get(kind) if isinstance(kind, str) else None
+        if apply is None:
             raise _bad_request(f"unknown json patch operation {kind!r}")
+        doc = apply(doc, op)
     return doc
 
 
@@ -248,9 +263,14 @@ def strategic_merge_patch(target: Json, patch: Json, field_name: str | None = No
         return None
     if directive not in (None, "merge"):
         raise _bad_request(f"unknown patch type {directive!r}")
-    for key in body:
-        if key.startswith("$"):
-            raise _bad_request(f"the directive {key!r} is not supported by this test apiserver")
+    unsupported = next((key for key in body if key.startswith("$")), None)
+    if unsupported is not None:
+        raise _bad_request(f"the directive {unsupported!r} is not supported by this test apiserver")
+    return _merge_map(target, body)
+
+
+def _merge_map(target: Json, body: dict[str, Any]) -> dict[str, Any]:
+    """`body`'s keys merged into the map `target` (strategic merge patch, no directive left in `body`)."""
     result = dict(target) if isinstance(target, dict) else {}
     for key, value in body.items():
         if value is None:
@@ -292,27 +312,41 @@ def _merge_list(original: list[Any], patch: list[Any], key: str) -> list[Any]:
 # ----------------------------------------------------------------------------------------------------------------
 
 
+def _validate_deployment(obj: dict[str, Any]) -> None:
+    if not isinstance((obj.get("spec") or {}).get("selector"), dict):
+        raise _invalid("spec.selector: Required value")
+    containers = (((obj.get("spec") or {}).get("template") or {}).get("spec") or {}).get("containers")
+    if not isinstance(containers, list) or not containers:
+        raise _invalid("spec.template.spec.containers: Required value")
+    names = [c.get("name") if isinstance(c, dict) else None for c in containers]
+    if not all(isinstance(n, str) and n for n in names) or len(set(names)) != len(names):
+        raise _invalid(f"spec.template.spec.containers: names must be unique and non-empty: {names!r}")
+    for container in containers:
+        for name in ("command", "args"):
+            value = container.get(name)
+            if value is not None and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
+                raise _invalid(f"spec.template.spec.containers[{container['name']}].{name}: must be strings")
+
+
+def _validate_httproute(obj: dict[str, Any]) -> None:
+    for rule in (obj.get("spec") or {}).get("rules") or []:
+        for ref in rule.get("backendRefs") or []:
+            weight = ref.get("weight", 1)
+            if not isinstance(weight, int) or not 0 <= weight <= 1_000_000:
+                raise _invalid(f"spec.rules.backendRefs.weight: Invalid value: {weight!r}")
+
+
+# The kinds whose writes are validated, and how.
+VALIDATORS: dict[Kind, Callable[[dict[str, Any]], None]] = {
+    DEPLOYMENTS: _validate_deployment,
+    HTTPROUTES: _validate_httproute,
+}
+
+
 def _validate(kind: Kind, obj: dict[str, Any]) -> None:
-    if kind is DEPLOYMENTS:
-        if not isinstance((obj.get("spec") or {}).get("selector"), dict):
-            raise _invalid("spec.selector: Required value")
-        containers = (((obj.get("spec") or {}).get("template") or {}).get("spec") or {}).get("containers")
-        if not isinstance(containers, list) or not containers:
-            raise _invalid("spec.template.spec.containers: Required value")
-        names = [c.get("name") if isinstance(c, dict) else None for c in containers]
-        if not all(isinstance(n, str) and n for n in names) or len(set(names)) != len(names):
-            raise _invalid(f"spec.template.spec.containers: names must be unique and non-empty: {names!r}")
-        for container in containers:
-            for name in ("command", "args"):
-                value = container.get(name)
-                if value is not None and not (isinstance(value, list) and all(isinstance(v, str) for v in value)):
-                    raise _invalid(f"spec.template.spec.containers[{container['name']}].{name}: must be strings")
-    if kind is HTTPROUTES:
-        for rule in (obj.get("spec") or {}).get("rules") or []:
-            for ref in rule.get("backendRefs") or []:
-                weight = ref.get("weight", 1)
-                if not isinstance(weight, int) or not 0 <= weight <= 1_000_000:
-                    raise _invalid(f"spec.rules.backendRefs.weight: Invalid value: {weight!r}")
+    validator = VALIDATORS.get(kind)
+    if validator is not None:
+        validator(obj)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -489,15 +523,7 @@ class FakeKubeApiServer:
     def patch(
         self, kind: Kind, namespace: str, name: str, content_type: str, body: bytes, *, dry_run: bool
     ) -> dict[str, Any]:
-        if (content_type == STRATEGIC_PATCH and not kind.strategic) or content_type not in (
-            JSON_PATCH, MERGE_PATCH, STRATEGIC_PATCH
-        ):
-            accepted = [JSON_PATCH, MERGE_PATCH] + ([STRATEGIC_PATCH] if kind.strategic else [])
-            raise ApiStatusError(
-                415, "UnsupportedMediaType",
-                f"the body of the request was in an unknown format - accepted media types include: "
-                f"{', '.join(accepted)}",
-            )
+        _check_patch_type(kind, content_type)
         try:
             patch = json.loads(body)
         except json.JSONDecodeError as exc:
@@ -508,20 +534,7 @@ class FakeKubeApiServer:
         with self._lock:
             key = (kind, namespace, name)
             old = self.lookup(kind, namespace, name)
-            if content_type == JSON_PATCH:
-                new = json_patch(old, patch)
-            elif content_type == MERGE_PATCH:
-                if not isinstance(patch, dict):
-                    raise _bad_request("merge patch must be a JSON object")
-                new = merge_patch(old, patch)
-            else:
-                if not isinstance(patch, dict):
-                    raise _bad_request("strategic merge patch must be a JSON object")
-                new = strategic_merge_patch(old, patch)
-            if not isinstance(new, dict):
-                raise _bad_request("the patched object is not an object")
-            new = copy.deepcopy(new)
-            new.setdefault("metadata", {})
+            new = _patched(old, content_type, patch)
             sent_version = new["metadata"].get("resourceVersion")
             if sent_version is not None and sent_version != old["metadata"]["resourceVersion"]:
                 raise ApiStatusError(
@@ -539,6 +552,38 @@ class FakeKubeApiServer:
     def record(self, request: RecordedRequest) -> None:
         with self._lock:
             self._state.requests.append(request)
+
+
+def _check_patch_type(kind: Kind, content_type: str) -> None:
+    """415 unless `kind` takes patches of `content_type` (strategic merge only for built-in types)."""
+    if (content_type == STRATEGIC_PATCH and not kind.strategic) or content_type not in (
+        JSON_PATCH, MERGE_PATCH, STRATEGIC_PATCH
+    ):
+        accepted = [JSON_PATCH, MERGE_PATCH] + ([STRATEGIC_PATCH] if kind.strategic else [])
+        raise ApiStatusError(
+            415, "UnsupportedMediaType",
+            f"the body of the request was in an unknown format - accepted media types include: "
+            f"{', '.join(accepted)}",
+        )
+
+
+def _patched(old: dict[str, Any], content_type: str, patch: Json) -> dict[str, Any]:
+    """A copy of `old` with `patch` (of an accepted `content_type`) applied, with a metadata map."""
+    if content_type == JSON_PATCH:
+        new = json_patch(old, patch)
+    elif content_type == MERGE_PATCH:
+        if not isinstance(patch, dict):
+            raise _bad_request("merge patch must be a JSON object")
+        new = merge_patch(old, patch)
+    else:
+        if not isinstance(patch, dict):
+            raise _bad_request("strategic merge patch must be a JSON object")
+        new = strategic_merge_patch(old, patch)
+    if not isinstance(new, dict):
+        raise _bad_request("the patched object is not an object")
+    new = copy.deepcopy(new)
+    new.setdefault("metadata", {})
+    return new
 
 
 # ----------------------------------------------------------------------------------------------------------------

@@ -646,56 +646,63 @@ def test_random_scrape_sequences_keep_the_invariants(seed: int) -> None:
     snapshot = make_snapshot()
     state = observe(EstimatorState(), snapshot, CONFIG)
     for _ in range(40):
-        roll = rng.random()
-        if roll < 0.05:
-            snapshot = make_snapshot(taken_at_s=snapshot.taken_at_s + 5, spec=None)
-        elif roll < 0.1 or snapshot.spec is None:
-            k = rng.randint(1, 6)
-            per_position = tuple(sorted((float(rng.randint(0, 50)) for _ in range(k)), reverse=True))
-            snapshot = make_snapshot(
-                taken_at_s=snapshot.taken_at_s + 5,
-                created_s=snapshot.taken_at_s + rng.random(),
-                spec=make_spec(
-                    drafts=50.0,
-                    draft_tokens=50.0 * k,
-                    accepted_tokens=sum(per_position),
-                    per_position=per_position,
-                ),
-            )
-        else:
-            k = snapshot.spec.deployed_k
-            drafts = float(rng.randint(0, 100))
-            # Nested growth with occasional skew (a later position growing more than an earlier one).
-            growth = sorted((rng.uniform(0, drafts) for _ in range(k)), reverse=True)
-            if rng.random() < 0.3 and k > 1:
-                growth[-1], growth[0] = growth[0], growth[-1]
-            snapshot = advance(
-                snapshot,
-                dt_s=rng.uniform(1, 30),
-                drafts=drafts,
-                draft_tokens=drafts * k,
-                accepted=sum(growth),
-                per_position=tuple(growth),
-            )
+        snapshot = _random_next_scrape(rng, snapshot)
         state = observe(state, snapshot, CONFIG)
         for older, newer in zip(state.snapshots, state.snapshots[1:], strict=False):
             if older.spec is not None and newer.spec is not None:
                 assert newer.spec.drafts >= older.spec.drafts
-        evidence = estimate(state, target=TARGET, config=CONFIG, now_s=snapshot.taken_at_s)
-        acceptance = evidence.acceptance
-        if acceptance is None:
-            continue
-        assert acceptance.drafts > 0
-        assert acceptance.draft_tokens >= 0
-        assert acceptance.accepted_tokens >= 0
-        r = list(acceptance.per_position)
-        assert r == sorted(r, reverse=True)
-        for point, low, high in zip(
-            r, acceptance.per_position_low, acceptance.per_position_high, strict=True
-        ):
-            assert 0.0 <= low <= point <= high <= 1.0
-        assert 1.0 <= acceptance.mean_acceptance_length <= 1.0 + evidence.deployed_k + 1e-9
-        assert 0.0 <= acceptance.acceptance_rate <= 1.0
+        _assert_acceptance_invariants(estimate(state, target=TARGET, config=CONFIG, now_s=snapshot.taken_at_s))
+
+
+def _random_next_scrape(rng: random.Random, snapshot: EngineSnapshot) -> EngineSnapshot:
+    """The scrape after `snapshot`: speculation off (5%); a restart with a new k from 1..6 (5%, and always after
+    speculation was off); else counters grown by up to 100 drafts, nested per position but for an occasional skew
+    (a later position growing more than an earlier one)."""
+    roll = rng.random()
+    if roll < 0.05:
+        return make_snapshot(taken_at_s=snapshot.taken_at_s + 5, spec=None)
+    if roll < 0.1 or snapshot.spec is None:
+        k = rng.randint(1, 6)
+        per_position = tuple(sorted((float(rng.randint(0, 50)) for _ in range(k)), reverse=True))
+        return make_snapshot(
+            taken_at_s=snapshot.taken_at_s + 5,
+            created_s=snapshot.taken_at_s + rng.random(),
+            spec=make_spec(
+                drafts=50.0,
+                draft_tokens=50.0 * k,
+                accepted_tokens=sum(per_position),
+                per_position=per_position,
+            ),
+        )
+    k = snapshot.spec.deployed_k
+    drafts = float(rng.randint(0, 100))
+    growth = sorted((rng.uniform(0, drafts) for _ in range(k)), reverse=True)
+    if rng.random() < 0.3 and k > 1:
+        growth[-1], growth[0] = growth[0], growth[-1]
+    return advance(
+        snapshot,
+        dt_s=rng.uniform(1, 30),
+        drafts=drafts,
+        draft_tokens=drafts * k,
+        accepted=sum(growth),
+        per_position=tuple(growth),
+    )
+
+
+def _assert_acceptance_invariants(evidence: Evidence) -> None:
+    """Counts non-negative, r non-increasing, each interval around its point in [0, 1], E[L] in [1, k + 1]."""
+    acceptance = evidence.acceptance
+    if acceptance is None:
+        return
+    assert acceptance.drafts > 0
+    assert acceptance.draft_tokens >= 0
+    assert acceptance.accepted_tokens >= 0
+    r = list(acceptance.per_position)
+    assert r == sorted(r, reverse=True)
+    for point, low, high in zip(r, acceptance.per_position_low, acceptance.per_position_high, strict=True):
+        assert 0.0 <= low <= point <= high <= 1.0
+    assert 1.0 <= acceptance.mean_acceptance_length <= 1.0 + evidence.deployed_k + 1e-9
+    assert 0.0 <= acceptance.acceptance_rate <= 1.0
 
 
 def test_prefill_tokens_per_step_from_the_iteration_histogram() -> None:
