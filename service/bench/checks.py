@@ -120,32 +120,46 @@ def flaps(change_times_s: Sequence[float], *, dwell_s: float) -> int:
     return sum(1 for a, b in itertools.pairwise(change_times_s) if b - a < dwell_s)
 
 
-def steady_changes(policy_k: Sequence[int], steady: Sequence[bool], *, initial_k: int, utility: Utility,
-                   oracle_k: Sequence[int] | None = None, itl_s: Utility | None = None,
-                   horizon_ticks: int = 1) -> int:
+@dataclass(frozen=True, slots=True)
+class Truth:
+    """What a change is judged on: the true utility `utility(interval, gamma)` (0..1), the true inter-token latency
+    `itl_s(interval, gamma)` (s; None: not judged on latency), and the payback horizon in ticks (>= 1) the utility
+    is averaged over."""
+
+    utility: Utility
+    itl_s: Utility | None = None
+    horizon_ticks: int = 1
+
+
+def steady_changes(policy_k: Sequence[int], steady: Sequence[bool], *, initial_k: int, truth: Truth,
+                   oracle_k: Sequence[int] | None = None) -> int:
     """Changes at steady ticks that made nothing truly better (module docstring): not onto `oracle_k` at that
-    tick (when given), not raising the true utility, averaged over the next `horizon_ticks` intervals (>= 1; the
-    run's end cuts it), by AGREE_MARGIN, and not cutting the true ITL `itl_s(interval, gamma)` (s, when given) by
-    AGREE_MARGIN at no loss of utility."""
+    tick (when given) and not `truly_better` by `truth`."""
     count = 0
-    n = len(policy_k)
     for i in change_ticks(initial_k, policy_k):
         if i >= len(steady) or not steady[i]:
             continue
         if oracle_k is not None and i < len(oracle_k) and policy_k[i] == oracle_k[i]:
             continue
-        before, after = (policy_k[i - 1] if i else initial_k), policy_k[i]
-        span = range(i + 1, max(i + 2, min(i + 1 + max(1, horizon_ticks), n + 1)))
-        u_before = sum(utility(j, before) for j in span) / len(span)
-        u_after = sum(utility(j, after) for j in span) / len(span)
-        if u_after >= u_before + AGREE_MARGIN:
-            continue
-        if itl_s is not None and u_after >= u_before and itl_s(i + 1, after) <= itl_s(i + 1, before) * (
-            1.0 - AGREE_MARGIN
-        ):
-            continue
-        count += 1
+        before = policy_k[i - 1] if i else initial_k
+        if not truly_better(truth, i, before, policy_k[i], ticks=len(policy_k)):
+            count += 1
     return count
+
+
+def truly_better(truth: Truth, tick: int, before: int, after: int, *, ticks: int) -> bool:
+    """Whether changing gamma `before` -> `after` at `tick` (of a run of `ticks`) raised the true utility, averaged
+    over the next `truth.horizon_ticks` intervals (the run's end cuts it), by AGREE_MARGIN, or cut the true ITL of
+    the next interval by AGREE_MARGIN (relative) at no loss of that utility."""
+    span = range(tick + 1, max(tick + 2, min(tick + 1 + max(1, truth.horizon_ticks), ticks + 1)))
+    u_before = sum(truth.utility(j, before) for j in span) / len(span)
+    u_after = sum(truth.utility(j, after) for j in span) / len(span)
+    if u_after >= u_before + AGREE_MARGIN:
+        return True
+    itl_s = truth.itl_s
+    return itl_s is not None and u_after >= u_before and itl_s(tick + 1, after) <= itl_s(tick + 1, before) * (
+        1.0 - AGREE_MARGIN
+    )
 
 
 def steady_ticks(rates: Sequence[float], acceptances: Sequence[float], *, interval_s: float, span_s: float,

@@ -117,25 +117,35 @@ class SteadyState:
     slo_score: float
 
 
-class SteadyStatePlanner:
-    """Controller that plays a plan computed up front; `start_s` is the world's start (scenario times are relative
-    to it), the plan covers `duration_s` in intervals of `interval_s`."""
+@dataclass(frozen=True, slots=True)
+class PlanGrid:
+    """The time grid a plan covers: from `start_s` (the world's start, Unix s; scenario times are relative to it),
+    `duration_s` (s) in decision intervals of `interval_s` (s)."""
 
-    def __init__(self, scenario: Scenario, *, start_s: float, gamma_max: int, interval_s: float,
-                 duration_s: float, itl_slo_s: float | None, initial_k: int | None = None) -> None:
+    start_s: float
+    interval_s: float
+    duration_s: float
+
+
+class SteadyStatePlanner:
+    """Controller that plays a plan computed up front over `grid`, choosing gammas 0..`gamma_max` (or up to the
+    starting k when it is larger), scored against the ITL SLO `itl_slo_s` (s; None: no SLO)."""
+
+    def __init__(self, scenario: Scenario, grid: PlanGrid, *, gamma_max: int, itl_slo_s: float | None,
+                 initial_k: int | None = None) -> None:
         self._s = scenario
-        self._start_s = start_s
+        self._start_s = grid.start_s
         # Where the server was (module docstring): the deployed k unless told otherwise.
         self._initial_k = max(0, scenario.drafter.num_speculative_tokens if initial_k is None else initial_k)
         self._gamma_max = max(gamma_max, self._initial_k)
-        self._interval_s = interval_s
+        self._interval_s = grid.interval_s
         self._slo = itl_slo_s
         self._out = mean_length(scenario.workload.output_tokens)
         self._prompt = mean_length(scenario.workload.prompt_tokens)
         self._context = self._prompt + self._out / 2
         self._utility: list[tuple[float, ...]] = []
         self._itl_s: list[tuple[float, ...]] = []
-        self._plan = self._solve(max(1, round(duration_s / interval_s)))
+        self._plan = self._solve(max(1, round(grid.duration_s / grid.interval_s)))
 
     @property
     def plan(self) -> tuple[int, ...]:
@@ -243,47 +253,16 @@ class SteadyStatePlanner:
     def _solve(self, intervals: int) -> tuple[int, ...]:
         gammas = range(self._gamma_max + 1)
         dt = self._interval_s
-        engine = self._s.engine
-        rolling = engine.reconfigure == "rolling"
-        n = engine.replicas
         value = [0.0] * len(gammas)
         back: list[list[int]] = []
         for i in range(intervals):
-            t = (i + 0.5) * dt
-            states = [self.steady_state(g, elapsed_s=t) for g in gammas]
-            scores = self._scores(states)
-            best = max(scores)
-            u = [score / best if best > 0 else 0.0 for score in scores]
-            self._utility.append(tuple(u))
-            self._itl_s.append(tuple(st.itl_s for st in states))
-            rate = arrival_rate_at(self._s, t)
-            sojourn = [st.batch / (rate * st.served) if rate > 0 and st.served > 0 else 0.0 for st in states]
-            if rolling:
-                reduced = self._scores(
-                    [self.steady_state(g, elapsed_s=t, capacity_ratio=(n - 1) / n) for g in gammas]
-                )
-                outage = [n * engine.restart_delay_s * max(0.0, u[g] - reduced[g] / best if best > 0 else 0.0)
-                          for g in gammas]
-            else:
-                outage = [engine.restart_delay_s * u[g] for g in gammas]
+            u, sojourn, outage = self._price_interval((i + 0.5) * dt)
             if i == 0:
                 # Interval 0 runs the deployed k: nothing can change before the first decision tick ends it.
                 value = [u[g] * dt if g == self._initial_k else -math.inf for g in gammas]
                 back.append(list(gammas))
                 continue
-            nxt: list[float] = []
-            came: list[int] = []
-            for b in gammas:
-                best_from, best_value = b, value[b]
-                for a in gammas:
-                    if a == b:
-                        continue
-                    v = value[a] - outage[b] - sojourn[a] * u[a]
-                    if v > best_value:
-                        best_from, best_value = a, v
-                nxt.append(best_value + u[b] * dt)
-                came.append(best_from)
-            value = nxt
+            value, came = _next_values(value, u=u, sojourn=sojourn, outage=outage, dt=dt)
             back.append(came)
         # Ties go to the smaller gamma (fewer drafts, less KV reserved).
         g = max(gammas, key=lambda x: (value[x], -x))
@@ -293,6 +272,31 @@ class SteadyStatePlanner:
             plan.append(g)
         return tuple(reversed(plan))
 
+    def _price_interval(self, t: float) -> tuple[list[float], list[float], list[float]]:
+        """Per gamma, for the interval centred `t` s into the run: its utility u (0..1, its score over the best
+        gamma's), the sojourn (s) of a request in its batch (Little's law: batch / served rate), and the
+        utility-seconds a restart onto it loses (module docstring). Records u and the ITLs for `utility`/`itl_s`."""
+        gammas = range(self._gamma_max + 1)
+        engine = self._s.engine
+        states = [self.steady_state(g, elapsed_s=t) for g in gammas]
+        scores = self._scores(states)
+        best = max(scores)
+        u = [score / best if best > 0 else 0.0 for score in scores]
+        self._utility.append(tuple(u))
+        self._itl_s.append(tuple(st.itl_s for st in states))
+        rate = arrival_rate_at(self._s, t)
+        sojourn = [st.batch / (rate * st.served) if rate > 0 and st.served > 0 else 0.0 for st in states]
+        if engine.reconfigure == "rolling":
+            n = engine.replicas
+            reduced = self._scores(
+                [self.steady_state(g, elapsed_s=t, capacity_ratio=(n - 1) / n) for g in gammas]
+            )
+            outage = [n * engine.restart_delay_s * max(0.0, u[g] - reduced[g] / best if best > 0 else 0.0)
+                      for g in gammas]
+        else:
+            outage = [engine.restart_delay_s * u[g] for g in gammas]
+        return u, sojourn, outage
+
     async def choose(self, world: World, now_s: float) -> int:
         """The plan's gamma for the interval starting now; nothing while a restart is under way (asking for
         another k then would restart again)."""
@@ -300,3 +304,25 @@ class SteadyStatePlanner:
             return world.num_speculative_tokens
         index = min(len(self._plan) - 1, max(0, round((now_s - self._start_s) / self._interval_s)))
         return self._plan[index]
+
+
+def _next_values(
+    value: list[float], *, u: list[float], sojourn: list[float], outage: list[float], dt: float
+) -> tuple[list[float], list[int]]:
+    """One interval of the plan's dynamic programme: for each gamma b, the best value of running b through the
+    interval (utility-seconds, u[b] x dt) after staying on b or changing from a (paying b's restart outage and
+    a's in-flight requests' sojourn x u[a]), and the gamma it came from."""
+    gammas = range(len(value))
+    nxt: list[float] = []
+    came: list[int] = []
+    for b in gammas:
+        best_from, best_value = b, value[b]
+        for a in gammas:
+            if a == b:
+                continue
+            v = value[a] - outage[b] - sojourn[a] * u[a]
+            if v > best_value:
+                best_from, best_value = a, v
+        nxt.append(best_value + u[b] * dt)
+        came.append(best_from)
+    return nxt, came

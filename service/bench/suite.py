@@ -15,6 +15,7 @@ from service.bench.accounting import Objective
 from service.bench.actuated import ACTUATED_ADVISOR, actuated_advisor_policy
 from service.bench.checks import (
     QualityChecks,
+    Truth,
     crossing_lags,
     flaps,
     steady_changes,
@@ -26,7 +27,7 @@ from service.bench.hindsight import BasePolicy, HindsightOracle
 from service.bench.pipeline import AdvisorController, SimClock, bench_advisor_settings
 from service.bench.runner import EPOCH_S, ControllerFactory, PolicySpec, RunResult, run_policy, with_k
 from service.bench.spec import BenchScenario
-from service.bench.steady_state import SteadyStatePlanner
+from service.bench.steady_state import PlanGrid, SteadyStatePlanner
 from service.settings import Settings
 from service.sim.physics import acceptance_at, arrival_rate_at
 from service.sim.world import World
@@ -138,8 +139,10 @@ def quality_checks(bench: BenchScenario, *, advisor: RunResult, oracle: RunResul
                                 utility=planner.utility),
         window_s=settings.estimator.window_s,
         flaps=flaps(change_times, dwell_s=dwell),
-        steady_changes=steady_changes(adv, steady, initial_k=initial, utility=planner.utility, oracle_k=orc,
-                                      itl_s=planner.itl_s, horizon_ticks=horizon),
+        steady_changes=steady_changes(
+            adv, steady, initial_k=initial, oracle_k=orc,
+            truth=Truth(utility=planner.utility, itl_s=planner.itl_s, horizon_ticks=horizon),
+        ),
         worst_wrong_spell_s=worst_wrong_spell_s(adv, orc, interval_s=interval, utility=planner.utility),
     )
 
@@ -207,8 +210,8 @@ async def run_scenario(bench: BenchScenario, *, duration_s: float | None = None,
     objective = scenario_objective(bench, [*fixed, always_on, *thresholds])
     best_fixed = best_of(fixed, objective)
     best_threshold = best_of(thresholds, objective)
-    planner = SteadyStatePlanner(bench.scenario, start_s=EPOCH_S, gamma_max=bench.gamma_max,
-                     interval_s=bench.bench.decision_interval_s, duration_s=duration, itl_slo_s=slo)
+    grid = PlanGrid(start_s=EPOCH_S, interval_s=bench.bench.decision_interval_s, duration_s=duration)
+    planner = SteadyStatePlanner(bench.scenario, grid, gamma_max=bench.gamma_max, itl_slo_s=slo)
     statics = [*zip(fixed_specs, fixed, strict=True), *zip(threshold_specs, thresholds, strict=True)]
     if k >= len(fixed):  # always-on ran on its own (the deployed k is past gamma_max): a start like the others
         statics.append((PolicySpec(name=ALWAYS_ON, initial_k=k), always_on))

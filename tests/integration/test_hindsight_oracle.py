@@ -12,7 +12,7 @@ import yaml
 from service.bench.accounting import Objective
 from service.bench.runner import EPOCH_S, PolicySpec, RunResult, run_policy
 from service.bench.spec import load_bench_scenario
-from service.bench.steady_state import SteadyStatePlanner
+from service.bench.steady_state import PlanGrid, SteadyStatePlanner
 from service.bench.suite import headline_of, hindsight_spec, plan_policy, scenario_objective
 
 BENCH = Path(__file__).resolve().parents[2] / "service" / "sim" / "scenarios" / "bench"
@@ -59,8 +59,8 @@ def test_what_the_oracle_commits_to_is_what_the_run_then_delivers(tmp_path: Path
     statics = [(spec, asyncio.run(run_policy(bench, spec, duration_s=600)))
                for spec in (PolicySpec(name=f"g{g}", initial_k=g) for g in range(4))]
     objective = scenario_objective(bench, [result for _, result in statics])
-    planner = SteadyStatePlanner(bench.scenario, start_s=EPOCH_S, gamma_max=3, interval_s=5.0, duration_s=600,
-                                 itl_slo_s=None)
+    planner = SteadyStatePlanner(bench.scenario, PlanGrid(start_s=EPOCH_S, interval_s=5.0, duration_s=600),
+                                 gamma_max=3, itl_slo_s=None)
     spec, controller = hindsight_spec(bench, 600, statics, objective,
                                       plan_policy(planner, start_s=EPOCH_S, interval_s=5.0))
     oracle = asyncio.run(run_policy(bench, spec, duration_s=600))

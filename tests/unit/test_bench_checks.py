@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from service.bench.checks import (
     QualityChecks,
+    Truth,
     Utility,
     change_ticks,
     crossing_lags,
@@ -78,8 +79,8 @@ def test_steady_changes_skip_corrections_and_count_the_rest() -> None:
     steady = [True] * 5
     # Tick 1 (3 -> 5) raises utility 0.5 -> 1.0: a correction. Tick 2 (5 -> 3) lowers it and tick 3 raises it back
     # (a correction again): one noise change.
-    assert steady_changes(policy, steady, initial_k=3, utility=utility) == 1
-    assert steady_changes(policy, [False] * 5, initial_k=3, utility=utility) == 0
+    assert steady_changes(policy, steady, initial_k=3, truth=Truth(utility=utility)) == 1
+    assert steady_changes(policy, [False] * 5, initial_k=3, truth=Truth(utility=utility)) == 0
 
 
 def test_steady_ticks_need_constant_rate_and_acceptance_over_the_span() -> None:
@@ -101,9 +102,9 @@ def test_a_steady_change_onto_the_oracles_gamma_is_not_noise_even_when_nearly_ti
 
     policy = [0, 0, 2, 2]
     oracle = [0, 0, 0, 0]
-    assert steady_changes(policy, [True] * 4, initial_k=3, utility=tied, oracle_k=oracle) == 1
+    assert steady_changes(policy, [True] * 4, initial_k=3, oracle_k=oracle, truth=Truth(utility=tied)) == 1
     # Without the oracle's choices both count (the utility test alone).
-    assert steady_changes(policy, [True] * 4, initial_k=3, utility=tied) == 2
+    assert steady_changes(policy, [True] * 4, initial_k=3, truth=Truth(utility=tied)) == 2
 
 
 def test_a_steady_change_for_a_real_latency_gain_is_not_noise() -> None:
@@ -117,9 +118,9 @@ def test_a_steady_change_for_a_real_latency_gain_is_not_noise() -> None:
         return {0: 0.010, 1: 0.012, 3: 0.020, 4: 0.030}[g]
 
     policy = [0, 0, 4, 4]
-    assert steady_changes(policy, [True] * 4, initial_k=3, utility=tied, oracle_k=[1] * 4, itl_s=itl) == 1
+    assert steady_changes(policy, [True] * 4, initial_k=3, oracle_k=[1] * 4, truth=Truth(tied, itl_s=itl)) == 1
     # Without the ITL both count.
-    assert steady_changes(policy, [True] * 4, initial_k=3, utility=tied, oracle_k=[1] * 4) == 2
+    assert steady_changes(policy, [True] * 4, initial_k=3, oracle_k=[1] * 4, truth=Truth(utility=tied)) == 2
 
 
 def test_a_move_made_in_a_light_spell_is_judged_on_the_heavy_phase_that_follows() -> None:
@@ -129,13 +130,14 @@ def test_a_move_made_in_a_light_spell_is_judged_on_the_heavy_phase_that_follows(
         return 1.0 if i < 10 or g == 1 else 0.9
 
     policy = [3, 3, 1, 1, 1, 1]
-    assert steady_changes(policy, [True] * 6, initial_k=3, utility=utility) == 1
-    assert steady_changes(policy, [True] * 6, initial_k=3, utility=utility, horizon_ticks=20) == 1  # the run ends
+    assert steady_changes(policy, [True] * 6, initial_k=3, truth=Truth(utility=utility)) == 1
+    # The run ends before the horizon does.
+    assert steady_changes(policy, [True] * 6, initial_k=3, truth=Truth(utility=utility, horizon_ticks=20)) == 1
     long_run = policy + [1] * 20
-    assert steady_changes(long_run, [True] * 26, initial_k=3, utility=utility, horizon_ticks=20) == 0
+    assert steady_changes(long_run, [True] * 26, initial_k=3, truth=Truth(utility=utility, horizon_ticks=20)) == 0
     # The other way round (1 -> 3 before the heavy phase) stays noise over any horizon.
     worse = [1, 1, 3] + [3] * 23
-    assert steady_changes(worse, [True] * 26, initial_k=1, utility=utility, horizon_ticks=20) == 1
+    assert steady_changes(worse, [True] * 26, initial_k=1, truth=Truth(utility=utility, horizon_ticks=20)) == 1
 
 
 def test_a_wrong_spell_counts_even_when_the_oracle_moved_before_it() -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import yaml
 
-from service.bench.steady_state import LATENCY_TIE_WEIGHT, SteadyStatePlanner, slo_share
+from service.bench.steady_state import LATENCY_TIE_WEIGHT, PlanGrid, SteadyStatePlanner, slo_share
 from service.sim.scenario import Scenario, scenario_from_mapping
 
 BENCH = Path(__file__).parents[2] / "service" / "sim" / "scenarios" / "bench"
@@ -29,8 +29,8 @@ LOOSE_SLO_S = 10.0
 
 def _oracle(scenario: Scenario, duration_s: float = 1200.0,
             itl_slo_s: float | None = LOOSE_SLO_S) -> SteadyStatePlanner:
-    return SteadyStatePlanner(scenario, start_s=0.0, gamma_max=5, interval_s=5.0, duration_s=duration_s,
-                              itl_slo_s=itl_slo_s)
+    grid = PlanGrid(start_s=0.0, interval_s=5.0, duration_s=duration_s)
+    return SteadyStatePlanner(scenario, grid, gamma_max=5, itl_slo_s=itl_slo_s)
 
 
 def _changes(plan: tuple[int, ...]) -> int:
@@ -116,8 +116,8 @@ def test_a_free_start_is_what_the_deployed_start_would_pick_when_nothing_to_corr
     scenario = _scenario("load-shift")
     free_choice = _oracle(scenario).plan[1]
     # Deployed at the gamma the oracle would run first anyway: nothing to correct, no change at the start.
-    started_there = SteadyStatePlanner(scenario, start_s=0.0, gamma_max=5, interval_s=5.0, duration_s=1200.0,
-                           itl_slo_s=LOOSE_SLO_S, initial_k=free_choice)
+    started_there = SteadyStatePlanner(scenario, PlanGrid(start_s=0.0, interval_s=5.0, duration_s=1200.0),
+                                       gamma_max=5, itl_slo_s=LOOSE_SLO_S, initial_k=free_choice)
     assert started_there.plan[0] == started_there.plan[1] == free_choice
 
 
