@@ -73,7 +73,7 @@ import yaml
 from benchmarks import cpu_models
 from policies.types import DraftMethod, EngineSnapshot
 from policies.whatif import AcceptanceSpec, WhatIfInput, WhatIfInputError, evaluate_whatif
-from service.loadgen import LevelResult, run_closed_loop
+from service.loadgen import ClosedLoop, LevelResult, run_closed_loop
 from service.sources.errors import ScrapeError
 from service.sources.vllm import parse_vllm_metrics
 
@@ -532,23 +532,44 @@ class LevelRun:
     readings_seen: int
 
 
+@dataclass(frozen=True, slots=True)
+class ServerRun:
+    """One server run of the schedule: `model` with speculation `arm` ("on": n-gram k=3, "off": none), its
+    `repeat`-th run, over `levels` (clients) in the order they run."""
+
+    model: str
+    arm: str
+    repeat: int
+    levels: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoints:
+    """Where one server run's vLLM server and sidecar listen (base URLs)."""
+
+    vllm_url: str
+    sidecar_url: str
+
+
 async def _level(
-    client: httpx.AsyncClient, *, vllm_url: str, sidecar_url: str, model: str, arm: str, repeat: int,
-    concurrency: int, plan: Plan,
-) -> LevelRun:  # fmt: skip
+    client: httpx.AsyncClient, run: ServerRun, endpoints: Endpoints, *, concurrency: int, plan: Plan
+) -> LevelRun:
+    vllm_url = endpoints.vllm_url
     scrapes: list[Scrape] = []
     readings: list[Reading] = []
     stop = asyncio.Event()
     start_s = time.time()
     load_avg = os.getloadavg()[0]
     poller = asyncio.create_task(_poll(client, f"{vllm_url}/metrics", start_s=start_s, plan=plan, into=scrapes))
-    watcher = asyncio.create_task(_watch_sidecar(client, sidecar_url, stop=stop, into=readings))
+    watcher = asyncio.create_task(_watch_sidecar(client, endpoints.sidecar_url, stop=stop, into=readings))
     limits = httpx.Limits(max_connections=concurrency + 4, keepalive_expiry=2.0)
     try:
         async with httpx.AsyncClient(limits=limits, timeout=REQUEST_TIMEOUT_S) as load_client:
             result = await run_closed_loop(
-                load_client, vllm_url, model=SERVED_MODEL, concurrency=concurrency, duration_s=plan.level_s,
-                max_tokens=MAX_TOKENS, prompts=PROMPTS, request_timeout_s=REQUEST_TIMEOUT_S,
+                load_client, vllm_url, ClosedLoop(
+                    model=SERVED_MODEL, concurrency=concurrency, duration_s=plan.level_s, max_tokens=MAX_TOKENS,
+                    prompts=PROMPTS, request_timeout_s=REQUEST_TIMEOUT_S,
+                ),
             )  # fmt: skip
         await poller
     finally:
@@ -557,8 +578,8 @@ async def _level(
         await asyncio.gather(poller, watcher, return_exceptions=True)
     reading, inside = _pick_reading(readings, start_s=start_s, end_s=start_s + plan.level_s)
     return LevelRun(
-        model=model, arm=arm, repeat=repeat, concurrency=concurrency, started_at_s=start_s, load_avg_1m=load_avg,
-        client=result, engine=_engine(scrapes), reading=reading, reading_window_inside=inside,
+        model=run.model, arm=run.arm, repeat=run.repeat, concurrency=concurrency, started_at_s=start_s,
+        load_avg_1m=load_avg, client=result, engine=_engine(scrapes), reading=reading, reading_window_inside=inside,
         readings_seen=len(readings),
     )  # fmt: skip
 
@@ -568,15 +589,24 @@ async def _level(
 # ------------------------------------------------------------------------------------------------------------------
 
 
-async def _server_run(
-    *, model: str, model_dir: Path, arm: str, repeat: int, levels: Sequence[int], plan: Plan, logs: Path,
-    sidecar_src: Path, on_level: Callable[[LevelRun], None],
-) -> list[LevelRun]:  # fmt: skip
-    stem = f"{model}-{arm}-r{repeat}"
+@dataclass(frozen=True, slots=True)
+class BenchSetup:
+    """What every server run of one benchmark shares: the plan, the log directory, the snapshot of the sidecar's
+    code it runs (`snapshot_sidecar`) and the callback told of each finished level."""
+
+    plan: Plan
+    logs: Path
+    sidecar_src: Path
+    on_level: Callable[[LevelRun], None]
+
+
+async def _server_run(run: ServerRun, model_dir: Path, setup: BenchSetup) -> list[LevelRun]:
+    plan, logs, levels = setup.plan, setup.logs, run.levels
+    stem = f"{run.model}-{run.arm}-r{run.repeat}"
     port = _free_port()
     vllm_url = f"http://127.0.0.1:{port}"
-    _log(f"{stem}: starting vLLM ({'n-gram k=3' if arm == 'on' else 'no speculation'}) on {vllm_url}")
-    vllm = _start_vllm(model_dir, speculate=arm == "on", port=port, log_path=logs / f"{stem}-vllm.log")
+    _log(f"{stem}: starting vLLM ({'n-gram k=3' if run.arm == 'on' else 'no speculation'}) on {vllm_url}")
+    vllm = _start_vllm(model_dir, speculate=run.arm == "on", port=port, log_path=logs / f"{stem}-vllm.log")
     sidecar: Proc | None = None
     runs: list[LevelRun] = []
     try:
@@ -585,10 +615,14 @@ async def _server_run(
         async with httpx.AsyncClient(timeout=REQUEST_TIMEOUT_S, limits=httpx.Limits(keepalive_expiry=2.0)) as warm:
             for concurrency in (max(levels), 1):
                 await run_closed_loop(
-                    warm, vllm_url, model=SERVED_MODEL, concurrency=concurrency, duration_s=WARMUP_REQUESTS_S / 2,
-                    max_tokens=MAX_TOKENS, prompts=PROMPTS,
+                    warm, vllm_url, ClosedLoop(
+                        model=SERVED_MODEL, concurrency=concurrency, duration_s=WARMUP_REQUESTS_S / 2,
+                        max_tokens=MAX_TOKENS, prompts=PROMPTS,
+                    ),
                 )  # fmt: skip
-        sidecar, sidecar_url = _start_sidecar(vllm_url=vllm_url, plan=plan, logs=logs, stem=stem, src=sidecar_src)
+        sidecar, sidecar_url = _start_sidecar(
+            vllm_url=vllm_url, plan=plan, logs=logs, stem=stem, src=setup.sidecar_src
+        )
         await _wait_ok(sidecar, f"{sidecar_url}/readyz", timeout_s=SIDECAR_READY_TIMEOUT_S)
         # Two idle scrapes so the sidecar's first window starts from an idle baseline.
         await asyncio.sleep(2 * plan.scrape_interval_s)
@@ -596,10 +630,12 @@ async def _server_run(
             for concurrency in levels:
                 if vllm.process.poll() is not None:
                     raise BenchError(f"vLLM exited with {vllm.process.returncode}:\n{_tail(vllm.log_path)}")
-                run = await _level(client, vllm_url=vllm_url, sidecar_url=sidecar_url, model=model, arm=arm,
-                                   repeat=repeat, concurrency=concurrency, plan=plan)  # fmt: skip
-                runs.append(run)
-                on_level(run)
+                level = await _level(
+                    client, run, Endpoints(vllm_url=vllm_url, sidecar_url=sidecar_url), concurrency=concurrency,
+                    plan=plan,
+                )
+                runs.append(level)
+                setup.on_level(level)
                 await asyncio.sleep(GAP_S)
     finally:
         if sidecar is not None:
@@ -913,6 +949,25 @@ def _run_json(run: LevelRun) -> dict[str, Any]:
     return data
 
 
+def _points(models: Sequence[str], plan: Plan, runs: Sequence[LevelRun]) -> list[dict[str, Any]]:
+    """Truth, prediction and engine figures per (model, level) that has runs, models then levels in plan order."""
+    points = []
+    for model in models:
+        for concurrency in plan.levels:
+            level_runs = [r for r in runs if r.model == model and r.concurrency == concurrency]
+            if level_runs:
+                points.append(_point(model, concurrency, level_runs))
+    return points
+
+
+def print_failures(failures: Sequence[str]) -> None:
+    """The first line of each failed server run's error, if any failed."""
+    if failures:
+        print("\nFailures:")
+        for failure in failures:
+            print(f"  {failure.splitlines()[0]}")
+
+
 @dataclass
 class Outcome:
     runs: list[LevelRun] = field(default_factory=list)
@@ -949,25 +1004,19 @@ async def run_benchmark(plan: Plan, *, models: Sequence[str], out: Path) -> dict
             f"{'' if run.reading_window_inside else ' (window not inside the level)'}"
         )
 
+    setup = BenchSetup(plan=plan, logs=logs, sidecar_src=Path(sidecar_code["source"]), on_level=on_level)
     for model in models:
         model_dir = await asyncio.to_thread(cpu_models.ensure_model, model, cache=cache, vllm_python=python,
                                             env=build_env)  # fmt: skip
         described[model] = {"path": str(model_dir), **cpu_models.describe(model_dir)}
         for arm, repeat, levels in schedule(plan):
             try:
-                await _server_run(model=model, model_dir=model_dir, arm=arm, repeat=repeat, levels=levels,
-                                  plan=plan, logs=logs, sidecar_src=Path(sidecar_code["source"]),
-                                  on_level=on_level)  # fmt: skip
+                await _server_run(ServerRun(model=model, arm=arm, repeat=repeat, levels=levels), model_dir, setup)
             except BenchError as exc:
                 outcome.failures.append(f"{model} {arm} r{repeat}: {exc}")
                 _log(f"FAILED {model} {arm} r{repeat}: {str(exc)[:2000]}")
 
-    points = []
-    for model in models:
-        for concurrency in plan.levels:
-            runs = [r for r in outcome.runs if r.model == model and r.concurrency == concurrency]
-            if runs:
-                points.append(_point(model, concurrency, runs))
+    points = _points(models, plan, outcome.runs)
     summaries = {model: summarize([p for p in points if p["model"] == model]) for model in models}
     summaries["all"] = summarize(points)
     document = {
@@ -998,10 +1047,7 @@ async def run_benchmark(plan: Plan, *, models: Sequence[str], out: Path) -> dict
     print_engine(points)
     print_steps(points)
     print_summary(summaries)
-    if outcome.failures:
-        print("\nFailures:")
-        for failure in outcome.failures:
-            print(f"  {failure.splitlines()[0]}")
+    print_failures(outcome.failures)
     print(f"\nJSON: {out / 'cpu-crossover.json'} ({document['elapsed_s'] / 60:.1f} min)")
     return document
 

@@ -16,7 +16,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -215,29 +215,9 @@ def _non_negative_float(text: str) -> float:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    command = _COMMANDS[args.command]  # argparse accepts only the commands it was given, the keys of _COMMANDS
     try:
-        if args.command == "serve":
-            settings = _serve_settings(args)
-            configure_logging(log_format=settings.log_format, level=settings.log_level)
-            sidecar = build_sidecar(settings)
-            return asyncio.run(_serve(sidecar, duration_s=None))
-        if args.command == "demo":
-            return asyncio.run(_demo(args))
-        if args.command == "whatif":
-            return _whatif(args)
-        if args.command == "schedule":
-            return _schedule(args)
-        if args.command == "profile":
-            return run_profile_command(args)
-        if args.command == "bench":
-            from service.bench.command import run_bench  # noqa: PLC0415  (only `bench` needs the bench package)
-            from service.bench.spec import bench_scenario_json_schema  # noqa: PLC0415
-
-            if args.schema:
-                print(json.dumps(bench_scenario_json_schema(), indent=2))
-                return 0
-            return run_bench(args.files, duration_s=args.duration_s, out_dir=args.out, plots=not args.no_plots)
-        return asyncio.run(_simulate(args))
+        return command(args)
     except InputError as exc:
         print(f"spec-advisor {args.command}: {exc}", file=sys.stderr)
         return EXIT_USAGE
@@ -250,6 +230,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         return EXIT_USAGE
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
+
+
+def _serve_command(args: argparse.Namespace) -> int:
+    settings = _serve_settings(args)
+    configure_logging(log_format=settings.log_format, level=settings.log_level)
+    sidecar = build_sidecar(settings)
+    return asyncio.run(_serve(sidecar, duration_s=None))
 
 
 def _serve_settings(args: argparse.Namespace) -> Settings:
@@ -541,6 +528,33 @@ def _schedule_from_sidecar(args: argparse.Namespace) -> int:
     else:
         print("\n".join(schedule_text(out) for out in schedules.targets), end="")
     return 0
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# bench
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def _bench_command(args: argparse.Namespace) -> int:
+    from service.bench.command import run_bench  # noqa: PLC0415  (only `bench` needs the bench package)
+    from service.bench.spec import bench_scenario_json_schema  # noqa: PLC0415
+
+    if args.schema:
+        print(json.dumps(bench_scenario_json_schema(), indent=2))
+        return 0
+    return run_bench(args.files, duration_s=args.duration_s, out_dir=args.out, plots=not args.no_plots)
+
+
+# What each COMMAND of `build_parser` runs; the exit code is what it returns.
+_COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
+    "serve": _serve_command,
+    "demo": lambda args: asyncio.run(_demo(args)),
+    "simulate": lambda args: asyncio.run(_simulate(args)),
+    "whatif": _whatif,
+    "schedule": _schedule,
+    "profile": run_profile_command,
+    "bench": _bench_command,
+}
 
 
 if __name__ == "__main__":

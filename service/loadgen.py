@@ -78,6 +78,43 @@ class LevelResult:
         return self.completion_tokens / self.duration_s if self.duration_s > 0 else 0.0
 
 
+@dataclass(frozen=True, slots=True)
+class ClosedLoop:
+    """One closed-loop level's load: `concurrency` clients (1..512) post `/v1/completions` with `model`, the next
+    prompt of `prompts` (cycled, in order, across all clients), `max_tokens` (1..4096 tokens) and `temperature`
+    (0 = greedy), each sending its next request when the previous one returns, until `duration_s` (1..3600 s) has
+    passed; each request is bounded by `request_timeout_s` (s). Raises ValueError on a value out of range."""
+
+    model: str
+    concurrency: int
+    duration_s: float
+    max_tokens: int
+    prompts: Sequence[str]
+    temperature: float = 0.0
+    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
+
+    def __post_init__(self) -> None:
+        _check_count("concurrency", self.concurrency, MIN_CONCURRENCY, MAX_CONCURRENCY, unit="clients")
+        if not (math.isfinite(self.duration_s) and MIN_DURATION_S <= self.duration_s <= MAX_DURATION_S):
+            raise ValueError(f"duration_s must be {MIN_DURATION_S:g}..{MAX_DURATION_S:g} s, got {self.duration_s}")
+        _check_count("max_tokens", self.max_tokens, MIN_MAX_TOKENS, MAX_MAX_TOKENS, unit="tokens")
+        prompts = self.prompts
+        if isinstance(prompts, str) or len(prompts) == 0 or not all(isinstance(p, str) for p in prompts):
+            raise ValueError("prompts must be a non-empty sequence of strings")
+        if not (math.isfinite(self.temperature) and self.temperature >= 0):
+            raise ValueError(f"temperature must be a finite number >= 0, got {self.temperature}")
+        if not (math.isfinite(self.request_timeout_s) and self.request_timeout_s > 0):
+            raise ValueError(f"request_timeout_s must be a finite number > 0 s, got {self.request_timeout_s}")
+
+
+def _check_count(name: str, value: int, low: int, high: int, *, unit: str) -> None:
+    """ValueError unless `value` is an integer (not a bool) in low..high."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ValueError(f"{name} must be an integer, got {value!r}")
+    if not low <= value <= high:
+        raise ValueError(f"{name} must be {low}..{high} {unit}, got {value}")
+
+
 class _Tally:
     """Counts shared by the clients of one level, and the dead-server rule (times from the level's clock, s)."""
 
@@ -101,30 +138,6 @@ class _Tally:
             self._streak_started_s = now
         elif now - self._streak_started_s >= DEAD_AFTER_S:
             self.dead.set()
-
-
-def _check_arguments(
-    *, concurrency: int, duration_s: float, max_tokens: int, prompts: Sequence[str], temperature: float,
-    request_timeout_s: float,
-) -> None:  # fmt: skip
-    if isinstance(concurrency, bool) or not isinstance(concurrency, int):
-        raise ValueError(f"concurrency must be an integer, got {concurrency!r}")
-    if not MIN_CONCURRENCY <= concurrency <= MAX_CONCURRENCY:
-        raise ValueError(f"concurrency must be {MIN_CONCURRENCY}..{MAX_CONCURRENCY} clients, got {concurrency}")
-    if not (math.isfinite(duration_s) and MIN_DURATION_S <= duration_s <= MAX_DURATION_S):
-        raise ValueError(f"duration_s must be {MIN_DURATION_S:g}..{MAX_DURATION_S:g} s, got {duration_s}")
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int):
-        raise ValueError(f"max_tokens must be an integer, got {max_tokens!r}")
-    if not MIN_MAX_TOKENS <= max_tokens <= MAX_MAX_TOKENS:
-        raise ValueError(f"max_tokens must be {MIN_MAX_TOKENS}..{MAX_MAX_TOKENS} tokens, got {max_tokens}")
-    if isinstance(prompts, str) or len(prompts) == 0:
-        raise ValueError("prompts must be a non-empty sequence of strings")
-    if not all(isinstance(prompt, str) for prompt in prompts):
-        raise ValueError("prompts must be a non-empty sequence of strings")
-    if not (math.isfinite(temperature) and temperature >= 0):
-        raise ValueError(f"temperature must be a finite number >= 0, got {temperature}")
-    if not (math.isfinite(request_timeout_s) and request_timeout_s > 0):
-        raise ValueError(f"request_timeout_s must be a finite number > 0 s, got {request_timeout_s}")
 
 
 def _completion_tokens(response: httpx.Response) -> int | None:
@@ -159,36 +172,24 @@ async def _post_with_retry(client: httpx.AsyncClient, url: str, body: dict[str, 
 async def run_closed_loop(
     client: httpx.AsyncClient,
     base_url: str,
+    load: ClosedLoop,
     *,
-    model: str,
-    concurrency: int,
-    duration_s: float,
-    max_tokens: int,
-    prompts: Sequence[str],
-    temperature: float = 0.0,
     on_progress: Callable[[float], None] | None = None,
-    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
     clock: Callable[[], float] = time.monotonic,
 ) -> LevelResult:
-    """Run one closed-loop level against `base_url` (e.g. "http://127.0.0.1:8000") and return what it delivered.
+    """Run one closed-loop level of `load` against `base_url` (e.g. "http://127.0.0.1:8000") and return what it
+    delivered.
 
-    `concurrency` clients (1..512) post `/v1/completions` with `model`, the next prompt of `prompts` (cycled, in
-    order, across all clients), `max_tokens` (1..4096 tokens) and `temperature` (0 = greedy), each sending its
-    next request when the previous one returns, until `duration_s` (1..3600 s) has passed. Requests in flight at
-    the deadline are awaited, each bounded by `request_timeout_s` (s). See the module docstring for failures,
-    the early stop on a dead server and progress. Raises ValueError on arguments out of range; never on a failed
-    request.
+    Requests in flight at the deadline are awaited, each bounded by `load.request_timeout_s` (s). See the module
+    docstring for failures, the early stop on a dead server and progress. Never raises on a failed request.
 
     Example: 2 clients for 10 s against a server answering every request in 0.6 s with 64 tokens: each client
     starts requests at 0, 0.6, ..., 9.6 s (17 of them; the one started at 9.6 s is in flight at the deadline and
     awaited), so 34 requests, 34 x 64 = 2176 tokens, `duration_s` 10.2 and 2176 / 10.2 = 213 tokens/s.
     """
-    _check_arguments(
-        concurrency=concurrency, duration_s=duration_s, max_tokens=max_tokens, prompts=prompts,
-        temperature=temperature, request_timeout_s=request_timeout_s,
-    )  # fmt: skip
+    concurrency, duration_s = load.concurrency, load.duration_s
     url = base_url.rstrip("/") + "/v1/completions"
-    prompt_order: Iterator[str] = itertools.cycle(list(prompts))
+    prompt_order: Iterator[str] = itertools.cycle(list(load.prompts))
     tally = _Tally(clock)
     start_s = clock()
     deadline_s = start_s + duration_s
@@ -196,9 +197,10 @@ async def run_closed_loop(
     async def client_loop() -> None:
         while clock() < deadline_s and not tally.dead.is_set():
             body: dict[str, object] = {
-                "model": model, "prompt": next(prompt_order), "max_tokens": max_tokens, "temperature": temperature,
+                "model": load.model, "prompt": next(prompt_order), "max_tokens": load.max_tokens,
+                "temperature": load.temperature,
             }  # fmt: skip
-            tokens = await _post_with_retry(client, url, body, request_timeout_s)
+            tokens = await _post_with_retry(client, url, body, load.request_timeout_s)
             if tokens >= 0:
                 tally.success(tokens)
             else:

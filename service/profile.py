@@ -69,6 +69,15 @@ class LevelLoad:
     stopped_early: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class Timebase:
+    """Where a profile run's time comes from: `clock` gives Unix seconds (scrape times, the profile's timestamp),
+    `sleep` waits a number of seconds. Tests pass simulated ones."""
+
+    clock: Callable[[], float]
+    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep
+
+
 class Engine(Protocol):
     """The server under measurement: its /metrics (one model's snapshot), its version, and a closed-loop load."""
 
@@ -121,12 +130,12 @@ class ProfileOutcome:
     stopped: str | None = None
 
 
-async def check_idle(engine: Engine, *, clock: Callable[[], float], sleep: Callable[[float], Awaitable[None]]) -> None:
+async def check_idle(engine: Engine, timebase: Timebase) -> None:
     """Raise ProfileRefusedError unless two scrapes `IDLE_CHECK_S` apart show an idle server (no running or
     waiting request, no token generated between them). ScrapeError propagates (the server cannot be read)."""
-    first = await engine.scrape(clock())
-    await sleep(IDLE_CHECK_S)
-    second = await engine.scrape(clock())
+    first = await engine.scrape(timebase.clock())
+    await timebase.sleep(IDLE_CHECK_S)
+    second = await engine.scrape(timebase.clock())
     busy = max(first.num_requests_running, second.num_requests_running)
     waiting = max(first.num_requests_waiting, second.num_requests_waiting)
     generated = _delta(first.generation_tokens, second.generation_tokens)
@@ -150,8 +159,7 @@ async def run_profile(
     ctx: ModelContext,
     identity: ProfileIdentity,
     *,
-    clock: Callable[[], float],
-    sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+    timebase: Timebase,
     on_level: Callable[[LevelReport], None] | None = None,
 ) -> ProfileOutcome:
     """Run `plan` against `engine` (module docstring). Raises ProfileRefusedError when the server is busy and the
@@ -160,12 +168,12 @@ async def run_profile(
     has started (Ctrl-C: asyncio.run cancels the main task): the level in progress is dropped, its load stopped,
     the levels before it are kept (`INTERRUPTED`)."""
     if not plan.force:
-        await check_idle(engine, clock=clock, sleep=sleep)
+        await check_idle(engine, timebase)
     reports: list[LevelReport] = []
     stopped: str | None = None
     for index, concurrency in enumerate(plan.levels):
         try:
-            report = await _level(plan, engine, ctx, index=index, concurrency=concurrency, clock=clock, sleep=sleep)
+            report = await _level(plan, engine, ctx, index=index, concurrency=concurrency, timebase=timebase)
         except ScrapeError as exc:
             stopped = f"the server stopped answering at {concurrency} clients: {exc.detail}"
             break
@@ -180,7 +188,7 @@ async def run_profile(
             on_level(report)
     points = tuple(r.point for r in reports if r.point is not None)
     profile = (
-        MeasuredProfile(identity=identity, created_at_s=clock(), points=points, complete=stopped is None)
+        MeasuredProfile(identity=identity, created_at_s=timebase.clock(), points=points, complete=stopped is None)
         if points else None
     )
     return ProfileOutcome(profile=profile, levels=tuple(reports), stopped=stopped)
@@ -197,10 +205,10 @@ async def _level(
     *,
     index: int,
     concurrency: int,
-    clock: Callable[[], float],
-    sleep: Callable[[float], Awaitable[None]],
+    timebase: Timebase,
 ) -> LevelReport:
     # The clients run `TAIL_S` past the second scrape, so it reads the engine under the level's load, not draining.
+    clock, sleep = timebase.clock, timebase.sleep
     load_task = asyncio.create_task(engine.drive(concurrency, plan.warmup_s + plan.level_s + TAIL_S))
     try:
         await sleep(plan.warmup_s)

@@ -31,13 +31,14 @@ from policies.costmodel import ModelContext
 from policies.measured_profile import MAX_PROFILE_POINTS, MeasuredProfile, ProfileError, ProfileIdentity, merged
 from policies.types import EngineSnapshot, GpuSnapshot
 from service.app import context_resolver
-from service.loadgen import run_closed_loop
+from service.loadgen import ClosedLoop, run_closed_loop
 from service.profile import (
     INTERRUPTED,
     LevelLoad,
     ProfileOutcome,
     ProfilePlan,
     ProfileRefusedError,
+    Timebase,
     describe,
     parse_levels,
     progress_line,
@@ -173,10 +174,11 @@ class _HttpEngine:
         )
 
     async def drive(self, concurrency: int, duration_s: float) -> LevelLoad:
-        result = await run_closed_loop(
-            self._client, self._base_url, model=self._model, concurrency=concurrency, duration_s=duration_s,
-            max_tokens=self._max_tokens, prompts=PROMPTS,
+        load = ClosedLoop(
+            model=self._model, concurrency=concurrency, duration_s=duration_s, max_tokens=self._max_tokens,
+            prompts=PROMPTS,
         )
+        result = await run_closed_loop(self._client, self._base_url, load)
         return LevelLoad(
             requests=result.requests, errors=result.errors, completion_tokens=result.completion_tokens,
             stopped_early=result.stopped_early,
@@ -233,7 +235,7 @@ async def _run(
         print(describe(plan.levels, plan), file=sys.stderr, flush=True)
         try:
             outcome = await run_profile(
-                plan, engine, ctx, identity, clock=time.time,
+                plan, engine, ctx, identity, timebase=Timebase(clock=time.time),
                 on_level=lambda r: print(progress_line(r, total=len(plan.levels)), file=sys.stderr, flush=True),
             )
         except ScrapeError as exc:

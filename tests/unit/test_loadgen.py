@@ -9,18 +9,22 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 import httpx
 import pytest
 
-from service.loadgen import DEAD_AFTER_S, LevelResult, run_closed_loop
+from service.loadgen import DEAD_AFTER_S, ClosedLoop, LevelResult, run_closed_loop
 
 BASE_URL = "http://vllm.test"
 MODEL = "tiny"
 PROMPTS = ("the cat sat on the mat", "a b c d", "def main():")
 TOKENS = 64
+# The level the tests run unless they say otherwise: 4 clients for 10 s of fake time.
+LOAD = ClosedLoop(
+    model=MODEL, concurrency=4, duration_s=10.0, max_tokens=TOKENS, prompts=PROMPTS, request_timeout_s=30.0
+)
 
 
 @dataclass
@@ -70,37 +74,19 @@ class StandIn:
 
 
 def _run(
-    stand_in: StandIn,
-    *,
-    concurrency: int = 4,
-    duration_s: float = 10.0,
-    max_tokens: int = TOKENS,
-    prompts: Sequence[str] = PROMPTS,
-    on_progress: Callable[[float], None] | None = None,
-    request_timeout_s: float = 30.0,
+    stand_in: StandIn, load: ClosedLoop = LOAD, *, on_progress: Callable[[float], None] | None = None
 ) -> LevelResult:
     async def go() -> LevelResult:
         transport = httpx.MockTransport(stand_in.handle)
         async with httpx.AsyncClient(transport=transport) as client:
-            return await run_closed_loop(
-                client,
-                BASE_URL,
-                model=MODEL,
-                concurrency=concurrency,
-                duration_s=duration_s,
-                max_tokens=max_tokens,
-                prompts=prompts,
-                on_progress=on_progress,
-                request_timeout_s=request_timeout_s,
-                clock=stand_in.clock,
-            )
+            return await run_closed_loop(client, BASE_URL, load, on_progress=on_progress, clock=stand_in.clock)
 
     return asyncio.run(go())
 
 
 def test_counts_requests_and_tokens_the_server_served() -> None:
     stand_in = StandIn(FakeClock())
-    result = _run(stand_in, concurrency=4, duration_s=10.0)
+    result = _run(stand_in, replace(LOAD, concurrency=4, duration_s=10.0))
 
     # Every answered request is counted once, with the tokens its usage reported; nothing failed.
     assert result.errors == 0
@@ -117,7 +103,7 @@ def test_counts_requests_and_tokens_the_server_served() -> None:
 
 def test_request_bodies_are_greedy_completions_cycling_through_the_prompts() -> None:
     stand_in = StandIn(FakeClock())
-    _run(stand_in, concurrency=2, duration_s=5.0, max_tokens=17)
+    _run(stand_in, replace(LOAD, concurrency=2, duration_s=5.0, max_tokens=17))
 
     assert len(stand_in.bodies) >= 2 * len(PROMPTS)
     for i, body in enumerate(stand_in.bodies):
@@ -127,7 +113,7 @@ def test_request_bodies_are_greedy_completions_cycling_through_the_prompts() -> 
 def test_requests_in_flight_at_the_deadline_are_awaited_and_counted() -> None:
     # Each request takes 3 s of a 1 s level: every client sends exactly one, which ends after the deadline.
     stand_in = StandIn(FakeClock(), service_s=3.0)
-    result = _run(stand_in, concurrency=5, duration_s=1.0)
+    result = _run(stand_in, replace(LOAD, concurrency=5, duration_s=1.0))
 
     assert len(stand_in.bodies) == 5
     assert result.requests == 5
@@ -145,7 +131,7 @@ def test_http_errors_and_unusable_bodies_are_counted_not_raised() -> None:
         return httpx.Response(200, json={"usage": {"completion_tokens": TOKENS}})
 
     stand_in = StandIn(FakeClock(), answer=answer)
-    result = _run(stand_in, concurrency=3, duration_s=10.0)
+    result = _run(stand_in, replace(LOAD, concurrency=3, duration_s=10.0))
 
     sent = len(stand_in.bodies)
     good = sum(1 for i in range(sent) if i % 3 == 0)
@@ -164,7 +150,7 @@ def test_a_transport_error_is_retried_once() -> None:
         return httpx.Response(200, json={"usage": {"completion_tokens": TOKENS}})
 
     stand_in = StandIn(FakeClock(), answer=answer)
-    result = _run(stand_in, concurrency=1, duration_s=5.0)
+    result = _run(stand_in, replace(LOAD, concurrency=1, duration_s=5.0))
 
     assert result.errors == 0
     assert result.requests > 0
@@ -181,7 +167,7 @@ def test_a_transport_error_that_repeats_on_the_retry_is_one_failed_request() -> 
         return answers[index] if index < len(answers) else httpx.Response(200, json={"usage": {"completion_tokens": 7}})
 
     stand_in = StandIn(FakeClock(), answer=answer)
-    result = _run(stand_in, concurrency=1, duration_s=2.0)
+    result = _run(stand_in, replace(LOAD, concurrency=1, duration_s=2.0))
 
     assert result.errors == 1
     assert result.requests == len(stand_in.bodies) - 2
@@ -190,7 +176,7 @@ def test_a_transport_error_that_repeats_on_the_retry_is_one_failed_request() -> 
 
 def test_a_request_past_its_timeout_is_a_failure() -> None:
     stand_in = StandIn(FakeClock(), service_s=2.0, hang=True)  # answers nothing, ever
-    result = _run(stand_in, concurrency=3, duration_s=1.0, request_timeout_s=0.05)
+    result = _run(stand_in, replace(LOAD, concurrency=3, duration_s=1.0, request_timeout_s=0.05))
 
     assert result.requests == 0
     assert result.errors == 3
@@ -201,7 +187,7 @@ def test_stops_early_when_the_server_is_dead() -> None:
     # Connection refused on every attempt, 1 s of fake time each: after DEAD_AFTER_S of nothing but failures the
     # level ends long before its hour.
     stand_in = StandIn(FakeClock(), service_s=1.0, answer=lambda _: httpx.ConnectError("refused"))
-    result = _run(stand_in, concurrency=2, duration_s=3600.0)
+    result = _run(stand_in, replace(LOAD, concurrency=2, duration_s=3600.0))
 
     assert result.stopped_early
     assert result.requests == 0
@@ -218,7 +204,7 @@ def test_stops_early_when_the_server_dies_mid_level_and_keeps_what_it_had() -> N
         return httpx.ConnectError("refused")
 
     stand_in = StandIn(FakeClock(), service_s=1.0, answer=answer)
-    result = _run(stand_in, concurrency=2, duration_s=3600.0)
+    result = _run(stand_in, replace(LOAD, concurrency=2, duration_s=3600.0))
 
     assert result.stopped_early
     assert result.requests == served_before_death
@@ -236,7 +222,7 @@ def test_a_short_failure_streak_does_not_stop_the_level() -> None:
 
     stand_in = StandIn(FakeClock(), service_s=1.0, answer=answer)
     assert 2 * stand_in.service_s < DEAD_AFTER_S
-    result = _run(stand_in, concurrency=1, duration_s=20.0)
+    result = _run(stand_in, replace(LOAD, concurrency=1, duration_s=20.0))
 
     assert not result.stopped_early
     assert result.errors == 2
@@ -245,7 +231,7 @@ def test_a_short_failure_streak_does_not_stop_the_level() -> None:
 
 def test_progress_is_reported_as_a_fraction_ending_at_one() -> None:
     fractions: list[float] = []
-    result = _run(StandIn(FakeClock()), concurrency=2, duration_s=10.0, on_progress=fractions.append)
+    result = _run(StandIn(FakeClock()), replace(LOAD, concurrency=2, duration_s=10.0), on_progress=fractions.append)
 
     assert result.errors == 0
     assert fractions, "no progress was reported"
@@ -279,7 +265,7 @@ def test_bad_arguments_raise_value_error_before_any_request(overrides: dict[str,
 
     async def go() -> LevelResult:
         async with httpx.AsyncClient(transport=httpx.MockTransport(stand_in.handle)) as client:
-            return await run_closed_loop(client, BASE_URL, model=MODEL, clock=stand_in.clock, **arguments)  # type: ignore[arg-type]
+            return await run_closed_loop(client, BASE_URL, ClosedLoop(model=MODEL, **arguments), clock=stand_in.clock)  # type: ignore[arg-type]
 
     with pytest.raises(ValueError, match=message):
         asyncio.run(go())

@@ -25,6 +25,7 @@ from service.profile import (
     ProfileOutcome,
     ProfilePlan,
     ProfileRefusedError,
+    Timebase,
     load_context_tokens,
     parse_levels,
     progress_line,
@@ -143,13 +144,13 @@ class FakeEngine:
 
 
 def _run(engine: FakeEngine, plan: ProfilePlan) -> object:
-    return asyncio.run(run_profile(plan, engine, _ctx(), IDENTITY, clock=engine.clock, sleep=engine.sleep))
+    return asyncio.run(run_profile(plan, engine, _ctx(), IDENTITY, timebase=Timebase(engine.clock, engine.sleep)))
 
 
 def test_each_level_records_the_step_at_the_batch_it_verified() -> None:
     engine = FakeEngine(k=3)
     plan = ProfilePlan(levels=(1, 4, 16), level_s=20.0, warmup_s=5.0)
-    outcome = asyncio.run(run_profile(plan, engine, _ctx(), IDENTITY, clock=engine.clock, sleep=engine.sleep))
+    outcome = asyncio.run(run_profile(plan, engine, _ctx(), IDENTITY, timebase=Timebase(engine.clock, engine.sleep)))
     assert outcome.stopped is None
     assert outcome.profile is not None and outcome.profile.complete
     points = outcome.profile.points
@@ -190,7 +191,7 @@ def test_tokens_generated_between_the_idle_checks_are_traffic_too() -> None:
 
     plan = ProfilePlan(levels=(1,), level_s=10.0, warmup_s=0.0)
     with pytest.raises(ProfileRefusedError, match=f"50 tokens generated in {IDLE_CHECK_S:g} s"):
-        asyncio.run(run_profile(plan, engine, _ctx(), IDENTITY, clock=engine.clock, sleep=generating_sleep))
+        asyncio.run(run_profile(plan, engine, _ctx(), IDENTITY, timebase=Timebase(engine.clock, generating_sleep)))
 
 
 def test_force_loads_a_busy_server() -> None:
@@ -220,7 +221,7 @@ def test_a_level_too_short_for_the_calibration_is_skipped_with_the_reason() -> N
     lines: list[str] = []
     plan = ProfilePlan(levels=(1, 8), level_s=1.0, warmup_s=0.0)
     outcome = asyncio.run(run_profile(
-        plan, engine, _ctx(), IDENTITY, clock=engine.clock, sleep=engine.sleep,
+        plan, engine, _ctx(), IDENTITY, timebase=Timebase(engine.clock, engine.sleep),
         on_level=lambda report: lines.append(progress_line(report, total=2)),
     ))
     # 1 client for 1 s: ~115 ITL samples (steps of ~8.7 ms). 8 clients: 231 samples, but 8 per step, so 29 steps.
@@ -310,7 +311,8 @@ def test_ctrl_c_keeps_the_levels_measured_before_it() -> None:
                 task.cancel()
 
         outcome = await run_profile(
-            plan, engine, _ctx(), IDENTITY, clock=engine.clock, sleep=engine.sleep, on_level=ctrl_c_after_the_first,
+            plan, engine, _ctx(), IDENTITY, timebase=Timebase(engine.clock, engine.sleep),
+            on_level=ctrl_c_after_the_first,
         )
         assert engine.loads_cancelled == 1  # the interrupted level's clients were stopped before it returned
         return outcome
