@@ -21,10 +21,18 @@ from pathlib import Path
 from policies.calibrate import CalibrationConfig, CalibrationState, StepObservation, fit
 from policies.costmodel import ModelContext
 from policies.profiles import drafter_for, hardware_by_name, model_from_hf_config
-from policies.roofline import CostScales, target_step_time
+from policies.roofline import CostScales, Shape, target_step_time
 from policies.types import DraftMethod
 
 T0 = 1_800_000_000.0
+
+
+def _shape(row: dict[str, str]) -> Shape:
+    """The forward one surface row measured."""
+    return Shape(
+        batch=float(row["batch"]), context_tokens=float(row["context_tokens"]),
+        tokens_per_seq=float(row["tokens_per_seq"]),
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -48,10 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     ctx = ModelContext(hardware, model, drafter_for(DraftMethod.NGRAM, model))
 
     def physics(row: dict[str, str], scales: CostScales | None = None) -> float:
-        return target_step_time(
-            hardware, model, batch=float(row["batch"]), tokens_per_seq=float(row["tokens_per_seq"]),
-            context_tokens=float(row["context_tokens"]), scales=scales,
-        ).total_s
+        return target_step_time(hardware, model, _shape(row), scales=scales).total_s
 
     # Online calibration on every other point (as a server's windows would give it), judged on the rest.
     train = rows[::2]
@@ -70,10 +75,7 @@ def main(argv: list[str] | None = None) -> int:
     print("    B   q    ctx   measured ms  physics ms   err   calibrated ms   err  (held out)")
     for i, row in enumerate(rows):
         measured = float(row["step_ms"]) * 1e-3
-        raw = target_step_time(
-            hardware, model, batch=float(row["batch"]), tokens_per_seq=float(row["tokens_per_seq"]),
-            context_tokens=float(row["context_tokens"]),
-        ).physics_s
+        raw = target_step_time(hardware, model, _shape(row)).physics_s
         calibrated = physics(row, fitted.scales)
         raw_errors.append(raw / measured - 1.0)
         held_out = i % 2 == 1

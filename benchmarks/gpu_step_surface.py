@@ -91,76 +91,146 @@ def _arguments(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _arguments(argv)
-    try:
-        import torch  # noqa: PLC0415  (optional: only this benchmark needs it)
-        import torch.nn.functional as F  # noqa: N812, PLC0415
-    except ImportError:
-        print("this benchmark needs PyTorch (pip install torch); the project itself does not", file=sys.stderr)
-        return 2
-    device = torch.device(args.device)
-    cuda = device.type == "cuda"
-    if cuda and not torch.cuda.is_available():
-        print("no CUDA device: run with --device cpu (and a small shape) to try the script", file=sys.stderr)
-        return 2
-    dtype = torch.bfloat16 if cuda else torch.float32
-    element = 2 if cuda else 4
-    shape = Shape(
-        hidden=args.hidden, intermediate=args.intermediate, layers=args.layers, heads=args.heads,
-        kv_heads=args.kv_heads, head_dim=args.head_dim or args.hidden // args.heads, vocab=args.vocab,
-    )
-    gpu = torch.cuda.get_device_name(device) if cuda else "cpu"
-    total = torch.cuda.get_device_properties(device).total_memory if cuda else 8 * 2**30
-    budget = args.memory_fraction * total - shape.weight_bytes(element)
-    torch.manual_seed(0)
+@dataclass(frozen=True, slots=True)
+class Torch:
+    """PyTorch (imported by `main` only: it is not a project dependency), its functional API, and the device the
+    sweep runs on; on CUDA weights and KV are bf16 and shapes run as CUDA graphs unless `eager`."""
 
-    def weight(rows: int, cols: int) -> Any:
-        return (torch.randn(rows, cols, device=device, dtype=dtype) / math.sqrt(rows)).contiguous()
+    torch: Any
+    functional: Any
+    device: Any
+    eager: bool
 
-    hd, heads, kv_heads = shape.head_dim, shape.heads, shape.kv_heads
-    layers = [
-        {
-            "qkv": weight(shape.hidden, (heads + 2 * kv_heads) * hd), "o": weight(heads * hd, shape.hidden),
-            "gate_up": weight(shape.hidden, 2 * shape.intermediate), "down": weight(shape.intermediate, shape.hidden),
-        }
-        for _ in range(shape.layers)
-    ]
-    lm_head = weight(shape.hidden, shape.vocab)
+    @property
+    def cuda(self) -> bool:
+        return bool(self.device.type == "cuda")
 
-    def forward(x: Any, caches: list[tuple[Any, Any]], mask: Any, ctx: int) -> Any:
+    @property
+    def dtype(self) -> Any:
+        return self.torch.bfloat16 if self.cuda else self.torch.float32
+
+    @property
+    def element_bytes(self) -> int:
+        return 2 if self.cuda else 4
+
+    @property
+    def graphs(self) -> bool:
+        """Whether each shape is captured in a CUDA graph and replayed (module docstring)."""
+        return self.cuda and not self.eager
+
+
+class RandomLlama:
+    """A Llama-shaped model of `shape` with random weights (scaled by 1/sqrt(fan-in)) on the runtime's device."""
+
+    def __init__(self, rt: Torch, shape: Shape) -> None:
+        self.rt = rt
+        self.shape = shape
+        hd, heads, kv_heads = shape.head_dim, shape.heads, shape.kv_heads
+        self.layers = [
+            {
+                "qkv": self._weight(shape.hidden, (heads + 2 * kv_heads) * hd),
+                "o": self._weight(heads * hd, shape.hidden),
+                "gate_up": self._weight(shape.hidden, 2 * shape.intermediate),
+                "down": self._weight(shape.intermediate, shape.hidden),
+            }
+            for _ in range(shape.layers)
+        ]
+        self.lm_head = self._weight(shape.hidden, shape.vocab)
+
+    def _weight(self, rows: int, cols: int) -> Any:
+        torch = self.rt.torch
+        return (torch.randn(rows, cols, device=self.rt.device, dtype=self.rt.dtype) / math.sqrt(rows)).contiguous()
+
+    def forward(self, x: Any, caches: list[tuple[Any, Any]], mask: Any, ctx: int) -> Any:
+        """Logits of the `q` new tokens of each of `batch` sequences (x: batch x q x hidden) over `ctx` cached ones;
+        their K and V are written into `caches` at positions ctx..ctx+q."""
+        nnf, shape = self.rt.functional, self.shape
+        hd, heads, kv_heads = shape.head_dim, shape.heads, shape.kv_heads
         batch, q, _ = x.shape
-        for layer, (k_cache, v_cache) in zip(layers, caches, strict=True):
-            h = F.rms_norm(x, (shape.hidden,))
+        for layer, (k_cache, v_cache) in zip(self.layers, caches, strict=True):
+            h = nnf.rms_norm(x, (shape.hidden,))
             qkv = h @ layer["qkv"]
             query, key, value = qkv.split([heads * hd, kv_heads * hd, kv_heads * hd], dim=-1)
             query = query.view(batch, q, heads, hd).transpose(1, 2)
             k_cache[:, :, ctx:] = key.view(batch, q, kv_heads, hd).transpose(1, 2)
             v_cache[:, :, ctx:] = value.view(batch, q, kv_heads, hd).transpose(1, 2)
-            attended = F.scaled_dot_product_attention(query, k_cache, v_cache, attn_mask=mask, enable_gqa=True)
+            attended = nnf.scaled_dot_product_attention(query, k_cache, v_cache, attn_mask=mask, enable_gqa=True)
             x = x + attended.transpose(1, 2).reshape(batch, q, heads * hd) @ layer["o"]
-            gate, up = (F.rms_norm(x, (shape.hidden,)) @ layer["gate_up"]).chunk(2, dim=-1)
-            x = x + (F.silu(gate) * up) @ layer["down"]
-        return F.rms_norm(x, (shape.hidden,)) @ lm_head
+            gate, up = (nnf.rms_norm(x, (shape.hidden,)) @ layer["gate_up"]).chunk(2, dim=-1)
+            x = x + (nnf.silu(gate) * up) @ layer["down"]
+        return nnf.rms_norm(x, (shape.hidden,)) @ self.lm_head
 
-    def timed(fn: Any) -> list[float]:
-        for _ in range(3):
+
+def timed(rt: Torch, fn: Any, repeats: int) -> list[float]:
+    """`fn`'s wall time (ms) over `repeats` calls after 3 warm-up calls: CUDA events on CUDA, perf_counter else."""
+    torch = rt.torch
+    for _ in range(3):
+        fn()
+    samples = []
+    for _ in range(repeats):
+        if rt.cuda:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
             fn()
-        samples = []
-        for _ in range(args.repeats):
-            if cuda:
-                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                start.record()
-                fn()
-                end.record()
-                end.synchronize()
-                samples.append(start.elapsed_time(end))
-            else:
-                began = time.perf_counter()
-                fn()
-                samples.append((time.perf_counter() - began) * 1e3)
-        return samples
+            end.record()
+            end.synchronize()
+            samples.append(start.elapsed_time(end))
+        else:
+            began = time.perf_counter()
+            fn()
+            samples.append((time.perf_counter() - began) * 1e3)
+    return samples
 
+
+def step_samples(model: RandomLlama, batch: int, q: int, ctx: int, *, repeats: int) -> list[float]:
+    """Step times (ms) of one forward at (batch, q new tokens per sequence, ctx cached tokens): fresh zero KV
+    caches, a causal mask among the new tokens, random inputs; as a replayed CUDA graph when `model.rt.graphs`."""
+    rt, shape = model.rt, model.shape
+    torch, device, dtype = rt.torch, rt.device, rt.dtype
+    caches = [
+        (torch.zeros(batch, shape.kv_heads, ctx + q, shape.head_dim, device=device, dtype=dtype),
+         torch.zeros(batch, shape.kv_heads, ctx + q, shape.head_dim, device=device, dtype=dtype))
+        for _ in range(shape.layers)
+    ]
+    mask = torch.ones(q, ctx + q, device=device, dtype=torch.bool)
+    mask[:, ctx:] = torch.ones(q, q, device=device, dtype=torch.bool).tril()
+    x = torch.randn(batch, q, shape.hidden, device=device, dtype=dtype)
+    with torch.inference_mode():
+        if not rt.graphs:
+            return timed(rt, lambda: model.forward(x, caches, mask, ctx), repeats)
+        graph = torch.cuda.CUDAGraph()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            model.forward(x, caches, mask, ctx)  # warm the allocator and kernels before capture
+        torch.cuda.current_stream().wait_stream(side)
+        with torch.cuda.graph(graph):
+            model.forward(x, caches, mask, ctx)
+        return timed(rt, graph.replay, repeats)
+
+
+def surface_row(gpu: str, point: tuple[int, int, int], samples: list[float], *, cuda_graphs: bool) -> dict[str, object]:
+    """One CSV row: the point, the median, 10th and 90th percentile step (ms, 4 decimals) and the repeats."""
+    batch, q, ctx = point
+    ordered = sorted(samples)
+    return {
+        "gpu": gpu, "batch": batch, "tokens_per_seq": q, "context_tokens": ctx,
+        "step_ms": round(statistics.median(samples), 4),
+        "p10_ms": round(ordered[len(ordered) // 10], 4), "p90_ms": round(ordered[(len(ordered) * 9) // 10], 4),
+        "repeats": len(samples), "cuda_graphs": cuda_graphs,
+    }
+
+
+def sweep(rt: Torch, shape: Shape, args: argparse.Namespace) -> tuple[list[dict[str, object]], list[str]]:
+    """Time every (batch, q, ctx) point of the arguments, contexts outermost: the rows measured and the points
+    skipped (past `--max-seconds`, or weights + KV + logits over `--memory-fraction` of the device), printing a
+    line per point."""
+    torch, device, cuda = rt.torch, rt.device, rt.cuda
+    gpu = torch.cuda.get_device_name(device) if cuda else "cpu"
+    total = torch.cuda.get_device_properties(device).total_memory if cuda else 8 * 2**30
+    budget = args.memory_fraction * total - shape.weight_bytes(rt.element_bytes)
+    torch.manual_seed(0)
+    model = RandomLlama(rt, shape)
     points = [(b, q, c) for c in _parse_ints(args.contexts) for q in _parse_ints(args.tokens)
               for b in _parse_ints(args.batches)]
     rows: list[dict[str, object]] = []
@@ -173,46 +243,45 @@ def main(argv: list[str] | None = None) -> int:
         if shape.kv_bytes(batch, ctx + q) + 4 * batch * q * shape.vocab > budget:
             skipped.append(f"B={batch} q={q} ctx={ctx} (memory)")
             continue
-        caches = [
-            (torch.zeros(batch, kv_heads, ctx + q, hd, device=device, dtype=dtype),
-             torch.zeros(batch, kv_heads, ctx + q, hd, device=device, dtype=dtype))
-            for _ in range(shape.layers)
-        ]
-        mask = torch.ones(q, ctx + q, device=device, dtype=torch.bool)
-        mask[:, ctx:] = torch.ones(q, q, device=device, dtype=torch.bool).tril()
-        x = torch.randn(batch, q, shape.hidden, device=device, dtype=dtype)
-        with torch.inference_mode():
-            if cuda and not args.eager:
-                graph = torch.cuda.CUDAGraph()
-                side = torch.cuda.Stream()
-                side.wait_stream(torch.cuda.current_stream())
-                with torch.cuda.stream(side):
-                    forward(x, caches, mask, ctx)  # warm the allocator and kernels before capture
-                torch.cuda.current_stream().wait_stream(side)
-                with torch.cuda.graph(graph):
-                    forward(x, caches, mask, ctx)
-                samples = timed(graph.replay)
-            else:
-                samples = timed(lambda x=x, caches=caches, mask=mask, ctx=ctx: forward(x, caches, mask, ctx))
-        ordered = sorted(samples)
-        row = {
-            "gpu": gpu, "batch": batch, "tokens_per_seq": q, "context_tokens": ctx,
-            "step_ms": round(statistics.median(samples), 4),
-            "p10_ms": round(ordered[len(ordered) // 10], 4), "p90_ms": round(ordered[(len(ordered) * 9) // 10], 4),
-            "repeats": len(samples), "cuda_graphs": cuda and not args.eager,
-        }
+        samples = step_samples(model, batch, q, ctx, repeats=args.repeats)
+        row = surface_row(gpu, (batch, q, ctx), samples, cuda_graphs=rt.graphs)
         rows.append(row)
         print(f"B={batch:4d} q={q} ctx={ctx:6d}: {row['step_ms']:9.3f} ms", flush=True)
-        del caches
         if cuda:
             torch.cuda.empty_cache()
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("w", newline="", encoding="utf-8") as handle:
+    return rows, skipped
+
+
+def write_surface(out: Path, rows: list[dict[str, object]], shape: Shape, *, cuda: bool) -> Path:
+    """Write the CSV to `out` and the model's config.json beside it (`<out>.config.json`); returns the latter."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w", newline="", encoding="utf-8") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]) if rows else ["gpu"])
         writer.writeheader()
         writer.writerows(rows)
-    config_path = args.out.with_suffix(".config.json")
+    config_path = out.with_suffix(".config.json")
     config_path.write_text(json.dumps(shape.config_json("bfloat16" if cuda else "float32"), indent=1) + "\n")
+    return config_path
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _arguments(argv)
+    try:
+        import torch  # noqa: PLC0415  (optional: only this benchmark needs it)
+        import torch.nn.functional as F  # noqa: N812, PLC0415
+    except ImportError:
+        print("this benchmark needs PyTorch (pip install torch); the project itself does not", file=sys.stderr)
+        return 2
+    rt = Torch(torch=torch, functional=F, device=torch.device(args.device), eager=args.eager)
+    if rt.cuda and not torch.cuda.is_available():
+        print("no CUDA device: run with --device cpu (and a small shape) to try the script", file=sys.stderr)
+        return 2
+    shape = Shape(
+        hidden=args.hidden, intermediate=args.intermediate, layers=args.layers, heads=args.heads,
+        kv_heads=args.kv_heads, head_dim=args.head_dim or args.hidden // args.heads, vocab=args.vocab,
+    )
+    rows, skipped = sweep(rt, shape, args)
+    config_path = write_surface(args.out, rows, shape, cuda=rt.cuda)
     print(f"{len(rows)} points -> {args.out}, config -> {config_path}; skipped {len(skipped)}")
     for line in skipped:
         print(f"  skipped {line}")

@@ -27,7 +27,7 @@ import csv
 import math
 import re
 import statistics
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -35,10 +35,11 @@ from policies.acceptance import acceptance_curve
 from policies.catalog import MODEL_ENTRIES
 from policies.costmodel import ModelContext, curve_for
 from policies.profiles import HardwareProfile, hardware_by_name
-from policies.roofline import linear_layer_s, target_step_time
+from policies.roofline import Shape, linear_layer_s, target_step_time
 from policies.types import DraftMethod
 from policies.whatif import (
     AcceptanceSpec,
+    Pricing,
     WhatIfInput,
     acceptance_evidence,
     acceptance_positions,
@@ -141,9 +142,10 @@ def speedup(
     spec = AcceptanceSpec(iid_rate=alpha)
     positions = acceptance_positions(spec, gamma_max=k)
     acceptance = acceptance_curve(acceptance_evidence(positions), method=ctx.drafter.method, gamma_max=k)
-    curve, _ = curve_for(ctx, acceptance, batch=batch, context_tokens=context_tokens)
+    at = Shape(batch=batch, context_tokens=context_tokens)
+    curve, _ = curve_for(ctx, acceptance, at)
     if band:
-        curve = with_prior_band(ctx, acceptance, curve, batch=batch, context=context_tokens, prefill=0.0, tree=None)
+        curve = with_prior_band(Pricing(ctx, acceptance), curve, at)
     point = curve[k]
     return point.speedup, point.speedup_low, point.speedup_high
 
@@ -280,36 +282,62 @@ class PlainPoint:
     predicted_s: float
 
 
+@dataclass(frozen=True, slots=True)
+class _PlainMeasurement:
+    """One measured plain-decoding time per token (`measured_s`, seconds) at `batch` sequences of `context` tokens
+    on average, with `prefill_per_seq` prompt tokens per sequence prefilled in the same steps."""
+
+    source: str
+    series: str
+    setup: Setup
+    batch: float
+    measured_s: float
+    context: float
+    prefill_per_seq: float = 0.0
+
+
 def plain_points(tweak: Tweak | None = None) -> list[PlainPoint]:
     """Measured plain time per token vs the model's plain step (module docstring)."""
-    out: list[PlainPoint] = []
+    return [_plain_point(m, tweak) for m in (*_plain_decode_measurements(), *_peagle_baseline_measurements())]
 
-    def add(source: str, series: str, setup: Setup, batch: float, measured_s: float, *, context: float,
-            prefill_per_seq: float = 0.0) -> None:
-        ctx = _tweaked(_context(setup), tweak)
-        step = target_step_time(
-            ctx.hardware, ctx.model, batch=batch, tokens_per_seq=1.0, context_tokens=context,
-            tensor_parallel=ctx.tensor_parallel, prefill_tokens=prefill_per_seq * batch,
-        ).total_s
-        out.append(PlainPoint(source, series, batch, measured_s, step))
 
+def _plain_point(measured: _PlainMeasurement, tweak: Tweak | None) -> PlainPoint:
+    """`measured` beside the model's uncalibrated plain step (one token per sequence) at its batch and context."""
+    ctx = _tweaked(_context(measured.setup), tweak)
+    batch = measured.batch
+    step = target_step_time(
+        ctx.hardware, ctx.model,
+        Shape(batch=batch, context_tokens=measured.context, tokens_per_seq=1.0,
+              prefill_tokens=measured.prefill_per_seq * batch),
+        tensor_parallel=ctx.tensor_parallel,
+    ).total_s
+    return PlainPoint(measured.source, measured.series, batch, measured.measured_s, step)
+
+
+def _plain_decode_measurements() -> Iterator[_PlainMeasurement]:
+    """The rows of plain-decode-vs-batch.csv the comparison uses (P-NIM: its 5000/500 series below batch 100)."""
     for row in _rows("plain-decode-vs-batch.csv"):
         source, load = row["source_id"], float(row["load"])
         if source == "P-LMD":
             setup = replace(SETUPS[source], model=row["model"].replace("llama2", "llama-2"),
                             tensor_parallel=int(row["tp"]))
             context = float(row["input_len"]) + 0.5 * float(row["output_len"])
-            add(source, f"{row['model']} out {row['output_len']}", setup, load, float(row["time_ms"]) * 1e-3,
-                context=context)
+            yield _PlainMeasurement(source, f"{row['model']} out {row['output_len']}", setup, load,
+                                    float(row["time_ms"]) * 1e-3, context=context)
         elif source == "P-NIM" and load < 100 and row["input_len"] == "5000":
-            add(source, "Llama-3.3-70B FP8 TP2 5000/500", SETUPS[source], load, float(row["time_ms"]) * 1e-3,
-                context=SETUPS[source].context_tokens, prefill_per_seq=10.0)
+            yield _PlainMeasurement(source, "Llama-3.3-70B FP8 TP2 5000/500", SETUPS[source], load,
+                                    float(row["time_ms"]) * 1e-3, context=SETUPS[source].context_tokens,
+                                    prefill_per_seq=10.0)
         elif source == "S-GIST" and row["output_tok_s"]:
-            add(source, "Qwen3-8B", SETUPS[source], load, load / float(row["output_tok_s"]),
-                context=SETUPS[source].context_tokens)
+            yield _PlainMeasurement(source, "Qwen3-8B", SETUPS[source], load, load / float(row["output_tok_s"]),
+                                    context=SETUPS[source].context_tokens)
         elif source == "S-KIMI" and row["per_user_tok_s"]:
-            add(source, "Kimi-K2.6 NVFP4 TP4", SETUPS[source], load, 1.0 / float(row["per_user_tok_s"]),
-                context=SETUPS[source].context_tokens)
+            yield _PlainMeasurement(source, "Kimi-K2.6 NVFP4 TP4", SETUPS[source], load,
+                                    1.0 / float(row["per_user_tok_s"]), context=SETUPS[source].context_tokens)
+
+
+def _peagle_baseline_measurements() -> Iterator[_PlainMeasurement]:
+    """S-PEAGLE's plain baselines from specdec-vs-concurrency.csv, once per (workload, load)."""
     seen: set[tuple[str, float]] = set()
     for row in _rows("specdec-vs-concurrency.csv"):
         if row["source_id"] != "S-PEAGLE" or not row["baseline_out_tok_s"]:
@@ -318,9 +346,8 @@ def plain_points(tweak: Tweak | None = None) -> list[PlainPoint]:
         if (workload, load) in seen:
             continue
         seen.add((workload, load))
-        add("S-PEAGLE", f"gpt-oss-20b {workload}", SETUPS["S-PEAGLE"], load, load / float(row["baseline_out_tok_s"]),
-            context=SETUPS["S-PEAGLE"].context_tokens)
-    return out
+        yield _PlainMeasurement("S-PEAGLE", f"gpt-oss-20b {workload}", SETUPS["S-PEAGLE"], load,
+                                load / float(row["baseline_out_tok_s"]), context=SETUPS["S-PEAGLE"].context_tokens)
 
 
 @dataclass(frozen=True, slots=True)

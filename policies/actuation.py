@@ -1,4 +1,4 @@
-"""The actuation safety gate: whether to change a deployment now, and why not when it does not (DESIGN.md 7).
+"""The actuation safety gate: whether to change a deployment now, and why not when it does not.
 
 Pure: every input, the time included (`now_s`, Unix seconds), comes in as an argument; the next state comes out.
 `plan_action` runs these checks in order and reports the first one that holds the action back:
@@ -189,58 +189,93 @@ def plan_action(
     state = _expire_override(state, now_s)
     state = _track_wanted(state, decision, desired, config, now_s)
     state = replace(state, recent_actions_s=tuple(t for t in state.recent_actions_s if now_s - t < DAY_S))
+    skip = _deployment_skip(observation, desired, state)
+    running = observation.setting
+    if skip is not None or running is None:
+        return skip or _skip(SkipReason.OBSERVATION_ERROR, desired, "no setting read"), state
+    if state.override is not None:
+        return _override_plan(state.override, running, config=config, state=state, now_s=now_s)
+    skip = _decision_skip(decision, running, desired, config)
+    if skip is None and desired is not None:
+        skip = _pace_skip(desired, config=config, state=state, now_s=now_s)
+    if skip is not None or desired is None:
+        return skip or _skip(SkipReason.NO_DESIRED, desired, "the wanted setting could not be computed"), state
+    held_s = now_s - (state.wanted_since_s if state.wanted_since_s is not None else now_s)
+    return ActionPlan(act=True, desired=desired, detail=f"held {held_s:.0f} s"), _count_action(state, now_s)
 
+
+def _deployment_skip(
+    observation: DeploymentObservation, desired: SpeculationSetting | None, state: ActuationState
+) -> ActionPlan | None:
+    """Rules 1-3: paused, the deployment could not be read, a rollout in progress (None: none applies)."""
     if state.paused:
-        return _skip(SkipReason.PAUSED, desired, "actuation is paused"), state
+        return _skip(SkipReason.PAUSED, desired, "actuation is paused")
     if observation.error is not None or observation.setting is None:
         why = observation.error.value if observation.error is not None else "no setting read"
-        return _skip(SkipReason.OBSERVATION_ERROR, desired, f"{why}: {observation.detail}".rstrip(": ")), state
+        return _skip(SkipReason.OBSERVATION_ERROR, desired, f"{why}: {observation.detail}".rstrip(": "))
     if observation.rollout_in_progress:
-        return _skip(SkipReason.ROLLOUT_IN_PROGRESS, desired, "a rollout is still in progress"), state
+        return _skip(SkipReason.ROLLOUT_IN_PROGRESS, desired, "a rollout is still in progress")
+    return None
 
-    if state.override is not None:
-        wanted = state.override.setting
-        if same_setting(observation.setting, wanted):
-            return _skip(SkipReason.ALREADY_APPLIED, wanted, "the override's setting is running", True), state
-        # The first attempt under this override is immediate (a human asked); a retry after a failed attempt
-        # waits out the cooldown like any action, so a broken RBAC is not hammered every tick.
-        tried_s = state.last_action_s
-        if tried_s is not None and tried_s >= state.override.set_at_s and now_s - tried_s < config.cooldown_s:
-            left_s = config.cooldown_s - (now_s - tried_s)
-            return _skip(SkipReason.COOLDOWN, wanted, f"override retry: {left_s:.0f} s of cooldown left", True), state
-        plan = ActionPlan(act=True, desired=wanted, detail=f"manual override: {state.override.reason}",
-                          via_override=True)
-        return plan, _count_action(state, now_s)
 
+def _override_plan(
+    override: Override, running: SpeculationSetting, *, config: ActuationConfig, state: ActuationState, now_s: float
+) -> tuple[ActionPlan, ActuationState]:
+    """A manual override in force: its setting, at once (a human asked); a retry after a failed attempt waits out
+    the cooldown like any action, so a broken RBAC is not hammered every tick."""
+    wanted = override.setting
+    if same_setting(running, wanted):
+        return _skip(SkipReason.ALREADY_APPLIED, wanted, "the override's setting is running", True), state
+    tried_s = state.last_action_s
+    if tried_s is not None and tried_s >= override.set_at_s and now_s - tried_s < config.cooldown_s:
+        left_s = config.cooldown_s - (now_s - tried_s)
+        return _skip(SkipReason.COOLDOWN, wanted, f"override retry: {left_s:.0f} s of cooldown left", True), state
+    plan = ActionPlan(act=True, desired=wanted, detail=f"manual override: {override.reason}", via_override=True)
+    return plan, _count_action(state, now_s)
+
+
+def _decision_skip(
+    decision: Decision | None, running: SpeculationSetting, desired: SpeculationSetting | None,
+    config: ActuationConfig,
+) -> ActionPlan | None:
+    """Rules on the recommendation: none yet, not ok, no wanted setting, already running, not a material change
+    (None: none applies)."""
     if decision is None:
-        return _skip(SkipReason.NO_DECISION, desired, "no recommendation published yet"), state
+        return _skip(SkipReason.NO_DECISION, desired, "no recommendation published yet")
     if decision.state != TargetState.OK:
-        return _skip(_STATE_SKIPS[decision.state], desired, f"recommendation is {decision.state.value}"), state
+        return _skip(_STATE_SKIPS[decision.state], desired, f"recommendation is {decision.state.value}")
     if desired is None:
-        return _skip(SkipReason.NO_DESIRED, desired, "the wanted setting could not be computed"), state
-    if same_setting(observation.setting, desired):
-        return _skip(SkipReason.ALREADY_APPLIED, desired, "the deployment already runs it"), state
-    if not materially_different(observation.setting, desired, config):
-        share = schedule_change_share(observation.setting, desired, min_k_delta=config.min_schedule_k_delta)
+        return _skip(SkipReason.NO_DESIRED, desired, "the wanted setting could not be computed")
+    if same_setting(running, desired):
+        return _skip(SkipReason.ALREADY_APPLIED, desired, "the deployment already runs it")
+    if not materially_different(running, desired, config):
+        share = schedule_change_share(running, desired, min_k_delta=config.min_schedule_k_delta)
         return _skip(SkipReason.BELOW_CHANGE_THRESHOLD, desired,
                      f"schedule changed over {share:.0%} of the batch range, below "
-                     f"{config.min_schedule_change_share:.0%}"), state
+                     f"{config.min_schedule_change_share:.0%}")
+    return None
 
+
+def _pace_skip(
+    desired: SpeculationSetting, *, config: ActuationConfig, state: ActuationState, now_s: float
+) -> ActionPlan | None:
+    """Rules on pace: the wanted setting held for the dwell, the cooldown since the last action, the hourly and
+    daily caps (None: none applies)."""
     held_s = now_s - (state.wanted_since_s if state.wanted_since_s is not None else now_s)
     if held_s < config.dwell_s:
-        return _skip(SkipReason.DWELL, desired, f"held {held_s:.0f} s of {config.dwell_s:.0f} s"), state
+        return _skip(SkipReason.DWELL, desired, f"held {held_s:.0f} s of {config.dwell_s:.0f} s")
     if state.last_action_s is not None and now_s - state.last_action_s < config.cooldown_s:
         left_s = config.cooldown_s - (now_s - state.last_action_s)
-        return _skip(SkipReason.COOLDOWN, desired, f"{left_s:.0f} s of cooldown left"), state
+        return _skip(SkipReason.COOLDOWN, desired, f"{left_s:.0f} s of cooldown left")
     last_hour = actions_within(state, HOUR_S, now_s)
     if last_hour >= config.max_actions_per_hour:
         return _skip(SkipReason.HOURLY_CAP, desired,
-                     f"{last_hour} actions in the last hour (max {config.max_actions_per_hour})"), state
+                     f"{last_hour} actions in the last hour (max {config.max_actions_per_hour})")
     last_day = actions_within(state, DAY_S, now_s)
     if last_day >= config.max_actions_per_day:
         return _skip(SkipReason.DAILY_CAP, desired,
-                     f"{last_day} actions in the last day (max {config.max_actions_per_day})"), state
-    return ActionPlan(act=True, desired=desired, detail=f"held {held_s:.0f} s"), _count_action(state, now_s)
+                     f"{last_day} actions in the last day (max {config.max_actions_per_day})")
+    return None
 
 
 def same_setting(a: SpeculationSetting, b: SpeculationSetting) -> bool:

@@ -104,6 +104,7 @@ from policies.roofline import (
     GEMM_REFERENCE_TOKENS,
     SMOOTH_MAX_P,
     CostScales,
+    Shape,
     StepComponents,
     smooth_max,
     step_components,
@@ -199,6 +200,14 @@ class StepObservation:
     step_s: float
     memory_scale_obs: float | None = None
     compute_scale_obs: float | None = None
+
+    @property
+    def shape(self) -> Shape:
+        """The target forward this window ran (policies/roofline.py)."""
+        return Shape(
+            batch=self.batch, context_tokens=self.context_tokens, tokens_per_seq=self.tokens_per_seq,
+            prefill_tokens=self.prefill_tokens,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -350,8 +359,7 @@ def _scales(x: Sequence[float]) -> CostScales:
 
 def _components(ctx: ModelContext, point: StepObservation) -> StepComponents:
     return step_components(
-        ctx.hardware, ctx.model, ctx.drafter, batch=point.batch, tokens_per_seq=point.tokens_per_seq,
-        draft_passes=point.draft_passes, context_tokens=point.context_tokens, prefill_tokens=point.prefill_tokens,
+        ctx.hardware, ctx.model, ctx.drafter, point.shape, draft_passes=point.draft_passes,
         tensor_parallel=ctx.tensor_parallel,
     )
 

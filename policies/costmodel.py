@@ -24,7 +24,8 @@ clients, not per step, so a step carries P(gamma) = R_p T_step(gamma) of them an
 every gamma and cancels in S = E[L] T_dec(0) / T_dec(gamma). (Holding P per step fixed instead would dilute S
 towards 1 and, at batch 256 with a queue, call speculation a gain where the simulator's truth is a loss.) The
 absolute step time and ITL do grow by 1 / (1 - R_p c): the ITL-SLO objective uses that (policies/objectives.py).
-`curve_for(..., prefill_tokens=P)` prices the other case, a step whose prompt tokens are fixed by the token budget.
+`curve_for(..., Shape(..., prefill_tokens=P))` prices the other case, a step whose prompt tokens are fixed by the
+token budget.
 
 Calibration. `evaluate(..., scales=...)` prices with scales fitted elsewhere (the online fitter over many points,
 policies/calibrate.py, is what the loop uses). Without them, a one-point calibration (below). When the
@@ -48,11 +49,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from policies.acceptance import AcceptancePoint, acceptance_curve
 from policies.profiles import DrafterProfile, HardwareProfile, ModelProfile
-from policies.roofline import CostScales, drafting_time, step_components, target_step_time
+from policies.roofline import CostScales, Shape, drafting_time, step_components, target_step_time
 from policies.types import CurvePoint, Evidence
 
 DEFAULT_CONTEXT_TOKENS = 1024.0
@@ -87,6 +88,14 @@ class OperatingPoint:
     tokens_per_seq: float
     draft_steps: int
     prefill_tokens: float = 0.0
+
+    @property
+    def shape(self) -> Shape:
+        """The target forward this point runs (policies/roofline.py)."""
+        return Shape(
+            batch=self.batch, context_tokens=self.context_tokens, tokens_per_seq=self.tokens_per_seq,
+            prefill_tokens=self.prefill_tokens,
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -225,14 +234,10 @@ def _counters_match_window(evidence: Evidence) -> bool:
 def _step_parts(
     ctx: ModelContext, point: OperatingPoint, scales: CostScales | None = None
 ) -> tuple[float, float]:
-    target = target_step_time(
-        ctx.hardware, ctx.model, batch=point.batch, tokens_per_seq=point.tokens_per_seq,
-        context_tokens=point.context_tokens, tensor_parallel=ctx.tensor_parallel,
-        prefill_tokens=point.prefill_tokens, scales=scales,
-    )
+    target = target_step_time(ctx.hardware, ctx.model, point.shape, tensor_parallel=ctx.tensor_parallel, scales=scales)
     draft = drafting_time(
-        ctx.hardware, ctx.drafter, gamma=point.draft_steps, batch=point.batch,
-        context_tokens=point.context_tokens, tensor_parallel=ctx.tensor_parallel, scales=scales,
+        ctx.hardware, ctx.drafter, Shape(batch=point.batch, context_tokens=point.context_tokens),
+        gamma=point.draft_steps, tensor_parallel=ctx.tensor_parallel, scales=scales,
     )
     return target.overhead_s + draft.overhead_s, target.physics_s + draft.physics_s
 
@@ -275,17 +280,16 @@ def calibrate(evidence: Evidence, ctx: ModelContext) -> Calibration:
 def curve_for(
     ctx: ModelContext,
     acceptance: Sequence[AcceptancePoint],
+    at: Shape,
     *,
-    batch: float,
-    context_tokens: float,
     scales: CostScales | None = None,
-    prefill_tokens: float = 0.0,
     tree_tokens: float | None = None,
 ) -> tuple[tuple[CurvePoint, ...], float]:
     """S(gamma) for each acceptance point at an explicit operating point (what-if: another batch or context with
     the scales calibrated elsewhere). Returns (curve, plain-decoding step seconds). `acceptance` must start at
-    gamma 0 and be contiguous; `batch` >= 1; `context_tokens` >= 0; `prefill_tokens` >= 0 prompt tokens chunked
-    into every step, the same for every gamma (0 for a rate-bound prompt load, where it cancels: module docstring).
+    gamma 0 and be contiguous. `at` is the plain-decoding step (tokens_per_seq 1; each gamma verifies its own):
+    `batch` >= 1; `context_tokens` >= 0; `prefill_tokens` >= 0 prompt tokens chunked into every step, the same for
+    every gamma (0 for a rate-bound prompt load, where it cancels: module docstring). ValueError outside them.
     `tree_tokens` (None = a chain): a drafter that proposes a tree of that many draft tokens per sequence, gamma
     levels deep; the target then verifies tree_tokens + 1 tokens per sequence at every gamma >= 1 (the nodes and
     the bonus position) instead of gamma + 1, and drafting is priced as gamma passes (a level's few nodes cost a
@@ -294,11 +298,10 @@ def curve_for(
     Example: E[L](3) = 2.79, T_target(q=1) = 6.82 ms, T_draft(3) = 3.2 ms, T_target(q=4) = 6.85 ms ->
     S(3) = 2.79 x 6.82 / (3.2 + 6.85) = 1.89.
     """
+    if at.tokens_per_seq != 1.0:
+        raise ValueError(f"curve_for prices from the plain step: tokens_per_seq must be 1, got {at.tokens_per_seq}")
     scales = scales or CostScales()
-    base = target_step_time(
-        ctx.hardware, ctx.model, batch=batch, tokens_per_seq=1.0, context_tokens=context_tokens,
-        tensor_parallel=ctx.tensor_parallel, scales=scales, prefill_tokens=prefill_tokens,
-    ).total_s
+    base = target_step_time(ctx.hardware, ctx.model, at, tensor_parallel=ctx.tensor_parallel, scales=scales).total_s
     points: list[CurvePoint] = []
     for index, acc in enumerate(acceptance):
         if acc.gamma != index:
@@ -306,17 +309,15 @@ def curve_for(
         if acc.gamma == 0:
             points.append(CurvePoint(0, 1.0, 1.0, 1.0, 1.0, base, extrapolated=False))
             continue
-        draft = drafting_time(
-            ctx.hardware, ctx.drafter, gamma=acc.gamma, batch=batch, context_tokens=context_tokens,
-            tensor_parallel=ctx.tensor_parallel, scales=scales,
-        )
+        draft = drafting_time(ctx.hardware, ctx.drafter, at, gamma=acc.gamma, tensor_parallel=ctx.tensor_parallel,
+                              scales=scales)
         if tree_tokens is not None:
             verified = tree_tokens + 1.0
         else:
             verified = acc.verified_tokens if acc.verified_tokens is not None else acc.gamma + 1.0
         verify = target_step_time(
-            ctx.hardware, ctx.model, batch=batch, tokens_per_seq=verified, context_tokens=context_tokens,
-            tensor_parallel=ctx.tensor_parallel, scales=scales, prefill_tokens=prefill_tokens,
+            ctx.hardware, ctx.model, replace(at, tokens_per_seq=verified), tensor_parallel=ctx.tensor_parallel,
+            scales=scales,
         )
         step = draft.total_s + verify.total_s
         points.append(
@@ -345,7 +346,7 @@ def evaluate(
     calibration = calibrate(evidence, ctx) if scales is None else _given_scales(evidence, ctx, scales)
     acceptance = acceptance_curve(evidence.acceptance, method=ctx.drafter.method, gamma_max=gamma_max)
     curve, base = curve_for(
-        ctx, acceptance, batch=calibration.point.batch, context_tokens=calibration.point.context_tokens,
+        ctx, acceptance, Shape(batch=calibration.point.batch, context_tokens=calibration.point.context_tokens),
         scales=calibration.scales,
     )
     return CostModelResult(curve=curve, calibration=calibration, baseline_step_s=base)
@@ -355,8 +356,7 @@ def _given_scales(evidence: Evidence, ctx: ModelContext, scales: CostScales) -> 
     point = operating_point(evidence)
     overhead, physics = _step_parts(ctx, point)
     scaled = step_components(
-        ctx.hardware, ctx.model, ctx.drafter, batch=point.batch, tokens_per_seq=point.tokens_per_seq,
-        draft_passes=point.draft_steps, context_tokens=point.context_tokens, prefill_tokens=point.prefill_tokens,
+        ctx.hardware, ctx.model, ctx.drafter, point.shape, draft_passes=point.draft_steps,
         tensor_parallel=ctx.tensor_parallel,
     ).total_s(scales)
     return Calibration(scales, point, overhead + physics, scaled, observed_step_s(evidence))

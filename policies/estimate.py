@@ -1,4 +1,4 @@
-"""Estimate: a sliding window of engine snapshots -> Evidence with uncertainty (DESIGN.md section 3).
+"""Estimate: a sliding window of engine snapshots -> Evidence with uncertainty.
 
 Two pure functions, with the window carried in an explicit state value:
 
@@ -129,6 +129,14 @@ def observe(state: EstimatorState, snapshot: EngineSnapshot, config: EstimatorCo
 
 def _baseline_break(previous: EngineSnapshot, current: EngineSnapshot) -> str | None:
     """Why `current` cannot be differenced against `previous`, or None when it can."""
+    return (
+        _server_break(previous, current) or _speculation_break(previous, current)
+        or _counter_break(previous, current)
+    )
+
+
+def _server_break(previous: EngineSnapshot, current: EngineSnapshot) -> str | None:
+    """Another model, another engine count, or a restarted server (None: the same one)."""
     if current.model_name != previous.model_name:
         return f"model changed {previous.model_name!r} -> {current.model_name!r}"
     if current.engines != previous.engines:
@@ -138,6 +146,11 @@ def _baseline_break(previous: EngineSnapshot, current: EngineSnapshot) -> str | 
     known = previous.created_s is not None and current.created_s is not None
     if known and current.created_s != previous.created_s:
         return "counters re-created (server restart)"
+    return None
+
+
+def _speculation_break(previous: EngineSnapshot, current: EngineSnapshot) -> str | None:
+    """Speculation turned on or off, or its deployed k changed (None: neither)."""
     if (previous.spec is None) != (current.spec is None):
         return "speculation turned " + ("on" if current.spec is not None else "off")
     if (
@@ -146,6 +159,11 @@ def _baseline_break(previous: EngineSnapshot, current: EngineSnapshot) -> str | 
         and previous.spec.deployed_k != current.spec.deployed_k
     ):
         return f"deployed k changed {previous.spec.deployed_k} -> {current.spec.deployed_k}"
+    return None
+
+
+def _counter_break(previous: EngineSnapshot, current: EngineSnapshot) -> str | None:
+    """A monotone counter that went down (None: none did)."""
     before = _counters(previous)
     after = _counters(current)
     for name, value in after.items():

@@ -1,6 +1,6 @@
 """What "faster" means for one server right now: the objective the speedup curve is measured in.
 
-Three objectives (DESIGN.md section 4), chosen per tick from the evidence:
+Three objectives, chosen per tick from the evidence:
 
 - latency  (no queue: waiting < `waiting_threshold` and KV usage < `kv_full_ratio`): every running request is
   served, so the batch is what it is; S(gamma) = tokens/s per sequence with gamma drafts / without, at the same
@@ -44,8 +44,8 @@ Three objectives (DESIGN.md section 4), chosen per tick from the evidence:
   counted at the share it serves, (B_cap / ITL_gamma(B_cap)) / (B / ITL_running), times its share meeting the
   SLO. A deployed k past the curve has no point to anchor this on: every option then keeps the measured batch.
   Speed beyond the SLO earns nothing: a faster token stream is not more tokens meeting the SLO, and counting
-  it (as throughput at the current B) made the advisor restart a server whose every option met the SLO for a
-  "7.6% gain" that delivered nothing (always-worth-it, eagle3, draft-model in the decision benchmark). Example:
+  it (as throughput at the current B) would restart a server whose every option meets the SLO for a gain that
+  delivers nothing. Example:
   SLO 8 ms, off at 11 ms: share(0) = max(0.01, Phi(ln(8/11) / 0.1) = Phi(-3.18) = 0.0007) = 0.01; gamma 2 at
   5.3 ms (Phi(4.12) = 0.99998) and gamma 3 at 4.7 ms (Phi(5.32) = 1.0): S(2) = 99.998, S(3) = 100.0, so decide's
   minimum-change rule keeps whichever runs. Chunked prefill stretches every
@@ -68,7 +68,7 @@ from enum import StrEnum
 
 from policies.acceptance import AcceptancePoint
 from policies.costmodel import ModelContext, curve_for, step_batch
-from policies.roofline import CostScales
+from policies.roofline import CostScales, Shape
 from policies.slo_share import fit_request_itl, modelled_share, shifted_share
 from policies.types import CurvePoint, Evidence, HistogramReading
 
@@ -206,7 +206,7 @@ def objective_curve(
     kv_full = capacity and kv is not None and kv >= config.kv_full_ratio
 
     def at(batch: float) -> tuple[tuple[CurvePoint, ...], float]:
-        return curve_for(ctx, acceptance, batch=batch, context_tokens=workload.context_tokens, scales=scales)
+        return curve_for(ctx, acceptance, Shape(batch=batch, context_tokens=workload.context_tokens), scales=scales)
 
     base_curve, base_step = at(held_batch(workload, 0, kv_full=kv_full))
     if objective is Objective.LATENCY or (objective is Objective.CAPACITY and not kv_full):
@@ -226,11 +226,13 @@ def objective_curve(
         # shorter: the same prefill would read as a larger share of it and stretch every option too far).
         k = min(max(workload.deployed_k, 0), len(acceptance) - 1)
         mixed = curve_for(
-            ctx, acceptance[: k + 1], batch=workload.batch, context_tokens=workload.context_tokens, scales=scales,
-            prefill_tokens=workload.prefill_tokens,
+            ctx, acceptance[: k + 1],
+            Shape(batch=workload.batch, context_tokens=workload.context_tokens, prefill_tokens=workload.prefill_tokens),
+            scales=scales,
         )[0][k].step_time_s
         plain_now = curve_for(
-            ctx, acceptance[: k + 1], batch=workload.batch, context_tokens=workload.context_tokens, scales=scales,
+            ctx, acceptance[: k + 1], Shape(batch=workload.batch, context_tokens=workload.context_tokens),
+            scales=scales,
         )[0][k].step_time_s
         stretch = mixed / plain_now  # 1 / (1 - rho)
     plain_rate = b0 / base_step
@@ -307,12 +309,10 @@ def open_loop_batch(
     proportion to the batch (its fixed and weight-streaming parts do not grow), so each iteration shrinks the
     error by the batch-proportional share of the step, and 1% is reached in a few. An option whose ITL grows as
     fast as its batch cannot hold the load at all (a queue forms): it stops at `cap`.
-    Why: the options were compared at the measured batch, as if a faster option left the batch as it was. Under an
-    open load it does not: requests finish sooner, fewer are in flight, and each step is shorter again. On the
-    decision benchmark's slo-load-rise world (B ~200 at gamma 3, 30 ms SLO, shares from the measured histogram)
-    gamma 1 priced at gamma 3's batch met the SLO for 1-21% of requests over the heavy phase's ticks; at the batch
-    it holds, 55-93%. Once gamma 1 ran, its own histogram measured 47-60% (the world: ~61% of that phase's
-    tokens), so the fixed batch was far off and this one errs by less, on the optimistic side.
+    Why: compared at the measured batch, a faster option would leave the batch as it was. Under an open load it
+    does not: requests finish sooner, fewer are in flight, and each step is shorter again. With B ~200 at gamma 3
+    and a 30 ms SLO, gamma 1 priced at gamma 3's batch meets the SLO for a few percent of requests where at the
+    batch it holds it meets it for most: the batch an option holds, not the measured one, sets its share.
     Example: B_c 200 at ITL_c 37 ms; an option with ITL(B) = 12 ms + 0.11 ms x B (34 ms at B_c): 200 x 34 / 37
     = 184 -> ITL 32.2 ms -> 174 -> 31.2 ms -> 168 ... -> B = 160, ITL 29.6 ms.
     """

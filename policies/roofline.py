@@ -76,7 +76,7 @@ the 84 us/request of vLLM Dynamic SD at K=0); `dynamic_sd_k0_overhead_s` prices 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from policies.profiles import AttentionShape, DrafterProfile, HardwareProfile, ModelProfile
 from policies.types import DraftMethod
@@ -118,9 +118,22 @@ class CostScales:
     draft: float = 1.0
     fill: float = 1.0
     gemm_slope: float = 0.0
-    # Seconds added to every target forward (may be negative; not fitted): policies/split.py moves time between
-    # drafting and the target with it, so that an alternative split still explains the observed step.
-    target_offset_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """What one step works on: `batch` sequences (>= 1) each verifying `tokens_per_seq` tokens (>= 1; gamma + 1
+    with gamma drafts) at `context_tokens` (>= 0) mean context, plus `prefill_tokens` (>= 0) prompt tokens of
+    chunked prefill attending to `prefill_context_tokens` on average (None: ctx / 2, a chunk of a prompt attends to
+    about half the prompt). Drafting reads only `batch` and `context_tokens`. Ranges are checked where it is priced.
+    Example: Shape(batch=8, tokens_per_seq=4, context_tokens=512): 8 sequences verifying 3 drafts + 1 at 512 tokens.
+    """
+
+    batch: float
+    context_tokens: float
+    tokens_per_seq: float = 1.0
+    prefill_tokens: float = 0.0
+    prefill_context_tokens: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -349,30 +362,26 @@ def _weight_bytes_per_gpu(model: ModelProfile, tokens: float, tp: float) -> floa
 
 
 def _target_parts(
-    hardware: HardwareProfile,
-    model: ModelProfile,
-    *,
-    batch: float,
-    tokens_per_seq: float,
-    context_tokens: float,
-    prefill_tokens: float,
-    prefill_context_tokens: float,
-    tensor_parallel: int,
+    hardware: HardwareProfile, model: ModelProfile, shape: Shape, *, prefill_context_tokens: float, tensor_parallel: int
 ) -> _TargetParts:
     """The unscaled parts of one target forward: the linear layers' bytes and rows, the attention's KV bytes and
     math (decode tokens), prefill_s the prompt tokens' math; flops are the real ones."""
     tp = float(tensor_parallel)
+    batch, tokens_per_seq, context_tokens = shape.batch, shape.tokens_per_seq, shape.context_tokens
+    prefill_tokens = shape.prefill_tokens
     decode_tokens = batch * tokens_per_seq
     tokens = decode_tokens + prefill_tokens
     weight_bytes = _weight_bytes_per_gpu(model, tokens, tp)
-    shape = model.attention
-    per_token = kv_bytes_per_token_per_gpu(shape, model.kv_dtype_bytes, tp)
+    attention = model.attention
+    per_token = kv_bytes_per_token_per_gpu(attention, model.kv_dtype_bytes, tp)
     attended = model.attended_context(context_tokens)
     prefix_read = model.attended_context(prefill_context_tokens) if prefill_tokens > 0 else 0.0
     kv_bytes = per_token * (batch * attended + prefix_read)
     matmul_params = model.active_params - model.input_embedding_params
-    attention_flops = shape.decode_flops_per_pair * attended * decode_tokens / tp
-    prefill_flops = (2.0 * matmul_params + shape.prefill_flops_per_pair * prefill_context_tokens) * prefill_tokens / tp
+    attention_flops = attention.decode_flops_per_pair * attended * decode_tokens / tp
+    prefill_flops = (
+        (2.0 * matmul_params + attention.prefill_flops_per_pair * prefill_context_tokens) * prefill_tokens / tp
+    )
     flops = 2.0 * matmul_params * decode_tokens / tp + attention_flops + prefill_flops
     bandwidth = hardware.mem_bandwidth_bytes_per_s * hardware.bandwidth_efficiency
     flops_per_s = hardware.flops_for_dtype(model.dtype_bytes) * hardware.flops_efficiency
@@ -411,19 +420,12 @@ def _decode_gemm_s(parts: _TargetParts, scales: CostScales) -> float:
 def target_step_time(
     hardware: HardwareProfile,
     model: ModelProfile,
+    shape: Shape,
     *,
-    batch: float,
-    tokens_per_seq: float,
-    context_tokens: float,
     tensor_parallel: int = 1,
     scales: CostScales | None = None,
-    prefill_tokens: float = 0.0,
-    prefill_context_tokens: float | None = None,
 ) -> StepTime:
-    """Price one target forward: `batch` sequences (>= 1) each verifying `tokens_per_seq` tokens (>= 1; gamma+1
-    with gamma drafts) at `context_tokens` (>= 0) mean context, plus `prefill_tokens` (>= 0) prompt tokens of
-    chunked prefill attending to `prefill_context_tokens` on average (default ctx / 2: a chunk of a prompt
-    attends to about half the prompt), sharded over `tensor_parallel` GPUs (>= 1).
+    """Price one target forward of `shape` (its ranges: `Shape`), sharded over `tensor_parallel` GPUs (>= 1).
     Formulas in the module docstring. Raises ValueError outside those ranges.
 
     Example: H100 SXM, Llama-3.1-8B, B=1, q=1, ctx=512: weights 7.505e9 x 2 = 15.01 GB + KV 131072 x 512 = 67 MB
@@ -431,22 +433,19 @@ def target_step_time(
     (vLLM measured 7.07 ms, vllm-eagle-k-sweep-bs1.csv). With 512 prefill tokens added: 512 x 15.0 GFLOP at
     (2048 / 578)^0 x 5.936e14 = 13.0 ms of prompt math outside the smooth max -> ~19.9 ms.
     """
-    _check(batch=batch, tokens_per_seq=tokens_per_seq, context_tokens=context_tokens, tp=tensor_parallel)
-    prefill_ctx = _check_prefill(prefill_tokens, prefill_context_tokens, context_tokens)
+    _check(shape, tp=tensor_parallel)
+    prefill_ctx = _check_prefill(shape)
     scales = scales or CostScales()
-    parts = _target_parts(
-        hardware, model, batch=batch, tokens_per_seq=tokens_per_seq, context_tokens=context_tokens,
-        prefill_tokens=prefill_tokens, prefill_context_tokens=prefill_ctx, tensor_parallel=tensor_parallel,
-    )
+    parts = _target_parts(hardware, model, shape, prefill_context_tokens=prefill_ctx, tensor_parallel=tensor_parallel)
     gemm_s = scales.compute * _decode_gemm_s(parts, scales)
     attention_s = scales.compute * parts.attention_s
     weights_s, kv_s = scales.memory * parts.memory_s, scales.memory * parts.kv_memory_s
-    overhead = step_fixed_s(hardware, model) + scales.per_request * hardware.per_request_step_s * batch
+    overhead = step_fixed_s(hardware, model) + scales.per_request * hardware.per_request_step_s * shape.batch
     physics = (
         smooth_max(weights_s + kv_s, gemm_s + attention_s) + scales.compute * _prefill_s(parts, scales)
         + parts.allreduce_s
     )
-    host = scales.overhead * (overhead + scales.per_token * parts.per_token_s) + scales.target_offset_s
+    host = scales.overhead * (overhead + scales.per_token * parts.per_token_s)
     return StepTime(
         weight_bytes=parts.weight_bytes,
         kv_bytes=parts.kv_bytes,
@@ -476,22 +475,22 @@ def _draft_pass(
 def drafting_time(
     hardware: HardwareProfile,
     drafter: DrafterProfile,
+    shape: Shape,
     *,
     gamma: int,
-    batch: float,
-    context_tokens: float,
     tensor_parallel: int = 1,
     scales: CostScales | None = None,
 ) -> StepTime:
     """Everything one speculative step costs besides verifying gamma+1 tokens: proposing `gamma` drafts for
-    `batch` sequences plus the speculative bookkeeping overhead. gamma 0 costs nothing (speculation off).
-    `gamma` >= 0, `batch` >= 1, `context_tokens` >= 0, `tensor_parallel` >= 1. Bytes/FLOPs are for all gamma
-    sequential draft steps together.
+    `shape.batch` sequences at `shape.context_tokens` plus the speculative bookkeeping overhead. gamma 0 costs
+    nothing (speculation off). `gamma` >= 0, `batch` >= 1, `context_tokens` >= 0, `tensor_parallel` >= 1.
+    Bytes/FLOPs are for all gamma sequential draft steps together.
 
     Example: H100, EAGLE-3 head for Llama-3.1-8B (3.995e8 params), gamma 3, B=1, ctx 512: per step
     0.5 ms + 0.80 GB / 2.8475e12 = 0.28 ms -> 2.34 ms for three, + 0.775 + 0.010 ms overhead -> ~3.1 ms.
     """
-    _check(batch=batch, tokens_per_seq=1.0, context_tokens=context_tokens, tp=tensor_parallel)
+    _check(replace(shape, tokens_per_seq=1.0), tp=tensor_parallel)
+    batch = shape.batch
     if gamma < 0:
         raise ValueError(f"gamma must be >= 0, got {gamma}")
     scales = scales or CostScales()
@@ -503,7 +502,7 @@ def drafting_time(
         overhead = hardware.spec_step_overhead_s + scales.per_request * per_request
         return StepTime(0.0, 0.0, 0.0, 0.0, 0.0, scales.overhead * overhead, 0.0)
     moved, flops, memory_s, compute_s = _draft_pass(
-        hardware, drafter, batch=batch, context_tokens=context_tokens, tp=float(tensor_parallel)
+        hardware, drafter, batch=batch, context_tokens=shape.context_tokens, tp=float(tensor_parallel)
     )
     memory_s *= scales.memory
     compute_s *= scales.compute
@@ -524,15 +523,12 @@ def step_components(
     hardware: HardwareProfile,
     model: ModelProfile,
     drafter: DrafterProfile,
+    shape: Shape,
     *,
-    batch: float,
-    tokens_per_seq: float,
     draft_passes: int,
-    context_tokens: float,
-    prefill_tokens: float = 0.0,
     tensor_parallel: int = 1,
 ) -> StepComponents:
-    """The unscaled parts of a whole step (target verify of `tokens_per_seq` tokens + `draft_passes` drafting
+    """The unscaled parts of a whole step (target verify of `shape` + `draft_passes` drafting
     passes, 0 = speculation off) so a fitter can reprice it under many `CostScales` without redoing the physics.
     Ranges as `target_step_time` / `drafting_time`. Invariant: `total_s(scales)` equals
     `target_step_time(..., scales).total_s + drafting_time(..., scales).total_s`.
@@ -540,15 +536,12 @@ def step_components(
     Example: H100, Llama-3.1-8B, EAGLE-3, B=1, q=4, 3 passes, ctx 512: fixed 1.5 + 0.775 + 3 x 0.5 = 3.775 ms,
     per-request 0.02 + 0.010 ms, per-token 4 x 0.02 ms, linear 5.27 ms, one draft pass 0.28 ms -> ~ 10.0 ms.
     """
-    _check(batch=batch, tokens_per_seq=tokens_per_seq, context_tokens=context_tokens, tp=tensor_parallel)
+    _check(shape, tp=tensor_parallel)
     if draft_passes < 0:
         raise ValueError(f"draft_passes must be >= 0, got {draft_passes}")
-    prefill_ctx = _check_prefill(prefill_tokens, None, context_tokens)
-    tp = float(tensor_parallel)
-    parts = _target_parts(
-        hardware, model, batch=batch, tokens_per_seq=tokens_per_seq, context_tokens=context_tokens,
-        prefill_tokens=prefill_tokens, prefill_context_tokens=prefill_ctx, tensor_parallel=tensor_parallel,
-    )
+    prefill_ctx = _check_prefill(shape)
+    tp, batch = float(tensor_parallel), shape.batch
+    parts = _target_parts(hardware, model, shape, prefill_context_tokens=prefill_ctx, tensor_parallel=tensor_parallel)
     fixed = step_fixed_s(hardware, model)
     per_request = hardware.per_request_step_s * batch
     draft_memory = draft_compute = draft_fixed = 0.0
@@ -561,7 +554,7 @@ def step_components(
         else:
             draft_fixed = draft_passes * hardware.draft_step_fixed_s
             _, _, draft_memory, draft_compute = _draft_pass(
-                hardware, drafter, batch=batch, context_tokens=context_tokens, tp=tp
+                hardware, drafter, batch=batch, context_tokens=shape.context_tokens, tp=tp
             )
             passes = draft_passes
     return StepComponents(
@@ -620,10 +613,8 @@ def crossover_batch(
     """
 
     def compute_bound(batch: float) -> bool:
-        step = target_step_time(
-            hardware, model, batch=batch, tokens_per_seq=tokens_per_seq,
-            context_tokens=context_tokens, tensor_parallel=tensor_parallel,
-        )
+        shape = Shape(batch=batch, context_tokens=context_tokens, tokens_per_seq=tokens_per_seq)
+        step = target_step_time(hardware, model, shape, tensor_parallel=tensor_parallel)
         return not step.memory_bound or step.compute_s == step.memory_s
 
     if compute_bound(1.0):
@@ -642,7 +633,8 @@ def crossover_batch(
     return high
 
 
-def _check(*, batch: float, tokens_per_seq: float, context_tokens: float, tp: int) -> None:
+def _check(shape: Shape, *, tp: int) -> None:
+    batch, tokens_per_seq, context_tokens = shape.batch, shape.tokens_per_seq, shape.context_tokens
     if not (math.isfinite(batch) and batch >= 1.0):
         raise ValueError(f"batch must be a finite number >= 1, got {batch}")
     if not (math.isfinite(tokens_per_seq) and tokens_per_seq >= 1.0):
@@ -653,11 +645,13 @@ def _check(*, batch: float, tokens_per_seq: float, context_tokens: float, tp: in
         raise ValueError(f"tensor_parallel must be >= 1, got {tp}")
 
 
-def _check_prefill(prefill_tokens: float, prefill_context_tokens: float | None, context_tokens: float) -> float:
+def _check_prefill(shape: Shape) -> float:
+    """The prompt tokens' mean attended context (see `Shape`), after checking the prefill fields."""
+    prefill_tokens, prefill_context_tokens = shape.prefill_tokens, shape.prefill_context_tokens
     if not (math.isfinite(prefill_tokens) and prefill_tokens >= 0.0):
         raise ValueError(f"prefill_tokens must be a finite number >= 0, got {prefill_tokens}")
     if prefill_context_tokens is None:
-        return 0.5 * context_tokens
+        return 0.5 * shape.context_tokens
     if not (math.isfinite(prefill_context_tokens) and prefill_context_tokens >= 0.0):
         raise ValueError(f"prefill_context_tokens must be >= 0, got {prefill_context_tokens}")
     return prefill_context_tokens

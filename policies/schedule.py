@@ -46,7 +46,7 @@ from dataclasses import dataclass, field, replace
 
 from policies.acceptance import AcceptancePoint, acceptance_curve
 from policies.costmodel import DEFAULT_CONTEXT_TOKENS, ModelContext, curve_for, evaluate
-from policies.roofline import CostScales, dynamic_sd_k0_overhead_s
+from policies.roofline import CostScales, Shape, dynamic_sd_k0_overhead_s
 from policies.types import DraftMethod, Evidence
 
 MAX_NUM_SEQS_LIMIT = 16384
@@ -111,23 +111,21 @@ class TrtllmSchedule:
 def best_choice(
     ctx: ModelContext,
     acceptance: Sequence[AcceptancePoint],
+    at: Shape,
     *,
-    batch: int,
-    context_tokens: float,
     scales: CostScales | None = None,
-    prefill_tokens: float = 0.0,
     margin: float = 0.0,
 ) -> BandChoice:
-    """K*(B) by the rule in the module docstring. `acceptance` covers gamma 0..gamma_max (acceptance_curve);
-    `batch` >= 1; `margin` >= 0 (relative gain K >= 1 must show over K = 0 inside the schedule).
+    """K*(B) by the rule in the module docstring at B = `at.batch` (>= 1), `at.context_tokens` and
+    `at.prefill_tokens` (`at.tokens_per_seq` 1: the plain step). `acceptance` covers gamma 0..gamma_max
+    (acceptance_curve); `margin` >= 0 (relative gain K >= 1 must show over K = 0 inside the schedule).
 
     Example: H100, Llama-3.1-8B, EAGLE-3 prior (alpha 0.76, gamma_max 8), B=1, ctx 1024: S(5) ~ 2.02 is the
     largest; S0(1) = 7.01 / (7.01 + 0.86) = 0.89 ms/ms (the K=1 step, 8.57 ms, does not cap it) -> K* = 5.
     """
     scales = scales or CostScales()
-    curve, base = curve_for(ctx, acceptance, batch=float(batch), context_tokens=context_tokens, scales=scales,
-                            prefill_tokens=prefill_tokens)
-    k0_step = base + scales.overhead * dynamic_sd_k0_overhead_s(float(batch))
+    curve, base = curve_for(ctx, acceptance, at, scales=scales)
+    k0_step = base + scales.overhead * dynamic_sd_k0_overhead_s(at.batch)
     if len(curve) > 1:
         k0_step = min(k0_step, curve[1].step_time_s)  # K=0 never costs more than a K=1 step (module docstring)
     k0 = base / k0_step
@@ -176,10 +174,8 @@ def schedule_for(plan: SchedulePlan) -> BatchSchedule:
 
     def choice(batch: int) -> BandChoice:
         if batch not in cache:
-            cache[batch] = best_choice(
-                plan.ctx, plan.acceptance, batch=batch, context_tokens=plan.context_tokens, scales=plan.scales,
-                prefill_tokens=plan.prefill_tokens, margin=plan.margin,
-            )
+            at = Shape(batch=float(batch), context_tokens=plan.context_tokens, prefill_tokens=plan.prefill_tokens)
+            cache[batch] = best_choice(plan.ctx, plan.acceptance, at, scales=plan.scales, margin=plan.margin)
         return cache[batch]
 
     probes = _probes(plan.max_num_seqs)

@@ -20,11 +20,10 @@ Two ways to get (mu, sigma), the measured one preferred (policies/objectives.py 
        share(gamma) = max(floor, Phi((ln(SLO x ITL(c) / ITL(gamma)) - mu_c) / sigma))
    Why measured: the level and the spread are the server's own (requests joining and leaving as the load moves,
    prefill chunks landing on some requests' steps, per-request acceptance), and the model's absolute ITL can be
-   off by more than the SLO's margin; only its ratio between options is used. On the decision benchmark's
-   slo-load-rise world under the heavy load every request of gamma 3 fell between 25 and 50 ms (mean 36-40 ms):
-   the fit gives ~1% meeting the 30 ms SLO, where the world delivered ~3% of that phase's tokens within it.
-   Interpolating the histogram's CDF instead (log-uniform within a bucket) read 26%: with every request in one
-   bucket the bucket's shape is unknown, and the mean is what places the mass inside it. The other options'
+   off by more than the SLO's margin; only its ratio between options is used. Example: every request between 25
+   and 50 ms (one histogram bucket, mean 36-40 ms) and a 30 ms SLO: the fit gives ~1% meeting it; interpolating
+   the histogram's CDF instead (log-uniform within a bucket) reads 26%. With every request in one bucket the
+   bucket's shape is unknown, and the mean is what places the mass inside it. The other options'
    shares rest on the model's ratio, and under an open load on the batch each would hold
    (objectives.open_loop_batch).
    Assumed: one ratio for every request (the step is shared; only per-request acceptance moves requests apart),

@@ -144,13 +144,12 @@ def banded(
     *,
     error_ratio: float = 0.0,
     base: Sequence[CurvePoint] | None = None,
-    z: float = Z_90,
     reference_gamma: int | None = None,
 ) -> tuple[CurvePoint, ...]:
-    """`curve_at(scales)` (or `base`, already priced there) with the model's uncertainty in every band, and each
-    point's `gain_sd` against `reference_gamma` (the option that runs) when given."""
+    """`curve_at(scales)` (or `base`, already priced there) with the model's uncertainty in every 90% band (z =
+    Z_90), and each point's `gain_sd` against `reference_gamma` (the option that runs) when given."""
     points = tuple(base) if base is not None else tuple(curve_at(scales))
     sds, gains = model_sd(
         curve_at, scales, covariance, error_ratio=error_ratio, base=points, reference_gamma=reference_gamma
     )
-    return widen(points, sds, z=z, gain_sds=gains if reference_gamma is not None else None)
+    return widen(points, sds, z=Z_90, gain_sds=gains if reference_gamma is not None else None)

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
 from policies.acceptance import AcceptancePoint, acceptance_curve
 from policies.calibrate import CalibrationConfig, prior_covariance, split_observed
@@ -57,7 +57,7 @@ from policies.profiles import (
     model_by_name,
     model_from_hf_config,
 )
-from policies.roofline import CostScales
+from policies.roofline import CostScales, Shape
 from policies.schedule import SchedulePlan
 from policies.types import AcceptanceEvidence, CurvePoint, DraftMethod
 from policies.uncertainty import banded
@@ -490,15 +490,12 @@ def evaluate_whatif(inp: WhatIfInput, profile: MeasuredProfile | None = None) ->
     prefill = inp.prefill_tokens_per_step
     points: list[WhatIfPoint] = []
     best: list[BestGamma] = []
+    pricing = Pricing(ctx, acceptance, tree_tokens=inp.tree_tokens, scales=scales)
     for context in inp.context_lengths:
         for batch in inp.batch_sizes:
-            curve, base = _curve(
-                ctx, acceptance, batch=batch, context=context, prefill=prefill, tree=inp.tree_tokens, scales=scales
-            )
-            curve = with_band(
-                ctx, acceptance, curve, batch=batch, context=context, prefill=prefill, tree=inp.tree_tokens,
-                calibration=calibration,
-            )
+            at = Shape(batch=batch, context_tokens=context, prefill_tokens=prefill)
+            curve, base = _curve(pricing, at)
+            curve = with_band(pricing, curve, at, calibration=calibration)
             fits = {
                 gamma: memory_fit(
                     ctx, batch=batch, context_tokens=context, gamma=gamma,
@@ -513,9 +510,7 @@ def evaluate_whatif(inp: WhatIfInput, profile: MeasuredProfile | None = None) ->
     crossovers = tuple(
         crossover
         for context in inp.context_lengths
-        for crossover in _crossovers(
-            ctx, acceptance, gammas=drafting, context=context, prefill=prefill, tree=inp.tree_tokens, scales=scales
-        )
+        for crossover in _crossovers(pricing, gammas=drafting, context=context, prefill=prefill)
     )
     return WhatIfResult(
         context=ctx,
@@ -553,15 +548,26 @@ def _calibration(profile: MeasuredProfile | None, ctx: ModelContext) -> WhatIfCa
     )
 
 
-def _curve(
-    ctx: ModelContext, acceptance: Sequence[AcceptancePoint], *, batch: float, context: float, prefill: float,
-    tree: int | None = None, scales: CostScales | None = None,
-) -> tuple[tuple[CurvePoint, ...], float]:
+@dataclass(frozen=True, slots=True)
+class Pricing:
+    """What every price in one what-if shares: the cost model's profiles, the acceptance curve (gamma 0..max), the
+    tree a tree drafter proposes (None: a chain) and the cost scales."""
+
+    ctx: ModelContext
+    acceptance: Sequence[AcceptancePoint]
+    tree_tokens: int | None = None
+    scales: CostScales = field(default_factory=CostScales)
+
+    def curve_at(self, at: Shape, scales: CostScales | None = None) -> tuple[tuple[CurvePoint, ...], float]:
+        """`curve_for` at `at` with these profiles, at `scales` (None: the pricing's own)."""
+        tree = None if self.tree_tokens is None else float(self.tree_tokens)
+        return curve_for(self.ctx, self.acceptance, at, tree_tokens=tree, scales=scales or self.scales)
+
+
+def _curve(pricing: Pricing, at: Shape) -> tuple[tuple[CurvePoint, ...], float]:
+    batch, context = at.batch, at.context_tokens
     try:
-        curve, base = curve_for(
-            ctx, acceptance, batch=batch, context_tokens=context, prefill_tokens=prefill,
-            tree_tokens=None if tree is None else float(tree), scales=scales or CostScales(),
-        )
+        curve, base = pricing.curve_at(at)
     except ValueError as exc:  # the cost model's own range checks: report, never crash
         raise WhatIfInputError("batch_sizes", f"cannot price batch {batch} at context {context}: {exc}") from None
     numbers = [base] + [p.speedup for p in curve] + [p.step_time_s for p in curve]
@@ -572,34 +578,23 @@ def _curve(
     return curve, base
 
 
-def with_prior_band(
-    ctx: ModelContext, acceptance: Sequence[AcceptancePoint], curve: tuple[CurvePoint, ...], *, batch: float,
-    context: float, prefill: float, tree: int | None,
+def with_band(
+    pricing: Pricing, curve: tuple[CurvePoint, ...], at: Shape, *, calibration: WhatIfCalibration
 ) -> tuple[CurvePoint, ...]:
-    """The curve with the uncalibrated model's uncertainty in its bands: the calibration prior's covariance
-    (policies/calibrate.py `prior_covariance`) propagated by policies/uncertainty.py. Nothing is measured in a
-    what-if without a profile, so the band spans what the profiles' constants could be: a verification priced
-    compute-bound at the per-token and compute scales' high ends is inside it."""
-    return with_band(
-        ctx, acceptance, curve, batch=batch, context=context, prefill=prefill, tree=tree,
-        calibration=WhatIfCalibration(CostScales(), PRIOR_COVARIANCE),
+    """The curve (priced at `calibration.scales`) with the model's uncertainty, `calibration.covariance` and
+    `calibration.form_error`, propagated into its bands by policies/uncertainty.py. Without a profile that is the
+    calibration prior's covariance: nothing is measured, so the band spans what the profiles' constants could be
+    (a verification priced compute-bound at the per-token and compute scales' high ends is inside it)."""
+    return banded(
+        lambda scales: pricing.curve_at(at, scales)[0], calibration.scales, calibration.covariance,
+        error_ratio=calibration.form_error, base=curve,
     )
 
 
-def with_band(
-    ctx: ModelContext, acceptance: Sequence[AcceptancePoint], curve: tuple[CurvePoint, ...], *, batch: float,
-    context: float, prefill: float, tree: int | None, calibration: WhatIfCalibration,
-) -> tuple[CurvePoint, ...]:
-    """The curve (priced at `calibration.scales`) with the model's uncertainty, `calibration.covariance` and
-    `calibration.form_error`, propagated into its bands by policies/uncertainty.py."""
-
-    def at(scales: CostScales) -> tuple[CurvePoint, ...]:
-        return curve_for(
-            ctx, acceptance, batch=batch, context_tokens=context, prefill_tokens=prefill,
-            tree_tokens=None if tree is None else float(tree), scales=scales,
-        )[0]
-
-    return banded(at, calibration.scales, calibration.covariance, error_ratio=calibration.form_error, base=curve)
+def with_prior_band(pricing: Pricing, curve: tuple[CurvePoint, ...], at: Shape) -> tuple[CurvePoint, ...]:
+    """`with_band` under the calibration prior (policies/calibrate.py `prior_covariance`): the band of a what-if
+    without a measured profile."""
+    return with_band(pricing, curve, at, calibration=WhatIfCalibration(CostScales(), PRIOR_COVARIANCE))
 
 
 def _point(point: CurvePoint, *, batch: float, context: float, base: float, fit: MemoryFit) -> WhatIfPoint:
@@ -642,20 +637,12 @@ def _best(
     )
 
 
-def _speedup(
-    ctx: ModelContext, acceptance: Sequence[AcceptancePoint], *, gamma: int, batch: float, context: float,
-    prefill: float, tree: int | None, scales: CostScales,
-) -> float:
-    curve, _ = _curve(
-        ctx, acceptance[: gamma + 1], batch=batch, context=context, prefill=prefill, tree=tree, scales=scales
-    )
+def _speedup(pricing: Pricing, at: Shape, *, gamma: int) -> float:
+    curve, _ = _curve(replace(pricing, acceptance=pricing.acceptance[: gamma + 1]), at)
     return curve[gamma].speedup
 
 
-def _crossovers(
-    ctx: ModelContext, acceptance: Sequence[AcceptancePoint], *, gammas: Sequence[int], context: float,
-    prefill: float, tree: int | None, scales: CostScales,
-) -> list[Crossover]:
+def _crossovers(pricing: Pricing, *, gammas: Sequence[int], context: float, prefill: float) -> list[Crossover]:
     # One grid scan prices every gamma at every grid batch; each change of sign of S - 1 is bisected.
     top = CROSSOVER_SEARCH_MAX_BATCH
     grid = [1.0]
@@ -663,17 +650,18 @@ def _crossovers(
         grid.append(min(grid[-1] * CROSSOVER_GRID_FACTOR, top))
     speedups: list[tuple[float, ...]] = []
     for batch in grid:
-        curve, _ = _curve(ctx, acceptance, batch=batch, context=context, prefill=prefill, tree=tree, scales=scales)
+        curve, _ = _curve(pricing, Shape(batch=batch, context_tokens=context, prefill_tokens=prefill))
         speedups.append(tuple(point.speedup for point in curve))
 
     def boundary(gamma: int, low: float, high: float) -> float:
         """The batch in [low, high] where S(gamma) - 1 changes sign (to CROSSOVER_RELATIVE_TOL)."""
-        helps_low = _speedup(ctx, acceptance, gamma=gamma, batch=low, context=context, prefill=prefill,
-                             tree=tree, scales=scales) > 1
+        def speedup(batch: float) -> float:
+            return _speedup(pricing, Shape(batch=batch, context_tokens=context, prefill_tokens=prefill), gamma=gamma)
+
+        helps_low = speedup(low) > 1
         while high - low > CROSSOVER_RELATIVE_TOL * high:
             middle = 0.5 * (low + high)
-            helps = _speedup(ctx, acceptance, gamma=gamma, batch=middle, context=context, prefill=prefill, tree=tree,
-                             scales=scales)
+            helps = speedup(middle)
             if (helps > 1) == helps_low:
                 low = middle
             else:

@@ -75,27 +75,35 @@ class Layout:
         self.row_height = 0
 
 
+@dataclass(frozen=True, slots=True)
+class Axis:
+    """A panel's value axis: Grafana's unit id and the bounds (None: Grafana picks them from the data)."""
+
+    unit: str = "short"
+    minimum: float | None = None
+    maximum: float | None = None
+
+
 def _field_config(
-    *, unit: str = "short", minimum: float | None = None, maximum: float | None = None,
-    thresholds: Sequence[tuple[float | None, str]] = ((None, "green"),), custom: Json | None = None,
-    mappings: Sequence[Json] = (), overrides: Sequence[Json] = (),
+    *, axis: Axis = Axis(), thresholds: Sequence[tuple[float | None, str]] = ((None, "green"),),
+    custom: Json | None = None, mappings: Sequence[Json] = (), overrides: Sequence[Json] = (),
 ) -> Json:
     defaults: Json = {
-        "unit": unit,
+        "unit": axis.unit,
         "thresholds": {"mode": "absolute", "steps": [{"value": v, "color": c} for v, c in thresholds]},
         "mappings": list(mappings),
         "custom": custom or {},
     }
-    if minimum is not None:
-        defaults["min"] = minimum
-    if maximum is not None:
-        defaults["max"] = maximum
+    if axis.minimum is not None:
+        defaults["min"] = axis.minimum
+    if axis.maximum is not None:
+        defaults["max"] = axis.maximum
     return {"defaults": defaults, "overrides": list(overrides)}
 
 
 def timeseries(
-    title: str, description: str, targets: Sequence[Json], *, unit: str = "short", minimum: float | None = None,
-    maximum: float | None = None, threshold_line: tuple[float, str] | None = None, overrides: Sequence[Json] = (),
+    title: str, description: str, targets: Sequence[Json], *, axis: Axis = Axis(),
+    threshold_line: tuple[float, str] | None = None, overrides: Sequence[Json] = (),
 ) -> Json:
     custom: Json = {"drawStyle": "line", "lineWidth": 1, "fillOpacity": 0, "showPoints": "never", "spanNulls": False}
     thresholds: list[tuple[float | None, str]] = [(None, "green")]
@@ -106,8 +114,7 @@ def timeseries(
     return {
         "type": "timeseries", "title": title, "description": description, "datasource": dict(DATASOURCE),
         "targets": list(targets),
-        "fieldConfig": _field_config(unit=unit, minimum=minimum, maximum=maximum, thresholds=thresholds,
-                                     custom=custom, overrides=overrides),
+        "fieldConfig": _field_config(axis=axis, thresholds=thresholds, custom=custom, overrides=overrides),
         "options": {"legend": {"displayMode": "list", "placement": "bottom", "showLegend": True},
                     "tooltip": {"mode": "multi", "sort": "none"}},
     }
@@ -134,7 +141,7 @@ def bargauge(title: str, description: str, targets: Sequence[Json], *, threshold
     return {
         "type": "bargauge", "title": title, "description": description, "datasource": dict(DATASOURCE),
         "targets": list(targets),
-        "fieldConfig": _field_config(unit="suffix:x", minimum=minimum, maximum=maximum, thresholds=thresholds),
+        "fieldConfig": _field_config(axis=Axis("suffix:x", minimum, maximum), thresholds=thresholds),
         "options": {"orientation": "vertical", "displayMode": "gradient", "showUnfilled": True,
                     "reduceOptions": {"calcs": ["lastNotNull"], "fields": "", "values": False}},
     }
@@ -169,7 +176,7 @@ def _actuation_row(layout: Layout) -> None:
         "in recommend-only.",
         [q(f"sum by (target, mode, result) (increase(specadvisor_actions_total{{{A}}}[1h]))",
            "{{target}} {{mode}} {{result}}")],
-        minimum=0,
+        axis=Axis(minimum=0),
     ), w=8, h=8)
     layout.add(timeseries(
         "Skipped actions by reason",
@@ -179,7 +186,7 @@ def _actuation_row(layout: Layout) -> None:
         "drawn.",
         [q(f"sum by (target, reason) (increase(specadvisor_actions_skipped_total{{{A}}}[$__rate_interval])) > 0",
            "{{target}} {{reason}}")],
-        minimum=0,
+        axis=Axis(minimum=0),
     ), w=8, h=8)
     layout.add(timeseries(
         "Actuator errors by reason",
@@ -188,7 +195,7 @@ def _actuation_row(layout: Layout) -> None:
         "half-applied.",
         [q(f"sum by (target, reason) (increase(specadvisor_actuator_errors_total{{{A}}}[30m])) > 0",
            "{{target}} {{reason}}")],
-        minimum=0,
+        axis=Axis(minimum=0),
     ), w=8, h=8)
     layout.add(state_timeline(
         "Auto-toggle state",
@@ -205,7 +212,7 @@ def _actuation_row(layout: Layout) -> None:
         "Seconds until the cooldown (actuation.cooldown_s after the last action) allows the next action on the "
         "target; 0 = free to act when the other rules allow.",
         [q(f"specadvisor_actuation_cooldown_remaining_seconds{{{A}}}", "{{target}}")],
-        unit="s", minimum=0,
+        axis=Axis("s", minimum=0),
     ), w=12, h=7)
     layout.add(timeseries(
         "Audit log and listener errors",
@@ -215,7 +222,7 @@ def _actuation_row(layout: Layout) -> None:
         [q("sum by (instance) (increase(specadvisor_audit_write_errors_total[15m]))", "audit {{instance}}"),
          q("sum by (instance, listener) (increase(specadvisor_listener_errors_total[15m]))",
            "{{listener}} {{instance}}")],
-        minimum=0,
+        axis=Axis(minimum=0),
     ), w=24, h=6)
 
 
@@ -247,7 +254,7 @@ def build() -> Json:
         "num_speculative_tokens recommended by the advisor and run by the engine (0 = off).",
         [q(f"specadvisor_recommended_num_speculative_tokens{{{T}}}", "recommended {{target}}"),
          q(f"specadvisor_deployed_num_speculative_tokens{{{T}}}", "deployed {{target}}")],
-        minimum=0,
+        axis=Axis(minimum=0),
     ), w=8, h=8)
     # The band as two dashed lines: a filled band (fillBelowTo) names one series literally, which cannot follow a
     # multi-valued $target.
@@ -263,7 +270,7 @@ def build() -> Json:
          q(f"specadvisor_expected_speedup_low{{{T}}}", "low {{target}}"),
          q(f"specadvisor_expected_speedup_high{{{T}}}", "high {{target}}"),
          q(f"target:specadvisor_predicted_speedup:at_deployed_gamma{{{T}}}", "at deployed γ={{gamma}} {{target}}")],
-        unit="suffix:x", threshold_line=(1.0, "red"), overrides=[band],
+        axis=Axis("suffix:x"), threshold_line=(1.0, "red"), overrides=[band],
     ), w=8, h=8)
     layout.add(bargauge(
         "Predicted speedup by γ (now)",
@@ -278,7 +285,7 @@ def build() -> Json:
         "r_i = P(at least i+1 drafts accepted) per verification over the advisor's window; position 0-based as in "
         "vLLM. Monotone non-increasing by construction.",
         [q(f"specadvisor_acceptance_per_position_ratio{{{T}}}", "{{target}} pos {{position}}")],
-        unit="percentunit", minimum=0, maximum=1,
+        axis=Axis("percentunit", minimum=0, maximum=1),
     ), w=12, h=8)
     layout.add(timeseries(
         "Acceptance per position (vLLM counters, 5m)",
@@ -286,7 +293,7 @@ def build() -> Json:
         "model: independent of the advisor.",
         [q(f"model_name_position:vllm_spec_decode_acceptance_per_position:ratio_rate5m{{{V}}}",
            "{{model_name}} pos {{position}}")],
-        unit="percentunit", minimum=0, maximum=1,
+        axis=Axis("percentunit", minimum=0, maximum=1),
     ), w=12, h=8)
     layout.add(timeseries(
         "Mean acceptance length",
@@ -294,14 +301,14 @@ def build() -> Json:
         "vLLM's counters over 5 minutes.",
         [q(f"specadvisor_mean_acceptance_length_tokens{{{T}}}", "advisor {{target}}"),
          q(f"model_name:vllm_spec_decode_mean_acceptance_length:rate5m{{{V}}}", "vLLM {{model_name}}")],
-        minimum=1,
+        axis=Axis(minimum=1),
     ), w=12, h=7)
     layout.add(timeseries(
         "Acceptance rate",
         "Accepted / proposed draft tokens (vLLM's 'acceptance rate', not Leviathan's α).",
         [q(f"specadvisor_acceptance_rate_ratio{{{T}}}", "advisor {{target}}"),
          q(f"model_name:vllm_spec_decode_acceptance_rate:ratio_rate5m{{{V}}}", "vLLM {{model_name}}")],
-        unit="percentunit", minimum=0, maximum=1,
+        axis=Axis("percentunit", minimum=0, maximum=1),
     ), w=12, h=7)
 
     layout.row("Load and saturation")
@@ -317,7 +324,7 @@ def build() -> Json:
            "[6h:1m])", "largest batch recommended on (6h) {{target}}"),
          q(f"min_over_time((specadvisor_batch_requests{{{T}}} and specadvisor_recommended_enabled{{{T}}} == 0)"
            "[6h:1m])", "smallest batch recommended off (6h) {{target}}")],
-        minimum=0,
+        axis=Axis(minimum=0),
     ), w=12, h=8)
     layout.add(timeseries(
         "Saturation signals",
@@ -325,21 +332,21 @@ def build() -> Json:
         "tensor_active, dram_active and sm_active measure saturation (nvml/gpm, dcgm); source engine = vLLM's "
         "own estimated FLOP/s and bytes/s over the hardware peak.",
         [q(f"specadvisor_gpu_utilization_ratio{{{T}}}", "{{target}} {{signal}} ({{source}})")],
-        unit="percentunit", minimum=0, maximum=1,
+        axis=Axis("percentunit", minimum=0, maximum=1),
     ), w=12, h=8)
     layout.add(timeseries(
         "Step time",
         "Engine step time: the advisor's window (mean inter-token latency) and vLLM's histogram over 5 minutes.",
         [q(f"specadvisor_step_time_seconds{{{T}}}", "advisor {{target}}"),
          q(f"model_name:vllm_inter_token_latency_seconds:mean5m{{{V}}}", "vLLM {{model_name}}")],
-        unit="s", minimum=0,
+        axis=Axis("s", minimum=0),
     ), w=12, h=7)
     layout.add(timeseries(
         "Cost model calibration error",
         "Median |predicted / measured step time - 1| of the roofline model; SpecAdvisorCalibrationErrorHigh "
         "fires above the dashed line for 30 minutes.",
         [q(f"specadvisor_calibration_relative_error_ratio{{{T}}}", "{{target}}")],
-        unit="percentunit", minimum=0, threshold_line=(0.25, "orange"),
+        axis=Axis("percentunit", minimum=0), threshold_line=(0.25, "orange"),
     ), w=12, h=7)
 
     layout.row("Advisor health")
@@ -349,20 +356,20 @@ def build() -> Json:
         "body_too_large, parse, invalid_value, missing_family, model_missing; internal = a bug of ours).",
         [q(f"sum by (target, reason) (rate(specadvisor_scrape_errors_total{{{T}}}[$__rate_interval]))",
            "{{target}} {{reason}}")],
-        minimum=0,
+        axis=Axis(minimum=0),
     ), w=8, h=7)
     layout.add(timeseries(
         "Last good scrape age",
         "Seconds since each target's last good scrape; SpecAdvisorStale fires above the dashed line for 5 minutes.",
         [q(f"specadvisor_last_good_scrape_age_seconds{{{T}}}", "{{target}}")],
-        unit="s", minimum=0, threshold_line=(120.0, "orange"),
+        axis=Axis("s", minimum=0), threshold_line=(120.0, "orange"),
     ), w=8, h=7)
     layout.add(timeseries(
         "Loop step duration (p95)",
         "95th percentile duration of each step of the advisor's loop (gpu, scrape, estimate, advise, publish).",
         [q("histogram_quantile(0.95, sum by (le, step, instance) "
            "(rate(specadvisor_loop_step_duration_seconds_bucket[$__rate_interval])))", "{{instance}} {{step}}")],
-        unit="s", minimum=0,
+        axis=Axis("s", minimum=0),
     ), w=8, h=7)
     layout.add(stat(
         "Firing spec-advisor alerts",

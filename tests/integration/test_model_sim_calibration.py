@@ -45,7 +45,7 @@ from policies.calibrate import CalibrationConfig, CalibrationFit, CalibrationSta
 from policies.costmodel import ModelContext
 from policies.estimate import EstimatorConfig, EstimatorState, estimate, observe
 from policies.profiles import drafter_for, hardware_by_name, model_by_name
-from policies.roofline import CostScales, step_components
+from policies.roofline import CostScales, Shape, step_components
 from policies.types import DraftMethod
 from service.bench.spec import load_bench_scenario
 from service.sim import physics
@@ -115,8 +115,8 @@ def _predicted(
 ) -> float:
     q = physics.verified_tokens_per_request(scenario.drafter, gamma)
     return step_components(
-        ctx.hardware, ctx.model, ctx.drafter, batch=float(batch), tokens_per_seq=q, draft_passes=gamma,
-        context_tokens=context,
+        ctx.hardware, ctx.model, ctx.drafter, Shape(batch=float(batch), context_tokens=context, tokens_per_seq=q),
+        draft_passes=gamma,
     ).total_s(scales)
 
 

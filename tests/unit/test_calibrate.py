@@ -22,7 +22,7 @@ from policies.calibrate import (
     update,
     with_anchors,
 )
-from policies.roofline import CostScales, step_components
+from policies.roofline import CostScales, Shape, step_components
 from policies.types import GpuSnapshot, TargetState
 
 T0 = 1_800_000_000.0
@@ -41,8 +41,8 @@ def _synthetic(truth: CostScales, *, n: int = 24, outliers: dict[int, float] | N
         context = 512.0 * (1 + i % 4)
         prefill = 100.0 * (i % 3)
         step = step_components(
-            ctx.hardware, ctx.model, ctx.drafter, batch=batch, tokens_per_seq=q, draft_passes=passes,
-            context_tokens=context, prefill_tokens=prefill,
+            ctx.hardware, ctx.model, ctx.drafter,
+            Shape(batch=batch, context_tokens=context, tokens_per_seq=q, prefill_tokens=prefill), draft_passes=passes,
         ).total_s(truth)
         step *= (outliers or {}).get(i, 1.0)
         point = StepObservation(
@@ -86,7 +86,8 @@ def test_prior_holds_directions_the_data_cannot_see() -> None:
     # moves nothing far, and explains the point.
     ctx = make_context()
     predicted = step_components(
-        ctx.hardware, ctx.model, ctx.drafter, batch=1.0, tokens_per_seq=1.0, draft_passes=0, context_tokens=512.0
+        ctx.hardware, ctx.model, ctx.drafter, Shape(batch=1.0, context_tokens=512.0, tokens_per_seq=1.0),
+        draft_passes=0,
     ).total_s()
     point = StepObservation(T0, 1.0, 1.0, 0, 512.0, 0.0, 1.1 * predicted)
     _, result = fit(CalibrationState(points=(point,)), ctx, now_s=T0, config=CONFIG)
@@ -245,8 +246,8 @@ def test_recovers_the_gemm_fill_and_elasticity(truth: CostScales, slope_toleranc
     for batch in (48.0, 96.0, 192.0):
         for q, passes in ((1.0, 0), (4.0, 3)):
             parts = step_components(
-                ctx.hardware, ctx.model, ctx.drafter, batch=batch, tokens_per_seq=q, draft_passes=passes,
-                context_tokens=1024.0,
+                ctx.hardware, ctx.model, ctx.drafter, Shape(batch=batch, context_tokens=1024.0, tokens_per_seq=q),
+                draft_passes=passes,
             )
             assert parts.total_s(result.scales) == pytest.approx(parts.total_s(truth), rel=0.05), (batch, q)
 
@@ -277,10 +278,7 @@ def test_the_analytic_jacobian_is_the_derivative_of_the_priced_step(x: tuple[flo
                           draft=exp[5], fill=exp[6], gemm_slope=at[7])
 
     for point in _synthetic(CostScales(memory=0.5, overhead=1.6)).points:
-        components = step_components(
-            ctx.hardware, ctx.model, ctx.drafter, batch=point.batch, tokens_per_seq=point.tokens_per_seq,
-            draft_passes=point.draft_passes, context_tokens=point.context_tokens, prefill_tokens=point.prefill_tokens,
-        )
+        components = step_components(ctx.hardware, ctx.model, ctx.drafter, point.shape, draft_passes=point.draft_passes)
         log_t, slopes = log_step_and_slopes(components, x)
         assert log_t == pytest.approx(math.log(components.total_s(scales(x))), abs=1e-12)
         for j in range(8):

@@ -16,7 +16,7 @@ from policies.costmodel import (
     operating_point,
     speedup_curve,
 )
-from policies.roofline import CostScales
+from policies.roofline import CostScales, Shape
 from policies.types import DraftMethod
 
 # vllm-eagle-k-sweep-bs1.csv: Llama-3.1-8B bs1, plain TPOT 7.07 ms; eagle3 k=3 AL 2.79 at TPOT 4.09 ms, so one
@@ -177,11 +177,11 @@ def test_curve_for_a_what_if_operating_point() -> None:
     ctx = make_context()
     evidence = make_evidence()
     acceptance = acceptance_curve(evidence.acceptance, method=DraftMethod.EAGLE3, gamma_max=3)
-    curve, base = curve_for(ctx, acceptance, batch=1.0, context_tokens=512.0)
+    curve, base = curve_for(ctx, acceptance, Shape(batch=1.0, context_tokens=512.0))
     assert curve == speedup_curve(evidence, ctx, gamma_max=3)
     assert base == curve[0].step_time_s
     with pytest.raises(ValueError):
-        curve_for(ctx, acceptance[1:], batch=1.0, context_tokens=512.0)
+        curve_for(ctx, acceptance[1:], Shape(batch=1.0, context_tokens=512.0))
 
 
 def test_tensor_parallel_and_moe_contexts_evaluate() -> None:

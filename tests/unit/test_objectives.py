@@ -21,6 +21,7 @@ from policies.objectives import (
     slo_share,
     workload_from,
 )
+from policies.roofline import Shape
 from policies.types import DraftMethod
 
 ACCEPTANCE = acceptance_curve(make_evidence().acceptance, method=DraftMethod.EAGLE3, gamma_max=4)
@@ -43,7 +44,7 @@ def test_latency_objective_is_the_plain_curve() -> None:
     ctx = make_context()
     curve, objective, _ = objective_curve(ctx, ACCEPTANCE, Workload(8.0, 0.0, 512.0), config=ObjectiveConfig())
     assert objective is Objective.LATENCY
-    assert curve == curve_for(ctx, ACCEPTANCE, batch=8.0, context_tokens=512.0)[0]
+    assert curve == curve_for(ctx, ACCEPTANCE, Shape(batch=8.0, context_tokens=512.0))[0]
 
 
 def test_kv_reserved_by_drafts_limits_the_batch_when_the_cache_is_full() -> None:
@@ -59,8 +60,8 @@ def test_kv_reserved_by_drafts_limits_the_batch_when_the_cache_is_full() -> None
     assert objective is Objective.CAPACITY
     # S_cap(4) = [B4 E[L](4) / T(B4, 4)] / [B0 / T(B0, 0)], each step priced at its own batch.
     b0, b4 = 16896.0 / 261.0, 16896.0 / 265.0
-    plain = curve_for(ctx, ACCEPTANCE, batch=b0, context_tokens=264.0)
-    spec = curve_for(ctx, ACCEPTANCE, batch=b4, context_tokens=264.0)
+    plain = curve_for(ctx, ACCEPTANCE, Shape(batch=b0, context_tokens=264.0))
+    spec = curve_for(ctx, ACCEPTANCE, Shape(batch=b4, context_tokens=264.0))
     expected = (b4 * ACCEPTANCE[4].expected_length / spec[0][4].step_time_s) / (b0 / plain[1])
     assert curve[4].speedup == pytest.approx(expected)
     # Fewer sequences fit with drafts, so capacity speedup < per-sequence speedup at the same batch.
@@ -73,13 +74,13 @@ def test_capacity_bound_without_a_full_cache_keeps_the_batch() -> None:
     workload = Workload(256.0, 50.0, 512.0, kv_usage_ratio=0.62, deployed_k=3)
     curve, objective, _ = objective_curve(ctx, ACCEPTANCE, workload, config=ObjectiveConfig())
     assert objective is Objective.CAPACITY
-    assert curve == curve_for(ctx, ACCEPTANCE, batch=256.0, context_tokens=512.0)[0]
+    assert curve == curve_for(ctx, ACCEPTANCE, Shape(batch=256.0, context_tokens=512.0))[0]
 
 
 def test_goodput_under_an_itl_slo() -> None:
     ctx = make_context()
     workload = Workload(1.0, 0.0, 512.0)
-    plain_curve, plain_step = curve_for(ctx, ACCEPTANCE, batch=1.0, context_tokens=512.0)
+    plain_curve, plain_step = curve_for(ctx, ACCEPTANCE, Shape(batch=1.0, context_tokens=512.0))
     # SLO halfway between the plain ITL and the speculative ITL at gamma 3 (T(3) / E[L](3)): plain misses it.
     spec_itl = plain_curve[3].step_time_s / ACCEPTANCE[3].expected_length
     slo = 0.5 * (spec_itl + plain_step)
@@ -105,8 +106,8 @@ def test_chunked_prefill_stretches_every_option_by_the_share_it_takes_of_the_run
     # waiting (capacity-bound, cache not full): every option holds batch 64, so the stretch is all that differs.
     ctx = make_context()
     workload = Workload(64.0, 1.0, 512.0, prefill_tokens=1000.0, kv_usage_ratio=0.5, deployed_k=3)
-    spec, _ = curve_for(ctx, ACCEPTANCE, batch=64.0, context_tokens=512.0)
-    mixed, _ = curve_for(ctx, ACCEPTANCE, batch=64.0, context_tokens=512.0, prefill_tokens=1000.0)
+    spec, _ = curve_for(ctx, ACCEPTANCE, Shape(batch=64.0, context_tokens=512.0))
+    mixed, _ = curve_for(ctx, ACCEPTANCE, Shape(batch=64.0, context_tokens=512.0, prefill_tokens=1000.0))
     stretch = mixed[3].step_time_s / spec[3].step_time_s
     running_itl = mixed[3].step_time_s / ACCEPTANCE[3].expected_length
     config = ObjectiveConfig(itl_slo_s=running_itl * 1.05)  # the running option just meets it
@@ -117,8 +118,8 @@ def test_chunked_prefill_stretches_every_option_by_the_share_it_takes_of_the_run
         assert curve[gamma].slo_share == pytest.approx(slo_share(itl, config))
     # The prefill is a larger share of a plain step than of a speculative one; pricing rho against the plain step
     # (as before 2026-12-03) would stretch the running option past what the server shows.
-    plain_mixed = curve_for(ctx, ACCEPTANCE[:1], batch=64.0, context_tokens=512.0, prefill_tokens=1000.0)[1]
-    plain = curve_for(ctx, ACCEPTANCE[:1], batch=64.0, context_tokens=512.0)[1]
+    plain_mixed = curve_for(ctx, ACCEPTANCE[:1], Shape(batch=64.0, context_tokens=512.0, prefill_tokens=1000.0))[1]
+    plain = curve_for(ctx, ACCEPTANCE[:1], Shape(batch=64.0, context_tokens=512.0))[1]
     assert plain_mixed / plain > stretch * 1.05
 
 
@@ -133,9 +134,9 @@ def test_an_option_that_cannot_hold_the_open_load_is_counted_at_what_it_serves()
     curve, objective, _ = objective_curve(ctx, ACCEPTANCE, workload, config=config)
     assert objective is Objective.GOODPUT_SLO
     cap = 64.0 / 0.85
-    running_itl = curve_for(ctx, ACCEPTANCE, batch=64.0, context_tokens=512.0)[0][3].step_time_s / (
+    running_itl = curve_for(ctx, ACCEPTANCE, Shape(batch=64.0, context_tokens=512.0))[0][3].step_time_s / (
         ACCEPTANCE[3].expected_length)
-    plain_step = curve_for(ctx, ACCEPTANCE, batch=cap, context_tokens=512.0)[1]
+    plain_step = curve_for(ctx, ACCEPTANCE, Shape(batch=cap, context_tokens=512.0))[1]
     assert 64.0 * plain_step / running_itl > cap  # the load plain decoding would need does not fit
     served = (cap / plain_step) / (64.0 / running_itl)
     assert served < 0.95
@@ -150,7 +151,7 @@ def test_a_deployed_k_past_the_curve_keeps_the_measured_batch_for_every_option()
     ctx = make_context()
     config = ObjectiveConfig(itl_slo_s=0.02)
     curve, _, _ = objective_curve(ctx, ACCEPTANCE, Workload(64.0, 0.0, 512.0, deployed_k=6), config=config)
-    held = curve_for(ctx, ACCEPTANCE, batch=64.0, context_tokens=512.0)[0]
+    held = curve_for(ctx, ACCEPTANCE, Shape(batch=64.0, context_tokens=512.0))[0]
     assert [p.step_time_s for p in curve] == pytest.approx([p.step_time_s for p in held])
 
 
@@ -159,8 +160,8 @@ def test_chunked_prefill_stretch_applies_at_each_options_open_load_batch() -> No
     # on gamma 3's model ITL at batch 64), and its step there is stretched by the same prefill share.
     ctx = make_context()
     workload = Workload(64.0, 0.0, 512.0, prefill_tokens=1000.0, deployed_k=3)
-    spec, _ = curve_for(ctx, ACCEPTANCE, batch=64.0, context_tokens=512.0)
-    mixed, _ = curve_for(ctx, ACCEPTANCE, batch=64.0, context_tokens=512.0, prefill_tokens=1000.0)
+    spec, _ = curve_for(ctx, ACCEPTANCE, Shape(batch=64.0, context_tokens=512.0))
+    mixed, _ = curve_for(ctx, ACCEPTANCE, Shape(batch=64.0, context_tokens=512.0, prefill_tokens=1000.0))
     stretch = mixed[3].step_time_s / spec[3].step_time_s
     model_itl = spec[3].step_time_s / ACCEPTANCE[3].expected_length
     config = ObjectiveConfig(itl_slo_s=model_itl * stretch * 1.05)
@@ -171,7 +172,7 @@ def test_chunked_prefill_stretch_applies_at_each_options_open_load_batch() -> No
         length = ACCEPTANCE[gamma].expected_length
 
         def itl_at(batch: float, gamma: int = gamma, length: float = length) -> float:
-            return curve_for(ctx, ACCEPTANCE, batch=batch, context_tokens=512.0)[0][gamma].step_time_s / length
+            return curve_for(ctx, ACCEPTANCE, Shape(batch=batch, context_tokens=512.0))[0][gamma].step_time_s / length
 
         batch = open_loop_batch(64.0, model_itl, itl_at, cap=256.0)
         assert batch != pytest.approx(64.0, rel=0.01)  # the option does move the batch
@@ -195,7 +196,7 @@ def test_goodput_under_an_itl_slo_while_capacity_bound_counts_throughput() -> No
     ctx = make_context()
     # 50 waiting: the server's throughput is what it delivers; a loose SLO everything meets is then throughput.
     workload = Workload(256.0, 50.0, 512.0, kv_usage_ratio=0.62, deployed_k=3)
-    plain = curve_for(ctx, ACCEPTANCE, batch=256.0, context_tokens=512.0)[0]
+    plain = curve_for(ctx, ACCEPTANCE, Shape(batch=256.0, context_tokens=512.0))[0]
     loose, objective, _ = objective_curve(ctx, ACCEPTANCE, workload, config=ObjectiveConfig(itl_slo_s=10.0))
     assert objective is Objective.GOODPUT_SLO
     assert loose[3].speedup == pytest.approx(plain[3].speedup)

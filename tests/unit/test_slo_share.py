@@ -12,6 +12,7 @@ from costmodel_builders import make_context, make_evidence
 from policies.acceptance import acceptance_curve
 from policies.costmodel import curve_for
 from policies.objectives import OPEN_LOOP_MAX_GROWTH, ObjectiveConfig, Workload, objective_curve, open_loop_batch
+from policies.roofline import Shape
 from policies.slo_share import fit_request_itl, modelled_share, shifted_share
 from policies.types import DraftMethod, HistogramReading
 
@@ -89,14 +90,14 @@ def test_under_an_slo_a_faster_option_is_priced_at_the_smaller_batch_it_holds() 
     workload = Workload(128.0, 0.0, 512.0, kv_usage_ratio=0.2, deployed_k=1)
     config = ObjectiveConfig(itl_slo_s=0.02)
     curve, _, _ = objective_curve(ctx, ACCEPTANCE, workload, config=config)
-    fixed, _ = curve_for(ctx, ACCEPTANCE, batch=128.0, context_tokens=512.0)
+    fixed, _ = curve_for(ctx, ACCEPTANCE, Shape(batch=128.0, context_tokens=512.0))
     running_itl = fixed[1].step_time_s / ACCEPTANCE[1].expected_length
     for gamma in (0, 2, 3):
         itl_fixed = fixed[gamma].step_time_s / ACCEPTANCE[gamma].expected_length
         # Find the batch this option's step was priced at, from its step time on the model's own curve.
         at = curve[gamma].step_time_s
         batches = [b / 4 for b in range(4, 4 * 640)]
-        held = min(batches, key=lambda b: abs(curve_for(ctx, ACCEPTANCE, batch=b, context_tokens=512.0)[0][gamma]
+        held = min(batches, key=lambda b: abs(curve_for(ctx, ACCEPTANCE, Shape(batch=b, context_tokens=512.0))[0][gamma]
                                                  .step_time_s - at))
         itl_held = at / ACCEPTANCE[gamma].expected_length
         # Little's law: the batch in proportion to the ITL, within the search's step, up to the open-load cap of
@@ -121,7 +122,7 @@ def test_the_running_options_share_is_the_measured_one_and_few_requests_fall_bac
     measured = Workload(16.0, 0.0, 512.0, kv_usage_ratio=0.2, deployed_k=1,
                         request_itl=log_normal_histogram(0.03, 0.3, 500.0))
     curve, _, _ = objective_curve(ctx, ACCEPTANCE, measured, config=config)
-    plain = curve_for(ctx, ACCEPTANCE, batch=16.0, context_tokens=512.0)[0]
+    plain = curve_for(ctx, ACCEPTANCE, Shape(batch=16.0, context_tokens=512.0))[0]
     assert plain[1].step_time_s / ACCEPTANCE[1].expected_length < 0.02  # the model alone would count every request
     assert curve[1].slo_share == pytest.approx(0.5, abs=0.03)
     # The options predicted faster meet it more often, the slower ones less: shares fall as the ITL rises.

@@ -11,6 +11,7 @@ from policies.acceptance import acceptance_curve
 from policies.catalog import MODEL_ENTRIES
 from policies.costmodel import ModelContext, curve_for
 from policies.profiles import drafter_for, hardware_by_name, model_by_name
+from policies.roofline import Shape
 from policies.types import DraftMethod
 from policies.whatif import (
     GAMMA_LIMIT,
@@ -257,7 +258,7 @@ def test_points_match_the_cost_model_at_the_same_operating_point() -> None:
     drafter = drafter_for(DraftMethod.EAGLE3, target)
     ctx = ModelContext(hardware=hardware_by_name("h100-sxm"), model=target, drafter=drafter)
     acceptance = acceptance_curve(acceptance_evidence(R_EAGLE3), method=DraftMethod.EAGLE3, gamma_max=5)
-    curve, _ = curve_for(ctx, acceptance, batch=16.0, context_tokens=8192.0)
+    curve, _ = curve_for(ctx, acceptance, Shape(batch=16.0, context_tokens=8192.0))
     point = next(p for p in result.points if (p.batch, p.context_tokens, p.gamma) == (16.0, 8192.0, 3))
     assert point.speedup == pytest.approx(curve[3].speedup)
     assert point.step_time_s == pytest.approx(curve[3].step_time_s)
