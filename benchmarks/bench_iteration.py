@@ -26,7 +26,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from policies.advise import advise_target
+from policies.advise import AdvisorConfig, AdvisorState, advise_target
 from policies.calibrate import CalibrationConfig, CalibrationState, update
 from policies.costmodel import ModelContext
 from policies.decide import DecideConfig, DecideState
@@ -106,9 +106,8 @@ class Sidecar:
 
 
 EST_CONFIG = EstimatorConfig(min_drafts=100)
-DECIDE_CONFIG = DecideConfig()
 CALIBRATION_CONFIG = CalibrationConfig()
-OBJECTIVE_CONFIG = ObjectiveConfig()
+ADVISOR_CONFIG = AdvisorConfig(decide=DecideConfig(), calibration=CALIBRATION_CONFIG, objective=ObjectiveConfig())
 
 
 def _tick(sidecar: Sidecar, base: EngineSnapshot, page: str | None) -> None:
@@ -121,11 +120,10 @@ def _tick(sidecar: Sidecar, base: EngineSnapshot, page: str | None) -> None:
     sidecar.estimator = observe(sidecar.estimator, snapshot, EST_CONFIG)
     evidence = estimate(sidecar.estimator, target="bench", config=EST_CONFIG, now_s=now_s)
     advice = advise_target(
-        evidence, sidecar.ctx, decide_config=DECIDE_CONFIG, decide_state=sidecar.decide,
-        calibration_state=sidecar.calibration, now_s=now_s, calibration_config=CALIBRATION_CONFIG,
-        objective_config=OBJECTIVE_CONFIG,
+        evidence, sidecar.ctx, ADVISOR_CONFIG, AdvisorState(decide=sidecar.decide, calibration=sidecar.calibration),
+        now_s,
     )
-    sidecar.decide, sidecar.calibration = advice.decide_state, advice.calibration_state
+    sidecar.decide, sidecar.calibration = advice.state.decide, advice.state.calibration
     sidecar.tick += 1
 
 
@@ -152,15 +150,14 @@ def _stages(sidecar: Sidecar, base: EngineSnapshot, text: str, repeat: int) -> d
         evidence = estimate(sidecar.estimator, target="bench", config=EST_CONFIG, now_s=now_s)
         t2 = clock()
         advice = advise_target(
-            evidence, sidecar.ctx, decide_config=DECIDE_CONFIG, decide_state=sidecar.decide,
-            calibration_state=sidecar.calibration, now_s=now_s, calibration_config=CALIBRATION_CONFIG,
-            objective_config=OBJECTIVE_CONFIG,
+            evidence, sidecar.ctx, ADVISOR_CONFIG,
+            AdvisorState(decide=sidecar.decide, calibration=sidecar.calibration), now_s,
         )
         t3 = clock()
         # calibrate alone, on the same inputs (pure: running it again changes nothing carried).
         update(sidecar.calibration, evidence, sidecar.ctx, now_s=now_s, config=CALIBRATION_CONFIG)
         t4 = clock()
-        sidecar.decide, sidecar.calibration = advice.decide_state, advice.calibration_state
+        sidecar.decide, sidecar.calibration = advice.state.decide, advice.state.calibration
         sidecar.tick += 1
         for name, value in (("parse", t1 - t0), ("estimate", t2 - t1), ("advise", t3 - t2),
                             ("calibrate", t4 - t3), ("tick", t3 - t0)):

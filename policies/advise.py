@@ -18,72 +18,75 @@ from policies.calibrate import (
     update,
 )
 from policies.change_cost import change_cost_of, inflight_work_s, queued_work_s
-from policies.costmodel import ModelContext, operating_point, speedup_curve
-from policies.decide import DecideConfig, DecideState, Probe, best_point, decide
+from policies.costmodel import ModelContext, operating_point
+from policies.decide import DecideConfig, DecideInputs, DecideState, Planned, Probe, best_point, decide
 from policies.memory import AcceptanceMemory, MemoryConfig, Recall, recall, remember
 from policies.objectives import ObjectiveConfig, Workload, choose_objective, objective_curve, workload_from
-from policies.plan import PlanState, plan_curve, queue_cost_s
+from policies.plan import PlanState, PlanTick, plan_curve, queue_cost_s
 from policies.plan import cost_scale as plan_cost_scale
 from policies.plan import observe as observe_plan
-from policies.types import CurvePoint, Decision, Evidence, TargetState
+from policies.roofline import CostScales
+from policies.types import CurvePoint, Decision, Evidence, TargetState, Why, WhyCode
 from policies.uncertainty import banded
 from policies.value import point_at
 
 
-def advise(
-    evidence: Evidence,
-    ctx: ModelContext | None,
-    decide_config: DecideConfig,
-    decide_state: DecideState,
-    now_s: float,
-) -> tuple[Decision, DecideState]:
-    """Compose the cost model and the decision for one target at `now_s` (Unix seconds), without history: the
-    one-point calibration and the latency objective (see `advise_target` for the full pipeline).
+@dataclass(frozen=True, slots=True)
+class AdvisorConfig:
+    """The policy configs one target is advised with: the decision rule, the calibration, the objective and the
+    acceptance memory."""
 
-    The curve S(gamma) for gamma = 0..`decide_config.gamma_max` is evaluated only when `evidence.state` is ok; for
-    insufficient_data, stale or error evidence it is empty, so `decide` keeps the last published recommendation
-    rather than acting on a curve built from data it does not trust; likewise when `ctx` is None (no cost model
-    could be set up: the caller marks such evidence as an error). Returns the decision and the state to pass
-    to the next call.
+    decide: DecideConfig = field(default_factory=DecideConfig)
+    calibration: CalibrationConfig = field(default_factory=CalibrationConfig)
+    objective: ObjectiveConfig = field(default_factory=ObjectiveConfig)
+    memory: MemoryConfig = field(default_factory=MemoryConfig)
 
-    Example: evidence at batch 4 with per-position acceptance (0.8, 0.6, 0.4) gives E[L](3) = 1 + 0.8 + 0.6 + 0.4
-    = 2.8 tokens per verification; if the model predicts a verify step 1.4x a plain step plus a draft cost of 0.1x,
-    S(3) = 2.8 / 1.5 = 1.87, and `decide` turns speculation on at gamma 3 once its wait (30 s with free changes)
-    has passed.
-    """
-    curve: tuple[CurvePoint, ...] = ()
-    if evidence.state == TargetState.OK and ctx is not None:
-        curve = speedup_curve(evidence, ctx, gamma_max=max(decide_config.gamma_max, evidence.deployed_k))
-    return decide(evidence, curve, decide_config, decide_state, now_s)
+
+@dataclass(frozen=True, slots=True)
+class AdvisorState:
+    """Everything one target carries from one tick to the next: the decision's wait clock and what it published,
+    the calibration's points, the acceptance memory and the load plan. A new target starts from `AdvisorState()`;
+    a model change starts calibration and plan afresh (`for_new_model`)."""
+
+    decide: DecideState = field(default_factory=DecideState)
+    calibration: CalibrationState = field(default_factory=CalibrationState)
+    memory: AcceptanceMemory = field(default_factory=AcceptanceMemory)
+    plan: PlanState = field(default_factory=PlanState)
+
+    def for_new_model(self, calibration: CalibrationState) -> AdvisorState:
+        """The state after the target's cost model changed: `calibration` (fresh, or a profile's anchors) replaces
+        the fitted points and the plan starts empty (its values were priced with the old model); what was
+        published and the acceptance memory (kept per model) stay."""
+        return replace(self, calibration=calibration, plan=PlanState())
 
 
 @dataclass(frozen=True, slots=True)
 class Advice:
-    """One tick's outcome: the decision to publish, the states to carry to the next tick (the acceptance memory
-    among them), the calibration fit, and the remembered profile the curve rested on (None: live or prior)."""
+    """One tick's outcome: the decision to publish, the state to carry to the next tick, the calibration fit, and
+    the remembered profile the curve rested on (None: live or prior)."""
 
     decision: Decision
-    decide_state: DecideState
-    calibration_state: CalibrationState
+    state: AdvisorState
     calibration: CalibrationFit | None
-    memory: AcceptanceMemory = field(default_factory=AcceptanceMemory)
     recalled: Recall | None = None
-    plan: PlanState = field(default_factory=PlanState)
+
+
+@dataclass(frozen=True, slots=True)
+class _Priced:
+    """The curve one tick prices, with what it was priced from: the cost model, the fitted scales, the workload,
+    the objective that applied and why, and the note on an unmeasured verification cost."""
+
+    curve: tuple[CurvePoint, ...] = ()
+    ctx: ModelContext | None = None
+    scales: CostScales | None = None
+    workload: Workload | None = None
+    objective: str = ""
+    why: str = ""
+    split_note: str = ""
 
 
 def advise_target(
-    evidence: Evidence,
-    ctx: ModelContext | None,
-    *,
-    decide_config: DecideConfig,
-    decide_state: DecideState,
-    calibration_state: CalibrationState,
-    now_s: float,
-    calibration_config: CalibrationConfig | None = None,
-    objective_config: ObjectiveConfig | None = None,
-    memory: AcceptanceMemory | None = None,
-    memory_config: MemoryConfig | None = None,
-    plan: PlanState | None = None,
+    evidence: Evidence, ctx: ModelContext | None, config: AdvisorConfig, state: AdvisorState, now_s: float
 ) -> Advice:
     """The full pipeline for one target at `now_s` (Unix seconds): add the evidence's step time to the online
     calibration (policies/calibrate.py) and refit; price S(gamma), gamma = 0..gamma_max, with the fitted scales in
@@ -91,24 +94,24 @@ def advise_target(
     `calibration_error_ratio`; an ok decision's reason ends with the objective and the calibration error (a held
     one's reason is left about its data).
 
-    As in `advise`, a curve is built only from ok evidence with a cost model; otherwise the curve is empty and
-    `decide` holds the last recommendation (the calibration still learns from insufficient_data windows, whose
+    The curve S(gamma) is evaluated only from ok evidence with a cost model (`ctx` not None): for insufficient_data,
+    stale or error evidence it is empty, so `decide` keeps the last published recommendation rather than acting on
+    a curve built from data it does not trust (the calibration still learns from insufficient_data windows, whose
     step times are valid).
 
-    Planning (policies/plan.py): when a change costs a restart (`decide_config.change_cost_s` > 0), each ok tick's
-    curve is added to the plan (`plan`, carried in `Advice.plan`), decide chooses and weighs changes on the plan's
-    curve (the recent load's mix, in tokens/s) with the restart priced at today's rate, and the queue a restart
-    would error is added to its cost as far as the server would have served it within the horizon
-    (`plan.queue_cost_s`).
+    Planning (policies/plan.py): when a change costs a restart (`config.decide.change_cost_s` > 0), each ok tick's
+    curve is added to the plan (`state.plan`), decide chooses and weighs changes on the plan's curve (the recent
+    load's mix, in tokens/s) with the restart priced at today's rate, and the queue a restart would error is added
+    to its cost as far as the server would have served it within the horizon (`plan.queue_cost_s`).
 
-    Acceptance memory (policies/memory.py): ok evidence measured while speculating is remembered per model
-    (`Advice.memory` is the memory to carry on). When nothing usable is measured (speculation off, or on with too
-    few drafts in the window) and the model's remembered profile is still usable, the curve is priced from the
-    aged profile instead of the method prior, and the reason says so with the profile's age; its widened band is
-    what decide's "low end clears 1 + margin" rule reads, so an old memory must promise more to switch on. A
-    thin window (insufficient_data while speculating) then counts as ok: the remembered profile is the evidence.
-    A memory too old to use is named in the reason and the prior prices the curve, as with no memory at all; off,
-    either is a profile of infinite age to the probe rule (`probe_for`), which may then ask to look.
+    Acceptance memory (policies/memory.py): ok evidence measured while speculating is remembered per model. When
+    nothing usable is measured (speculation off, or on with too few drafts in the window) and the model's
+    remembered profile is still usable, the curve is priced from the aged profile instead of the method prior,
+    and the reason says so with the profile's age; its widened band is what decide's "low end clears 1 + margin"
+    rule reads, so an old memory must promise more to switch on. A thin window (insufficient_data while
+    speculating) then counts as ok: the remembered profile is the evidence. A memory too old to use is named in
+    the reason and the prior prices the curve, as with no memory at all; off, either is a profile of infinite age
+    to the probe rule (`probe_for`), which may then ask to look.
 
     Example: B = 256 with 50 waiting and the cache at 62%: objective capacity (max_num_seqs, not KV, is the
     limit, so every option holds 256); the reason ends "; objective capacity (capacity-bound: 50 waiting,
@@ -117,141 +120,174 @@ def advise_target(
     Wilson bands at 1516 drafts, and the reason carries "acceptance: remembered acceptance from 12 min ago (k=3,
     9000 drafts, aged to 1516 effective)".
     """
-    calibration_config = calibration_config or CalibrationConfig()
-    objective_config = objective_config or ObjectiveConfig()
-    memory_config = memory_config or MemoryConfig()
-    memory = remember(memory or AcceptanceMemory(), evidence, config=memory_config, now_s=now_s)
-    fit: CalibrationFit | None = None
+    memory = remember(state.memory, evidence, config=config.memory, now_s=now_s)
+    calibration_state, fit = state.calibration, None
     if ctx is not None:
-        calibration_state, fit = update(calibration_state, evidence, ctx, now_s=now_s, config=calibration_config)
+        calibration_state, fit = update(calibration_state, evidence, ctx, now_s=now_s, config=config.calibration)
     # Measured live while speculating (not a remembered profile standing in for a thin window): what releases a
     # held probe (decide: the probe hold).
     measured = evidence.state is TargetState.OK and evidence.speculation_on and evidence.acceptance is not None
     inflight_s = inflight_work_s(evidence)
-    recalled, evidence, memory_note = _with_memory(evidence, memory, config=memory_config, now_s=now_s)
-    curve: tuple[CurvePoint, ...] = ()
-    objective = ""
-    why = ""
-    split_note = ""
-    workload: Workload | None = None
+    recalled, evidence, memory_note = _with_memory(evidence, memory, config=config.memory, now_s=now_s)
+    priced = _Priced()
     if evidence.state == TargetState.OK and ctx is not None and fit is not None:
-        point = operating_point(evidence)
-        # The curve reaches the deployed k even past gamma_max: the running setting's predicted speedup must be
-        # published (the "speculation costs throughput" alert reads it), though decide never picks above gamma_max.
-        acceptance = acceptance_curve(
-            evidence.acceptance, method=ctx.drafter.method, gamma_max=max(decide_config.gamma_max, evidence.deployed_k)
-        )
-        workload = workload_from(evidence, context_tokens=point.context_tokens, prefill_tokens=point.prefill_tokens)
-        curve, chosen, why = objective_curve(ctx, acceptance, workload, config=objective_config, scales=fit.scales)
-        objective = chosen.value
-        split_note = _split_note((*calibration_state.anchors, *calibration_state.points), evidence)
-        if fit.covariance is not None:
-            # The cost model's own uncertainty joins the acceptance's in every band (policies/uncertainty.py).
-            running = evidence.deployed_k if evidence.speculation_on else 0
-            curve = banded(
-                lambda scales: objective_curve(ctx, acceptance, workload, config=objective_config, scales=scales)[0],
-                fit.scales, fit.covariance, error_ratio=_form_error(fit), base=curve, reference_gamma=running,
-            )
-    probe: Probe | None = None
-    off = decide_config.explore and evidence.state is TargetState.OK and not evidence.speculation_on
-    if off and workload is not None and ctx is not None and fit is not None:
-        # Off: is it time to look again? (probe_for; the prior is what it may find.) On a usable remembered
-        # profile the chance the workload moved grows with its age; with none (never measured here, or too old
-        # to use) nothing is known of this workload, which is a profile of infinite age: the curve is then the
-        # prior's, and the probe runs at the prior's best gamma. Without this a server deployed off would never
-        # be measured, however much the prior promised (a k=0 low-load world: SLO goodput 0 against 233).
-        prior = acceptance_curve(None, method=ctx.drafter.method, gamma_max=decide_config.gamma_max)
-        prior_curve = objective_curve(ctx, prior, workload, config=objective_config, scales=fit.scales)[0]
-        known = recalled if recalled is not None and recalled.usable else None
-        star = best_point(prior_curve, decide_config.gamma_max)
-        probe = probe_for(
-            age_s=known.age_s if known is not None else math.inf,
-            gamma=known.entry.k if known is not None else (star.gamma if star is not None else 0),
-            remembered=curve,
-            prior=prior_curve,
-            inflight_s=inflight_s,
-            config=decide_config,
-            half_life_s=memory_config.half_life_s,
-        )
-    plan_state = plan or PlanState()
-    if decide_state.probe_since_s is not None and measured:
+        priced = _price(evidence, ctx, fit, calibration_state, config)
+    probe = _probe(evidence, priced, recalled, inflight_s=inflight_s, config=config)
+    plan_state = state.plan
+    if state.decide.probe_since_s is not None and measured:
         # A held probe is released by this live window: the plan's ticks were priced on the profile the probe has
         # just re-measured (while off) or on the workload before it moved, so they no longer say what each gamma is
-        # worth. Kept, they restarted a server from gamma 3 to 1 four minutes after a pick-up, for the memory of
-        # a drafter-hostile spell in which gamma 1 had lost less than 3 (benchmark pickup-after-off).
+        # worth (kept, they can restart a server from the gamma it just picked up at, for the memory of a
+        # drafter-hostile spell in which a smaller gamma had lost less).
         plan_state = PlanState()
-    planned: tuple[CurvePoint, ...] | None = None
-    cost_scale = 1.0
-    if decide_config.change_cost_s > 0 and workload is not None and curve:
+    planned: Planned | None = None
+    if config.decide.change_cost_s > 0 and priced.workload is not None and priced.curve:
         # A change costs a restart: weigh it over the recent load, not this window alone (policies/plan.py).
-        plan_state, planned, cost_scale = _plan_tick(
-            plan_state, curve, evidence, capacity_bound=choose_objective(workload, objective_config)[1],
-            tau_s=decide_config.payback_horizon_s, now_s=now_s,
+        capacity_bound = choose_objective(priced.workload, config.objective)[1]
+        plan_state, planned = _plan_tick(
+            plan_state, priced.curve, evidence, capacity_bound=capacity_bound, tau_s=config.decide.payback_horizon_s,
+            now_s=now_s,
         )
         # The queue a restart errors counts as far as the server would have caught up with it, within the
         # horizon the gain is counted over (plan.queue_cost_s).
-        inflight_s += queue_cost_s(plan_state, queued_work_s(evidence), tau_s=decide_config.payback_horizon_s)
-    decision, decide_state = decide(
-        evidence, curve, decide_config, decide_state, now_s, probe=probe, measured=measured, inflight_s=inflight_s,
-        plan=planned, cost_scale=cost_scale,
-    )
-    error = fit.error_ratio if fit is not None else None
-    notes: list[str] = []
-    if memory_note and decision.state == TargetState.OK:
-        notes.append(memory_note)
-    if objective:
-        notes.append(f"objective {objective} ({why})")
-    if split_note and decision.state == TargetState.OK:
-        notes.append(split_note)
-    # Only an ok decision rests on the model; on a hold (insufficient_data, stale, error) the reason is about the
-    # data, and a model note would read as the cause.
-    if decision.state == TargetState.OK and fit is not None and error is not None:
-        notes.append(f"model calibration error {error:.1%} over {fit.points} points")
-    reason = "; ".join([decision.reason, *notes]) if notes else decision.reason
-    decision = replace(decision, reason=reason, objective=objective, calibration_error_ratio=error)
+        inflight_s += queue_cost_s(plan_state, queued_work_s(evidence), tau_s=config.decide.payback_horizon_s)
+    inputs = DecideInputs(probe=probe, measured=measured, inflight_s=inflight_s, plan=planned)
+    decision, decide_state = decide(evidence, priced.curve, config.decide, state.decide, now_s, inputs=inputs)
+    decision = _annotated(decision, priced, fit, memory_note=memory_note, recalled=recalled)
     return Advice(
         decision=decision,
-        decide_state=decide_state,
-        calibration_state=calibration_state,
+        state=AdvisorState(decide=decide_state, calibration=calibration_state, memory=memory, plan=plan_state),
         calibration=fit,
-        memory=memory,
         recalled=recalled if recalled is not None and recalled.usable else None,
-        plan=plan_state,
+    )
+
+
+def _price(
+    evidence: Evidence, ctx: ModelContext, fit: CalibrationFit, calibration: CalibrationState, config: AdvisorConfig
+) -> _Priced:
+    """S(gamma) for gamma = 0..max(gamma_max, deployed k) in the objective that applies, with the fitted scales,
+    banded by the acceptance's and (with a covariance) the calibration's uncertainty."""
+    point = operating_point(evidence)
+    # The curve reaches the deployed k even past gamma_max: the running setting's predicted speedup must be
+    # published (the "speculation costs throughput" alert reads it), though decide never picks above gamma_max.
+    acceptance = acceptance_curve(
+        evidence.acceptance, method=ctx.drafter.method, gamma_max=max(config.decide.gamma_max, evidence.deployed_k)
+    )
+    workload = workload_from(evidence, context_tokens=point.context_tokens, prefill_tokens=point.prefill_tokens)
+    curve, chosen, why = objective_curve(ctx, acceptance, workload, config=config.objective, scales=fit.scales)
+    if fit.covariance is not None:
+        # The cost model's own uncertainty joins the acceptance's in every band (policies/uncertainty.py).
+        running = evidence.deployed_k if evidence.speculation_on else 0
+        curve = banded(
+            lambda scales: objective_curve(ctx, acceptance, workload, config=config.objective, scales=scales)[0],
+            fit.scales, fit.covariance, error_ratio=_form_error(fit), base=curve, reference_gamma=running,
+        )
+    return _Priced(
+        curve=curve, ctx=ctx, scales=fit.scales, workload=workload, objective=chosen.value, why=why,
+        split_note=_split_note((*calibration.anchors, *calibration.points), evidence),
+    )
+
+
+def _probe(
+    evidence: Evidence, priced: _Priced, recalled: Recall | None, *, inflight_s: float, config: AdvisorConfig
+) -> Probe | None:
+    """Off: is it time to look again? (`probe_for`; the prior is what it may find.)
+
+    On a usable remembered profile the chance the workload moved grows with its age; with none (never measured
+    here, or too old to use) nothing is known of this workload, which is a profile of infinite age: the curve is
+    then the prior's, and the probe runs at the prior's best gamma. Without this a server deployed off would never
+    be measured, however much the prior promised."""
+    off = config.decide.explore and evidence.state is TargetState.OK and not evidence.speculation_on
+    if not off or priced.workload is None or priced.ctx is None or priced.scales is None:
+        return None
+    gamma_max = config.decide.gamma_max
+    prior = acceptance_curve(None, method=priced.ctx.drafter.method, gamma_max=gamma_max)
+    prior_curve = objective_curve(priced.ctx, prior, priced.workload, config=config.objective, scales=priced.scales)[0]
+    known = recalled if recalled is not None and recalled.usable else None
+    star = best_point(prior_curve, gamma_max)
+    remembered = Remembered(
+        age_s=known.age_s if known is not None else math.inf,
+        gamma=known.entry.k if known is not None else (star.gamma if star is not None else 0),
+        curve=priced.curve,
+    )
+    return probe_for(
+        remembered,
+        prior=prior_curve,
+        inflight_s=inflight_s,
+        config=config.decide,
+        half_life_s=config.memory.half_life_s,
+    )
+
+
+def _annotated(
+    decision: Decision, priced: _Priced, fit: CalibrationFit | None, *, memory_note: str, recalled: Recall | None
+) -> Decision:
+    """The decision with its objective, its calibration error and, when ok, the reason's notes (and causes) on what
+    the curve rests on: a remembered profile, an unmeasured verification cost. On a hold (insufficient_data,
+    stale, error) the reason is about the data: a model note would read as the cause."""
+    error = fit.error_ratio if fit is not None else None
+    ok = decision.state == TargetState.OK
+    notes: list[str] = []
+    whys = list(decision.why)
+    if memory_note and ok:
+        notes.append(memory_note)
+        if recalled is not None and recalled.usable:
+            whys.append(Why(WhyCode.REMEMBERED, (("age_s", recalled.age_s),)))
+    if priced.objective:
+        notes.append(f"objective {priced.objective} ({priced.why})")
+    if priced.split_note and ok:
+        notes.append(priced.split_note)
+        whys.append(Why(WhyCode.VERIFICATION_UNMEASURED))
+    if ok and fit is not None and error is not None:
+        notes.append(f"model calibration error {error:.1%} over {fit.points} points")
+    reason = "; ".join([decision.reason, *notes]) if notes else decision.reason
+    return replace(
+        decision, reason=reason, objective=priced.objective, calibration_error_ratio=error, why=tuple(whys)
     )
 
 
 def _plan_tick(
     state: PlanState, curve: tuple[CurvePoint, ...], evidence: Evidence, *, capacity_bound: bool, tau_s: float,
     now_s: float,
-) -> tuple[PlanState, tuple[CurvePoint, ...] | None, float]:
-    """This tick added to the plan, and what decide weighs changes on: (plan, its curve or None, cost scale). The
+) -> tuple[PlanState, Planned | None]:
+    """This tick added to the plan, and what decide weighs changes on: (plan, its curve and cost scale or None). The
     value rate is the generated tokens/s times the running option's share meeting the SLO (1 without one)."""
     running = evidence.deployed_k if evidence.speculation_on else 0
     here = point_at(curve, running)
     share = here.slo_share if here is not None and here.slo_share is not None else 1.0
     rate = evidence.generation_tokens_per_s
-    state = observe_plan(
-        state, curve, running_gamma=running, value_rate=rate * share if rate is not None else None,
-        capacity_bound=capacity_bound, now_s=now_s, tau_s=tau_s,
+    tick = PlanTick(
+        curve, running_gamma=running, value_rate=rate * share if rate is not None else None,
+        capacity_bound=capacity_bound,
     )
+    state = observe_plan(state, tick, now_s=now_s, tau_s=tau_s)
     planned = plan_curve(state, curve)
     scale = plan_cost_scale(state, running_gamma=running, delivered_rate=rate)
     if planned is None or scale is None:
-        return state, None, 1.0
-    return state, planned, scale
+        return state, None
+    return state, Planned(curve=planned, cost_scale=scale)
+
+
+@dataclass(frozen=True, slots=True)
+class Remembered:
+    """What a probe would measure again: the profile's age `age_s` (s; inf: no usable profile), the k it was
+    measured at (`gamma`, >= 1: where the probe runs) and the curve priced from it (`curve`)."""
+
+    age_s: float
+    gamma: int
+    curve: Sequence[CurvePoint]
 
 
 def probe_for(
+    remembered: Remembered,
     *,
-    age_s: float,
-    gamma: int,
-    remembered: Sequence[CurvePoint],
     prior: Sequence[CurvePoint],
     inflight_s: float,
     config: DecideConfig,
     half_life_s: float,
 ) -> Probe | None:
-    """Whether to switch on for a while to re-measure acceptance, while off on a profile remembered `age_s` ago.
+    """Whether to switch on for a while to re-measure acceptance, while off on a profile remembered
+    `remembered.age_s` ago.
 
     Nothing is measured while off, so a workload that turned drafter-friendly (chat -> code) stays invisible
     until someone looks. Looking costs: two changes (on, and back off if the profile still holds), each
@@ -272,17 +308,18 @@ def probe_for(
     never probes. The probe runs at the remembered k (`gamma`, >= 1), where the
     positions will be measured again; once published, decide holds it until a window is measured.
     `age_s` = inf stands for no usable profile (never measured, or too old): p = 1, and the caller passes the
-    prior's own curve as `remembered` and its best gamma.
+    prior's own curve and its best gamma.
     Units: seconds; speedups are dimensionless ratios vs plain decoding.
 
     Example (cost 20 s, in-flight 0 s, horizon 600 s, dwell 120 s, half-life 1800 s): S_prior* 1.5, S_mem 0.9. At
     age 600 s p = 1 - 2^(-1/3) = 0.206, 0.206 x 0.5 x 600 = 61.9 s > 2 x 20 + 120 x 0.1 = 52 s -> probe at the
     remembered k. At age 450 s p = 0.159 -> 47.7 s < 52 s -> None. `config.explore` False: callers do not ask.
     """
+    age_s, gamma = remembered.age_s, remembered.gamma
     star = best_point(prior, config.gamma_max)
     if star is None or star.speedup <= 1.0 or gamma < 1:
         return None
-    here = point_at(remembered, gamma)
+    here = point_at(remembered.curve, gamma)
     s_mem = here.speedup if here is not None else 1.0
     chance = 1.0 - 0.5 ** (max(0.0, age_s) / half_life_s)
     # Under an SLO the curve is SLO goodput over plain decoding's: per delivered token (the unit of the cost) a

@@ -1,4 +1,4 @@
-"""Decide: the predicted speedup curve -> the published recommendation (DESIGN.md section 5).
+"""Decide: the predicted speedup curve -> the published recommendation.
 
 The rule. Value every option o (off, or on at gamma) against the one that runs, c, over the payback horizon H:
 
@@ -52,7 +52,8 @@ from dataclasses import dataclass, replace
 
 from policies.change_cost import change_cost_of, inflight_work_s
 from policies.costmodel import step_batch
-from policies.types import CurvePoint, Decision, Evidence, TargetState
+from policies.summary import summarize
+from policies.types import CurvePoint, Decision, Evidence, TargetState, Why, WhyCode
 from policies.value import Key, Valued, best_on, pessimistic_gain, point_at, value_options
 
 
@@ -130,6 +131,79 @@ def wait_s(*, cost_s: float, gain: float, confirm_s: float, dwell_s: float) -> f
     return min(dwell_s, max(confirm_s, raw))
 
 
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """The plan's curve (policies/plan.py; same gammas as the tick's curve) that options are valued on, and the
+    factor (> 0) that converts a change's cost C from seconds of this window's service into the plan's units."""
+
+    curve: Sequence[CurvePoint]
+    cost_scale: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class DecideInputs:
+    """What a tick knows beyond the evidence and the curve.
+
+    `probe`: a request to switch on to re-measure (advise.probe_for), or None. `measured`: this tick's acceptance
+    was measured live while speculating (None: ok, speculating and acceptance present); it releases a held probe.
+    `inflight_s` (s): the in-flight and weighed queued work a restart loses (None: `inflight_work_s(evidence)`).
+    `plan`: the curve options are valued on, or None to value them on this window's curve."""
+
+    probe: Probe | None = None
+    measured: bool | None = None
+    inflight_s: float | None = None
+    plan: Planned | None = None
+
+
+NO_INPUTS = DecideInputs()
+
+
+@dataclass(frozen=True, slots=True)
+class _Tick:
+    """One tick's fixed inputs, passed together to the stages of `decide`."""
+
+    evidence: Evidence
+    curve: Sequence[CurvePoint]
+    config: DecideConfig
+    now_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Prices:
+    """What options are valued on this tick: C today (s of this window's service), C in the valued curve's units,
+    that curve, the options, and whether it is a plan."""
+
+    today_s: float
+    cost_s: float
+    curve: Sequence[CurvePoint]
+    options: Sequence[Key]
+    planned: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _Candidate:
+    """The option this tick would publish, its wait (s), its side (`_side`), whether it is a probe, and the reason
+    text that explains it."""
+
+    key: Key
+    wait_s: float
+    side: int = 0
+    probing: bool = False
+    text: str = ""
+    why: tuple[Why, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class _ProbeHold:
+    """A published probe's hold this tick: held (the engine has not run it yet), probe_since_s, probe_after_s, and
+    a note for the reason."""
+
+    held: bool = False
+    since_s: float | None = None
+    after_s: float | None = None
+    note: str = ""
+
+
 def decide(
     evidence: Evidence,
     curve: Sequence[CurvePoint],
@@ -137,70 +211,117 @@ def decide(
     state: DecideState,
     now_s: float,
     *,
-    probe: Probe | None = None,
-    measured: bool | None = None,
-    inflight_s: float | None = None,
-    plan: Sequence[CurvePoint] | None = None,
-    cost_scale: float = 1.0,
+    inputs: DecideInputs = NO_INPUTS,
 ) -> tuple[Decision, DecideState]:
     """One decision tick (module docstring): returns the Decision to publish and the state for the next tick.
 
     `curve` holds one point per gamma 0..gamma_max (speedups vs plain decoding); `now_s` is epoch seconds from the
-    caller's clock. `measured`: this tick's acceptance was measured live while speculating (None: ok, speculating
-    and acceptance present); it releases a held probe. `inflight_s` (s): the in-flight and weighed queued work a
-    restart loses (None: `inflight_work_s(evidence)`). `plan`: the curve options are valued on (same gammas);
-    `cost_scale` (> 0) converts C into the plan's units. The Decision's band is the published option's on `curve`.
+    caller's clock; `inputs` the probe, the measured flag, the work a restart loses and the plan (`DecideInputs`).
+    The Decision's band is the published option's on `curve`.
     """
     if evidence.state is not TargetState.OK:
         return _hold(evidence, curve, state, now_s, kind=evidence.state, why=_why_not_ok(evidence))
-    choose = plan if plan else curve
     star = best_point(curve, config.gamma_max)
     if star is None:
         why = f"no predicted speedup for any gamma in 1..{config.gamma_max} (curve has {len(curve)} points)"
         return _hold(evidence, curve, state, now_s, kind=TargetState.ERROR, why=why)
-    if measured is None:
-        measured = evidence.speculation_on and evidence.acceptance is not None
-    lost_s = inflight_work_s(evidence) if inflight_s is None else inflight_s
-    today_s = change_cost_of(change_cost_s=config.change_cost_s, inflight_s=lost_s)  # C in this window's units
-    cost_s = today_s * (_valid_scale(cost_scale) if plan else 1.0)  # C in the units options are valued in
+    tick = _Tick(evidence=evidence, curve=curve, config=config, now_s=now_s)
     prefix, published = "", state.published
+    batch = max(step_batch(evidence), 1.0)
+    whys = [_why(WhyCode.BEST, gamma=star.gamma, speedup=star.speedup, low=star.speedup_low,
+                 high=star.speedup_high, batch=batch)]
     if published is None:
         base = _deployment(evidence)
         published = _decision(evidence, curve, base, reason="", now_s=now_s, changed_at_s=now_s)
         prefix = f"first decision, baseline is the current deployment ({_describe(base)}); "
+        whys.insert(0, _why(WhyCode.BASELINE))
     current = _key(published)
-    head = f"{_describe(current)}: best {_fmt_point(star)} at batch {max(step_batch(evidence), 1.0):.1f}"
-    head += "; planned over the recent load" if plan else ""
-    held, probe_since, probe_after, note = _probe_hold(state, current, measured=measured, config=config, now_s=now_s)
-    options = _options(current, evidence, config)
-    choice = _choose(choose, current, options, config, cost_s=cost_s)
-    candidate, wait, probing, side = current, config.dwell_s, False, 0
-    if held:
-        head += note  # a published probe the engine has not run yet: the curve is still the remembered one
-    elif choice is not None and choice.value_s > 0 and choice.gain >= config.margin:
-        # Waiting forgoes the gain at this window's rate: the rent is paid now, whatever the plan forecasts.
-        now_gain = pessimistic_gain(curve, current, choice.key, costly=cost_s > 0) if plan else choice.gain
-        rent = choice.gain if now_gain is None else now_gain
-        wait = wait_s(cost_s=today_s, gain=rent, confirm_s=config.confirm_s, dwell_s=config.dwell_s)
-        worth = _worth(choice, config, cost_s, from_on=current[0])
-        head += note + f"; {worth}, wait {wait:.0f}s (cost today {today_s:.1f}s / gain "
-        head += f"now {rent:+.1%}, in {config.confirm_s:.0f}..{config.dwell_s:.0f}s)"
-        side = _side(choice.key, current)  # the option valued: a turn-off kept measuring is still a turn-off
-        candidate, kept = _keep_measuring(choice.key, choose, options)
-        head += kept
-    elif probe is not None and not current[0] and (probe_after is None or now_s >= probe_after):
+    head = f"{_describe(current)}: best {_fmt_point(star)} at batch {batch:.1f}"
+    head += "; planned over the recent load" if _plan_curve(inputs) else ""
+    measured = inputs.measured
+    if measured is None:
+        measured = evidence.speculation_on and evidence.acceptance is not None
+    hold = _probe_hold(state, current, measured=measured, config=config, now_s=now_s)
+    candidate = _candidate(tick, current, inputs, hold)
+    candidate = replace(candidate, why=(*whys, *candidate.why))
+    return _publish(tick, state, published, candidate, reason=prefix + head + candidate.text, hold=hold)
+
+
+def _plan_curve(inputs: DecideInputs) -> Sequence[CurvePoint]:
+    return inputs.plan.curve if inputs.plan is not None else ()
+
+
+def _prices(tick: _Tick, current: Key, inputs: DecideInputs) -> _Prices:
+    lost_s = inflight_work_s(tick.evidence) if inputs.inflight_s is None else inputs.inflight_s
+    today_s = change_cost_of(change_cost_s=tick.config.change_cost_s, inflight_s=lost_s)  # C in this window's units
+    plan = _plan_curve(inputs)
+    scale = _valid_scale(inputs.plan.cost_scale) if inputs.plan is not None and plan else 1.0
+    return _Prices(
+        today_s=today_s, cost_s=today_s * scale, curve=plan if plan else tick.curve,
+        options=_options(current, tick.evidence, tick.config), planned=bool(plan),
+    )
+
+
+def _candidate(tick: _Tick, current: Key, inputs: DecideInputs, hold: _ProbeHold) -> _Candidate:
+    """The option to wait for this tick: what runs while a probe is held, else the valued change, else a probe,
+    else what runs."""
+    config, prices = tick.config, _prices(tick, current, inputs)
+    choice = _choose(prices.curve, current, prices.options, config, cost_s=prices.cost_s)
+    if hold.held:
+        # A published probe the engine has not run yet: the curve is still the remembered one.
+        held_s = tick.now_s - hold.since_s if hold.since_s is not None else 0.0
+        return _Candidate(key=current, wait_s=config.dwell_s, text=hold.note,
+                          why=(_why(WhyCode.PROBE_HELD, gamma=current[1], held_s=held_s),))
+    if choice is not None and choice.value_s > 0 and choice.gain >= config.margin:
+        return _change(tick, current, choice, prices, note=hold.note)
+    probe = inputs.probe
+    if probe is not None and not current[0] and (hold.after_s is None or tick.now_s >= hold.after_s):
         # The probe's own test priced its restarts (advise.probe_for); it rests on the memory's age, which only
         # grows, so it does not wait for confirmation, only for the spacing after the last change.
-        candidate, wait, probing, side = (True, max(1, min(probe.gamma, config.gamma_max))), 0.0, True, 1
-        head += note + f"; probing: {probe.why}"
-    else:
-        stays = _worth(choice, config, cost_s, from_on=current[0]) if choice is not None else ""
-        head += note + (f"; stays: {stays}" if stays else "; stays")
-        if probe is not None and probe_after is not None and now_s < probe_after:
-            head += f"; no probe for another {probe_after - now_s:.0f}s (back-off after an unapplied probe)"
-    return _publish(evidence, curve, state, published, now_s, candidate=candidate, wait=wait, config=config,
-                    side=side, reason=prefix + head, probing=probing, probe_since_s=probe_since,
-                    probe_after_s=probe_after)
+        key = (True, max(1, min(probe.gamma, config.gamma_max)))
+        return _Candidate(key=key, wait_s=0.0, side=1, probing=True, text=hold.note + f"; probing: {probe.why}",
+                          why=(_why(WhyCode.PROBE, gamma=key[1]),))
+    stays = _worth(choice, config, prices.cost_s, from_on=current[0]) if choice is not None else ""
+    text = hold.note + (f"; stays: {stays}" if stays else "; stays")
+    whys = _why_stays(choice, config, cost_s=prices.cost_s)
+    if probe is not None and hold.after_s is not None and tick.now_s < hold.after_s:
+        text += f"; no probe for another {hold.after_s - tick.now_s:.0f}s (back-off after an unapplied probe)"
+        whys += (_why(WhyCode.PROBE_BACKOFF, left_s=hold.after_s - tick.now_s),)
+    return _Candidate(key=current, wait_s=config.dwell_s, text=text, why=whys)
+
+
+def _why_stays(choice: Valued | None, config: DecideConfig, *, cost_s: float) -> tuple[Why, ...]:
+    """Why the best alternative is not a change: it gains less than the margin, or not what it costs."""
+    if choice is None or math.isinf(choice.gain):
+        return ()
+    to_gamma = choice.key[1] if choice.key[0] else 0
+    if choice.gain < config.margin:
+        return (_why(WhyCode.BELOW_MARGIN, to_gamma=to_gamma, gain=choice.gain, margin=config.margin),)
+    return (_why(WhyCode.COST, to_gamma=to_gamma, gain=choice.gain, cost_s=cost_s),)
+
+
+def _change(tick: _Tick, current: Key, choice: Valued, prices: _Prices, *, note: str) -> _Candidate:
+    """The valued change as the candidate, with its wait: C today over the gain now (waiting forgoes the gain at
+    this window's rate: the rent is paid now, whatever the plan forecasts)."""
+    config = tick.config
+    now_gain = (
+        pessimistic_gain(tick.curve, current, choice.key, costly=prices.cost_s > 0) if prices.planned else choice.gain
+    )
+    rent = choice.gain if now_gain is None else now_gain
+    wait = wait_s(cost_s=prices.today_s, gain=rent, confirm_s=config.confirm_s, dwell_s=config.dwell_s)
+    worth = _worth(choice, config, prices.cost_s, from_on=current[0])
+    text = note + f"; {worth}, wait {wait:.0f}s (cost today {prices.today_s:.1f}s / gain "
+    text += f"now {rent:+.1%}, in {config.confirm_s:.0f}..{config.dwell_s:.0f}s)"
+    side = _side(choice.key, current)  # the option valued: a turn-off kept measuring is still a turn-off
+    key, kept = _keep_measuring(choice.key, prices.curve, prices.options)
+    to_gamma = choice.key[1] if choice.key[0] else 0
+    whys = [_why(WhyCode.GAIN, to_gamma=to_gamma, gain=choice.gain, cost_s=prices.cost_s, wait_s=wait)]
+    if math.isinf(choice.gain):
+        whys.append(_why(WhyCode.OFF_CURVE, to_gamma=to_gamma))
+    if kept:
+        point = point_at(prices.curve, key[1])
+        whys.append(_why(WhyCode.KEPT_MEASURING, gamma=key[1], speedup=point.speedup if point else math.nan))
+    return _Candidate(key=key, wait_s=wait, side=side, text=text + kept, why=tuple(whys))
 
 
 def _side(option: Key, current: Key) -> int:
@@ -274,90 +395,95 @@ def _worth(choice: Valued, config: DecideConfig, cost_s: float, *, from_on: bool
 
 
 def _publish(
-    evidence: Evidence,
-    curve: Sequence[CurvePoint],
-    state: DecideState,
-    published: Decision,
-    now_s: float,
-    *,
-    candidate: Key,
-    wait: float,
-    side: int,
-    config: DecideConfig,
-    reason: str,
-    probing: bool,
-    probe_since_s: float | None,
-    probe_after_s: float | None,
+    tick: _Tick, state: DecideState, published: Decision, candidate: _Candidate, *, reason: str, hold: _ProbeHold
 ) -> tuple[Decision, DecideState]:
-    """Run the wait clock (module docstring) and build the Decision and the next state. `side`: which way the
-    valued change goes (`_side`); `probing`: the candidate is a probe; `probe_since_s`: when a held probe was
-    published (None: none held)."""
+    """Run the wait clock (module docstring) and build the Decision and the next state. `hold.since_s`: when a
+    held probe was published (None: none held)."""
+    now_s, key = tick.now_s, candidate.key
     current, pending = _key(published), _pending(state)
-    changed, since, steady, tail = False, None, None, ""
-    if candidate == current:
+    changed, since, steady, tail, whys = False, None, None, "", candidate.why
+    if key == current:
         tail = f"; candidate {_describe(pending)} withdrawn" if pending is not None else ""
+        if pending is not None:
+            whys += (_why(WhyCode.WITHDRAWN, to_gamma=pending[1]),)
     else:
         since = state.pending_since_s if pending is not None and state.pending_since_s is not None else now_s
-        same_side = pending is not None and state.candidate_side == side
+        same_side = pending is not None and state.candidate_side == candidate.side
         steady = state.candidate_since_s if same_side and state.candidate_since_s is not None else now_s
-        waited, held_s = max(0.0, now_s - since), max(0.0, now_s - steady)
-        # A probe rests on the memory's age; the first one is spaced from the baseline, so a restarted sidecar
-        # does not probe on its first tick.
-        last = state.last_change_s if state.last_change_s is not None or not probing else published.changed_at_s
-        spacing = 0.0 if last is None else max(0.0, last + config.dwell_s - now_s)
-        if waited >= wait and held_s >= min(wait, config.confirm_s) and spacing <= 0:
-            changed, since, steady = True, None, None
-            tail = f"; {_transition(current, candidate)} after {waited:.0f}s"
-        else:
-            tail = f"; waiting {waited:.0f}s of {wait:.0f}s before {_transition(current, candidate)}"
-            if held_s < min(wait, config.confirm_s) <= waited:
-                tail += f" (its side held {held_s:.0f}s of {config.confirm_s:.0f}s)"
-            if last is not None and spacing > 0:
-                tail += f" ({spacing:.0f}s more: last change {now_s - last:.0f}s ago)"
-    publish = candidate if changed else current
-    decision = _decision(evidence, curve, publish, reason=reason + tail, now_s=now_s,
+        changed, tail, clock = _clock(tick, state, published, candidate, since_s=since, steady_s=steady)
+        whys += clock
+        if changed:
+            since, steady = None, None
+    publish = key if changed else current
+    decision = _decision(tick.evidence, tick.curve, publish, reason=reason + tail, now_s=now_s,
                          changed_at_s=now_s if changed else published.changed_at_s)
+    decision = _explained(decision, whys)
     next_state = DecideState(
         published=decision,
-        pending_enabled=None if changed or candidate == current else candidate[0],
-        pending_gamma=None if changed or candidate == current else candidate[1],
+        pending_enabled=None if changed or key == current else key[0],
+        pending_gamma=None if changed or key == current else key[1],
         pending_since_s=since,
         candidate_since_s=steady,
-        candidate_side=None if steady is None else side,
+        candidate_side=None if steady is None else candidate.side,
         # A probe published now is held until it is measured; any other change ends a hold.
-        probe_since_s=now_s if probing and changed else (None if changed else probe_since_s),
-        probe_after_s=probe_after_s,
+        probe_since_s=now_s if candidate.probing and changed else (None if changed else hold.since_s),
+        probe_after_s=hold.after_s,
         last_change_s=now_s if changed else state.last_change_s,
     )
     return decision, next_state
+
+
+def _clock(
+    tick: _Tick, state: DecideState, published: Decision, candidate: _Candidate, *, since_s: float, steady_s: float
+) -> tuple[bool, str, tuple[Why, ...]]:
+    """Whether the candidate is published now, the reason's tail and its causes: it has been worth a change for its
+    wait, has held its side for min(wait, confirm_s), and the last change is dwell_s old."""
+    config, now_s = tick.config, tick.now_s
+    current, wait = _key(published), candidate.wait_s
+    waited, held_s = max(0.0, now_s - since_s), max(0.0, now_s - steady_s)
+    # A probe rests on the memory's age; the first one is spaced from the baseline, so a restarted sidecar
+    # does not probe on its first tick.
+    last = state.last_change_s if state.last_change_s is not None or not candidate.probing else published.changed_at_s
+    spacing = 0.0 if last is None else max(0.0, last + config.dwell_s - now_s)
+    move = _transition(current, candidate.key)
+    to_gamma = candidate.key[1] if candidate.key[0] else 0
+    if waited >= wait and held_s >= min(wait, config.confirm_s) and spacing <= 0:
+        changed = _why(WhyCode.CHANGED, from_gamma=current[1] if current[0] else 0, to_gamma=to_gamma, waited_s=waited)
+        return True, f"; {move} after {waited:.0f}s", (changed,)
+    tail = f"; waiting {waited:.0f}s of {wait:.0f}s before {move}"
+    if held_s < min(wait, config.confirm_s) <= waited:
+        tail += f" (its side held {held_s:.0f}s of {config.confirm_s:.0f}s)"
+    left_s = max(wait - waited, min(wait, config.confirm_s) - held_s, spacing)
+    whys = [_why(WhyCode.WAITING, to_gamma=to_gamma, waited_s=waited, wait_s=wait, left_s=left_s)]
+    if last is not None and spacing > 0:
+        tail += f" ({spacing:.0f}s more: last change {now_s - last:.0f}s ago)"
+        whys.append(_why(WhyCode.SPACING, left_s=spacing))
+    return False, tail, tuple(whys)
 
 
 def _valid_scale(cost_scale: float) -> float:
     return cost_scale if math.isfinite(cost_scale) and cost_scale > 0 else 1.0
 
 
-def _probe_hold(
-    state: DecideState, current: Key, *, measured: bool, config: DecideConfig, now_s: float
-) -> tuple[bool, float | None, float | None, str]:
-    """(hold the published probe this tick, probe_since_s, probe_after_s, a note for the reason)."""
+def _probe_hold(state: DecideState, current: Key, *, measured: bool, config: DecideConfig, now_s: float) -> _ProbeHold:
+    """Whether a published probe is held this tick (the engine has not run it yet), with a note for the reason."""
     since, after = state.probe_since_s, state.probe_after_s
     if since is None or not current[0]:
-        return False, None, after, ""
+        return _ProbeHold(after_s=after)
     if measured:
-        return False, None, after, f"; probe at gamma {current[1]} measured, deciding on live data"
+        return _ProbeHold(after_s=after, note=f"; probe at gamma {current[1]} measured, deciding on live data")
     waited = max(0.0, now_s - since)
     if waited >= config.probe_timeout_s:
-        after = now_s + config.probe_backoff_s
         note = (
             f"; probe at gamma {current[1]} not applied after {waited:.0f}s, given up "
             f"(no probe for {config.probe_backoff_s:.0f}s)"
         )
-        return False, None, after, note
+        return _ProbeHold(after_s=now_s + config.probe_backoff_s, note=note)
     note = (
         f"; probing at gamma {current[1]}: held until the engine speculates and a window is measured "
         f"({waited:.0f}s of at most {config.probe_timeout_s:.0f}s)"
     )
-    return True, since, after, note
+    return _ProbeHold(held=True, since_s=since, after_s=after, note=note)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -395,12 +521,13 @@ def _hold(
             curve=tuple(curve),
             changed_at_s=None,
         )
-        return decision, DecideState()
+        return _explained(decision, (_why(WhyCode(kind.value)),)), DecideState()
     age_s = now_s - published.evaluated_at_s
     kept = _describe(_key(published))
     reason = f"{kind.value}: keeping {kept} from the last good decision {age_s:.0f}s ago; {why}"
     # The last good decision's speedups and curve stay together: the band shown is the one it was decided on.
     decision = replace(published, state=kind, reason=reason + dropped, evaluated_at_s=now_s)
+    decision = _explained(decision, (_why(WhyCode(kind.value), age_s=age_s),))
     # A held probe and its back-off outlive a spell of bad data (the engine restarting to apply the probe is one).
     kept_state = DecideState(
         published=published, probe_since_s=state.probe_since_s, probe_after_s=state.probe_after_s,
@@ -475,6 +602,16 @@ def _decision(
         curve=tuple(curve),
         changed_at_s=changed_at_s,
     )
+
+
+def _why(code: WhyCode, **numbers: float) -> Why:
+    return Why(code=code, numbers=tuple(numbers.items()))
+
+
+def _explained(decision: Decision, whys: Sequence[Why]) -> Decision:
+    """The decision with its causes and the sentence made of them (policies/summary.py)."""
+    decision = replace(decision, why=tuple(whys))
+    return replace(decision, summary=summarize(decision))
 
 
 def _fmt_point(point: CurvePoint) -> str:

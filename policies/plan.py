@@ -6,8 +6,8 @@ next `payback_horizon_s`, and the best forecast of that is the recent past, not 
 load swings between light (speculation pays in latency, little in tokens) and heavy (a smaller gamma buys
 capacity) should not restart into the heavy phase's gamma two minutes into it, dropping hundreds of requests
 for a gain that ends with the phase; it should move to the gamma that serves the mix best while the load is
-light and a restart drops almost nothing (the decision benchmark's load-shift: restarting at 28 requests/s
-with 830 queued lost 1100 requests for a phase that ended 90 s later; the oracle moved while 1 request/s ran).
+light and a restart drops almost nothing (restarting at 28 requests/s with 830 queued errors those requests for a
+phase that may end a minute later; at 1 request/s it drops almost nothing).
 
 Units: everything in tokens/s of the objective (policies/objectives.py), so a light and a heavy moment weigh
 what they are worth. A tick's value of option gamma, with c the option running and U the value rate it
@@ -28,7 +28,7 @@ cost by `cost_scale` = G_now / V(c) (cheap while light, dear while heavy). With 
 V = U_now x S / S(c) and the scale is G_now / U_now: 1 without an SLO, 1 / share(c) under one, which is
 exactly decide's single-window rule (a gain counted per delivered token).
 
-Worked example (load-shift, gamma 3 running, a tick every 5 s, tau 600 s; replayed with this module): 200 s at
+Worked example (gamma 3 running, a tick every 5 s, tau 600 s): 200 s at
 300 tokens/s where S(1) / S(3) = 1.46 / 1.70 (V_t(1) - V_t(3) = -42), then 6000 tokens/s capacity-bound where
 1.14 / 1.05 (+514). 120 s into the heavy phase V(1) - V(3) = +202 tokens/s over V(3) = 2800: a planned gain of
 7.2% (43 s over 600 s) against a restart priced x 6000 / 2800 = 2.14: 20 s + in-flight ~6 s = 26 s becomes 56 s,
@@ -67,24 +67,27 @@ class PlanState:
     at_s: float | None = None
 
 
-def observe(
-    state: PlanState,
-    curve: Sequence[CurvePoint],
-    *,
-    running_gamma: int,
-    value_rate: float | None,
-    capacity_bound: bool,
-    now_s: float,
-    tau_s: float,
-) -> PlanState:
-    """Add this tick's values V_t(gamma) (module docstring) to the plan: `curve` is this tick's objective curve
-    (gamma 0..n, contiguous), `running_gamma` the option running (0 = off), `value_rate` U_t (tokens/s; None,
-    non-finite or <= 0: nothing is added, the sums only decay), `capacity_bound` whether the tick was.
-    A curve of another length than the plan's (the deployed k moved past gamma_max) restarts the plan.
+@dataclass(frozen=True, slots=True)
+class PlanTick:
+    """One tick as the plan sees it: `curve` its objective curve (gamma 0..n, contiguous), `running_gamma` the
+    option running (0 = off), `value_rate` U_t (tokens/s; None, non-finite or <= 0: nothing is added, the sums
+    only decay), `capacity_bound` whether the tick was."""
+
+    curve: Sequence[CurvePoint]
+    running_gamma: int
+    value_rate: float | None
+    capacity_bound: bool
+
+
+def observe(state: PlanState, tick: PlanTick, *, now_s: float, tau_s: float) -> PlanState:
+    """Add this tick's values V_t(gamma) (module docstring) to the plan, decaying the sums over `tau_s` (s) to
+    `now_s` (Unix s). A curve of another length than the plan's (the deployed k moved past gamma_max) restarts
+    the plan.
 
     Example: empty plan, curve S = (1.0, 1.46, 1.60, 1.70), gamma 3 running at 300 tokens/s -> values (176.5,
     257.6, 282.4, 300.0), weight 1.0.
     """
+    curve, value_rate = tick.curve, tick.value_rate
     decay, gap = 1.0, 0.0
     if state.at_s is not None and tau_s > 0:
         gap = max(0.0, now_s - state.at_s)
@@ -92,19 +95,19 @@ def observe(
     values = tuple(v * decay for v in state.values)
     weight = state.weight * decay
     # A long gap (the sidecar was down, the target unreachable) says nothing about how long the overload lasted.
-    capacity_s = state.capacity_s * decay + (min(gap, MAX_TICK_GAP_S) if capacity_bound else 0.0)
-    running = _speed_of(curve, running_gamma)
+    capacity_s = state.capacity_s * decay + (min(gap, MAX_TICK_GAP_S) if tick.capacity_bound else 0.0)
+    running = _speed_of(curve, tick.running_gamma)
     if value_rate is None or not (math.isfinite(value_rate) and value_rate > 0):
         return PlanState(values, weight, capacity_s, now_s)
     if running is None or not (math.isfinite(running) and running > 0):
         return PlanState(values, weight, capacity_s, now_s)
-    tick = tuple(value_rate * p.speedup / running for p in curve)
-    if not all(math.isfinite(t) and t >= 0 for t in tick):
+    added = tuple(value_rate * p.speedup / running for p in curve)
+    if not all(math.isfinite(t) and t >= 0 for t in added):
         return PlanState(values, weight, capacity_s, now_s)  # a broken curve point: teaches nothing
-    if len(values) != len(tick):
-        values, weight = (0.0,) * len(tick), 0.0
+    if len(values) != len(added):
+        values, weight = (0.0,) * len(added), 0.0
     return PlanState(
-        values=tuple(v + t for v, t in zip(values, tick, strict=True)),
+        values=tuple(v + t for v, t in zip(values, added, strict=True)),
         weight=weight + 1.0,
         capacity_s=capacity_s,
         at_s=now_s,

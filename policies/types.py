@@ -7,6 +7,7 @@ seconds passed in by the caller, never read from a clock here.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -229,6 +230,43 @@ class CurvePoint:
     gain_sd: float = 0.0
 
 
+class WhyCode(StrEnum):
+    """The causes a decision names: a bounded set, so each can label a gauge. Gammas in their numbers are 0 for
+    off; gains are shares of the service (0.04 = 4%); times are seconds."""
+
+    BASELINE = "baseline"  # the first decision adopts the deployment as found
+    BEST = "best"  # the best gamma on this tick's curve {gamma, speedup, low, high, batch}
+    GAIN = "gain"  # a change is worth making {to_gamma, gain, cost_s, wait_s}
+    BELOW_MARGIN = "below_margin"  # the best alternative gains less than the margin {to_gamma, gain, margin}
+    COST = "cost"  # the best alternative does not pay back what the change costs {to_gamma, gain, cost_s}
+    KEPT_MEASURING = "kept_measuring"  # a turn-off goes to the best measured gamma instead {gamma, speedup}
+    OFF_CURVE = "off_curve"  # the running gamma is past the priced range {to_gamma}
+    WAITING = "waiting"  # the change waits its turn {to_gamma, waited_s, wait_s}
+    SPACING = "spacing"  # the last change is too recent {left_s}
+    CHANGED = "changed"  # a change is published on this tick {from_gamma, to_gamma, waited_s}
+    WITHDRAWN = "withdrawn"  # a pending change no longer pays {to_gamma}
+    PROBE = "probe"  # switching on to measure the acceptance again {gamma}
+    PROBE_HELD = "probe_held"  # a published probe waits for the engine to run it {gamma, held_s}
+    PROBE_BACKOFF = "probe_backoff"  # no probe for a while after one nobody applied {left_s}
+    INSUFFICIENT_DATA = "insufficient_data"  # too few drafts in the window {age_s of the kept decision, if any}
+    STALE = "stale"  # the last scrape failed {age_s}
+    ERROR = "error"  # no good scrape for too long, or no cost model {age_s}
+    REMEMBERED = "remembered_acceptance"  # priced from a remembered profile {age_s}
+    VERIFICATION_UNMEASURED = "verification_unmeasured"  # one k only seen: a verified token's cost is the prior's
+
+
+@dataclass(frozen=True, slots=True)
+class Why:
+    """One structured cause of a decision: its `code` and the numbers it rests on, as (name, value) pairs."""
+
+    code: WhyCode
+    numbers: tuple[tuple[str, float], ...] = ()
+
+    def number(self, name: str, default: float = math.nan) -> float:
+        """The value named `name` (`default` when absent)."""
+        return next((value for key, value in self.numbers if key == name), default)
+
+
 @dataclass(frozen=True, slots=True)
 class Decision:
     """The published recommendation for one target. Field names match the `/v1/recommendation` contract."""
@@ -249,3 +287,11 @@ class Decision:
     # the cost model's online calibration error (median |predicted / observed step time - 1| over recent points).
     objective: str = ""
     calibration_error_ratio: float | None = None
+    # One sentence for an operator (<= 120 characters, policies/summary.py) and the causes it is made of; `reason`
+    # keeps the full arithmetic.
+    summary: str = ""
+    why: tuple[Why, ...] = ()
+
+    def named(self, code: WhyCode) -> Why | None:
+        """The cause with this code, if the decision names it."""
+        return next((why for why in self.why if why.code is code), None)

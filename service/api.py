@@ -18,6 +18,7 @@ written per request (one float), so the age is exact at every request without re
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
@@ -30,7 +31,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field, TypeAdapter
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from policies.types import AcceptanceEvidence, CurvePoint, GpuSnapshot, TargetState
+from policies.types import AcceptanceEvidence, CurvePoint, GpuSnapshot, TargetState, Why, WhyCode
 from service.board import Board, TargetStatus
 from service.exporter import MetricsPage
 
@@ -50,6 +51,13 @@ TargetQuery = Annotated[
 class ErrorBody(BaseModel):
     error: str = Field(description="Machine-readable error code.")
     detail: str | list[dict[str, object]] = Field(description="What was wrong with the request.")
+
+
+class WhyOut(BaseModel):
+    code: WhyCode = Field(description="One cause of the decision (a bounded set; policies/types.py WhyCode).")
+    numbers: dict[str, float] = Field(
+        description="The numbers it rests on: gammas (0 = off), gains as shares (0.04 = 4%), times in seconds."
+    )
 
 
 class CurvePointOut(BaseModel):
@@ -83,7 +91,9 @@ class RecommendationOut(BaseModel):
     )
     expected_speedup_low: float | None = Field(description=f"Low end of the speedup band; {_UNTIL_SCRAPED}.")
     expected_speedup_high: float | None = Field(description=f"High end of the speedup band; {_UNTIL_SCRAPED}.")
-    reason: str
+    summary: str = Field(description="The decision in one sentence (at most 120 characters) for an operator.")
+    why: list[WhyOut] = Field(description="The causes the summary is made of, with their numbers.")
+    reason: str = Field(description="The full arithmetic of the decision, clause by clause ('; ').")
     evaluated_at: str | None = Field(description="RFC 3339 UTC time of this evaluation.")
     curve: list[CurvePointOut]
     objective: str = Field(
@@ -176,6 +186,16 @@ class HealthOut(BaseModel):
     detail: str
 
 
+@dataclass(frozen=True, slots=True)
+class ApiExtensions:
+    """What the caller adds to the built-in API: a lifespan (what runs around serving, e.g. the advisor loop) and
+    routers included after the built-in routes (more endpoints, e.g. what-if, without touching this module); they
+    share its JSON error bodies."""
+
+    lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] | None = None
+    routers: Sequence[APIRouter] = ()
+
+
 def create_api(
     board: Board,
     *,
@@ -183,18 +203,16 @@ def create_api(
     clock: Callable[[], float],
     stall_after_s: float,
     version: str,
-    lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] | None = None,
-    routers: Sequence[APIRouter] = (),
+    extensions: ApiExtensions = ApiExtensions(),
 ) -> FastAPI:
-    """The FastAPI app over `board`. `clock` gives Unix seconds for ages and the liveness check. `routers` are
-    included after the built-in routes (more endpoints, e.g. what-if, without touching this module); they share its
-    JSON error bodies.
+    """The FastAPI app over `board`, with `extensions` added. `clock` gives Unix seconds for ages and the liveness
+    check; /healthz fails when no iteration finished within `stall_after_s` seconds.
     """
     app = FastAPI(
         title="spec-advisor",
         version=version,
         description="Should speculative decoding be on, and with how many draft tokens.",
-        lifespan=lifespan,
+        lifespan=extensions.lifespan,
     )
     _install_error_handlers(app)
     bodies = BoardBodies(board)
@@ -249,7 +267,7 @@ def create_api(
         """The sidecar's own metrics in the Prometheus text format."""
         return Response(content=metrics.render(), media_type=metrics.content_type)
 
-    for router in routers:
+    for router in extensions.routers:
         app.include_router(router)
     return app
 
@@ -338,6 +356,8 @@ def _recommendation(status: TargetStatus, *, age_s: float | None) -> Recommendat
             expected_speedup=None,
             expected_speedup_low=None,
             expected_speedup_high=None,
+            summary="Not evaluated yet: no good scrape of this target so far.",
+            why=[],
             reason=status.last_error or "not evaluated yet",
             evaluated_at=None,
             curve=[],
@@ -355,6 +375,8 @@ def _recommendation(status: TargetStatus, *, age_s: float | None) -> Recommendat
         expected_speedup=decision.expected_speedup if known else None,
         expected_speedup_low=decision.expected_speedup_low if known else None,
         expected_speedup_high=decision.expected_speedup_high if known else None,
+        summary=decision.summary,
+        why=[_why(why) for why in decision.why],
         reason=decision.reason,
         evaluated_at=rfc3339(decision.evaluated_at_s),
         curve=[_point(point) for point in decision.curve],
@@ -362,6 +384,11 @@ def _recommendation(status: TargetStatus, *, age_s: float | None) -> Recommendat
         calibration_error_ratio=decision.calibration_error_ratio,
         age_s=age_s,
     )
+
+
+def _why(why: Why) -> WhyOut:
+    # JSON has no inf or NaN: a number that is not finite (a gain against a running k past the curve) is left out.
+    return WhyOut(code=why.code, numbers={name: value for name, value in why.numbers if math.isfinite(value)})
 
 
 def _point(point: CurvePoint) -> CurvePointOut:

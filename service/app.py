@@ -23,6 +23,7 @@ from fastapi import FastAPI
 from prometheus_client.registry import CollectorRegistry
 
 from policies.actuation import ActuationConfig
+from policies.advise import AdvisorConfig
 from policies.calibrate import CalibrationConfig
 from policies.costmodel import ModelContext
 from policies.decide import DecideConfig
@@ -45,7 +46,7 @@ from service.actions_api import create_actions_router, install_auth_errors
 from service.actuators.audit import AUDIT_FILE_NAME, AuditLog
 from service.actuators.base import Actuator
 from service.actuators.runner import ActuationRunner, RunnerOptions
-from service.api import create_api
+from service.api import ApiExtensions, create_api
 from service.board import Board
 from service.exporter import MetricsPage, build_registry
 from service.logs import fields, get_logger
@@ -56,6 +57,8 @@ from service.loop import (
     GpuReader,
     IterationListener,
     LoadedProfile,
+    LoopConfig,
+    LoopWiring,
     Scraper,
     TargetSpec,
 )
@@ -65,7 +68,7 @@ from service.settings import ActuationSettings, GpuSettings, Settings, SettingsE
 from service.sources.dcgm import DcgmSource
 from service.sources.gpu import SOURCE_ABSENT, NoGpuSource
 from service.sources.nvml import NvmlSource
-from service.sources.prometheus import MAX_CONCURRENT_QUERIES, PrometheusFleetSource
+from service.sources.prometheus import MAX_CONCURRENT_QUERIES, FleetSelection, PrometheusFleetSource
 from service.sources.vllm import VllmScraper
 from service.whatif_api import create_whatif_router, live_targets_from_board
 
@@ -199,16 +202,22 @@ def advisor_loop(
     memory); the sidecar's lifespan drives it in wall time, the benchmark calls `run_once(now)` in simulated time."""
     return AdvisorLoop(
         targets,
-        gpu=gpu,
-        board=board,
-        estimator_config=estimator_config(settings),
-        decide_config=decide_config(settings),
-        interval_s=settings.scrape_interval_s,
-        calibration_config=calibration_config(settings),
-        objective_config=objective_config(settings),
-        gpu_source_name=gpu_source_name(settings.gpu),
-        listeners=listeners,
-        memory_store=memory_store(settings),
+        wiring=LoopWiring(
+            gpu=gpu,
+            board=board,
+            gpu_source_name=gpu_source_name(settings.gpu),
+            listeners=listeners,
+            memory_store=memory_store(settings),
+        ),
+        config=LoopConfig(
+            estimator=estimator_config(settings),
+            interval_s=settings.scrape_interval_s,
+            advisor=AdvisorConfig(
+                decide=decide_config(settings),
+                calibration=calibration_config(settings),
+                objective=objective_config(settings),
+            ),
+        ),
     )
 
 
@@ -283,15 +292,14 @@ def build_sidecar(
         clock=clock,
         stall_after_s=settings.stall_after_intervals * settings.scrape_interval_s,
         version=version,
-        lifespan=lifespan,
-        routers=[whatif, create_actions_router(
+        extensions=ApiExtensions(lifespan=lifespan, routers=[whatif, create_actions_router(
             runner,
             actuation.audit if actuation is not None else None,
             clock=clock,
             token=actuation.token if actuation is not None else None,
             max_override_s=settings.actuation.max_override_s,
             mode=settings.actuation.mode,
-        )],
+        )]),
     )
     install_auth_errors(app)
     return Sidecar(app=app, board=board, registry=registry, settings=settings, actuation=runner)
@@ -411,9 +419,7 @@ def _scraper(target: TargetSettings, settings: Settings, client: httpx.AsyncClie
         return PrometheusFleetSource(
             client,
             target.prometheus_url,
-            model=target.model,
-            selector=target.selector,
-            rate_window_s=target.rate_window_s,
+            FleetSelection(model=target.model, selector=target.selector, rate_window_s=target.rate_window_s),
             timeout_s=settings.scrape_timeout_s,
             max_body_bytes=settings.max_body_bytes,
         )

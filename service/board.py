@@ -88,6 +88,18 @@ class StepTimings:
         return result
 
 
+@dataclass(frozen=True, slots=True)
+class Pricing:
+    """What the cost model priced one evaluation with, as published beside it: the engine's saturation ratios over
+    the hardware peaks ({"tensor_active": ..., "dram_active": ...}, 0..1), the profile names in use, the resolved
+    profiles themselves and the online calibration. A field left None keeps the previously published one."""
+
+    engine_activity: Mapping[str, float] | None = None
+    profiles: Mapping[str, str] | None = None
+    context: ModelContext | None = None
+    calibration: CalibrationFit | None = None
+
+
 class Board:
     """Latest results per target, plus loop progress (for /healthz) and step timings (for the exporter)."""
 
@@ -127,15 +139,13 @@ class Board:
         evidence: Evidence,
         decision: Decision,
         good_scrape_s: float | None,
-        engine_activity: Mapping[str, float] | None = None,
-        profiles: Mapping[str, str] | None = None,
-        context: ModelContext | None = None,
-        calibration: CalibrationFit | None = None,
+        pricing: Pricing = Pricing(),
     ) -> None:
         """Record a finished evaluation; `good_scrape_s` is the time of this tick's scrape when it succeeded.
-        `engine_activity`, `profiles`, `context` and `calibration` left None keep the previous ones."""
+        The fields of `pricing` left None keep the previous ones."""
         status = self._status[target]
         fresh = good_scrape_s is not None
+        engine_activity, profiles = pricing.engine_activity, pricing.profiles
         activity = status.engine_activity if engine_activity is None else MappingProxyType(dict(engine_activity))
         self._status[target] = replace(
             status,
@@ -147,8 +157,8 @@ class Board:
             last_error=None if fresh else status.last_error,
             engine_activity=activity,
             profiles=status.profiles if profiles is None else MappingProxyType(dict(profiles)),
-            context=status.context if context is None else context,
-            calibration=status.calibration if calibration is None else calibration,
+            context=status.context if pricing.context is None else pricing.context,
+            calibration=status.calibration if pricing.calibration is None else pricing.calibration,
         )
         self._version += 1
 

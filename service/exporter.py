@@ -21,7 +21,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from policies.actuation import SkipReason
 from policies.deployment import ActuatorError
-from policies.types import TargetState
+from policies.types import TargetState, WhyCode
 from service.actuators.runner import RESULTS, ActuationRunner
 from service.board import SCRAPE_ERROR_REASONS, Board, TargetStatus
 
@@ -167,12 +167,20 @@ def _recommendation(statuses: Iterable[TargetStatus]) -> Iterator[Metric]:
         "1 for the recommendation's current state, 0 for the others.",
         labels=(*_TARGET_LABELS, "state"),
     )
+    cause = _gauge(
+        "decision_cause",
+        "1 for each cause the recommendation names (the API's why codes), 0 for the others.",
+        labels=(*_TARGET_LABELS, "code"),
+    )
     for status in statuses:
         ids = _ids(status)
         decision = status.decision
         current = decision.state if decision is not None else None
         for candidate in TargetState:
             state.add_metric([*ids, candidate.value], 1.0 if candidate == current else 0.0)
+        named = {why.code for why in decision.why} if decision is not None else set()
+        for code in WhyCode:
+            cause.add_metric([*ids, code.value], 1.0 if code in named else 0.0)
         if decision is None or status.last_good_scrape_s is None:
             # Before the first good scrape a decision only echoes defaults (off, gamma 0, speedup 1.0): a reader
             # that ignores decision_state would take them for "turn it off". Absent beats a misleading 0.
@@ -184,7 +192,7 @@ def _recommendation(statuses: Iterable[TargetStatus]) -> Iterator[Metric]:
         speedup_high.add_metric(ids, decision.expected_speedup_high)
         for point in decision.curve:
             curve.add_metric([*ids, str(point.gamma)], point.speedup)
-    yield from (enabled, gamma, speedup, speedup_low, speedup_high, curve, state)
+    yield from (enabled, gamma, speedup, speedup_low, speedup_high, curve, state, cause)
 
 
 def _cost_model(statuses: Iterable[TargetStatus]) -> Iterator[Metric]:

@@ -19,10 +19,10 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol, TypeVar
 
-from policies.advise import advise_target
-from policies.calibrate import CalibrationConfig, CalibrationState, with_anchors
+from policies.advise import AdvisorConfig, AdvisorState, advise_target
+from policies.calibrate import CalibrationState, with_anchors
 from policies.costmodel import ModelContext
-from policies.decide import DecideConfig, DecideState
+from policies.decide import DecideState
 from policies.estimate import EstimatorConfig, EstimatorState, estimate, observe
 from policies.measured_profile import (
     MeasuredProfile,
@@ -32,11 +32,10 @@ from policies.measured_profile import (
     identity_of,
     observations,
 )
-from policies.memory import AcceptanceMemory, MemoryConfig
-from policies.objectives import ObjectiveConfig
+from policies.memory import AcceptanceMemory
 from policies.plan import PlanState
 from policies.types import Decision, EngineSnapshot, Evidence, GpuSnapshot, TargetState
-from service.board import Board
+from service.board import Board, Pricing
 from service.logs import fields, get_logger
 from service.memory_store import LoadResult
 from service.sources.errors import ScrapeError, ScrapeErrorReason
@@ -136,49 +135,57 @@ def _shape(memories: Mapping[str, AcceptanceMemory]) -> _MemoryShape:
     )
 
 
-class AdvisorLoop:
-    """Runs the pipeline for every target and publishes to `board`. Safe to call `run_once` directly in tests."""
+@dataclass(frozen=True, slots=True)
+class LoopConfig:
+    """How the loop advises: the estimator's config, the advisor's policy configs (decision rule, calibration,
+    objective, acceptance memory), the tick interval in seconds, and the least time in seconds between two saves of
+    a changed acceptance memory (a new model, k or first real window is saved at once)."""
 
-    def __init__(
-        self,
-        targets: Sequence[TargetSpec],
-        *,
-        gpu: GpuReader,
-        board: Board,
-        estimator_config: EstimatorConfig,
-        decide_config: DecideConfig,
-        interval_s: float,
-        timer: Callable[[], float] = time.perf_counter,
-        logger: logging.Logger | None = None,
-        calibration_config: CalibrationConfig | None = None,
-        objective_config: ObjectiveConfig | None = None,
-        gpu_source_name: str = SOURCE_ABSENT,
-        listeners: Sequence[IterationListener] = (),
-        memory_store: AcceptanceMemoryStore | None = None,
-        memory_config: MemoryConfig | None = None,
-        memory_save_interval_s: float = 60.0,
-    ) -> None:
-        """`gpu_source_name` ("nvml", "dcgm", "absent") labels a GPU read that raised instead of reporting.
-        `memory_store` None keeps the acceptance memory in this process only; otherwise it is loaded here (a bad
-        file is logged, kept in `memory_load_error` and ignored) and saved as the module docstring says."""
+    estimator: EstimatorConfig
+    interval_s: float
+    advisor: AdvisorConfig = field(default_factory=AdvisorConfig)
+    memory_save_interval_s: float = 60.0
+
+
+@dataclass(frozen=True, slots=True)
+class LoopWiring:
+    """The loop's collaborators: the GPU reader and the source name ("nvml", "dcgm", "absent") that labels a GPU
+    read that raised instead of reporting, the board it publishes to, the listeners run after each iteration, the
+    acceptance memory's store (None: kept in this process only), the timer that measures step durations (seconds)
+    and the logger (None: the sidecar's "loop" logger)."""
+
+    gpu: GpuReader
+    board: Board
+    gpu_source_name: str = SOURCE_ABSENT
+    listeners: Sequence[IterationListener] = ()
+    memory_store: AcceptanceMemoryStore | None = None
+    timer: Callable[[], float] = time.perf_counter
+    logger: logging.Logger | None = None
+
+
+class AdvisorLoop:
+    """Runs the pipeline for every target and publishes to the wiring's board. Safe to call `run_once` directly in
+    tests."""
+
+    def __init__(self, targets: Sequence[TargetSpec], *, wiring: LoopWiring, config: LoopConfig) -> None:
+        """With a memory store, the acceptance memory is loaded here (a bad file is logged, kept in
+        `memory_load_error` and ignored) and saved as the module docstring says."""
         self._targets = [
             _TargetRuntime(spec=spec, estimator_state=EstimatorState(), decide_state=DecideState()) for spec in targets
         ]
-        self._gpu = gpu
-        self._board = board
-        self._estimator_config = estimator_config
-        self._decide_config = decide_config
-        self._calibration_config = calibration_config or CalibrationConfig()
-        self._objective_config = objective_config or ObjectiveConfig()
-        self._gpu_source_name = gpu_source_name
-        self._interval_s = interval_s
-        self._timer = timer
-        self._log = logger if logger is not None else get_logger("loop")
+        self._gpu = wiring.gpu
+        self._board = wiring.board
+        self._estimator_config = config.estimator
+        self._advisor_config = config.advisor
+        self._gpu_source_name = wiring.gpu_source_name
+        self._interval_s = config.interval_s
+        self._timer = wiring.timer
+        self._log = wiring.logger if wiring.logger is not None else get_logger("loop")
         self._gpu_errors_logged: dict[str, None] = {}  # insertion-ordered set of logged GPU exceptions
-        self._listeners = tuple(listeners)
-        self._memory_config = memory_config or MemoryConfig()
+        self._listeners = tuple(wiring.listeners)
+        memory_store = wiring.memory_store
         self._memory_store = memory_store
-        self._memory_save_interval_s = memory_save_interval_s
+        self._memory_save_interval_s = config.memory_save_interval_s
         self._memory_saved: dict[str, AcceptanceMemory] = {}
         self._memory_attempt_s: float | None = None  # last save attempt (success or not): the throttle's clock
         self._memory_save_error: str | None = None
@@ -306,23 +313,15 @@ class AdvisorLoop:
             evidence = replace(evidence, state=TargetState.ERROR, reason=stale_profile)
         elif context is None and evidence.state == TargetState.OK:
             evidence = replace(evidence, state=TargetState.ERROR, reason=runtime.context_error or "no cost model")
-        advice = advise_target(
-            evidence,
-            context,
-            decide_config=self._decide_config,
-            decide_state=runtime.decide_state,
-            calibration_state=runtime.calibration_state,
-            now_s=now_s,
-            calibration_config=self._calibration_config,
-            objective_config=self._objective_config,
-            memory=runtime.memory,
-            memory_config=self._memory_config,
+        state = AdvisorState(
+            decide=runtime.decide_state, calibration=runtime.calibration_state, memory=runtime.memory,
             plan=runtime.plan,
         )
-        decision, runtime.decide_state = advice.decision, advice.decide_state
-        runtime.calibration_state = advice.calibration_state
-        runtime.memory = advice.memory
-        runtime.plan = advice.plan
+        advice = advise_target(evidence, context, self._advisor_config, state, now_s)
+        decision, runtime.decide_state = advice.decision, advice.state.decide
+        runtime.calibration_state = advice.state.calibration
+        runtime.memory = advice.state.memory
+        runtime.plan = advice.state.plan
         self._board.timings.observe("advise", self._timer() - started)
 
         started = self._timer()
@@ -333,10 +332,12 @@ class AdvisorLoop:
             evidence=evidence,
             decision=decision,
             good_scrape_s=good_scrape_s,
-            engine_activity=engine_activity(evidence, context) if good_scrape_s is not None else None,
-            profiles=_profiles(context) if context is not None else None,
-            context=context,
-            calibration=advice.calibration,
+            pricing=Pricing(
+                engine_activity=engine_activity(evidence, context) if good_scrape_s is not None else None,
+                profiles=_profiles(context) if context is not None else None,
+                context=context,
+                calibration=advice.calibration,
+            ),
         )
         self._board.timings.observe("publish", self._timer() - started)
 

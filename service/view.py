@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import asyncio
+import textwrap
 from collections.abc import Callable, Sequence
 from typing import TextIO
 
@@ -15,6 +16,7 @@ from service.board import Board, TargetStatus
 _CLEAR = "\x1b[H\x1b[2J"
 _BAR_WIDTH = 30
 _BAR_MAX_SPEEDUP = 3.0  # bars are scaled to 3x: typical speculative speedups sit well inside
+_WIDTH = 116  # long lines wrap here, so the screen fits 120 columns
 
 
 def _paint(text: str, code: str, color: bool) -> str:
@@ -49,8 +51,9 @@ def _evidence_lines(evidence: Evidence, status: TargetStatus, *, now_s: float) -
     deployed = f"on, k={evidence.deployed_k}" if evidence.speculation_on else "off"
     age = "never" if status.last_good_scrape_s is None else f"{now_s - status.last_good_scrape_s:.0f} s ago"
     lines = [
-        f"  load: batch {evidence.batch:.1f} running, {evidence.waiting:.1f} waiting   step {step}   "
-        f"deployed: {deployed}   last good scrape {age}",
+        f"  load, mean over the last {evidence.window_s:.0f} s: {evidence.batch:.1f} running, "
+        f"{evidence.waiting:.1f} waiting; step {step}",
+        f"  deployed: speculation {deployed}   last good scrape {age}",
     ]
     acceptance = evidence.acceptance
     if acceptance is not None:
@@ -61,11 +64,16 @@ def _evidence_lines(evidence: Evidence, status: TargetStatus, *, now_s: float) -
             )
         )
         lines.append(
-            f"  acceptance per position: {positions}   (E[L] {acceptance.mean_acceptance_length:.2f} tokens, "
-            f"{acceptance.drafts:.0f} drafts)"
+            f"  acceptance: E[L] {acceptance.mean_acceptance_length:.2f} tokens per verification over "
+            f"{acceptance.drafts:.0f} drafts; per position [95% interval]:"
         )
+        lines.extend(textwrap.wrap(positions, width=_WIDTH, initial_indent="    ", subsequent_indent="    "))
+    elif evidence.speculation_on:
+        why = f" ({' '.join(evidence.reason.split())})" if evidence.reason else ""
+        lines.append(f"  acceptance: not measured yet{why}")
     else:
-        lines.append("  acceptance: not measured (speculation off: the last measured profile is used)")
+        lines.append("  acceptance: not measured while speculation is off (priced from a remembered profile, if any, "
+                     "else the drafter's prior)")
     return lines
 
 
@@ -88,17 +96,27 @@ def _curve_lines(decision: Decision, *, color: bool) -> list[str]:
 
 
 def _decision_lines(decision: Decision, *, color: bool) -> list[str]:
-    if decision.enabled:
-        text = f"RECOMMEND: speculation ON, num_speculative_tokens={decision.num_speculative_tokens}"
-        verdict = _paint(text, "1;32", color)
-    else:
-        verdict = _paint("RECOMMEND: speculation OFF", "1;33", color)
+    """The verdict, its band and state, and the reason one clause per line. A decision that is not ok is shown as
+    what it is: the deployment (nothing published yet) or the last good recommendation kept, not a new one."""
+    setting = (
+        f"speculation ON, num_speculative_tokens={decision.num_speculative_tokens}" if decision.enabled
+        else "speculation OFF"
+    )
     low, high = decision.expected_speedup_low, decision.expected_speedup_high
-    band = f"{decision.expected_speedup:.2f}x [{low:.2f}..{high:.2f}]"
+    band = f"expected {decision.expected_speedup:.2f}x [{low:.2f}..{high:.2f}]   "
     state = decision.state.value
-    if decision.state is not TargetState.OK:
+    if decision.state is TargetState.OK:
+        verdict = _paint(f"RECOMMEND: {setting}", "1;32" if decision.enabled else "1;33", color)
+    else:
         state = _paint(state, "1;31", color)
-    return [f"  {verdict}   expected {band}   state {state}", f"  reason: {decision.reason}"]
+        if decision.changed_at_s is None:
+            verdict, band = _paint(f"NO RECOMMENDATION YET (deployed: {setting})", "1;33", color), ""
+        else:
+            verdict = _paint(f"KEEPING the last recommendation: {setting}", "1;33", color)
+    # The sentence, not the arithmetic: the full reason is the API's (`reason`, with `why` its numbers).
+    summary = decision.summary or decision.reason
+    return [f"  {verdict}   {band}state {state}", *textwrap.wrap(summary, width=_WIDTH, initial_indent="  ",
+                                                                        subsequent_indent="    ")]
 
 
 async def run_view(

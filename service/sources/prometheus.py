@@ -278,6 +278,16 @@ class FleetRates:
     kv_capacity_tokens: float | None
 
 
+@dataclass(frozen=True, slots=True)
+class FleetSelection:
+    """Which series a fleet source reads: those of `model` (its `model_name` label) narrowed by `selector` (more
+    PromQL label matchers, e.g. `namespace="prod"`), with counters read as rates over `rate_window_s` seconds."""
+
+    model: str
+    selector: str = ""
+    rate_window_s: float = 60.0
+
+
 class PrometheusFleetSource:
     """Reads one model's replicas from Prometheus; `scrape(now_s)` has `VllmScraper.scrape`'s shape and contract
     (returns {model: EngineSnapshot}, raises only `ScrapeError`). Holds the synthetic counters between scrapes,
@@ -288,23 +298,21 @@ class PrometheusFleetSource:
         self,
         client: httpx.AsyncClient,
         prometheus_url: str,
+        fleet: FleetSelection,
         *,
-        model: str,
-        selector: str = "",
-        rate_window_s: float = 60.0,
         timeout_s: float = 4.0,
         max_body_bytes: int = 8 * 1024 * 1024,
     ) -> None:
-        if not rate_window_s > 0 or not timeout_s > 0:
+        if not fleet.rate_window_s > 0 or not timeout_s > 0:
             raise ValueError("rate_window_s and timeout_s must be > 0")
         self._client = client
         self._url = prometheus_url.rstrip("/") + QUERY_PATH
-        self._model = model
-        self._selector = selector
-        self._rate_window_s = rate_window_s
+        self._model = fleet.model
+        self._selector = fleet.selector
+        self._rate_window_s = fleet.rate_window_s
         self._timeout_s = timeout_s
         self._max_body_bytes = max_body_bytes
-        self._queries = fleet_queries(model=model, selector=selector, rate_window_s=rate_window_s)
+        self._queries = fleet_queries(model=fleet.model, selector=fleet.selector, rate_window_s=fleet.rate_window_s)
         self._limit = asyncio.Semaphore(MAX_CONCURRENT_QUERIES)
         # The synthetic counters: name -> cumulative value, when each was last advanced, and their epoch.
         self._counters: dict[str, float] = {}

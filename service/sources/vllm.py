@@ -382,8 +382,8 @@ class _ModelReader:
 
     def _check_positions_add_up(self, accepted: list[Sample], per_position: list[Sample]) -> None:
         """vLLM adds every accepted draft to exactly one accepted total and to per_pos[0..n-1], so per engine
-        sum(per_pos) == accepted (DESIGN.md section 2). A mismatch means a position series is missing (the
-        deployed k would be read too small) or the page is corrupt: either way the per-position profile is wrong.
+        sum(per_pos) == accepted. A mismatch means a position series is missing (the deployed k would be read too
+        small) or the page is corrupt: either way the per-position profile is wrong.
         """
         by_engine: dict[str, float] = defaultdict(float)
         for s in accepted:

@@ -43,7 +43,7 @@ from policies.types import (
 )
 from service.actuators.audit import AuditLog
 from service.actuators.runner import ActuationRunner, RunnerOptions
-from service.board import Board
+from service.board import Board, Pricing
 from service.exporter import build_registry
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -227,7 +227,7 @@ def _populated_board() -> Board:
     )
     board = Board([("llama", None)], started_at_s=NOW_S - 100)
     board.publish("llama", evidence=evidence, decision=decision, good_scrape_s=NOW_S - 10,
-                  engine_activity={"tensor_active": 0.4, "dram_active": 0.7})
+                  pricing=Pricing(engine_activity={"tensor_active": 0.4, "dram_active": 0.7}))
     board.record_error("llama", "timeout", "slow")
     board.timings.observe("scrape", 0.01)
     board.finish_iteration(NOW_S)

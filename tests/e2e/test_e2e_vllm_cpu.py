@@ -81,7 +81,7 @@ def test_scraper_and_estimator_agree_with_raw_counters_and_vllm_log(
     raw = window.raw
     k = vllm_server.deployed_k
 
-    # vLLM's own invariants (DESIGN.md section 2), so the oracle itself is trusted: sum(per_pos) == accepted, and
+    # vLLM's own counter invariants, so the oracle itself is trusted: sum(per_pos) == accepted, and
     # each draft proposes 1..k tokens.
     assert len(raw.per_position) == k
     assert sum(raw.per_position) == raw.accepted

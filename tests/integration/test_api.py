@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from sidecar_http import FIXTURES, CaptureServer, Receive, Scope, Send, serving, wait_for
 
 from policies.types import AcceptanceEvidence, CurvePoint, Decision, Evidence, GpuSnapshot, TargetState
-from service.api import EvidencesOut, RecommendationsOut, create_api
+from service.api import ApiExtensions, EvidencesOut, RecommendationsOut, create_api
 from service.app import build_sidecar
 from service.board import Board
 from service.exporter import MetricsPage
@@ -425,7 +425,7 @@ def run_with_board(
         clock=lambda: now["s"],
         stall_after_s=15.0,
         version="t",
-        routers=routers,
+        extensions=ApiExtensions(routers=routers),
     )
 
     async def scenario() -> None:

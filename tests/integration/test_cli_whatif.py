@@ -15,8 +15,8 @@ import pytest
 from sidecar_http import serving
 
 from policies.types import AcceptanceEvidence, Decision, Evidence, TargetState
-from service.api import create_api
-from service.board import Board
+from service.api import ApiExtensions, create_api
+from service.board import Board, Pricing
 from service.exporter import MetricsPage
 from service.plot import plot_whatif
 from service.whatif_api import WhatIfRequest, create_whatif_router, live_targets_from_board, run_whatif
@@ -160,10 +160,12 @@ def test_schedule_from_a_running_sidecar() -> None:
         expected_speedup=1.5, expected_speedup_low=1.4, expected_speedup_high=1.6, reason="on", evaluated_at_s=1_000.0,
     )
     profiles = {"hardware": "h100-sxm", "model": "llama-3.1-8b", "drafter": "eagle3", "tensor_parallel": "1"}
-    board.publish("llama", evidence=evidence, decision=decision, good_scrape_s=1_000.0, profiles=profiles)
+    board.publish("llama", evidence=evidence, decision=decision, good_scrape_s=1_000.0,
+                  pricing=Pricing(profiles=profiles))
     app = create_api(
         board, metrics=MetricsPage(board, clock=lambda: 1_000.0, version="t"), clock=lambda: 1_000.0,
-        stall_after_s=15.0, version="t", routers=[create_whatif_router(live_targets=live_targets_from_board(board))],
+        stall_after_s=15.0, version="t",
+        extensions=ApiExtensions(routers=[create_whatif_router(live_targets=live_targets_from_board(board))]),
     )
 
     async def scenario() -> tuple[int, str, str]:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import httpx
 
+from policies.advise import AdvisorConfig
 from policies.types import TargetState
 from service.app import (
     build_sidecar,
@@ -23,7 +24,7 @@ from service.app import (
 from service.bench.pipeline import SimClock, WorldTransport, advisor_settings
 from service.bench.runner import EPOCH_S
 from service.bench.spec import load_bench_scenario
-from service.loop import AdvisorLoop, TargetSpec
+from service.loop import AdvisorLoop, LoopConfig, LoopWiring, TargetSpec
 from service.memory_store import MemoryStore
 from service.sim.world import World
 from service.sources.gpu import NoGpuSource
@@ -69,14 +70,16 @@ async def drive(memory_path: Path) -> tuple[list[Step], float]:
         )
         loop = AdvisorLoop(
             [spec],
-            gpu=NoGpuSource(),
-            board=sidecar.board,
-            estimator_config=estimator_config(settings),
-            decide_config=decide_config(settings),
-            interval_s=interval,
-            calibration_config=calibration_config(settings),
-            objective_config=objective_config(settings),
-            memory_store=MemoryStore(memory_path),
+            wiring=LoopWiring(gpu=NoGpuSource(), board=sidecar.board, memory_store=MemoryStore(memory_path)),
+            config=LoopConfig(
+                estimator=estimator_config(settings),
+                interval_s=interval,
+                advisor=AdvisorConfig(
+                    decide=decide_config(settings),
+                    calibration=calibration_config(settings),
+                    objective=objective_config(settings),
+                ),
+            ),
         )
         ticks = round(bench.bench.duration_s / interval)
         for i in range(1, ticks + 1):

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from policies.advise import AdvisorConfig
 from policies.costmodel import ModelContext
 from policies.decide import DecideConfig
 from policies.estimate import EstimatorConfig
@@ -24,7 +25,7 @@ from policies.memory import AcceptanceMemory, RememberedAcceptance
 from policies.profiles import drafter_for, hardware_by_name, model_by_name
 from policies.types import DraftMethod, EngineSnapshot, GpuSnapshot, SpecDecodeCounters
 from service.board import Board
-from service.loop import AdvisorLoop, TargetSpec
+from service.loop import AdvisorLoop, LoopConfig, LoopWiring, TargetSpec
 from service.memory_store import MemoryStore
 
 T0 = 1_767_225_600.0
@@ -78,13 +79,11 @@ LOG = logging.getLogger("tests.memory_store")
 def make_loop(store: MemoryStore | None, scraper: CountingScraper) -> AdvisorLoop:
     return AdvisorLoop(
         [TargetSpec(name="a", model=MODEL, scraper=scraper, resolve_context=resolve)],
-        gpu=NoGpu(),
-        board=Board([("a", MODEL)], started_at_s=T0),
-        estimator_config=EstimatorConfig(window_s=60.0, min_drafts=200),
-        decide_config=DecideConfig(),
-        interval_s=5.0,
-        memory_store=store,
-        logger=LOG,
+        wiring=LoopWiring(gpu=NoGpu(), board=Board([("a", MODEL)], started_at_s=T0), memory_store=store, logger=LOG),
+        config=LoopConfig(
+            estimator=EstimatorConfig(window_s=60.0, min_drafts=200), interval_s=5.0,
+            advisor=AdvisorConfig(decide=DecideConfig()),
+        ),
     )
 
 

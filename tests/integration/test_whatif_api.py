@@ -18,9 +18,9 @@ from policies.profiles import drafter_for, hardware_by_name, model_by_name, mode
 from policies.roofline import CostScales
 from policies.schedule import plan_from_evidence, schedule_for, vllm_bands
 from policies.types import AcceptanceEvidence, Decision, DraftMethod, Evidence, TargetState
-from service.api import create_api
+from service.api import ApiExtensions, create_api
 from service.app import build_sidecar
-from service.board import Board
+from service.board import Board, Pricing
 from service.exporter import MetricsPage
 from service.settings import load_settings
 from service.sources.gpu import NoGpuSource
@@ -85,7 +85,7 @@ def run_api(
     router = create_whatif_router(live_targets=live(board), gamma_max=6, max_body_bytes=max_body_bytes)
     app = create_api(
         board, metrics=MetricsPage(board, clock=lambda: 1_000.0, version="t"), clock=lambda: 1_000.0,
-        stall_after_s=15.0, version="t", routers=[router],
+        stall_after_s=15.0, version="t", extensions=ApiExtensions(routers=[router]),
     )
 
     async def scenario() -> None:
@@ -299,7 +299,7 @@ def test_openapi_documents_both_endpoints() -> None:
 def publish(board: Board, *, profiles: dict[str, str] = PROFILES) -> Evidence:
     evidence = live_evidence()
     board.publish("llama", evidence=evidence, decision=decision_for(evidence), good_scrape_s=1_000.0,
-                  profiles=profiles)
+                  pricing=Pricing(profiles=profiles))
     return evidence
 
 

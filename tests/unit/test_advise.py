@@ -4,9 +4,8 @@ from __future__ import annotations
 
 from costmodel_builders import make_acceptance, make_context, make_evidence
 
-from policies.advise import advise_target
-from policies.calibrate import CalibrationState
-from policies.decide import DecideConfig, DecideState
+from policies.advise import AdvisorConfig, AdvisorState, advise_target
+from policies.decide import DecideConfig
 from policies.types import DraftMethod, TargetState
 
 NOW = 1_800_000_000.0
@@ -18,12 +17,8 @@ def test_the_curve_reaches_a_deployed_k_beyond_gamma_max_but_the_choice_stays_wi
     r = tuple(0.7 * 0.85**i for i in range(10))
     evidence = make_evidence(deployed_k=10, acceptance=make_acceptance(r), batch=4.0)
     advice = advise_target(
-        evidence,
-        make_context(method=DraftMethod.NGRAM),
-        decide_config=DecideConfig(gamma_max=8, dwell_s=0.0),
-        decide_state=DecideState(),
-        calibration_state=CalibrationState(),
-        now_s=NOW,
+        evidence, make_context(method=DraftMethod.NGRAM), AdvisorConfig(decide=DecideConfig(gamma_max=8, dwell_s=0.0)),
+        AdvisorState(), NOW,
     )
     decision = advice.decision
     assert decision.state == TargetState.OK

@@ -6,11 +6,11 @@ from dataclasses import replace
 
 from costmodel_builders import make_acceptance, make_context, make_evidence, make_off_evidence
 
-from policies.advise import Advice, advise_target
+from policies.advise import Advice, AdvisorConfig, AdvisorState, advise_target
 from policies.calibrate import CalibrationState
 from policies.decide import DecideConfig, DecideState, best_point
 from policies.memory import AcceptanceMemory, MemoryConfig, RememberedAcceptance
-from policies.types import DraftMethod, Evidence, TargetState
+from policies.types import DraftMethod, Evidence, TargetState, WhyCode
 
 NOW = 1_800_000_000.0
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -47,12 +47,9 @@ def tick(
     return advise_target(
         replace(evidence, at_s=now_s),
         CTX,
-        decide_config=config,
-        decide_state=state,
-        calibration_state=CalibrationState(),
-        now_s=now_s,
-        memory=memory,
-        memory_config=MemoryConfig(),
+        AdvisorConfig(decide=config, memory=MemoryConfig()),
+        AdvisorState(decide=state, calibration=CalibrationState(), memory=memory or AcceptanceMemory()),
+        now_s,
     )
 
 
@@ -60,18 +57,20 @@ def test_off_and_a_fresh_memory_turns_on_after_the_dwell_once_the_batch_drops() 
     memory = remembered(POOR, age_s=60.0)
     # Batch 128: with the remembered poor acceptance speculation does not pay; it stays off.
     advice = tick(make_off_evidence(batch=128.0), DecideState(), memory, now_s=NOW)
-    assert not advice.decision.enabled and advice.decide_state.pending_enabled is None
+    assert not advice.decision.enabled and advice.state.decide.pending_enabled is None
     assert "remembered acceptance from 60 s ago" in advice.decision.reason
+    remembered_why = advice.decision.named(WhyCode.REMEMBERED)
+    assert remembered_why is not None and remembered_why.number("age_s") == 60.0
     # The batch drops to 1 while off: the same memory now argues for speculation (low end >= 1.05)...
     low = make_off_evidence(batch=1.0)
-    advice = tick(low, advice.decide_state, advice.memory, now_s=NOW + 60.0)
+    advice = tick(low, advice.state.decide, advice.state.memory, now_s=NOW + 60.0)
     star = best_point(advice.decision.curve, DWELL.gamma_max)
     assert star is not None and star.speedup_low >= 1.05
-    assert not advice.decision.enabled and advice.decide_state.pending_enabled is True
+    assert not advice.decision.enabled and advice.state.decide.pending_enabled is True
     # ...and after the 120 s dwell it is published, the reason saying what it rests on.
-    advice = tick(low, advice.decide_state, advice.memory, now_s=NOW + 120.0)
+    advice = tick(low, advice.state.decide, advice.state.memory, now_s=NOW + 120.0)
     assert not advice.decision.enabled
-    advice = tick(low, advice.decide_state, advice.memory, now_s=NOW + 180.0)
+    advice = tick(low, advice.state.decide, advice.state.memory, now_s=NOW + 180.0)
     assert advice.decision.enabled and advice.decision.state == TargetState.OK
     assert advice.decision.changed_at_s == NOW + 180.0
     assert "remembered acceptance from 4 min ago (k=3, 9000 drafts" in advice.decision.reason
@@ -95,6 +94,7 @@ def test_off_with_a_memory_too_old_to_use_probes_on_the_prior_and_says_why() -> 
     reason = stale.decision.reason
     assert "remembered acceptance from 7.0 h ago" in reason
     assert "not used: 7.0 h old, past the 6.0 h limit" in reason
+    assert stale.decision.named(WhyCode.REMEMBERED) is None  # named in the reason, but not what the curve rests on
     assert "priced from the drafter's prior" in reason
     # Without any memory the same curve comes from the prior: the stale memory changed nothing but the words.
     bare = tick(evidence, DecideState(), None, now_s=NOW, config=replace(DWELL, dwell_s=0))
@@ -136,7 +136,7 @@ def test_live_evidence_replaces_the_memory_and_is_priced_from_itself() -> None:
     memory = remembered(POOR, age_s=600.0)
     live = make_evidence(acceptance=make_acceptance(GOOD, drafts=800.0), batch=4.0)
     advice = tick(live, DecideState(), memory, now_s=NOW)
-    got = advice.memory.get(MODEL)
+    got = advice.state.memory.get(MODEL)
     assert got is not None and got.per_position == GOOD and got.measured_at_s == NOW and got.drafts == 800.0
     assert advice.recalled is None
     assert "remembered" not in advice.decision.reason
@@ -156,7 +156,7 @@ def test_a_thin_live_window_is_priced_from_a_usable_memory_instead_of_being_held
     assert with_memory.decision.curve  # a curve was priced
     assert "in place of a thin live window (40 drafts in 10s, need 200)" in with_memory.decision.reason
     # The thin window itself is not remembered (40 < 200 drafts): the older profile stays.
-    kept = with_memory.memory.get(MODEL)
+    kept = with_memory.state.memory.get(MODEL)
     assert kept is not None and kept.measured_at_s == NOW - 300.0
 
 

@@ -8,9 +8,8 @@ from dataclasses import replace
 
 from costmodel_builders import make_acceptance, make_context, make_evidence, make_off_evidence
 
-from policies.advise import Advice, advise_target
-from policies.calibrate import CalibrationState
-from policies.decide import DecideConfig, DecideState
+from policies.advise import Advice, AdvisorConfig, AdvisorState, advise_target
+from policies.decide import DecideConfig
 from policies.memory import AcceptanceMemory, MemoryConfig, RememberedAcceptance
 from policies.types import DraftMethod, Evidence, TargetState
 
@@ -31,11 +30,10 @@ def _memory(per_position: tuple[float, ...], *, measured_at_s: float) -> Accepta
 
 
 def _tick(evidence: Evidence, advice: Advice | None, memory: AcceptanceMemory, now_s: float) -> Advice:
+    state = advice.state if advice is not None else AdvisorState(memory=memory)
     return advise_target(
-        replace(evidence, at_s=now_s), CTX, decide_config=CONFIG,
-        decide_state=advice.decide_state if advice is not None else DecideState(),
-        calibration_state=advice.calibration_state if advice is not None else CalibrationState(),
-        now_s=now_s, memory=advice.memory if advice is not None else memory, memory_config=MemoryConfig(),
+        replace(evidence, at_s=now_s), CTX, AdvisorConfig(decide=CONFIG, memory=MemoryConfig()),
+        AdvisorState(decide=state.decide, calibration=state.calibration, memory=state.memory), now_s,
     )
 
 
@@ -96,12 +94,12 @@ def test_a_probe_the_engine_applies_is_released_by_the_measured_window_and_decid
         now += TICK_S
         assert now - NOW <= 600.0, "the probe should have been published within a few dwells"
     assert "probing" in advice.decision.reason
-    assert advice.decide_state.probe_since_s is not None
+    assert advice.state.decide.probe_since_s is not None
     k = advice.decision.num_speculative_tokens
     # The engine restarts to apply it: a stale tick keeps the probe held.
     stale = make_off_evidence(batch=1.0, state=TargetState.STALE, reason="503 while restarting")
     advice = _tick(stale, advice, memory, now)
-    assert advice.decide_state.probe_since_s is not None and advice.decision.enabled
+    assert advice.state.decide.probe_since_s is not None and advice.decision.enabled
     # It runs at k and the first window shows the workload changed: the probe is released and on live data the
     # advisor keeps speculation on for as long as the test watches (10 dwells).
     live = make_evidence(deployed_k=k, batch=1.0, acceptance=make_acceptance(GOOD[:k], drafts=1000.0))
@@ -109,8 +107,8 @@ def test_a_probe_the_engine_applies_is_released_by_the_measured_window_and_decid
         now += TICK_S
         advice = _tick(live, advice, memory, now)
         assert advice.decision.enabled
-        assert advice.decide_state.probe_since_s is None
-    got = advice.memory.get(MODEL)
+        assert advice.state.decide.probe_since_s is None
+    got = advice.state.memory.get(MODEL)
     assert got is not None and got.per_position == GOOD[:k]  # the fresh measurement replaced the memory
 
 

@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 from decide_builders import T0, make_acceptance, make_curve, make_evidence, make_point
 
-from policies.decide import DecideConfig, DecideState, best_point, decide, reachable_gamma_limit, wait_s
+from policies.decide import DecideConfig, DecideInputs, DecideState, best_point, decide, reachable_gamma_limit, wait_s
 from policies.types import CurvePoint, Decision, Evidence, TargetState
 
 # margin 2%, confirm 30 s, dwell 120 s; change_cost_s 0 (an engine that adapts per batch): every wait is 30 s.
@@ -39,7 +39,7 @@ def tick(
     evidence: Evidence = OFF,
     config: DecideConfig = CFG,
 ) -> tuple[Decision, DecideState]:
-    return decide(replace(evidence, at_s=t), curve, config, state, t, inflight_s=0.0)
+    return decide(replace(evidence, at_s=t), curve, config, state, t, inputs=DecideInputs(inflight_s=0.0))
 
 
 def published(state: DecideState) -> tuple[bool, int]:

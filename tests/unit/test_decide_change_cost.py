@@ -3,9 +3,9 @@ pessimistic end, scaled into the plan's units) and the re-measuring probe (advis
 
 from __future__ import annotations
 
-from policies.advise import probe_for
+from policies.advise import Remembered, probe_for
 from policies.change_cost import change_cost_of, inflight_work_s, queued_work_s
-from policies.decide import DecideConfig, DecideState, decide
+from policies.decide import DecideConfig, DecideInputs, DecideState, Planned, Probe, decide
 from policies.types import CurvePoint, Evidence, TargetState
 
 
@@ -64,21 +64,23 @@ def test_probe_waits_until_the_memory_is_old_enough_to_be_worth_a_look() -> None
     config = DecideConfig(change_cost_s=20, payback_horizon_s=600, dwell_s=120)
     remembered = _curve(0.9, 0.8, 0.7)
     prior = _curve(1.3, 1.5, 1.4)
-    args = {"gamma": 1, "remembered": remembered, "prior": prior, "inflight_s": 0.0,
-            "config": config, "half_life_s": 1800.0}
+    def look(age_s: float, inflight_s: float = 0.0) -> Probe | None:
+        return probe_for(Remembered(age_s, 1, remembered), prior=prior, inflight_s=inflight_s, config=config,
+                         half_life_s=1800.0)
+
     # Cost: 2 x 20 + 120 s x (1 - 0.9) = 52 s. Gain: p x (1.5 - 1) x 600.
     # age 600 s: p = 1 - 2^(-1/3) = 0.206 -> 61.9 s > 52 s; age 450 s: p = 0.159 -> 47.7 s < 52 s.
-    probe = probe_for(age_s=600.0, **args)  # type: ignore[arg-type]
+    probe = look(600.0)
     assert probe is not None and probe.gamma == 1
-    assert probe_for(age_s=450.0, **args) is None  # type: ignore[arg-type]
+    assert look(450.0) is None
     # 5 s in flight per change: 2 x 25 + 12 = 62 s > 61.9 s: not yet at 600 s.
-    assert probe_for(**{**args, "inflight_s": 5.0}, age_s=600.0) is None  # type: ignore[arg-type]
+    assert look(600.0, inflight_s=5.0) is None
 
 
 def test_no_probe_when_even_the_prior_says_speculation_loses() -> None:
     config = DecideConfig(change_cost_s=0)
     below = _curve(0.9, 0.95)
-    assert probe_for(age_s=1e5, gamma=1, remembered=below, prior=below, inflight_s=0.0, config=config,
+    assert probe_for(Remembered(1e5, 1, below), prior=below, inflight_s=0.0, config=config,
                      half_life_s=1800.0) is None
 
 
@@ -120,12 +122,14 @@ def test_under_an_slo_a_probe_counts_the_tokens_it_could_move_across_the_slo() -
     config = DecideConfig(change_cost_s=20, payback_horizon_s=600, dwell_s=120)
     prior = _slo_curve(s3=99.0, share0=0.01, share3=0.99)
     remembered = _slo_curve(s3=1.0, share0=0.01, share3=0.01)
-    args = {"gamma": 3, "remembered": remembered, "prior": prior, "inflight_s": 0.0, "config": config,
-            "half_life_s": 1800.0}
+    def look(age_s: float) -> Probe | None:
+        return probe_for(Remembered(age_s, 3, remembered), prior=prior, inflight_s=0.0, config=config,
+                         half_life_s=1800.0)
+
     # age 120 s: p = 1 - 2^(-1/15) = 0.045 -> 0.045 x 98 x 0.01 x 600 = 26.6 s < 40 s: not yet (a ratio would have
     # said 2660 s); age 240 s: p = 0.088 -> 51.7 s > 40 s.
-    assert probe_for(age_s=120.0, **args) is None  # type: ignore[arg-type]
-    probe = probe_for(age_s=240.0, **args)  # type: ignore[arg-type]
+    assert look(120.0) is None
+    probe = look(240.0)
     assert probe is not None and "share 0.01 meeting the SLO off" in probe.why
 
 
@@ -174,7 +178,8 @@ def _planned_switch_time(gain_s1: float, *, cost_scale: float, from_s: float = 1
     for tick in range(0, 120):
         now = 1000.0 + 5.0 * tick
         curve = steady if now < from_s else better
-        decision, state = decide(_evidence(), curve, config, state, now, plan=curve, cost_scale=cost_scale)
+        inputs = DecideInputs(plan=Planned(curve, cost_scale))
+        decision, state = decide(_evidence(), curve, config, state, now, inputs=inputs)
         if decision.num_speculative_tokens == 1:
             return now - from_s
     return None
@@ -201,8 +206,9 @@ def test_with_a_plan_the_wait_is_todays_cost_over_todays_gain() -> None:
     # 8% = 282 s -> the 120 s dwell, not 22.56 / 0.6 = 38 s.
     config = DecideConfig(change_cost_s=20.0, payback_horizon_s=600.0, dwell_s=120.0, confirm_s=30.0)
     today, planned = _curve(1.08, 1.0, 1.0), _curve(1.6, 1.0, 1.0)
-    _, state = decide(_evidence(), today, config, DecideState(), 1000.0, plan=planned, cost_scale=0.1)
-    decision, state = decide(_evidence(), today, config, state, 1040.0, plan=planned, cost_scale=0.1)
+    inputs = DecideInputs(plan=Planned(planned, 0.1))
+    _, state = decide(_evidence(), today, config, DecideState(), 1000.0, inputs=inputs)
+    decision, state = decide(_evidence(), today, config, state, 1040.0, inputs=inputs)
     assert decision.num_speculative_tokens == 3 and "wait 120s (cost today 22.6s / gain now +8.0%" in decision.reason
-    decision, _ = decide(_evidence(), today, config, state, 1120.0, plan=planned, cost_scale=0.1)
+    decision, _ = decide(_evidence(), today, config, state, 1120.0, inputs=inputs)
     assert decision.num_speculative_tokens == 1

@@ -17,7 +17,7 @@ from policies.types import (
     TargetState,
 )
 from service import loop
-from service.board import INTERNAL_ERROR_REASON, Board
+from service.board import INTERNAL_ERROR_REASON, Board, Pricing
 from service.exporter import MetricsPage, build_registry
 from service.sources.errors import ScrapeErrorReason
 
@@ -164,7 +164,7 @@ def test_engine_estimated_saturation_has_source_engine() -> None:
         evidence=make_evidence(gpu=None),
         decision=make_decision(),
         good_scrape_s=NOW_S,
-        engine_activity={"tensor_active": 0.4, "dram_active": 0.7},
+        pricing=Pricing(engine_activity={"tensor_active": 0.4, "dram_active": 0.7}),
     )
     registry = build_registry(board, clock=lambda: NOW_S, version="x")
     value = registry.get_sample_value

@@ -10,19 +10,28 @@ from dataclasses import replace
 import pytest
 from estimate_builders import FIXTURE_TAKEN_AT_S, advance, itl, make_snapshot, make_spec
 
+from policies.advise import AdvisorConfig
 from policies.costmodel import ModelContext
 from policies.decide import DecideConfig
 from policies.estimate import EstimatorConfig
 from policies.profiles import drafter_for, hardware_by_name, model_by_name
 from policies.types import DraftMethod, EngineSnapshot, GpuSnapshot, TargetState
 from service.board import Board
-from service.loop import INTERNAL_ERROR_REASON, AdvisorLoop, ContextUnavailableError, TargetSpec
+from service.loop import (
+    INTERNAL_ERROR_REASON,
+    AdvisorLoop,
+    ContextUnavailableError,
+    LoopConfig,
+    LoopWiring,
+    TargetSpec,
+)
 from service.sources.errors import ScrapeError, ScrapeErrorReason
 
 T0 = FIXTURE_TAKEN_AT_S
 INTERVAL_S = 5.0
 ESTIMATOR = EstimatorConfig(window_s=60.0, min_drafts=200, z=1.96, stale_after_s=30.0)
 DECIDE = DecideConfig(margin=0.05, dwell_s=120.0, gamma_max=8)
+CONFIG = LoopConfig(estimator=ESTIMATOR, interval_s=INTERVAL_S, advisor=AdvisorConfig(decide=DECIDE))
 
 Outcome = dict[str, EngineSnapshot] | Exception
 
@@ -86,12 +95,8 @@ def make_loop(
     board = Board(((name, model) for name, _ in targets), started_at_s=T0)
     loop = AdvisorLoop(
         [TargetSpec(name=name, model=model, scraper=scraper, resolve_context=resolve) for name, scraper in targets],
-        gpu=gpu or FakeGpu(),
-        board=board,
-        estimator_config=ESTIMATOR,
-        decide_config=DECIDE,
-        interval_s=INTERVAL_S,
-        timer=StepTimer(),
+        wiring=LoopWiring(gpu=gpu or FakeGpu(), board=board, timer=StepTimer()),
+        config=CONFIG,
     )
     return loop, board
 
@@ -339,8 +344,7 @@ def test_a_gpu_source_that_raises_does_not_stop_the_loop(caplog: pytest.LogCaptu
     board = Board([("a", None)], started_at_s=T0)
     loop = AdvisorLoop(
         [TargetSpec(name="a", model=None, scraper=FakeScraper(FIRST, SECOND, SECOND), resolve_context=fixed_context)],
-        gpu=gpu, board=board, estimator_config=ESTIMATOR, decide_config=DECIDE, interval_s=INTERVAL_S,
-        timer=StepTimer(), gpu_source_name="nvml",
+        wiring=LoopWiring(gpu=gpu, board=board, timer=StepTimer(), gpu_source_name="nvml"), config=CONFIG,
     )
     with caplog.at_level(logging.ERROR, logger="spec_advisor"):
         for tick in range(3):
@@ -363,8 +367,7 @@ def test_gpu_errors_reported_by_the_source_are_counted_by_reason() -> None:
     board = Board([("a", None)], started_at_s=T0)
     loop = AdvisorLoop(
         [TargetSpec(name="a", model=None, scraper=FakeScraper(FIRST, SECOND), resolve_context=fixed_context)],
-        gpu=FailingGpu(), board=board, estimator_config=ESTIMATOR, decide_config=DECIDE, interval_s=INTERVAL_S,
-        timer=StepTimer(), gpu_source_name="dcgm",
+        wiring=LoopWiring(gpu=FailingGpu(), board=board, timer=StepTimer(), gpu_source_name="dcgm"), config=CONFIG,
     )
     run(loop.run_once(T0))
     run(loop.run_once(T0 + INTERVAL_S))

@@ -4,10 +4,8 @@ its age limit puts the target in the error state with the reason (never a silent
 from __future__ import annotations
 
 from test_loop import (
-    DECIDE,
-    ESTIMATOR,
+    CONFIG,
     FIRST,
-    INTERVAL_S,
     T0,
     FakeGpu,
     FakeScraper,
@@ -20,7 +18,7 @@ from test_loop import (
 from policies.measured_profile import MeasuredProfile, ProfileIdentity, ProfilePoint
 from policies.types import TargetState
 from service.board import Board
-from service.loop import AdvisorLoop, LoadedProfile, TargetSpec
+from service.loop import AdvisorLoop, LoadedProfile, LoopWiring, TargetSpec
 from service.whatif_api import _live_schedule, live_targets_from_board
 
 DAY_S = 86400.0
@@ -52,8 +50,7 @@ def _loop(profile: LoadedProfile, scraper: FakeScraper) -> tuple[AdvisorLoop, Bo
         profile_max_age_s=MAX_AGE_S,
     )
     loop = AdvisorLoop(
-        [spec], gpu=FakeGpu(), board=board, estimator_config=ESTIMATOR, decide_config=DECIDE, interval_s=INTERVAL_S,
-        timer=StepTimer(),
+        [spec], wiring=LoopWiring(gpu=FakeGpu(), board=board, timer=StepTimer()), config=CONFIG,
     )
     return loop, board
 

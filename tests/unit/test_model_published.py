@@ -1,5 +1,5 @@
-"""The cost model against published measurements (tests/fixtures/published/, copied from shared/data/published
-with their header lines) and the physics' known consequences (issue 3, "Check it against measurements").
+"""The cost model against published measurements (tests/fixtures/published/, each file's header naming its sources)
+and the physics' known consequences.
 
 Measured acceptance lengths (AL) go in; the model predicts the step times, hence the speedup. Tolerances are what
 the model honestly achieves without fitting to these rows (the constants in policies/profiles.py are derived from
@@ -25,6 +25,7 @@ from costmodel_builders import make_acceptance, make_context, make_evidence
 from policies.acceptance import AcceptancePoint
 from policies.costmodel import ModelContext, curve_for, speedup_curve
 from policies.profiles import drafter_for, hardware_by_name, model_by_name
+from policies.roofline import Shape
 from policies.types import DraftMethod
 
 PUBLISHED = Path(__file__).resolve().parents[1] / "fixtures" / "published"
@@ -53,7 +54,7 @@ def test_vllm_eagle_k_sweep_at_batch_1(drafter: str, method: DraftMethod) -> Non
         if row["drafter"] != drafter:
             continue
         k, al = int(row["k"]), float(row["acceptance_length"])
-        curve, _ = curve_for(ctx, _chain(k, al), batch=1.0, context_tokens=512.0)
+        curve, _ = curve_for(ctx, _chain(k, al), Shape(batch=1.0, context_tokens=512.0))
         predicted[k] = curve[k].speedup
         measured[k] = PLAIN_TPOT_MS / float(row["tpot_ms"])  # e.g. eagle3 k=3: 7.07 / 4.09 = 1.729
         assert predicted[k] == pytest.approx(measured[k], rel=0.20), (drafter, k)
@@ -65,7 +66,7 @@ def test_vllm_eagle_k_sweep_at_batch_1(drafter: str, method: DraftMethod) -> Non
 def test_plain_batch1_step_matches_the_published_tpot() -> None:
     # H100, Llama-3.1-8B, plain: weights 5.30 ms blended with the 1.65 ms one-tile compute floor -> 5.31 ms,
     # + 1.52 ms overhead = 6.83 ms vs the measured 7.07 ms.
-    _, base = curve_for(make_context(), _chain(1, 1.5), batch=1.0, context_tokens=512.0)
+    _, base = curve_for(make_context(), _chain(1, 1.5), Shape(batch=1.0, context_tokens=512.0))
     assert base == pytest.approx(PLAIN_TPOT_MS * 1e-3, rel=0.05)
 
 
@@ -111,9 +112,8 @@ def _specbench_context(gpu: str, target_name: str, method: str) -> ModelContext:
 def _specbench_predicted(row: dict[str, str]) -> float:
     gamma = SPECBENCH_GAMMA[row["method"]]
     curve, _ = curve_for(
-        _specbench_context(row["gpu"], row["target"], row["method"]),
-        _chain(gamma, float(row["mean_accepted_tokens"])), batch=1.0, context_tokens=512.0,
-        tree_tokens=SPECBENCH_TREE_TOKENS.get(row["method"]),
+        _specbench_context(row["gpu"], row["target"], row["method"]), _chain(gamma, float(row["mean_accepted_tokens"])),
+        Shape(batch=1.0, context_tokens=512.0), tree_tokens=SPECBENCH_TREE_TOKENS.get(row["method"]),
     )
     return curve[gamma].speedup
 

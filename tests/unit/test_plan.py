@@ -6,9 +6,10 @@ import math
 
 import pytest
 
-from policies.decide import DecideConfig, DecideState, decide
+from policies.decide import DecideConfig, DecideInputs, DecideState, Planned, decide
 from policies.plan import (
     PlanState,
+    PlanTick,
     cost_scale,
     observe,
     plan_curve,
@@ -30,8 +31,10 @@ def _curve(*speedups: float, band: float = 0.0) -> tuple[CurvePoint, ...]:
 
 
 def test_a_tick_adds_the_value_of_each_gamma_in_tokens_per_second() -> None:
-    state = observe(PlanState(), _curve(1.46, 1.60, 1.70), running_gamma=3, value_rate=300.0, capacity_bound=False,
-                    now_s=T0, tau_s=600.0)
+    state = observe(
+        PlanState(), PlanTick(_curve(1.46, 1.60, 1.70), running_gamma=3, value_rate=300.0, capacity_bound=False),
+        now_s=T0, tau_s=600.0,
+    )
     # V_t(g) = 300 x S(g) / S(3).
     assert state.values == pytest.approx((300 / 1.70, 300 * 1.46 / 1.70, 300 * 1.60 / 1.70, 300.0))
     assert planned_rate(state, 3) == pytest.approx(300.0)
@@ -39,18 +42,24 @@ def test_a_tick_adds_the_value_of_each_gamma_in_tokens_per_second() -> None:
 
 
 def test_old_ticks_fade_with_the_horizon() -> None:
-    light = observe(PlanState(), _curve(1.0), running_gamma=1, value_rate=300.0, capacity_bound=False, now_s=T0,
-                    tau_s=600.0)
-    heavy = observe(light, _curve(1.0), running_gamma=1, value_rate=6000.0, capacity_bound=True, now_s=T0 + 600.0,
-                    tau_s=600.0)
+    light = observe(
+        PlanState(), PlanTick(_curve(1.0), running_gamma=1, value_rate=300.0, capacity_bound=False), now_s=T0,
+        tau_s=600.0,
+    )
+    heavy = observe(
+        light, PlanTick(_curve(1.0), running_gamma=1, value_rate=6000.0, capacity_bound=True), now_s=T0 + 600.0,
+        tau_s=600.0,
+    )
     # The light tick weighs exp(-1) = 0.368 against the heavy tick's 1.
     w = math.exp(-1.0)
     assert planned_rate(heavy, 1) == pytest.approx((w * 300.0 + 6000.0) / (w + 1.0))
     # The heavy tick came 600 s after the light one: it counts at most 60 s of overload, of a 600 s horizon.
     assert queue_weight(heavy, tau_s=600.0) == pytest.approx(1.0 - 60.0 / 600.0)
     # No rate: nothing added, the sums only fade (the mean is unchanged).
-    later = observe(heavy, _curve(1.0), running_gamma=1, value_rate=None, capacity_bound=True, now_s=T0 + 1200.0,
-                    tau_s=600.0)
+    later = observe(
+        heavy, PlanTick(_curve(1.0), running_gamma=1, value_rate=None, capacity_bound=True), now_s=T0 + 1200.0,
+        tau_s=600.0,
+    )
     assert later.weight == pytest.approx(heavy.weight * w)
     assert planned_rate(later, 1) == pytest.approx(planned_rate(heavy, 1) or 0.0)
 
@@ -61,8 +70,10 @@ def test_a_fresh_plan_does_not_take_a_short_overload_for_a_persistent_one() -> N
     def overloaded_for(seconds: float) -> PlanState:
         state = PlanState()
         for i in range(int(seconds / 5.0) + 1):
-            state = observe(state, _curve(1.0), running_gamma=1, value_rate=6000.0, capacity_bound=True,
-                            now_s=T0 + 5.0 * i, tau_s=600.0)
+            state = observe(
+                state, PlanTick(_curve(1.0), running_gamma=1, value_rate=6000.0, capacity_bound=True),
+                now_s=T0 + 5.0 * i, tau_s=600.0,
+            )
         return state
 
     assert queue_weight(overloaded_for(5.0), tau_s=600.0) == pytest.approx(1.0 - 5.0 / 600.0, rel=1e-3)
@@ -73,8 +84,10 @@ def test_a_fresh_plan_does_not_take_a_short_overload_for_a_persistent_one() -> N
 def test_a_queue_costs_no_more_than_the_horizon_can_serve_of_it() -> None:
     state = PlanState()
     for i in range(25):  # 120 s capacity-bound: the queue counts at ~0.82
-        state = observe(state, _curve(1.0), running_gamma=1, value_rate=6000.0, capacity_bound=True,
-                        now_s=T0 + 5.0 * i, tau_s=600.0)
+        state = observe(
+            state, PlanTick(_curve(1.0), running_gamma=1, value_rate=6000.0, capacity_bound=True), now_s=T0 + 5.0 * i,
+            tau_s=600.0,
+        )
     weight = queue_weight(state, tau_s=600.0)
     assert 0.75 < weight < 0.9
     # A queue shorter than the horizon counts whole, at the weight.
@@ -90,11 +103,14 @@ def test_a_queue_costs_no_more_than_the_horizon_can_serve_of_it() -> None:
 
 
 def test_a_broken_curve_point_teaches_the_plan_nothing() -> None:
-    state = observe(PlanState(), _curve(1.2), running_gamma=1, value_rate=300.0, capacity_bound=False, now_s=T0,
-                    tau_s=600.0)
+    state = observe(
+        PlanState(), PlanTick(_curve(1.2), running_gamma=1, value_rate=300.0, capacity_bound=False), now_s=T0,
+        tau_s=600.0,
+    )
     broken = _curve(float("nan"))
-    after = observe(state, broken, running_gamma=1, value_rate=300.0, capacity_bound=False, now_s=T0 + 5.0,
-                    tau_s=600.0)
+    after = observe(
+        state, PlanTick(broken, running_gamma=1, value_rate=300.0, capacity_bound=False), now_s=T0 + 5.0, tau_s=600.0,
+    )
     assert after.weight == pytest.approx(state.weight * math.exp(-5.0 / 600.0))
     assert planned_rate(after, 1) == pytest.approx(300.0)
     assert plan_curve(after, _curve(1.2)) is not None
@@ -111,8 +127,9 @@ def test_the_plan_curve_is_the_mean_value_over_plain_decoding_with_this_ticks_ba
     # Nothing to plan on: no plan, or a curve of another length (the deployed k moved past gamma_max).
     assert plan_curve(PlanState(), curve) is None
     assert plan_curve(state, curve[:3]) is None
-    restarted = observe(state, curve[:3], running_gamma=1, value_rate=100.0, capacity_bound=False, now_s=T0 + 5,
-                        tau_s=600.0)
+    restarted = observe(
+        state, PlanTick(curve[:3], running_gamma=1, value_rate=100.0, capacity_bound=False), now_s=T0 + 5, tau_s=600.0,
+    )
     assert restarted.weight == 1.0 and len(restarted.values) == 3
 
 
@@ -131,7 +148,8 @@ def _published_after_a_dwell(cost_scale: float) -> tuple[bool, int, float, str]:
     state = DecideState()
     decision = None
     for t in (0.0, 5.0, 130.0):
-        decision, state = decide(_evidence(), curve, config, state, T0 + t, plan=plan, cost_scale=cost_scale)
+        inputs = DecideInputs(plan=Planned(plan, cost_scale))
+        decision, state = decide(_evidence(), curve, config, state, T0 + t, inputs=inputs)
     assert decision is not None
     return decision.enabled, decision.num_speculative_tokens, decision.expected_speedup, decision.reason
 
@@ -164,14 +182,18 @@ def _verdicts(curve: tuple[CurvePoint, ...], *, planned: bool) -> list[tuple[boo
     evidence = _evidence()
     state, plan, out = DecideState(), PlanState(), []
     for t in (0.0, 5.0, 130.0):
-        planned_curve, scale = None, 1.0
+        inputs = DecideInputs()
         if planned:
             # As advise_target does: the value rate is G x share(running); the cost scale G / V(running).
-            plan = observe(plan, curve, running_gamma=3, value_rate=300.0 * (curve[3].slo_share or 1.0),
-                           capacity_bound=False, now_s=T0 + t, tau_s=600.0)
+            plan = observe(
+                plan,
+                PlanTick(curve, running_gamma=3, value_rate=300.0 * (curve[3].slo_share or 1.0), capacity_bound=False),
+                now_s=T0 + t, tau_s=600.0,
+            )
             planned_curve = plan_curve(plan, curve)
             scale = cost_scale(plan, running_gamma=3, delivered_rate=300.0) or 1.0
-        decision, state = decide(evidence, curve, config, state, T0 + t, plan=planned_curve, cost_scale=scale)
+            inputs = DecideInputs(plan=Planned(planned_curve, scale)) if planned_curve is not None else inputs
+        decision, state = decide(evidence, curve, config, state, T0 + t, inputs=inputs)
         out.append((decision.enabled, decision.num_speculative_tokens))
     return out
 
@@ -187,8 +209,10 @@ def test_the_cost_scale_is_todays_delivered_rate_over_the_planned_value() -> Non
     # Steady under an SLO with 30% of gamma 3's tokens meeting it: V(3) = 300 x 0.3 = 90 tokens/s of SLO goodput;
     # a restart's cost is in delivered tokens: scale 300 / 90 = 1 / 0.3.
     curve = _slo_curve(0.5, 0.6, 0.3)
-    plan = observe(PlanState(), curve, running_gamma=3, value_rate=300.0 * 0.3, capacity_bound=False, now_s=T0,
-                   tau_s=600.0)
+    plan = observe(
+        PlanState(), PlanTick(curve, running_gamma=3, value_rate=300.0 * 0.3, capacity_bound=False), now_s=T0,
+        tau_s=600.0,
+    )
     assert cost_scale(plan, running_gamma=3, delivered_rate=300.0) == pytest.approx(1 / 0.3)
     # Light now (300 tokens/s) after a heavy spell planned at ~3400: a tenth of today's cost.
     mixed = PlanState(values=(3000.0, 3100.0, 3200.0, 3400.0), weight=1.0, at_s=T0)

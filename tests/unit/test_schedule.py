@@ -8,11 +8,10 @@ import pytest
 from costmodel_builders import make_context, make_evidence, make_off_evidence
 
 from policies.acceptance import acceptance_curve
-from policies.advise import advise_target
-from policies.calibrate import CalibrationState
+from policies.advise import AdvisorConfig, AdvisorState, advise_target
 from policies.costmodel import curve_for
-from policies.decide import DecideConfig, DecideState
-from policies.roofline import CostScales, dynamic_sd_k0_overhead_s
+from policies.decide import DecideConfig
+from policies.roofline import CostScales, Shape, dynamic_sd_k0_overhead_s
 from policies.schedule import (
     BatchSchedule,
     ScheduleBand,
@@ -82,28 +81,28 @@ def test_every_batch_gets_its_best_k(method: DraftMethod, positions: tuple[float
     schedule = schedule_for(plan)
     for batch in range(1, plan.max_num_seqs + 1):
         # The oracle: the per-batch choice evaluated at every batch, no grid, no bisection.
-        oracle = best_choice(plan.ctx, plan.acceptance, batch=batch, context_tokens=context)
+        oracle = best_choice(plan.ctx, plan.acceptance, Shape(batch=batch, context_tokens=context))
         assert k_at(schedule, batch) == oracle.gamma, batch
 
 
 def test_best_choice_compares_drafting_with_a_k0_that_costs_time() -> None:
     plan = make_plan()
-    curve, base = curve_for(plan.ctx, plan.acceptance, batch=8.0, context_tokens=512.0)
-    choice = best_choice(plan.ctx, plan.acceptance, batch=8, context_tokens=512.0)
+    curve, base = curve_for(plan.ctx, plan.acceptance, Shape(batch=8.0, context_tokens=512.0))
+    choice = best_choice(plan.ctx, plan.acceptance, Shape(batch=8, context_tokens=512.0))
     top = max(curve[1:], key=lambda p: p.speedup)
     assert choice.gamma == top.gamma and choice.speedup == pytest.approx(top.speedup)
     # Nothing accepted: K=0 wins, and it runs slower than off by the Dynamic SD overhead:
     # S0 = T / (T + k0(B)), k0(8) = 0.775 ms + 8 x 84 us (dynamic-sd-k0-overhead.csv).
     hopeless = make_plan(positions=(0.0,))
-    off = best_choice(hopeless.ctx, hopeless.acceptance, batch=8, context_tokens=512.0)
+    off = best_choice(hopeless.ctx, hopeless.acceptance, Shape(batch=8, context_tokens=512.0))
     assert off.gamma == 0
     assert off.speedup == pytest.approx(base / (base + dynamic_sd_k0_overhead_s(8.0)))
     assert off.speedup < 1.0
     # At batch 200 the measured K=0 overhead (0.775 + 200 x 0.084 = 17.6 ms) exceeds what a whole K=1 step adds,
     # and K=0 does a subset of a K=1 step's work: it is priced as the K=1 step, and the tie keeps K=0.
-    curve_200, base_200 = curve_for(hopeless.ctx, hopeless.acceptance, batch=200.0, context_tokens=512.0)
+    curve_200, base_200 = curve_for(hopeless.ctx, hopeless.acceptance, Shape(batch=200.0, context_tokens=512.0))
     assert dynamic_sd_k0_overhead_s(200.0) > curve_200[1].step_time_s - base_200
-    capped = best_choice(hopeless.ctx, hopeless.acceptance, batch=200, context_tokens=512.0)
+    capped = best_choice(hopeless.ctx, hopeless.acceptance, Shape(batch=200, context_tokens=512.0))
     assert capped.gamma == 0
     assert capped.speedup == pytest.approx(base_200 / curve_200[1].step_time_s)
 
@@ -211,11 +210,13 @@ def test_the_schedule_and_the_recommendation_price_the_running_batch_alike() -> 
     # decision priced with gives, at the batch the target runs, the same S(gamma) as the decision's curve.
     evidence = make_evidence(batch=12.0, step_time_s=0.014, context_tokens_per_seq=700.0)
     ctx = make_context()
-    advice = advise_target(evidence, ctx, decide_config=DecideConfig(gamma_max=5), decide_state=DecideState(),
-                           calibration_state=CalibrationState(), now_s=evidence.at_s)
+    advice = advise_target(evidence, ctx, AdvisorConfig(decide=DecideConfig(gamma_max=5)), AdvisorState(),
+                           evidence.at_s)
     assert advice.calibration is not None and advice.decision.objective == "latency"
     plan = plan_from_evidence(evidence, ctx, scales=advice.calibration.scales, max_num_seqs=64, gamma_max=5)
-    priced, _ = curve_for(plan.ctx, plan.acceptance, batch=12.0, context_tokens=plan.context_tokens,
-                          scales=plan.scales, prefill_tokens=plan.prefill_tokens)
+    priced, _ = curve_for(
+        plan.ctx, plan.acceptance,
+        Shape(batch=12.0, context_tokens=plan.context_tokens, prefill_tokens=plan.prefill_tokens), scales=plan.scales,
+    )
     for decided, scheduled in zip(advice.decision.curve, priced, strict=True):
         assert scheduled.speedup == pytest.approx(decided.speedup, rel=1e-9), decided.gamma

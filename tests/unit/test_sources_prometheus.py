@@ -20,6 +20,7 @@ from policies.types import EngineSnapshot
 from service.sources.errors import ScrapeError, ScrapeErrorReason
 from service.sources.prometheus import (
     NAMING,
+    FleetSelection,
     PrometheusFleetSource,
     counters_present_query,
     fleet_queries,
@@ -76,7 +77,8 @@ def _scrape(times: list[float], steps: list[Overrides] | None = None) -> list[En
     async def run() -> list[EngineSnapshot]:
         by_time = dict(zip(times, steps, strict=True)) if steps is not None else {}
         async with httpx.AsyncClient(transport=_replay(by_time)) as client:
-            source = PrometheusFleetSource(client, PROMETHEUS, model=MODEL, selector=SELECTOR, rate_window_s=WINDOW_S)
+            fleet = FleetSelection(model=MODEL, selector=SELECTOR, rate_window_s=WINDOW_S)
+            source = PrometheusFleetSource(client, PROMETHEUS, fleet)
             return [(await source.scrape(t))[MODEL] for t in times]
 
     return asyncio.run(run())

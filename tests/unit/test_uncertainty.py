@@ -10,12 +10,12 @@ import pytest
 from costmodel_builders import make_acceptance, make_context, make_evidence
 
 from policies.acceptance import acceptance_curve
-from policies.advise import advise_target
+from policies.advise import AdvisorConfig, AdvisorState, advise_target
 from policies.calibrate import PARAMS, CalibrationConfig, CalibrationState, StepObservation, prior_covariance
 from policies.costmodel import curve_for
 from policies.decide import DecideConfig, DecideState, decide
-from policies.roofline import CostScales
-from policies.types import CurvePoint, DraftMethod
+from policies.roofline import CostScales, Shape
+from policies.types import CurvePoint, DraftMethod, WhyCode
 from policies.uncertainty import Z_90, banded, model_sd, shifted, widen
 from policies.whatif import acceptance_evidence
 
@@ -54,7 +54,7 @@ def test_an_uncalibrated_band_covers_a_verification_at_the_per_token_priors_far_
     acceptance = _acceptance()
 
     def at(scales: CostScales) -> tuple[CurvePoint, ...]:
-        return curve_for(CTX, acceptance, batch=64.0, context_tokens=1024.0, scales=scales)[0]  # type: ignore[arg-type]
+        return curve_for(CTX, acceptance, Shape(batch=64.0, context_tokens=1024.0), scales=scales)[0]  # type: ignore[arg-type]
 
     prior = prior_covariance(CalibrationConfig())
     curve = banded(at, CostScales(), prior)
@@ -72,7 +72,7 @@ def test_relative_sd_is_zero_at_the_reference_and_smaller_than_the_absolute_one_
     acceptance = _acceptance()
 
     def at(scales: CostScales) -> tuple[CurvePoint, ...]:
-        return curve_for(CTX, acceptance, batch=32.0, context_tokens=1024.0, scales=scales)[0]  # type: ignore[arg-type]
+        return curve_for(CTX, acceptance, Shape(batch=32.0, context_tokens=1024.0), scales=scales)[0]  # type: ignore[arg-type]
 
     absolute, relative = model_sd(at, CostScales(), prior_covariance(CalibrationConfig()), reference_gamma=3)
     assert relative[3] == 0.0
@@ -90,8 +90,10 @@ def test_the_band_narrows_once_plain_steps_are_seen_and_the_reason_says_what_wou
     config = DecideConfig(dwell_s=0.0)
 
     def first(points: tuple[StepObservation, ...]) -> tuple[tuple[CurvePoint, ...], str]:
-        advice = advise_target(evidence, CTX, decide_config=config, decide_state=DecideState(),
-                               calibration_state=CalibrationState(points=points), now_s=NOW)
+        advice = advise_target(evidence, CTX, AdvisorConfig(decide=config),
+                               AdvisorState(calibration=CalibrationState(points=points)), NOW)
+        unmeasured = advice.decision.named(WhyCode.VERIFICATION_UNMEASURED) is not None
+        assert unmeasured == ("verification cost not measured yet" in advice.decision.reason)
         return advice.decision.curve, advice.decision.reason
 
     only_spec, reason = first((_observed(3, 0.0110),))

@@ -1,0 +1,83 @@
+"""The decision's one-sentence summary and its structured causes, on decisions made by the real `decide`.
+
+The curves are test_decide.py's, whose numbers are worked by hand there: GOOD (from off, gamma 3 gains 31% at its
+low end), BAD (on at 2, S 0.85: off gains 10.6%), BAND (nothing clears the margin).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from decide_builders import T0, make_curve, make_evidence
+from test_decide import BAD, BAND, CFG, COST, GOOD, OFF, ON2, tick
+
+from policies.decide import DecideState, decide
+from policies.summary import MAX_SUMMARY_CHARS
+from policies.types import Decision, TargetState, WhyCode
+
+
+def _codes(decision: Decision) -> list[WhyCode]:
+    return [why.code for why in decision.why]
+
+
+def test_a_change_waiting_its_turn_says_where_to_and_when() -> None:
+    d, s = tick(DecideState(), T0, GOOD)
+    assert _codes(d) == [WhyCode.BASELINE, WhyCode.BEST, WhyCode.GAIN, WhyCode.WAITING]
+    waiting = d.named(WhyCode.WAITING)
+    assert waiting is not None and waiting.number("to_gamma") == 3 and waiting.number("left_s") == 30.0
+    gain = d.named(WhyCode.GAIN)
+    assert gain is not None and round(gain.number("gain"), 2) == 0.31  # S_low(3) - 1 = 1.31 - 1
+    assert d.summary == (
+        "Running speculation off; speculation on, k=3 is expected to gain +31%, due in 30 s if that holds."
+    )
+    d, _ = tick(s, T0 + 10.0, GOOD)
+    assert "due in 20 s" in d.summary
+
+
+def test_a_published_change_names_the_setting_it_left() -> None:
+    _, s = tick(DecideState(), T0, GOOD)
+    d, _ = tick(s, T0 + 30.0, GOOD)
+    changed = d.named(WhyCode.CHANGED)
+    assert changed is not None and (changed.number("from_gamma"), changed.number("to_gamma")) == (0, 3)
+    # GOOD's S(3) = 1.42 [1.31..1.55]; the batch is the evidence's step batch (6).
+    assert d.summary == (
+        "Change to speculation on, k=3 (from speculation off): gains +31%; expected 1.42x (1.31-1.55x) at batch 6."
+    )
+
+
+def test_staying_says_why_nothing_else_is_worth_a_change() -> None:
+    d, _ = tick(DecideState(), T0, BAND, ON2)
+    assert WhyCode.BELOW_MARGIN in _codes(d)
+    assert d.summary == "Keep speculation on, k=2: expected 1.03x (0.97-1.10x) at batch 6; no other setting does " \
+        "clearly better."
+    # With a 20 s restart over 600 s, off's 10.6% on BAD is worth 64 s > 20 s: a change; on BAND nothing pays.
+    held, _ = tick(DecideState(), T0, make_curve(1.0, (1.00, 1.03, 1.06), 1.0), ON2, COST)
+    assert held.named(WhyCode.BELOW_MARGIN) is not None or held.named(WhyCode.COST) is not None
+
+
+def test_a_turn_off_that_pays_is_named_as_such() -> None:
+    d, _ = tick(DecideState(), T0, BAD, ON2)
+    gain = d.named(WhyCode.GAIN)
+    assert gain is not None and gain.number("to_gamma") == 0
+    assert d.summary.startswith("Running speculation on, k=2; speculation off is expected to gain +")
+
+
+def test_bad_data_keeps_the_last_advice_and_says_so() -> None:
+    _, s = tick(DecideState(), T0, GOOD)
+    stale = replace(OFF, state=TargetState.STALE, reason="HTTP 503")
+    d, _ = decide(stale, (), CFG, s, T0 + 12.0)
+    assert d.summary == "Keeping the last advice, speculation off, from 12 s ago: the last scrape failed."
+    assert _codes(d) == [WhyCode.STALE]
+    thin = make_evidence(speculation_on=True, deployed_k=3, acceptance=None, state=TargetState.INSUFFICIENT_DATA)
+    first, _ = decide(thin, (), CFG, DecideState(), T0)
+    assert first.summary == (
+        "No advice yet (too few drafts measured in the window yet); the deployment runs speculation on, k=3."
+    )
+
+
+def test_every_summary_fits_one_line() -> None:
+    for curve, evidence in ((GOOD, OFF), (BAD, ON2), (BAND, ON2), (GOOD, ON2)):
+        state = DecideState()
+        for t in (0.0, 10.0, 30.0, 200.0):
+            d, state = tick(state, T0 + t, curve, evidence, COST)
+            assert 0 < len(d.summary) <= MAX_SUMMARY_CHARS, d.summary
