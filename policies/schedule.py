@@ -219,25 +219,29 @@ def _split(left: int, right: int, choice: Callable[[int], BandChoice], boundarie
     _split(middle, right, choice, boundaries)
 
 
-def plan_from_evidence(
-    evidence: Evidence,
-    ctx: ModelContext,
-    *,
-    scales: CostScales,
-    max_num_seqs: int,
-    gamma_max: int,
-    context_tokens: float | None = None,
-    margin: float = 0.0,
-) -> SchedulePlan:
+@dataclass(frozen=True, slots=True)
+class ScheduleAsk:
+    """What a schedule is asked for: the largest batch the engine runs (`max_num_seqs`), the deepest K
+    (`gamma_max`, 1..16), a context per sequence overriding the observed one (None: the evidence's), and the
+    margin K >= 1 must clear over K = 0."""
+
+    max_num_seqs: int
+    gamma_max: int
+    context_tokens: float | None = None
+    margin: float = 0.0
+
+
+def plan_from_evidence(evidence: Evidence, ctx: ModelContext, ask: ScheduleAsk, *, scales: CostScales) -> SchedulePlan:
     """The plan for a live target: acceptance from its evidence (the method's prior when nothing was measured),
     `scales` (the online calibration the target's decision priced with, carried on the board: one calibration for
     every answer about a target; CostScales() before its first fit), its observed context per sequence (unless
-    `context_tokens` overrides it). `gamma_max` 1..16. No prompt tokens per step: as in the decision's curve, a
+    `ask.context_tokens` overrides it). `ask.gamma_max` 1..16. No prompt tokens per step: as in the decision's curve, a
     prompt load set by the clients' rate costs every option the same share of its steps and cancels in S
     (policies/costmodel.py), so the schedule and the recommendation price one operating point alike.
     Example: evidence at batch 12 with r = (0.78, 0.58, 0.43) and the fitted scales -> acceptance E[L] 1, 1.78,
     2.36, 2.79 then extrapolated, priced with those scales at the evidence's operating point.
     """
+    gamma_max, context_tokens = ask.gamma_max, ask.context_tokens
     if not 1 <= gamma_max <= 16:
         raise ValueError(f"gamma_max must be 1..16, got {gamma_max}")
     result = evaluate(evidence, ctx, gamma_max=gamma_max, scales=scales)
@@ -247,8 +251,8 @@ def plan_from_evidence(
     if not (math.isfinite(context) and context >= 0):
         context = DEFAULT_CONTEXT_TOKENS
     return SchedulePlan(
-        ctx=ctx, acceptance=acceptance, max_num_seqs=max_num_seqs, context_tokens=context,
-        scales=result.calibration.scales, margin=margin,
+        ctx=ctx, acceptance=acceptance, max_num_seqs=ask.max_num_seqs, context_tokens=context,
+        scales=result.calibration.scales, margin=ask.margin,
     )
 
 

@@ -32,6 +32,7 @@ from policies.roofline import CostScales
 from policies.schedule import (
     MAX_NUM_SEQS_LIMIT,
     BatchSchedule,
+    ScheduleAsk,
     SchedulePlan,
     plan_from_evidence,
     schedule_for,
@@ -632,8 +633,9 @@ def _live_schedule(
         )
     try:
         plan = plan_from_evidence(
-            evidence, context, scales=target.scales or CostScales(), max_num_seqs=max_num_seqs,
-            gamma_max=gamma_max, context_tokens=context_tokens, margin=margin,
+            evidence, context,
+            ScheduleAsk(max_num_seqs=max_num_seqs, gamma_max=gamma_max, context_tokens=context_tokens, margin=margin),
+            scales=target.scales or CostScales(),
         )
         return _schedule_of(target, evidence, plan, calibrated=target.scales is not None)
     except ValueError as exc:  # the cost model refused this evidence: one target's error, not the endpoint's

@@ -42,7 +42,7 @@ from policies.actuation import (
 )
 from policies.deployment import ActuatorError, ApplyResult, DeploymentObservation, SpeculationSetting
 from policies.roofline import CostScales
-from policies.schedule import BatchSchedule, plan_from_evidence, schedule_for
+from policies.schedule import BatchSchedule, ScheduleAsk, plan_from_evidence, schedule_for
 from policies.types import Decision, TargetState
 from service.actuators.audit import AuditLog, SkipThrottle, rfc3339
 from service.actuators.base import Actuator
@@ -345,8 +345,12 @@ class ActuationRunner:
         try:
             scales = status.calibration.scales if status.calibration is not None else CostScales()
             plan = plan_from_evidence(
-                status.evidence, status.context, scales=scales, max_num_seqs=self._options.schedule_max_num_seqs,
-                gamma_max=self._options.schedule_gamma_max, margin=self._options.schedule_margin,
+                status.evidence, status.context,
+                ScheduleAsk(
+                    max_num_seqs=self._options.schedule_max_num_seqs, gamma_max=self._options.schedule_gamma_max,
+                    margin=self._options.schedule_margin,
+                ),
+                scales=scales,
             )
             return schedule_for(plan)
         except ValueError as exc:

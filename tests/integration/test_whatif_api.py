@@ -16,7 +16,7 @@ from sidecar_http import FIXTURES, CaptureServer, serving, wait_for
 from policies.costmodel import ModelContext
 from policies.profiles import drafter_for, hardware_by_name, model_by_name, model_from_hf_config
 from policies.roofline import CostScales
-from policies.schedule import plan_from_evidence, schedule_for, vllm_bands
+from policies.schedule import ScheduleAsk, plan_from_evidence, schedule_for, vllm_bands
 from policies.types import AcceptanceEvidence, Decision, DraftMethod, Evidence, TargetState
 from service.api import ApiExtensions, create_api
 from service.app import build_sidecar
@@ -310,7 +310,8 @@ def test_schedule_for_a_live_target_is_ready_to_paste() -> None:
         assert reply.status_code == 200, reply.text
         (out,) = reply.json()["targets"]
         # Nothing fitted on this board yet: the uncalibrated profiles, and the reason says so.
-        plan = plan_from_evidence(evidence, catalog_context(), scales=CostScales(), max_num_seqs=128, gamma_max=6)
+        ask = ScheduleAsk(max_num_seqs=128, gamma_max=6)
+        plan = plan_from_evidence(evidence, catalog_context(), ask, scales=CostScales())
         expected = vllm_bands(schedule_for(plan))
         assert [[b["lo"], b["hi"], b["num_speculative_tokens"]] for b in out["bands"]] == expected
         assert out["state"] == "ok" and out["context_tokens"] == 900.0 and out["gamma_max"] == 6
@@ -429,8 +430,10 @@ def test_the_sidecar_serves_whatif_and_exact_schedules_for_config_json_models_an
                 (out,) = reply.json()["targets"]
                 # The calibration the recommendation priced with, carried on the board: one for every answer.
                 assert status.calibration is not None
-                plan = plan_from_evidence(status.evidence, expected_ctx, scales=status.calibration.scales,
-                                          max_num_seqs=128, gamma_max=settings.decide.gamma_max)
+                plan = plan_from_evidence(
+                    status.evidence, expected_ctx, ScheduleAsk(max_num_seqs=128, gamma_max=settings.decide.gamma_max),
+                    scales=status.calibration.scales,
+                )
                 assert [[b["lo"], b["hi"], b["num_speculative_tokens"]] for b in out["bands"]] == vllm_bands(
                     schedule_for(plan)
                 )

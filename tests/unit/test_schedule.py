@@ -14,6 +14,7 @@ from policies.decide import DecideConfig
 from policies.roofline import CostScales, Shape, dynamic_sd_k0_overhead_s
 from policies.schedule import (
     BatchSchedule,
+    ScheduleAsk,
     ScheduleBand,
     SchedulePlan,
     best_choice,
@@ -190,19 +191,20 @@ def test_plan_from_evidence_uses_its_acceptance_the_given_calibration_and_contex
     evidence = make_evidence(batch=12.0, step_time_s=0.012, context_tokens_per_seq=700.0)
     ctx = make_context()
     fitted = CostScales(memory=1.3, per_token=0.5)  # what the online fit found (carried on the board)
-    plan = plan_from_evidence(evidence, ctx, scales=fitted, max_num_seqs=128, gamma_max=5)
+    plan = plan_from_evidence(evidence, ctx, ScheduleAsk(max_num_seqs=128, gamma_max=5), scales=fitted)
     # E[L](3) = 1 + 0.78 + 0.58 + 0.43 = 2.79, read off the measured positions.
     assert plan.acceptance[3].expected_length == pytest.approx(2.79)
     # The one calibration: the scales given, not a refit of this window's step time.
     assert plan.scales == fitted
     assert plan.context_tokens == 700.0
-    again = plan_from_evidence(evidence, ctx, scales=fitted, max_num_seqs=128, gamma_max=5, context_tokens=64.0)
+    ask = ScheduleAsk(max_num_seqs=128, gamma_max=5, context_tokens=64.0)
+    again = plan_from_evidence(evidence, ctx, ask, scales=fitted)
     assert again.context_tokens == 64.0
     # Speculation off, nothing measured: the method's prior stands in and every K is extrapolated.
-    prior = plan_from_evidence(make_off_evidence(), ctx, scales=CostScales(), max_num_seqs=64, gamma_max=4)
+    prior = plan_from_evidence(make_off_evidence(), ctx, ScheduleAsk(max_num_seqs=64, gamma_max=4), scales=CostScales())
     assert all(point.extrapolated for point in prior.acceptance[1:])
     with pytest.raises(ValueError, match="gamma_max"):
-        plan_from_evidence(evidence, ctx, scales=fitted, max_num_seqs=64, gamma_max=0)
+        plan_from_evidence(evidence, ctx, ScheduleAsk(max_num_seqs=64, gamma_max=0), scales=fitted)
 
 
 def test_the_schedule_and_the_recommendation_price_the_running_batch_alike() -> None:
@@ -213,7 +215,8 @@ def test_the_schedule_and_the_recommendation_price_the_running_batch_alike() -> 
     advice = advise_target(evidence, ctx, AdvisorConfig(decide=DecideConfig(gamma_max=5)), AdvisorState(),
                            evidence.at_s)
     assert advice.calibration is not None and advice.decision.objective == "latency"
-    plan = plan_from_evidence(evidence, ctx, scales=advice.calibration.scales, max_num_seqs=64, gamma_max=5)
+    ask = ScheduleAsk(max_num_seqs=64, gamma_max=5)
+    plan = plan_from_evidence(evidence, ctx, ask, scales=advice.calibration.scales)
     priced, _ = curve_for(
         plan.ctx, plan.acceptance,
         Shape(batch=12.0, context_tokens=plan.context_tokens, prefill_tokens=plan.prefill_tokens), scales=plan.scales,
