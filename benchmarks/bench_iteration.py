@@ -8,7 +8,7 @@ to tick as a long-running sidecar carries them. Every tick is 5 s after the prev
 grow (as `tests/integration/sidecar_http.CaptureServer` grows them), so each window holds fresh drafts and a fresh
 step time, and the calibration keeps its full history of points (`CalibrationConfig.max_points`). The ticks that
 fill that history run untimed first (the warm-up), so the figures are the steady state. calibrate's share is
-`policies.calibrate.update` timed alone on the same inputs; in the steady state every tick brings a new window
+`policies.model.calibrate.update` timed alone on the same inputs; in the steady state every tick brings a new window
 (the newest point replaced), so each one warm-starts and runs a capped handful of LM steps, usually one or two
 (a tick without a new point skips the refit altogether). Then the whole iteration on pages made 2x, 4x and 8x
 larger by replicating the engine series (what a data-parallel server does to the page).
@@ -27,12 +27,12 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from policies.advise import AdvisorConfig, AdvisorState, advise_target
-from policies.calibrate import CalibrationConfig, CalibrationState, update
-from policies.costmodel import ModelContext
-from policies.decide import DecideConfig, DecideState
-from policies.estimate import EstimatorConfig, EstimatorState, estimate, observe
-from policies.objectives import ObjectiveConfig
-from policies.profiles import DrafterProfile, hardware_by_name, model_by_name
+from policies.decide.rule import DecideConfig, DecideState
+from policies.estimate.window import EstimatorConfig, EstimatorState, estimate, observe
+from policies.model.calibrate import CalibrationConfig, CalibrationState, update
+from policies.model.costmodel import ModelContext
+from policies.model.objectives import ObjectiveConfig
+from policies.model.profiles import DrafterProfile, hardware_by_name, model_by_name
 from policies.types import DraftMethod, EngineSnapshot, HistogramReading
 from service.sources.vllm import parse_vllm_metrics
 

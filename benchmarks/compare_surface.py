@@ -4,7 +4,7 @@
 
 For each measured (B, q, ctx) it prints the measured forward time, the model's physics for that forward
 (`roofline.target_step_time(...).physics_s`: weights + KV vs FLOPs, no host overhead, since the measurement has
-no engine around it) uncalibrated, and the model after online calibration (policies/calibrate.py) fitted to every
+no engine around it) uncalibrated, and the model after online calibration (policies/model/calibrate.py) fitted to every
 other point, judged on the points it did not see. Summary: median and worst |predicted / measured - 1| of each,
 and the fitted scales. The hardware profile is `--hardware`, else the one the CSV's device name matches.
 """
@@ -18,10 +18,10 @@ import statistics
 import sys
 from pathlib import Path
 
-from policies.calibrate import CalibrationConfig, CalibrationState, StepObservation, fit
-from policies.costmodel import ModelContext
-from policies.profiles import drafter_for, hardware_by_name, model_from_hf_config
-from policies.roofline import CostScales, Shape, target_step_time
+from policies.model.calibrate import CalibrationConfig, CalibrationState, StepObservation, fit
+from policies.model.costmodel import ModelContext
+from policies.model.profiles import drafter_for, hardware_by_name, model_from_hf_config
+from policies.model.roofline import CostScales, Shape, target_step_time
 from policies.types import DraftMethod
 
 T0 = 1_800_000_000.0

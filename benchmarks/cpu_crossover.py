@@ -39,7 +39,7 @@ Method
   level began); the mean over the repeats. The sidecar keeps its online calibration across the levels of a run.
 - Implied plain step: what the sidecar's calibrated model must predict for one plain step for its S to hold,
   S x (its measured spec step) / E[L] (its calibration fits the spec step; objective `latency` only), next to
-  the off arm's measured step; and the uncalibrated catalog `cpu` profile's steps (policies/whatif.py) at the
+  the off arm's measured step; and the uncalibrated catalog `cpu` profile's steps (policies/offline/whatif.py) at the
   measured batch.
 
 Output: the tables on stdout, progress on stderr, everything as JSON in OUT/cpu-crossover.json, server and
@@ -71,8 +71,8 @@ import httpx
 import yaml
 
 from benchmarks import cpu_models
+from policies.offline.whatif import AcceptanceSpec, WhatIfInput, WhatIfInputError, evaluate_whatif
 from policies.types import DraftMethod, EngineSnapshot
-from policies.whatif import AcceptanceSpec, WhatIfInput, WhatIfInputError, evaluate_whatif
 from service.loadgen import ClosedLoop, LevelResult, run_closed_loop
 from service.sources.errors import ScrapeError
 from service.sources.vllm import parse_vllm_metrics
@@ -279,7 +279,7 @@ def _sidecar_settings(*, vllm_url: str, port: int, plan: Plan) -> dict[str, Any]
     }  # fmt: skip
 
 
-_SIDECAR_MAIN = "import sys; from service.cli import main; sys.exit(main())"
+_SIDECAR_MAIN = "import sys; from service.cli.command import main; sys.exit(main())"
 
 
 def snapshot_sidecar(out: Path) -> dict[str, Any]:
@@ -294,7 +294,7 @@ def snapshot_sidecar(out: Path) -> dict[str, Any]:
     for package in ("service", "policies"):
         shutil.copytree(ROOT / package, src / package, ignore=ignore)
     check = subprocess.run(
-        [sys.executable, "-c", "import service.cli, service.app"], cwd=src, env=_sidecar_env(src),
+        [sys.executable, "-c", "import service.cli.command, service.app"], cwd=src, env=_sidecar_env(src),
         capture_output=True, text=True, timeout=120, check=False,
     )  # fmt: skip
     if check.returncode != 0:

@@ -31,13 +31,12 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from policies.acceptance import acceptance_curve
-from policies.catalog import MODEL_ENTRIES
-from policies.costmodel import ModelContext, curve_for
-from policies.profiles import HardwareProfile, hardware_by_name
-from policies.roofline import Shape, linear_layer_s, target_step_time
-from policies.types import DraftMethod
-from policies.whatif import (
+from policies.model.acceptance import acceptance_curve
+from policies.model.catalog import MODEL_ENTRIES
+from policies.model.costmodel import ModelContext, curve_for
+from policies.model.profiles import HardwareProfile, hardware_by_name
+from policies.model.roofline import Shape, linear_layer_s, target_step_time
+from policies.offline.whatif import (
     AcceptanceSpec,
     Pricing,
     WhatIfInput,
@@ -47,6 +46,7 @@ from policies.whatif import (
     iid_rate_for_mean_length,
     with_prior_band,
 )
+from policies.types import DraftMethod
 
 PUBLISHED = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "published"
 
@@ -437,7 +437,7 @@ def _loss(tweak: Tweak | None, *, skip: str | None = None, only: str | None = No
 
 
 # The 1.5 ms batch-1 fixed time of the H100 profile (vllm-eagle-k-sweep-bs1.csv: 7.07 ms plain TPOT for
-# Llama-3.1-8B minus its weight streaming, policies/profiles.py) is what host + 32 layers' latencies must keep.
+# Llama-3.1-8B minus its weight streaming, policies/model/profiles.py) is what host + 32 layers' latencies must keep.
 ANCHOR_FIXED_S = 1.5e-3
 ANCHOR_LAYERS = 32
 LAYER_GRID = (0.0, 20e-6, 30e-6, 35e-6, 40e-6)

@@ -5,11 +5,18 @@ decision. Pure; the loop's only policy entry point.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
-from policies.acceptance import acceptance_curve
-from policies.calibrate import (
+from policies.decide.change_cost import inflight_work_s, queued_work_s
+from policies.decide.horizon import PlanState, PlanTick, plan_curve, queue_cost_s
+from policies.decide.horizon import cost_scale as plan_cost_scale
+from policies.decide.horizon import observe as observe_plan
+from policies.decide.probe import Remembered, probe_for
+from policies.decide.rule import DecideConfig, DecideInputs, DecideState, Planned, Probe, best_point, decide
+from policies.decide.value import point_at
+from policies.estimate.memory import AcceptanceMemory, MemoryConfig, Recall, recall, remember
+from policies.model.acceptance import acceptance_curve
+from policies.model.calibrate import (
     CalibrationConfig,
     CalibrationFit,
     CalibrationState,
@@ -17,18 +24,11 @@ from policies.calibrate import (
     split_observed,
     update,
 )
-from policies.change_cost import change_cost_of, inflight_work_s, queued_work_s
-from policies.costmodel import ModelContext, operating_point
-from policies.decide import DecideConfig, DecideInputs, DecideState, Planned, Probe, best_point, decide
-from policies.memory import AcceptanceMemory, MemoryConfig, Recall, recall, remember
-from policies.objectives import ObjectiveConfig, Workload, choose_objective, objective_curve, workload_from
-from policies.plan import PlanState, PlanTick, plan_curve, queue_cost_s
-from policies.plan import cost_scale as plan_cost_scale
-from policies.plan import observe as observe_plan
-from policies.roofline import CostScales
+from policies.model.costmodel import ModelContext, operating_point
+from policies.model.objectives import ObjectiveConfig, Workload, choose_objective, objective_curve, workload_from
+from policies.model.roofline import CostScales
+from policies.model.uncertainty import banded
 from policies.types import CurvePoint, Decision, Evidence, TargetState, Why, WhyCode
-from policies.uncertainty import banded
-from policies.value import point_at
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,8 +89,8 @@ def advise_target(
     evidence: Evidence, ctx: ModelContext | None, config: AdvisorConfig, state: AdvisorState, now_s: float
 ) -> Advice:
     """The full pipeline for one target at `now_s` (Unix seconds): add the evidence's step time to the online
-    calibration (policies/calibrate.py) and refit; price S(gamma), gamma = 0..gamma_max, with the fitted scales in
-    the objective that applies (policies/objectives.py); decide. The Decision carries `objective` and
+    calibration (policies/model/calibrate.py) and refit; price S(gamma), gamma = 0..gamma_max, with the fitted scales in
+    the objective that applies (policies/model/objectives.py); decide. The Decision carries `objective` and
     `calibration_error_ratio`; an ok decision's reason ends with the objective and the calibration error (a held
     one's reason is left about its data).
 
@@ -99,19 +99,19 @@ def advise_target(
     a curve built from data it does not trust (the calibration still learns from insufficient_data windows, whose
     step times are valid).
 
-    Planning (policies/plan.py): when a change costs a restart (`config.decide.change_cost_s` > 0), each ok tick's
-    curve is added to the plan (`state.plan`), decide chooses and weighs changes on the plan's curve (the recent
+    Planning (policies/decide/horizon.py): when a change costs a restart (`config.decide.change_cost_s` > 0), each ok
+    tick's curve is added to the plan (`state.plan`), decide chooses and weighs changes on the plan's curve (the recent
     load's mix, in tokens/s) with the restart priced at today's rate, and the queue a restart would error is added
     to its cost as far as the server would have served it within the horizon (`plan.queue_cost_s`).
 
-    Acceptance memory (policies/memory.py): ok evidence measured while speculating is remembered per model. When
-    nothing usable is measured (speculation off, or on with too few drafts in the window) and the model's
+    Acceptance memory (policies/estimate/memory.py): ok evidence measured while speculating is remembered per model.
+    When nothing usable is measured (speculation off, or on with too few drafts in the window) and the model's
     remembered profile is still usable, the curve is priced from the aged profile instead of the method prior,
     and the reason says so with the profile's age; its widened band is what decide's "low end clears 1 + margin"
     rule reads, so an old memory must promise more to switch on. A thin window (insufficient_data while
     speculating) then counts as ok: the remembered profile is the evidence. A memory too old to use is named in
     the reason and the prior prices the curve, as with no memory at all; off, either is a profile of infinite age
-    to the probe rule (`probe_for`), which may then ask to look.
+    to the probe rule (policies/decide/probe.py), which may then ask to look.
 
     Example: B = 256 with 50 waiting and the cache at 62%: objective capacity (max_num_seqs, not KV, is the
     limit, so every option holds 256); the reason ends "; objective capacity (capacity-bound: 50 waiting,
@@ -142,7 +142,7 @@ def advise_target(
         plan_state = PlanState()
     planned: Planned | None = None
     if config.decide.change_cost_s > 0 and priced.workload is not None and priced.curve:
-        # A change costs a restart: weigh it over the recent load, not this window alone (policies/plan.py).
+        # A change costs a restart: weigh it over the recent load, not this window alone (policies/decide/horizon.py).
         capacity_bound = choose_objective(priced.workload, config.objective)[1]
         plan_state, planned = _plan_tick(
             plan_state, priced.curve, evidence, capacity_bound=capacity_bound, tau_s=config.decide.payback_horizon_s,
@@ -176,7 +176,7 @@ def _price(
     workload = workload_from(evidence, context_tokens=point.context_tokens, prefill_tokens=point.prefill_tokens)
     curve, chosen, why = objective_curve(ctx, acceptance, workload, config=config.objective, scales=fit.scales)
     if fit.covariance is not None:
-        # The cost model's own uncertainty joins the acceptance's in every band (policies/uncertainty.py).
+        # The cost model's own uncertainty joins the acceptance's in every band (policies/model/uncertainty.py).
         running = evidence.deployed_k if evidence.speculation_on else 0
         curve = banded(
             lambda scales: objective_curve(ctx, acceptance, workload, config=config.objective, scales=scales)[0],
@@ -266,80 +266,6 @@ def _plan_tick(
     if planned is None or scale is None:
         return state, None
     return state, Planned(curve=planned, cost_scale=scale)
-
-
-@dataclass(frozen=True, slots=True)
-class Remembered:
-    """What a probe would measure again: the profile's age `age_s` (s; inf: no usable profile), the k it was
-    measured at (`gamma`, >= 1: where the probe runs) and the curve priced from it (`curve`)."""
-
-    age_s: float
-    gamma: int
-    curve: Sequence[CurvePoint]
-
-
-def probe_for(
-    remembered: Remembered,
-    *,
-    prior: Sequence[CurvePoint],
-    inflight_s: float,
-    config: DecideConfig,
-    half_life_s: float,
-) -> Probe | None:
-    """Whether to switch on for a while to re-measure acceptance, while off on a profile remembered
-    `remembered.age_s` ago.
-
-    Nothing is measured while off, so a workload that turned drafter-friendly (chat -> code) stays invisible
-    until someone looks. Looking costs: two changes (on, and back off if the profile still holds), each
-    `change_cost_s` + `inflight_s` seconds of full service (policies/change_cost.py: the outage and the in-flight
-    work a restart drops), plus the time it runs at the remembered speedup S_mem(gamma) (< 1 is a loss) before
-    the advisor may turn it off again: on_s = max(dwell_s, probe_min_s), the dwell or one estimator window to
-    measure, whichever is longer. It pays when the expected gain over the payback horizon exceeds that:
-
-        p(age) x (S_prior* - 1) x payback_horizon_s > 2 x (change_cost_s + inflight_s) + on_s x max(0, 1 - S_mem)
-
-    p(age) = 1 - 2^(-age / half_life_s) is the chance the workload has moved since the profile was measured, on
-    the memory's own half-life (the rate at which it says a profile goes stale); S_prior* is the best point
-    speedup in 1..gamma_max priced with the drafter's prior acceptance (what the drafter does on a typical
-    workload) in the objective that applies. Under an ITL SLO both speedup terms are multiplied by share(off),
-    plain decoding's share of tokens meeting the SLO, so that they count tokens moved across the SLO per
-    delivered token, the unit of the cost (policies/change_cost.py): S_prior* = 99 with 1% of tokens meeting the SLO off
-    is a 98% gain in service, not 9800%. When speculation would not pay even at the prior (S_prior* <= 1) it
-    never probes. The probe runs at the remembered k (`gamma`, >= 1), where the
-    positions will be measured again; once published, decide holds it until a window is measured.
-    `age_s` = inf stands for no usable profile (never measured, or too old): p = 1, and the caller passes the
-    prior's own curve and its best gamma.
-    Units: seconds; speedups are dimensionless ratios vs plain decoding.
-
-    Example (cost 20 s, in-flight 0 s, horizon 600 s, dwell 120 s, half-life 1800 s): S_prior* 1.5, S_mem 0.9. At
-    age 600 s p = 1 - 2^(-1/3) = 0.206, 0.206 x 0.5 x 600 = 61.9 s > 2 x 20 + 120 x 0.1 = 52 s -> probe at the
-    remembered k. At age 450 s p = 0.159 -> 47.7 s < 52 s -> None. `config.explore` False: callers do not ask.
-    """
-    age_s, gamma = remembered.age_s, remembered.gamma
-    star = best_point(prior, config.gamma_max)
-    if star is None or star.speedup <= 1.0 or gamma < 1:
-        return None
-    here = point_at(remembered.curve, gamma)
-    s_mem = here.speedup if here is not None else 1.0
-    chance = 1.0 - 0.5 ** (max(0.0, age_s) / half_life_s)
-    # Under an SLO the curve is SLO goodput over plain decoding's: per delivered token (the unit of the cost) a
-    # gain is worth share(off) as much (policies/change_cost.py).
-    off = point_at(prior, 0)
-    unit = off.slo_share if off is not None and off.slo_share is not None else 1.0
-    won = chance * (star.speedup - 1.0) * unit * config.payback_horizon_s
-    one_change = change_cost_of(change_cost_s=config.change_cost_s, inflight_s=inflight_s)
-    on_for_s = max(config.dwell_s, config.probe_min_s)
-    cost = 2.0 * one_change + on_for_s * max(0.0, 1.0 - s_mem) * unit
-    if won <= cost:
-        return None
-    seen = f"remembered profile is {age_s:.0f}s old" if math.isfinite(age_s) else "no usable measured profile"
-    why = (
-        f"{seen}, P(workload moved) {chance:.1%} x prior S({star.gamma})="
-        f"{star.speedup:.2f} gain{f' x share {unit:.2f} meeting the SLO off' if unit != 1.0 else ''} x "
-        f"{config.payback_horizon_s:.0f}s = {won:.1f}s > probe cost {cost:.1f}s "
-        f"(2 changes + {on_for_s:.0f}s at {'remembered' if math.isfinite(age_s) else 'prior'} S({gamma})={s_mem:.2f})"
-    )
-    return Probe(gamma=gamma, why=why)
 
 
 def _with_memory(

@@ -210,11 +210,11 @@ class CurvePoint:
     `extrapolated_share` (0..1) is how much of `expected_accepted_length` comes from them (all of E[L] - 1 when
     the acceptance is a prior: nothing was measured), so 0.0 means fully measured.
     `slo_share` (0..1, or None when no ITL SLO is configured) is the share of this option's delivered tokens
-    predicted to meet the SLO (policies/objectives.py); the speedup is then in SLO goodput.
+    predicted to meet the SLO (policies/model/objectives.py); the speedup is then in SLO goodput.
     `gain_sd` (>= 0) is the sd of log(S(gamma) / S(running)) from the cost model's own uncertainty, where running is
-    the option the server runs now (policies/uncertainty.py): how sure the model is that this option beats or
+    the option the server runs now (policies/model/uncertainty.py): how sure the model is that this option beats or
     trails what runs; 0 for the running option itself and where it was not computed.
-    `speedup_low/high` is the 90% band: the acceptance's and, once policies/uncertainty.py has added it, the cost
+    `speedup_low/high` is the 90% band: the acceptance's and, once policies/model/uncertainty.py has added it, the cost
     model's own uncertainty (what the calibration has not identified), in quadrature.
     """
 
@@ -287,8 +287,8 @@ class Decision:
     # the cost model's online calibration error (median |predicted / observed step time - 1| over recent points).
     objective: str = ""
     calibration_error_ratio: float | None = None
-    # One sentence for an operator (<= 120 characters, policies/summary.py) and the causes it is made of; `reason`
-    # keeps the full arithmetic.
+    # One sentence for an operator (<= 120 characters, policies/decide/summary.py) and the causes it is made of;
+    # `reason` keeps the full arithmetic.
     summary: str = ""
     why: tuple[Why, ...] = ()
 

@@ -22,15 +22,15 @@ import httpx
 from fastapi import FastAPI
 from prometheus_client.registry import CollectorRegistry
 
-from policies.actuation import ActuationConfig
+from policies.act.gate import ActuationConfig
 from policies.advise import AdvisorConfig
-from policies.calibrate import CalibrationConfig
-from policies.costmodel import ModelContext
-from policies.decide import DecideConfig
-from policies.estimate import EstimatorConfig
-from policies.measured_profile import ProfileError
-from policies.objectives import ObjectiveConfig
-from policies.profiles import (
+from policies.decide.rule import DecideConfig
+from policies.estimate.window import EstimatorConfig
+from policies.model.calibrate import CalibrationConfig
+from policies.model.costmodel import ModelContext
+from policies.model.measured_profile import ProfileError
+from policies.model.objectives import ObjectiveConfig
+from policies.model.profiles import (
     HardwareProfile,
     ModelProfile,
     drafter_for,
@@ -42,13 +42,14 @@ from policies.profiles import (
     model_from_hf_config,
 )
 from policies.types import GpuSnapshot
-from service.actions_api import create_actions_router, install_auth_errors
 from service.actuators.audit import AUDIT_FILE_NAME, AuditLog
 from service.actuators.base import Actuator
 from service.actuators.runner import ActuationRunner, RunnerOptions
-from service.api import ApiExtensions, create_api
 from service.board import Board
 from service.exporter import MetricsPage, build_registry
+from service.http.actions import create_actions_router, install_auth_errors
+from service.http.api import ApiExtensions, create_api
+from service.http.whatif import create_whatif_router, live_targets_from_board
 from service.logs import fields, get_logger
 from service.loop import (
     AdvisorLoop,
@@ -62,7 +63,6 @@ from service.loop import (
     Scraper,
     TargetSpec,
 )
-from service.memory_store import MemoryStore
 from service.profile import read_profile
 from service.settings import ActuationSettings, GpuSettings, Settings, SettingsError, TargetSettings, write_token
 from service.sources.dcgm import DcgmSource
@@ -70,7 +70,7 @@ from service.sources.gpu import SOURCE_ABSENT, NoGpuSource
 from service.sources.nvml import NvmlSource
 from service.sources.prometheus import MAX_CONCURRENT_QUERIES, FleetSelection, PrometheusFleetSource
 from service.sources.vllm import VllmScraper
-from service.whatif_api import create_whatif_router, live_targets_from_board
+from service.stores.memory import MemoryStore
 
 _log = get_logger("app")
 

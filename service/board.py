@@ -13,8 +13,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
-from policies.calibrate import CalibrationFit
-from policies.costmodel import ModelContext
+from policies.model.calibrate import CalibrationFit
+from policies.model.costmodel import ModelContext
 from policies.types import Decision, Evidence
 from service.sources.errors import ScrapeErrorReason
 

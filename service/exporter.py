@@ -19,8 +19,8 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from policies.actuation import SkipReason
-from policies.deployment import ActuatorError
+from policies.act.deployment import ActuatorError
+from policies.act.gate import SkipReason
 from policies.types import TargetState, WhyCode
 from service.actuators.runner import RESULTS, ActuationRunner
 from service.board import SCRAPE_ERROR_REASONS, Board, TargetStatus

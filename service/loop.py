@@ -3,7 +3,7 @@
 comes in as an argument; nothing here reads the wall clock (a monotonic timer, injected, only measures step
 durations).
 
-Acceptance memory (policies/memory.py): each target carries the last trusted acceptance profile per model, so a
+Acceptance memory (policies/estimate/memory.py): each target carries the last trusted acceptance profile per model, so a
 target whose speculation is off is still priced from what was measured. With a `memory_store` it survives
 restarts: loaded when the loop is built, saved after an iteration that changed it, at most once per
 `memory_save_interval_s`, except that a new model, a new k or a first real window after a cold start is saved at
@@ -20,11 +20,13 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol, TypeVar
 
 from policies.advise import AdvisorConfig, AdvisorState, advise_target
-from policies.calibrate import CalibrationState, with_anchors
-from policies.costmodel import ModelContext
-from policies.decide import DecideState
-from policies.estimate import EstimatorConfig, EstimatorState, estimate, observe
-from policies.measured_profile import (
+from policies.decide.horizon import PlanState
+from policies.decide.rule import DecideState
+from policies.estimate.memory import AcceptanceMemory
+from policies.estimate.window import EstimatorConfig, EstimatorState, estimate, observe
+from policies.model.calibrate import CalibrationState, with_anchors
+from policies.model.costmodel import ModelContext
+from policies.model.measured_profile import (
     MeasuredProfile,
     ProfileError,
     check_age,
@@ -32,14 +34,12 @@ from policies.measured_profile import (
     identity_of,
     observations,
 )
-from policies.memory import AcceptanceMemory
-from policies.plan import PlanState
 from policies.types import Decision, EngineSnapshot, Evidence, GpuSnapshot, TargetState
 from service.board import Board, Pricing
 from service.logs import fields, get_logger
-from service.memory_store import LoadResult
 from service.sources.errors import ScrapeError, ScrapeErrorReason
 from service.sources.gpu import ERROR_UNEXPECTED, SOURCE_ABSENT, gpu_error_reason
+from service.stores.memory import LoadResult
 
 INTERNAL_ERROR_REASON = "internal"  # a bug in our code for one target, counted beside the scrape reasons
 # Distinct GPU-source exceptions remembered so each is logged (with its traceback) once, not every interval;
@@ -70,7 +70,7 @@ class IterationListener(Protocol):
 
 
 class AcceptanceMemoryStore(Protocol):
-    """Where the acceptance memory persists (service.memory_store.MemoryStore). `load` never raises: a bad file
+    """Where the acceptance memory persists (service.stores.memory.MemoryStore). `load` never raises: a bad file
     comes back as `LoadResult.error`; `save` may raise OSError, which the loop logs and survives."""
 
     def load(self) -> LoadResult: ...
@@ -88,7 +88,7 @@ ContextResolver = Callable[[str, GpuSnapshot], ModelContext]
 
 @dataclass(frozen=True, slots=True)
 class LoadedProfile:
-    """A measured profile (policies/measured_profile.py) and the file it was read from, for the reasons."""
+    """A measured profile (policies/model/measured_profile.py) and the file it was read from, for the reasons."""
 
     source: str
     profile: MeasuredProfile

@@ -1,11 +1,11 @@
 """`spec-advisor profile`: drive one inference server through closed-loop concurrency levels and record, per level,
 the engine's mean step at the batch it verified: the measured step-time table `serve` and `whatif` calibrate from
-(policies/measured_profile.py).
+(policies/model/measured_profile.py).
 
 The plan, per level c (e.g. 1, 2, 4, ... 64 clients): c clients each keep one request in flight (service/loadgen.py)
 for `warmup_s + level_s + TAIL_S`; the first `warmup_s` fill the batch and are not measured; `/metrics` is scraped
 at the end of the warm-up and `level_s` later (under load: the clients run on `TAIL_S` after it), and the
-estimator turns the two scrapes into the level's evidence (policies/estimate.py: ITL and iteration-token counters
+estimator turns the two scrapes into the level's evidence (policies/estimate/window.py: ITL and iteration-token counters
 give the step, the sequences per step, the prefill mixed in and the proposed length). A level whose scrapes hold
 fewer than `MIN_LEVEL_SAMPLES` ITL samples or `MIN_LEVEL_STEPS` engine steps, or with speculation on but no
 draft proposed, is skipped and reported with the condition that failed (`skip_reason`). Bounds: at most 16
@@ -28,10 +28,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-from policies.calibrate import CalibrationConfig, observation_from
-from policies.costmodel import ModelContext, step_batch
-from policies.estimate import EstimatorConfig, EstimatorState, estimate, observe
-from policies.measured_profile import MeasuredProfile, ProfileError, ProfileIdentity, ProfilePoint, parse_profile
+from policies.estimate.window import EstimatorConfig, EstimatorState, estimate, observe
+from policies.model.calibrate import CalibrationConfig, observation_from
+from policies.model.costmodel import ModelContext, step_batch
+from policies.model.measured_profile import MeasuredProfile, ProfileError, ProfileIdentity, ProfilePoint, parse_profile
 from policies.types import EngineSnapshot, Evidence
 from service.loadgen import MAX_CONCURRENCY
 from service.sources.errors import ScrapeError
@@ -354,7 +354,7 @@ def describe(levels: Sequence[int], plan: ProfilePlan) -> str:
 
 
 def read_profile(path: Path) -> MeasuredProfile:
-    """A profile file, parsed and checked (policies/measured_profile.py); ProfileError naming the problem."""
+    """A profile file, parsed and checked (policies/model/measured_profile.py); ProfileError naming the problem."""
     try:
         with path.open("rb") as handle:
             raw = handle.read(MAX_PROFILE_BYTES + 1)

@@ -75,7 +75,7 @@ _SELECTOR = re.compile(rf"^(?:{_MATCHER}(?:,{_MATCHER})*,?\s*)?$")
 
 
 class HardwareSpecSettings(_Section):
-    """A GPU the catalog lacks, by its datasheet numbers (policies/profiles.py `hardware_from_spec`)."""
+    """A GPU the catalog lacks, by its datasheet numbers (policies/model/profiles.py `hardware_from_spec`)."""
 
     name: str = Field(min_length=1, max_length=64)
     bf16_dense_tflops: float = Field(gt=0, description="Dense bf16/fp16 tensor TFLOP/s, without 2:4 sparsity.")
@@ -254,7 +254,7 @@ class EstimatorSettings(_Section):
 
 
 _DEFAULT_CONFIRM_S = 30.0
-# Decide settings that the single decision rule (policies/decide.py) replaced, with what to use instead.
+# Decide settings that the single decision rule (policies/decide/rule.py) replaced, with what to use instead.
 _REPLACED_DECIDE_SETTINGS = {
     "min_speedup_gain_to_change_gamma": "every change must promise `margin` (a relative gain at its band's low end)",
     "planned_confirm_s": "use confirm_s, the shortest wait of any change",
@@ -269,7 +269,7 @@ class DecideSettings(_Section):
         le=1,
         description="The least gain a change must promise at the pessimistic end of its 90% band (a share of the "
         "service): to switch on, the speedup's low end must clear 1 + margin; to switch off, its high end must "
-        "fall short of 1 by as much (policies/decide.py).",
+        "fall short of 1 by as much (policies/decide/rule.py).",
     )
     dwell_s: float = Field(
         default=120.0,
@@ -301,7 +301,7 @@ class DecideSettings(_Section):
         description="Seconds of service one change of the speculation config interrupts: about the engine's restart "
         "time (vLLM restarts to change it). A change is recommended only when its predicted gain x "
         "payback_horizon_s exceeds this plus the in-flight work a restart drops (about half a request's decode "
-        "time, estimated live; policies/change_cost.py). 0 = the engine adapts per batch, changes are free. "
+        "time, estimated live; policies/decide/change_cost.py). 0 = the engine adapts per batch, changes are free. "
         "Example: 20 (a 20 s rollout).",
     )
     payback_horizon_s: float = Field(
@@ -315,7 +315,7 @@ class DecideSettings(_Section):
     explore: bool = Field(
         default=True,
         description="While off on a remembered acceptance profile, recommend turning speculation on now and then to "
-        "measure it again when the expected gain pays for it (policies/advise.py probe_for).",
+        "measure it again when the expected gain pays for it (policies/decide/probe.py probe_for).",
     )
     probe_timeout_s: float = Field(
         default=1800.0,

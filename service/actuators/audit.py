@@ -43,7 +43,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from policies.actuation import DAY_S
+from policies.act.gate import DAY_S
 from service.logs import fields, get_logger
 
 AUDIT_FILE_NAME = "actions.jsonl"

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from policies.deployment import ApplyResult, DeploymentObservation, SpeculationSetting
+from policies.act.deployment import ApplyResult, DeploymentObservation, SpeculationSetting
 
 
 class Actuator(Protocol):

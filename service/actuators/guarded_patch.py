@@ -9,7 +9,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from policies.deployment import ActuatorError, ApplyResult, DeploymentObservation
+from policies.act.deployment import ActuatorError, ApplyResult, DeploymentObservation
 from service.actuators.kube_errors import error_for_exception, failed_apply, unusable_observation
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import httpx2
 from lightkube import ApiError, ConfigError
 
-from policies.deployment import ActuatorError, ApplyResult, DeploymentObservation
+from policies.act.deployment import ActuatorError, ApplyResult, DeploymentObservation
 
 _BY_CODE = {
     400: ActuatorError.INVALID,

@@ -18,7 +18,7 @@ from lightkube import AsyncClient
 from lightkube.resources.apps_v1 import Deployment
 from lightkube.types import PatchType
 
-from policies.deployment import ActuatorError, ApplyResult, DeploymentObservation, SpeculationSetting
+from policies.act.deployment import ActuatorError, ApplyResult, DeploymentObservation, SpeculationSetting
 from service.actuators.guarded_patch import GuardedWrite, PatchRefusedError, guarded_apply
 from service.actuators.kube_errors import (
     error_for_exception,

@@ -16,7 +16,7 @@ from lightkube import AsyncClient
 from lightkube.generic_resource import create_namespaced_resource
 from lightkube.types import PatchType
 
-from policies.deployment import ActuatorError, ApplyResult, DeploymentObservation, SpeculationSetting
+from policies.act.deployment import ActuatorError, ApplyResult, DeploymentObservation, SpeculationSetting
 from service.actuators.guarded_patch import GuardedWrite, PatchRefusedError, guarded_apply
 from service.actuators.kube_errors import (
     error_for_exception,

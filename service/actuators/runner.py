@@ -1,6 +1,6 @@
 """The actuation runner: an `IterationListener` that, after each advisor iteration and per actuated target,
 observes the deployment, computes the wanted setting from the Board's published decision, asks the pure gate
-(`policies.actuation.plan_action`) whether to act, applies (or dry-runs) the change, writes the audit log and counts.
+(`policies.act.gate.plan_action`) whether to act, applies (or dry-runs) the change, writes the audit log and counts.
 
 One action in flight: `after_iteration` starts one background pass over the targets (sequentially) and returns at
 once, so a slow API server never stalls the advisor loop (and /healthz); a tick that finds the previous pass still
@@ -26,7 +26,8 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
-from policies.actuation import (
+from policies.act.deployment import ActuatorError, ApplyResult, DeploymentObservation, SpeculationSetting
+from policies.act.gate import (
     DAY_S,
     HOUR_S,
     ActionPlan,
@@ -40,9 +41,8 @@ from policies.actuation import (
     desired_setting,
     plan_action,
 )
-from policies.deployment import ActuatorError, ApplyResult, DeploymentObservation, SpeculationSetting
-from policies.roofline import CostScales
-from policies.schedule import BatchSchedule, ScheduleAsk, plan_from_evidence, schedule_for
+from policies.model.roofline import CostScales
+from policies.offline.schedule import BatchSchedule, ScheduleAsk, plan_from_evidence, schedule_for
 from policies.types import Decision, TargetState
 from service.actuators.audit import AuditLog, SkipThrottle, rfc3339
 from service.actuators.base import Actuator

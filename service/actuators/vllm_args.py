@@ -26,7 +26,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from policies.deployment import ActuatorError, SpeculationSetting
+from policies.act.deployment import ActuatorError, SpeculationSetting
 
 FLAG = "--speculative-config"
 CONFIG_FILE_FLAG = "--config"  # vLLM's `--config file.yaml`: flags from a file we cannot read

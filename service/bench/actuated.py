@@ -1,5 +1,5 @@
 """The advisor with the `kubernetes` actuator in the loop: the benchmark's advisor policy, but the recommendation
-reaches the world only through the real actuation gate (`ActuationRunner` -> `policies.actuation.plan_action`:
+reaches the world only through the real actuation gate (`ActuationRunner` -> `policies.act.gate.plan_action`:
 dwell, cooldown, hourly/daily caps, never during a rollout or on stale data) and an actuator whose "Deployment"
 is the simulated world, so every change pays the world's restart or rolling-update cost.
 
@@ -21,7 +21,7 @@ from typing import Any
 
 import httpx
 
-from policies.deployment import ActuatorError, ApplyResult, DeploymentObservation, SpeculationSetting
+from policies.act.deployment import ActuatorError, ApplyResult, DeploymentObservation, SpeculationSetting
 from service.actuators.kubernetes import PATCH_TYPE
 from service.actuators.runner import ActuationRunner, TargetActuation
 from service.actuators.vllm_args import (

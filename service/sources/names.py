@@ -100,7 +100,7 @@ VLLM_FAMILIES: Mapping[str, Family] = MappingProxyType(
             Kind.HISTOGRAM, ("vllm:inter_token_latency_seconds", "vllm:time_per_output_token_seconds")
         ),
         # Per finished request, its own mean inter-token latency: the share of requests meeting an ITL SLO
-        # (policies/slo_share.py). Its buckets are the point.
+        # (policies/model/slo_share.py). Its buckets are the point.
         REQUEST_ITL: Family(Kind.HISTOGRAM, ("vllm:request_time_per_output_token_seconds",)),
         # Per finished request, its output tokens: its le=1 bucket counts the requests vLLM records in REQUEST_ITL
         # with a mean ITL of 0 (no token after the first), which are taken out of that histogram.

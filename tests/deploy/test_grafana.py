@@ -31,8 +31,8 @@ from deploy_tools import require_tool
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from policies.actuation import ActuationConfig
-from policies.deployment import ApplyResult, DeploymentObservation, SpeculationSetting
+from policies.act.deployment import ApplyResult, DeploymentObservation, SpeculationSetting
+from policies.act.gate import ActuationConfig
 from policies.types import (
     AcceptanceEvidence,
     CurvePoint,

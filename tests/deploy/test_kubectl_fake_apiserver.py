@@ -19,7 +19,7 @@ from deploy_tools import require_tool
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "integration"))
 from kube_apiserver import DEPLOYMENTS, FakeKubeApiServer
 
-from policies.deployment import DeploymentObservation, SpeculationSetting
+from policies.act.deployment import DeploymentObservation, SpeculationSetting
 from service.actuators.kube_client import kube_client
 from service.actuators.kubernetes import DeploymentActuator
 

@@ -23,7 +23,7 @@ from e2e_processes import free_port, log_tail, stop_process
 from e2e_sidecar import RunningSidecar, SidecarReading, SidecarSettings, read_sidecar, start_sidecar, write_settings
 from e2e_vllm import SKIP_REASON, VllmServer, e2e_enabled, record_timing
 
-from policies.estimate import EstimatorConfig, EstimatorState, estimate, observe
+from policies.estimate.window import EstimatorConfig, EstimatorState, estimate, observe
 from policies.types import EngineSnapshot, TargetState
 from service.sources.vllm import VllmScraper
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
-from policies.deployment import ActuatorError, ApplyResult, DeploymentObservation, SpeculationSetting
+from policies.act.deployment import ActuatorError, ApplyResult, DeploymentObservation, SpeculationSetting
 from policies.types import AcceptanceEvidence, Evidence, TargetState
 
 

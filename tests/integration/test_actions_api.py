@@ -15,14 +15,14 @@ from actuation_fakes import FakeActuator
 from fastapi import FastAPI
 from sidecar_http import FIXTURES, CaptureServer, serving, wait_for
 
-from policies.actuation import ActuationConfig
-from policies.deployment import SpeculationSetting
-from service.actions_api import create_actions_router, install_auth_errors
+from policies.act.deployment import SpeculationSetting
+from policies.act.gate import ActuationConfig
 from service.actuators.audit import AuditLog
 from service.actuators.base import Actuator
 from service.actuators.runner import ActuationRunner, RunnerOptions
 from service.app import build_sidecar
 from service.board import Board
+from service.http.actions import create_actions_router, install_auth_errors
 from service.settings import Settings, SettingsError, load_settings
 from service.sources.gpu import NoGpuSource
 

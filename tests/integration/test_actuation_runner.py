@@ -9,8 +9,8 @@ from pathlib import Path
 
 from actuation_fakes import FakeActuator, make_evidence
 
-from policies.actuation import ActuationConfig
-from policies.deployment import ActuatorError, ApplyResult, DeploymentObservation, SpeculationSetting
+from policies.act.deployment import ActuatorError, ApplyResult, DeploymentObservation, SpeculationSetting
+from policies.act.gate import ActuationConfig
 from policies.types import Decision, TargetState
 from service.actuators.audit import AuditLog, read_tail
 from service.actuators.base import Actuator

@@ -14,7 +14,7 @@ from kube_apiserver import DEPLOYMENTS, HTTPROUTES, FakeKubeApiServer, json_patc
 from lightkube import ApiError
 from lightkube.types import PatchType
 
-from policies.deployment import ActuatorError
+from policies.act.deployment import ActuatorError
 from service.actuators.kube_client import kube_client
 from service.actuators.kube_errors import error_for_exception
 from service.actuators.routing import HTTPRoute

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import pytest
 from kube_apiserver import HTTPROUTES, FakeKubeApiServer, patches
 
-from policies.deployment import ActuatorError, DeploymentObservation, SpeculationSetting
+from policies.act.deployment import ActuatorError, DeploymentObservation, SpeculationSetting
 from service.actuators.base import Actuator
 from service.actuators.kube_client import kube_client
 from service.actuators.routing import RoutingActuator

@@ -14,10 +14,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from sidecar_http import FIXTURES, CaptureServer, Receive, Scope, Send, serving, wait_for
 
 from policies.types import AcceptanceEvidence, CurvePoint, Decision, Evidence, GpuSnapshot, TargetState
-from service.api import ApiExtensions, EvidencesOut, RecommendationsOut, create_api
 from service.app import build_sidecar
 from service.board import Board
 from service.exporter import MetricsPage
+from service.http.api import ApiExtensions, EvidencesOut, RecommendationsOut, create_api
 from service.loop import GpuReader
 from service.settings import Settings, load_settings
 from service.sources.gpu import NoGpuSource

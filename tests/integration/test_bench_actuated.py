@@ -13,8 +13,8 @@ from typing import Any
 
 import pytest
 
-from policies.actuation import ActuationConfig, SkipReason
-from policies.deployment import ActuatorError, SpeculationSetting
+from policies.act.deployment import ActuatorError, SpeculationSetting
+from policies.act.gate import ActuationConfig, SkipReason
 from service.actuators.audit import read_tail
 from service.bench.actuated import ACTUATED_ADVISOR, WorldActuator, actuated_advisor_policy, actuated_settings
 from service.bench.runner import EPOCH_S, RunResult, run_policy
@@ -93,7 +93,7 @@ def test_the_advisor_acts_only_through_the_gate_with_the_patch_and_the_reason(
 
     # Under overload speculation loses at every k (see the fixture): the first change cuts speculation before the
     # shift (to fewer drafts, or off: with k=3 the only k it has run, the advisor is sure that fewer drafts cost
-    # less, not yet by how much plain decoding would, policies/uncertainty.py). The second comes after the shift,
+    # less, not yet by how much plain decoding would, policies/model/uncertainty.py). The second comes after the shift,
     # held back by the cooldown until then. (Which way it goes is the decision rule's: here the plan, which still
     # weighs the overload it just left, turned k=1 off at light load, and a probe turns it on again later.)
     first, last = actions[0], actions[-1]

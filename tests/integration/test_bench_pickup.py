@@ -38,7 +38,7 @@ def test_speculation_turned_off_on_a_hostile_workload_is_picked_up_after_it_chan
     run = _run()
     ks = [(tick.t_s, tick.k) for tick in run.ticks]
     # The hostile workload cuts speculation before it changes at 240 s; off follows (through fewer drafts first
-    # when the advisor is surer of that move than of how plain decoding would fare, policies/uncertainty.py)
+    # when the advisor is surer of that move than of how plain decoding would fare, policies/model/uncertainty.py)
     # while the acceptance measured is still the hostile one.
     first_cut = next(t for t, k in ks if k < 3)
     assert first_cut < 240.0, f"first cut only at {first_cut} s"

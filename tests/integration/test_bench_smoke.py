@@ -13,7 +13,7 @@ import yaml
 from service.bench.report import yardstick_defects
 from service.bench.spec import load_bench_scenario
 from service.bench.suite import ALWAYS_OFF, ORACLE, POLICIES, STATIC_POLICIES, run_scenario
-from service.cli import main
+from service.cli.command import main
 
 BENCH = Path(__file__).resolve().parents[2] / "service" / "sim" / "scenarios" / "bench"
 # Short run, small grids: 60 ticks of 5 s.

@@ -15,7 +15,7 @@ from sidecar_http import FIXTURES, CaptureServer, serving, wait_for
 from service.app import package_version
 
 SCRIPT = Path(sys.executable).parent / "spec-advisor"
-COMMAND = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "service.cli"]
+COMMAND = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "service.cli.command"]
 DEADLINE_S = 60.0
 
 

@@ -13,7 +13,7 @@ from typing import Any
 import yaml
 from test_cli_whatif import COMMAND, DEADLINE_S, REQUEST, clean_env, cli, closed_port, write
 
-from policies.measured_profile import FORMAT
+from policies.model.measured_profile import FORMAT
 from service.sim.scenario import default_scenario
 from service.sim.server import SimServer
 from service.sim.world import World

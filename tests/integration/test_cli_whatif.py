@@ -15,14 +15,14 @@ import pytest
 from sidecar_http import serving
 
 from policies.types import AcceptanceEvidence, Decision, Evidence, TargetState
-from service.api import ApiExtensions, create_api
 from service.board import Board, Pricing
+from service.cli.plot import plot_whatif
 from service.exporter import MetricsPage
-from service.plot import plot_whatif
-from service.whatif_api import WhatIfRequest, create_whatif_router, live_targets_from_board, run_whatif
+from service.http.api import ApiExtensions, create_api
+from service.http.whatif import WhatIfRequest, create_whatif_router, live_targets_from_board, run_whatif
 
 SCRIPT = Path(sys.executable).parent / "spec-advisor"
-COMMAND = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "service.cli"]
+COMMAND = [str(SCRIPT)] if SCRIPT.exists() else [sys.executable, "-m", "service.cli.command"]
 DEADLINE_S = 60.0
 REQUEST: dict[str, Any] = {
     "hardware": "h100-sxm",
@@ -103,7 +103,7 @@ def test_whatif_plot_writes_a_png(tmp_path: Path) -> None:
 def test_whatif_plot_without_matplotlib_says_how_to_install_it(tmp_path: Path) -> None:
     # A None entry in sys.modules makes `import matplotlib` raise ImportError, as on a machine without it.
     blocked = [sys.executable, "-c", "import sys; sys.modules['matplotlib'] = None; "
-               "from service.cli import main; sys.exit(main(sys.argv[1:]))"]
+               "from service.cli.command import main; sys.exit(main(sys.argv[1:]))"]
     picture = tmp_path / "speedup.png"
     result = cli("whatif", str(write(tmp_path, REQUEST)), "--plot", str(picture), command=blocked)
     assert result.returncode == 2

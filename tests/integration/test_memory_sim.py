@@ -25,10 +25,10 @@ from service.bench.pipeline import SimClock, WorldTransport, advisor_settings
 from service.bench.runner import EPOCH_S
 from service.bench.spec import load_bench_scenario
 from service.loop import AdvisorLoop, LoopConfig, LoopWiring, TargetSpec
-from service.memory_store import MemoryStore
 from service.sim.world import World
 from service.sources.gpu import NoGpuSource
 from service.sources.vllm import VllmScraper
+from service.stores.memory import MemoryStore
 
 SCENARIO = Path(__file__).resolve().parents[1] / "fixtures" / "scenarios" / "memory-load-drop.yaml"
 

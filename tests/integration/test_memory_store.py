@@ -18,15 +18,15 @@ from pathlib import Path
 import pytest
 
 from policies.advise import AdvisorConfig
-from policies.costmodel import ModelContext
-from policies.decide import DecideConfig
-from policies.estimate import EstimatorConfig
-from policies.memory import AcceptanceMemory, RememberedAcceptance
-from policies.profiles import drafter_for, hardware_by_name, model_by_name
+from policies.decide.rule import DecideConfig
+from policies.estimate.memory import AcceptanceMemory, RememberedAcceptance
+from policies.estimate.window import EstimatorConfig
+from policies.model.costmodel import ModelContext
+from policies.model.profiles import drafter_for, hardware_by_name, model_by_name
 from policies.types import DraftMethod, EngineSnapshot, GpuSnapshot, SpecDecodeCounters
 from service.board import Board
 from service.loop import AdvisorLoop, LoopConfig, LoopWiring, TargetSpec
-from service.memory_store import MemoryStore
+from service.stores.memory import MemoryStore
 
 T0 = 1_767_225_600.0
 MODEL = "tiny"
@@ -183,8 +183,8 @@ WRITER = textwrap.dedent(
     """
     import sys
     from pathlib import Path
-    from policies.memory import AcceptanceMemory, RememberedAcceptance
-    from service.memory_store import MemoryStore
+    from policies.estimate.memory import AcceptanceMemory, RememberedAcceptance
+    from service.stores.memory import MemoryStore
 
     store = MemoryStore(Path(sys.argv[1]))
     loaded = store.load()

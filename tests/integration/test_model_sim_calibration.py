@@ -5,7 +5,7 @@ speedups end within 10% of the world's truth.
 
 The world is the demo scenario as shipped, compute quirks on: matrix work in whole 64-token tiles and tensor
 cores that reach 0.2 of peak on a one-token step, rising with the step's tokens towards 0.7 (forms the advisor
-does not share: it fits a wave-fill floor and an efficiency elasticity, policies/roofline.py). The load is the
+does not share: it fits a wave-fill floor and an efficiency elasticity, policies/model/roofline.py). The load is the
 demo's typical range held on six plateaus of 70 s (1, 6, 12, 16, 20 and 24 requests/s: from a few running
 requests to the 256-request cap with a queue), so that the sweep sees mid-size batches in steady state as well
 as the ends; and the demo's own profile, which jumps from 1 to 24 requests/s and back, so that mid-size batches
@@ -30,7 +30,7 @@ instead of ~2, so that a KV-heavy ctx 4000, B = 32 step comes out ~24% short. Th
 contexts the sweep never saw. Where the server does run long contexts (the long-context world, prompts of ~6k
 tokens), its own windows identify the bandwidth: from either wrong profile the pure-decode steps at ctx 6000 and
 B = 1..8 land within 10% of the truth and within 5% of each other (test_a_2x_wrong_bandwidth_converges_at_long_
-context_too). That needs the one-tile GEMM floor prior (policies/profiles.py, `gemm_fill_tokens`); with the
+context_too). That needs the one-tile GEMM floor prior (policies/model/profiles.py, `gemm_fill_tokens`); with the
 128-row prior used before, the fit explained the batch-1 step by math there too and missed B = 4..8 by 6-16%.
 """
 
@@ -41,11 +41,11 @@ from dataclasses import replace
 
 import pytest
 
-from policies.calibrate import CalibrationConfig, CalibrationFit, CalibrationState, update
-from policies.costmodel import ModelContext
-from policies.estimate import EstimatorConfig, EstimatorState, estimate, observe
-from policies.profiles import drafter_for, hardware_by_name, model_by_name
-from policies.roofline import CostScales, Shape, step_components
+from policies.estimate.window import EstimatorConfig, EstimatorState, estimate, observe
+from policies.model.calibrate import CalibrationConfig, CalibrationFit, CalibrationState, update
+from policies.model.costmodel import ModelContext
+from policies.model.profiles import drafter_for, hardware_by_name, model_by_name
+from policies.model.roofline import CostScales, Shape, step_components
 from policies.types import DraftMethod
 from service.bench.spec import load_bench_scenario
 from service.sim import physics
@@ -228,8 +228,9 @@ def test_a_2x_wrong_bandwidth_converges_at_long_context_too() -> None:
 def test_with_dcgm_the_bandwidth_is_measured_and_long_contexts_follow() -> None:
     # The demo sweep alone cannot tell a 2x-too-fast bandwidth from slow small-step math (module docstring): a
     # ctx 8000, B = 32 plain step then comes out ~40% short. The world's dcgm-exporter page says what share of the
-    # peak bandwidth the steps used; with vLLM's bytes-read counter that measures the peak (policies/calibrate.py),
-    # so the memory scale is found from either wrong profile. Graded: the scale, the ctx-600 points as without
+    # peak bandwidth the steps used; with vLLM's bytes-read counter that measures the peak
+    # (policies/model/calibrate.py), so the memory scale is found from either wrong profile. Graded: the scale, the
+    # ctx-600 points as without
     # DCGM (10%), and steps at contexts the sweep never ran within 20% (measured: within 8% at ctx 600, -18% to
     # +7% at 2000-8000; the rest of the long-context gap is the host overhead, which the fit reads as small-step
     # math at ctx 600 and which a KV-dominated step does not have).

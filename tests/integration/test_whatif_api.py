@@ -13,24 +13,24 @@ import pytest
 import yaml
 from sidecar_http import FIXTURES, CaptureServer, serving, wait_for
 
-from policies.costmodel import ModelContext
-from policies.profiles import drafter_for, hardware_by_name, model_by_name, model_from_hf_config
-from policies.roofline import CostScales
-from policies.schedule import ScheduleAsk, plan_from_evidence, schedule_for, vllm_bands
+from policies.model.costmodel import ModelContext
+from policies.model.profiles import drafter_for, hardware_by_name, model_by_name, model_from_hf_config
+from policies.model.roofline import CostScales
+from policies.offline.schedule import ScheduleAsk, plan_from_evidence, schedule_for, vllm_bands
 from policies.types import AcceptanceEvidence, Decision, DraftMethod, Evidence, TargetState
-from service.api import ApiExtensions, create_api
 from service.app import build_sidecar
 from service.board import Board, Pricing
 from service.exporter import MetricsPage
-from service.settings import load_settings
-from service.sources.gpu import NoGpuSource
-from service.whatif_api import (
+from service.http.api import ApiExtensions, create_api
+from service.http.whatif import (
     LiveTargets,
     WhatIfRequest,
     create_whatif_router,
     live_targets_from_board,
     run_whatif,
 )
+from service.settings import load_settings
+from service.sources.gpu import NoGpuSource
 
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
 PROFILES = {"hardware": "h100-sxm", "model": "llama-3.1-8b", "drafter": "eagle3", "tensor_parallel": "1"}

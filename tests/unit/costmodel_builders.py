@@ -10,8 +10,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from policies.costmodel import ModelContext
-from policies.profiles import drafter_for, hardware_by_name, model_by_name
+from policies.model.costmodel import ModelContext
+from policies.model.profiles import drafter_for, hardware_by_name, model_by_name
 from policies.types import AcceptanceEvidence, DraftMethod, Evidence, TargetState
 
 EAGLE3_R = (0.78, 0.58, 0.43)

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from policies.estimate import EstimatorConfig, EstimatorState, observe
+from policies.estimate.window import EstimatorConfig, EstimatorState, observe
 from policies.types import EngineSnapshot, HistogramReading, SpecDecodeCounters
 
 # `vllm:spec_decode_num_drafts_created` in the capture, rounded to the second.

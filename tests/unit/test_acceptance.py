@@ -7,7 +7,7 @@ import itertools
 import pytest
 from costmodel_builders import make_acceptance
 
-from policies.acceptance import (
+from policies.model.acceptance import (
     METHOD_PRIORS,
     acceptance_curve,
     expected_length,

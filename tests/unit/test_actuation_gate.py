@@ -1,4 +1,4 @@
-"""The actuation safety gate (policies/actuation.py): each rule on its own, with the arithmetic spelled out."""
+"""The actuation safety gate (policies/act/gate.py): each rule on its own, with the arithmetic spelled out."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from dataclasses import replace
 
 import pytest
 
-from policies.actuation import (
+from policies.act.deployment import ActuatorError, DeploymentObservation, SpeculationSetting
+from policies.act.gate import (
     ActuationConfig,
     ActuationState,
     Override,
@@ -20,8 +21,7 @@ from policies.actuation import (
     same_setting,
     schedule_change_share,
 )
-from policies.deployment import ActuatorError, DeploymentObservation, SpeculationSetting
-from policies.schedule import BatchSchedule, ScheduleBand
+from policies.offline.schedule import BatchSchedule, ScheduleBand
 from policies.types import Decision, TargetState
 
 T0 = 1_700_000_000.0

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from policies.deployment import ActuatorError, SpeculationSetting
+from policies.act.deployment import ActuatorError, SpeculationSetting
 from service.actuators.vllm_args import (
     ArgsError,
     config_for,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from costmodel_builders import make_acceptance, make_context, make_evidence
 
 from policies.advise import AdvisorConfig, AdvisorState, advise_target
-from policies.decide import DecideConfig
+from policies.decide.rule import DecideConfig
 from policies.types import DraftMethod, TargetState
 
 NOW = 1_800_000_000.0

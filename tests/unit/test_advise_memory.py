@@ -7,9 +7,9 @@ from dataclasses import replace
 from costmodel_builders import make_acceptance, make_context, make_evidence, make_off_evidence
 
 from policies.advise import Advice, AdvisorConfig, AdvisorState, advise_target
-from policies.calibrate import CalibrationState
-from policies.decide import DecideConfig, DecideState, best_point
-from policies.memory import AcceptanceMemory, MemoryConfig, RememberedAcceptance
+from policies.decide.rule import DecideConfig, DecideState, best_point
+from policies.estimate.memory import AcceptanceMemory, MemoryConfig, RememberedAcceptance
+from policies.model.calibrate import CalibrationState
 from policies.types import DraftMethod, Evidence, TargetState, WhyCode
 
 NOW = 1_800_000_000.0
@@ -123,7 +123,7 @@ def test_the_aged_band_clears_the_margin_only_while_the_memory_is_fresh() -> Non
     assert fresh_point > 1.0  # the remembered profile does predict a gain at this batch
     # A margin between the two low ends: the fresh memory clears it, the aged one does not.
     bar = (fresh_low + aged_low) / 2.0
-    # Probing (advise.probe_for) would switch on to look again after 2 h; this test is about the aged band alone.
+    # Probing (probe.probe_for) would switch on to look again after 2 h; this test is about the aged band alone.
     margin = replace(config, margin=bar - 1.0, explore=False)
     on = tick(evidence, DecideState(), remembered(POOR, age_s=0.0), now_s=NOW, config=margin)
     off = tick(evidence, DecideState(), remembered(POOR, age_s=7200.0), now_s=NOW, config=margin)

@@ -1,4 +1,5 @@
-"""The re-measuring probe over many ticks (policies/decide.py, the probe hold): held until measured, no flip-flop."""
+"""The re-measuring probe over many ticks (policies/decide/rule.py, the probe hold): held until measured, no
+flip-flop."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from dataclasses import replace
 from costmodel_builders import make_acceptance, make_context, make_evidence, make_off_evidence
 
 from policies.advise import Advice, AdvisorConfig, AdvisorState, advise_target
-from policies.decide import DecideConfig
-from policies.memory import AcceptanceMemory, MemoryConfig, RememberedAcceptance
+from policies.decide.rule import DecideConfig
+from policies.estimate.memory import AcceptanceMemory, MemoryConfig, RememberedAcceptance
 from policies.types import DraftMethod, Evidence, TargetState
 
 NOW = 1_800_000_000.0
@@ -133,6 +134,6 @@ def test_a_measured_probe_that_confirms_the_memory_switches_off_one_dwell_later(
         now += TICK_S
     # The first live window releases the probe, and the live curve (S < 1) switches off after exactly one dwell.
     assert changes and changes[0] == measured_at + CONFIG.dwell_s
-    # Later probes are the probe's own economics on a fresh memory (advise.probe_for), each measured in turn:
+    # Later probes are the probe's own economics on a fresh memory (probe.probe_for), each measured in turn:
     # never more than one change per dwell.
     assert all(b - a >= CONFIG.dwell_s for a, b in itertools.pairwise(changes))

@@ -12,7 +12,7 @@ import yaml
 
 from service.bench.pipeline import bench_advisor_settings
 from service.bench.spec import load_bench_scenario
-from service.cli import main
+from service.cli.command import main
 from service.sim.scenario import ScenarioError
 
 SCENARIOS = Path(__file__).resolve().parents[2] / "service" / "sim" / "scenarios"

@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 from costmodel_builders import make_context, make_evidence
 
-from policies.calibrate import (
+from policies.model.calibrate import (
     PARAMS,
     CalibrationConfig,
     CalibrationState,
@@ -22,7 +22,7 @@ from policies.calibrate import (
     update,
     with_anchors,
 )
-from policies.roofline import CostScales, Shape, step_components
+from policies.model.roofline import CostScales, Shape, step_components
 from policies.types import GpuSnapshot, TargetState
 
 T0 = 1_800_000_000.0

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 from costmodel_builders import make_acceptance, make_context, make_evidence, make_off_evidence
 
-from policies.acceptance import acceptance_curve
-from policies.costmodel import (
+from policies.model.acceptance import acceptance_curve
+from policies.model.costmodel import (
     DEFAULT_CONTEXT_TOKENS,
     OVERHEAD_SCALE_RANGE,
     ModelContext,
@@ -16,7 +16,7 @@ from policies.costmodel import (
     operating_point,
     speedup_curve,
 )
-from policies.roofline import CostScales, Shape
+from policies.model.roofline import CostScales, Shape
 from policies.types import DraftMethod
 
 # vllm-eagle-k-sweep-bs1.csv: Llama-3.1-8B bs1, plain TPOT 7.07 ms; eagle3 k=3 AL 2.79 at TPOT 4.09 ms, so one

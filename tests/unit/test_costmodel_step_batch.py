@@ -9,9 +9,9 @@ from dataclasses import replace
 import pytest
 from costmodel_builders import make_context, make_evidence
 
-from policies.calibrate import CalibrationConfig, observation_from
-from policies.costmodel import calibrate, observed_step_s, operating_point, step_batch
-from policies.objectives import workload_from
+from policies.model.calibrate import CalibrationConfig, observation_from
+from policies.model.costmodel import calibrate, observed_step_s, operating_point, step_batch
+from policies.model.objectives import workload_from
 
 
 def test_the_per_step_batch_wins_over_the_running_gauge() -> None:

@@ -1,7 +1,7 @@
 """decide(): the one rule (value over the horizon, wait = cost / gain), driven by a hand-advanced clock.
 
-Every expected number below is worked by hand from the module docstring's formulas (policies/decide.py,
-policies/value.py), not read back from the code.
+Every expected number below is worked by hand from the module docstring's formulas (policies/decide/rule.py,
+policies/decide/value.py), not read back from the code.
 """
 
 from __future__ import annotations
@@ -12,7 +12,15 @@ from dataclasses import replace
 import pytest
 from decide_builders import T0, make_acceptance, make_curve, make_evidence, make_point
 
-from policies.decide import DecideConfig, DecideInputs, DecideState, best_point, decide, reachable_gamma_limit, wait_s
+from policies.decide.rule import (
+    DecideConfig,
+    DecideInputs,
+    DecideState,
+    best_point,
+    decide,
+    reachable_gamma_limit,
+    wait_s,
+)
 from policies.types import CurvePoint, Decision, Evidence, TargetState
 
 # margin 2%, confirm 30 s, dwell 120 s; change_cost_s 0 (an engine that adapts per batch): every wait is 30 s.

@@ -1,11 +1,11 @@
-"""What a change costs (policies/change_cost.py), how decide weighs it (per delivered token, at the band's
+"""What a change costs (policies/decide/change_cost.py), how decide weighs it (per delivered token, at the band's
 pessimistic end, scaled into the plan's units) and the re-measuring probe (advise.probe_for)."""
 
 from __future__ import annotations
 
-from policies.advise import Remembered, probe_for
-from policies.change_cost import change_cost_of, inflight_work_s, queued_work_s
-from policies.decide import DecideConfig, DecideInputs, DecideState, Planned, Probe, decide
+from policies.decide.change_cost import change_cost_of, inflight_work_s, queued_work_s
+from policies.decide.probe import Remembered, probe_for
+from policies.decide.rule import DecideConfig, DecideInputs, DecideState, Planned, Probe, decide
 from policies.types import CurvePoint, Evidence, TargetState
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from decide_builders import T0, make_curve, make_evidence
 
-from policies.decide import DecideConfig, DecideInputs, DecideState, Probe, decide
+from policies.decide.rule import DecideConfig, DecideInputs, DecideState, Probe, decide
 from policies.types import TargetState
 
 CONFIG = DecideConfig(margin=0.05, dwell_s=120.0, gamma_max=8, change_cost_s=20.0, probe_timeout_s=600.0,

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 from estimate_builders import advance, feed, itl, make_snapshot
 
-from policies.acceptance import acceptance_curve
-from policies.costmodel import operating_point
-from policies.estimate import EstimatorConfig, estimate
+from policies.estimate.window import EstimatorConfig, estimate
+from policies.model.acceptance import acceptance_curve
+from policies.model.costmodel import operating_point
 from policies.types import AcceptanceEvidence, DraftMethod
 
 FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "cpu-crossover" / "engine-levels-2026-12-04.json"
@@ -109,12 +109,12 @@ def test_tokens_per_sequence_step_on_a_real_server_are_what_coverage_predicts(mo
 
 
 def test_the_cpu_profile_prices_the_measured_steps_of_both_arms() -> None:
-    # The catalog's `cpu` row (policies/catalog.py) against every level of both arms and both models: the mean
+    # The catalog's `cpu` row (policies/model/catalog.py) against every level of both arms and both models: the mean
     # step (span / steps, the per-step duration the calibration pairs with sequences per step) at the batch and
     # tokens per sequence each level ran. The box was shared (load 1-7), so single levels scatter by ~10%.
     # In-sample: the row's host costs were fitted to these levels; this guards the fit, it does not validate it.
-    from policies.costmodel import ModelContext, OperatingPoint, step_time_at  # noqa: PLC0415
-    from policies.profiles import drafter_for, hardware_by_name, model_by_name  # noqa: PLC0415
+    from policies.model.costmodel import ModelContext, OperatingPoint, step_time_at  # noqa: PLC0415
+    from policies.model.profiles import drafter_for, hardware_by_name, model_by_name  # noqa: PLC0415
 
     model = model_by_name("tiny-llama")
     ctx = ModelContext(hardware_by_name("cpu"), model, drafter_for(DraftMethod.NGRAM, model))
@@ -135,7 +135,7 @@ def test_the_cpu_profile_prices_the_measured_steps_of_both_arms() -> None:
 
 
 def _cpu_observations(model: str, arms: tuple[str, ...]) -> list[Any]:
-    from policies.calibrate import StepObservation  # noqa: PLC0415
+    from policies.model.calibrate import StepObservation  # noqa: PLC0415
 
     points = []
     for index, run in enumerate(r for arm in arms for r in _runs(arm) if r["model"] == model):
@@ -152,10 +152,10 @@ def _cpu_observations(model: str, arms: tuple[str, ...]) -> list[Any]:
 
 def test_speculative_steps_alone_leave_the_verified_tokens_cost_at_the_prior() -> None:
     # The CPU server's speculative levels only (one q): per_token moves the step exactly as per_request does, so
-    # the fit holds it at the prior, with the prior's variance (policies/calibrate.py); both kinds identify it.
-    from policies.calibrate import PARAMS, CalibrationConfig, CalibrationState, fit, prior_covariance  # noqa: PLC0415
-    from policies.costmodel import ModelContext  # noqa: PLC0415
-    from policies.profiles import drafter_for, hardware_by_name, model_by_name  # noqa: PLC0415
+    # the fit holds it at the prior, with the prior's variance (policies/model/calibrate.py); both kinds identify it.
+    from policies.model.calibrate import PARAMS, CalibrationConfig, CalibrationState, fit, prior_covariance  # noqa: PLC0415
+    from policies.model.costmodel import ModelContext  # noqa: PLC0415
+    from policies.model.profiles import drafter_for, hardware_by_name, model_by_name  # noqa: PLC0415
 
     model = model_by_name("tiny-llama")
     ctx = ModelContext(hardware_by_name("cpu"), model, drafter_for(DraftMethod.NGRAM, model))

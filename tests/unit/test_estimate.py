@@ -16,8 +16,8 @@ from estimate_builders import (
     make_spec,
 )
 
-from policies.estimate import EstimatorConfig, EstimatorState, estimate, observe
-from policies.intervals import wilson_interval
+from policies.estimate.intervals import wilson_interval
+from policies.estimate.window import EstimatorConfig, EstimatorState, estimate, observe
 from policies.types import EngineSnapshot, Evidence, GpuSnapshot, TargetState
 
 CONFIG = EstimatorConfig()  # window 60 s, min 200 drafts, z 1.96, stale after 30 s

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from estimate_builders import FIXTURE_CREATED_S, FIXTURE_TAKEN_AT_S, advance, feed, itl, make_snapshot
 
-from policies.estimate import EstimatorConfig, estimate
+from policies.estimate.window import EstimatorConfig, estimate
 from policies.types import EngineSnapshot, HistogramReading
 from service.sources.vllm import parse_vllm_metrics
 

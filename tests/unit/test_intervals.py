@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from policies.intervals import wilson_interval
+from policies.estimate.intervals import wilson_interval
 
 
 def test_fixture_position_zero_matches_hand_computation() -> None:

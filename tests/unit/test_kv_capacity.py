@@ -1,12 +1,12 @@
-"""Memory fit of a (batch, context, gamma) on one GPU (policies/kv_capacity.py): every expectation by hand."""
+"""Memory fit of a (batch, context, gamma) on one GPU (policies/model/kv_capacity.py): every expectation by hand."""
 
 from __future__ import annotations
 
 import pytest
 
-from policies.costmodel import ModelContext
-from policies.kv_capacity import memory_fit
-from policies.profiles import drafter_for, hardware_by_name, model_by_name
+from policies.model.costmodel import ModelContext
+from policies.model.kv_capacity import memory_fit
+from policies.model.profiles import drafter_for, hardware_by_name, model_by_name
 from policies.types import DraftMethod
 
 LLAMA8B = model_by_name("llama-3.1-8b")  # 8.03e9 params bf16; 32 layers x 8 KV heads x 128 x 2 x 2 = 131072 B/token

@@ -11,10 +11,10 @@ import pytest
 from estimate_builders import FIXTURE_TAKEN_AT_S, advance, itl, make_snapshot, make_spec
 
 from policies.advise import AdvisorConfig
-from policies.costmodel import ModelContext
-from policies.decide import DecideConfig
-from policies.estimate import EstimatorConfig
-from policies.profiles import drafter_for, hardware_by_name, model_by_name
+from policies.decide.rule import DecideConfig
+from policies.estimate.window import EstimatorConfig
+from policies.model.costmodel import ModelContext
+from policies.model.profiles import drafter_for, hardware_by_name, model_by_name
 from policies.types import DraftMethod, EngineSnapshot, GpuSnapshot, TargetState
 from service.board import Board
 from service.loop import (

@@ -15,11 +15,11 @@ from test_loop import (
     run,
 )
 
-from policies.measured_profile import MeasuredProfile, ProfileIdentity, ProfilePoint
+from policies.model.measured_profile import MeasuredProfile, ProfileIdentity, ProfilePoint
 from policies.types import TargetState
 from service.board import Board
+from service.http.whatif import _live_schedule, live_targets_from_board
 from service.loop import AdvisorLoop, LoadedProfile, LoopWiring, TargetSpec
-from service.whatif_api import _live_schedule, live_targets_from_board
 
 DAY_S = 86400.0
 MAX_AGE_S = 30 * DAY_S

@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from policies.costmodel import ModelContext
-from policies.measured_profile import (
+from policies.model.costmodel import ModelContext
+from policies.model.measured_profile import (
     FORMAT,
     MeasuredProfile,
     ProfileError,
@@ -22,7 +22,7 @@ from policies.measured_profile import (
     observations,
     parse_profile,
 )
-from policies.profiles import drafter_for, hardware_by_name, model_by_name
+from policies.model.profiles import drafter_for, hardware_by_name, model_by_name
 from policies.types import DraftMethod
 
 DAY_S = 86400.0

@@ -1,4 +1,4 @@
-"""policies/memory.py: what is remembered, how it ages, when it stops being usable."""
+"""policies/estimate/memory.py: what is remembered, how it ages, when it stops being usable."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 from costmodel_builders import make_acceptance, make_evidence
 
-from policies.memory import (
+from policies.estimate.memory import (
     AcceptanceMemory,
     MemoryConfig,
     RememberedAcceptance,

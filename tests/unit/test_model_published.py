@@ -2,7 +2,7 @@
 and the physics' known consequences.
 
 Measured acceptance lengths (AL) go in; the model predicts the step times, hence the speedup. Tolerances are what
-the model honestly achieves without fitting to these rows (the constants in policies/profiles.py are derived from
+the model honestly achieves without fitting to these rows (the constants in policies/model/profiles.py are derived from
 one point of the eagle3 sweep and the K=0 overhead file, not fitted to the sweep's shape):
 - vLLM EAGLE k-sweep, batch 1, H100 (vllm-eagle-k-sweep-bs1.csv): every row within 20% (observed: eagle3 +8..+16%,
   eagle1 -8..-16%; the heads' real costs sit between our two head profiles), and the best k within one of the
@@ -22,10 +22,10 @@ from pathlib import Path
 import pytest
 from costmodel_builders import make_acceptance, make_context, make_evidence
 
-from policies.acceptance import AcceptancePoint
-from policies.costmodel import ModelContext, curve_for, speedup_curve
-from policies.profiles import drafter_for, hardware_by_name, model_by_name
-from policies.roofline import Shape
+from policies.model.acceptance import AcceptancePoint
+from policies.model.costmodel import ModelContext, curve_for, speedup_curve
+from policies.model.profiles import drafter_for, hardware_by_name, model_by_name
+from policies.model.roofline import Shape
 from policies.types import DraftMethod
 
 PUBLISHED = Path(__file__).resolve().parents[1] / "fixtures" / "published"
@@ -70,7 +70,7 @@ def test_plain_batch1_step_matches_the_published_tpot() -> None:
     assert base == pytest.approx(PLAIN_TPOT_MS * 1e-3, rel=0.05)
 
 
-# The CSV's names resolve as they are: its targets are catalog models (policies/catalog.py, lmsys/vicuna-*-v1.3),
+# The CSV's names resolve as they are: its targets are catalog models (policies/model/catalog.py, lmsys/vicuna-*-v1.3),
 # and its "a100-80gb" (the leaderboard's "A100 80GB", no form factor) is the SXM card by alias (S is a ratio of step
 # times, so the PCIe card's 5% lower bandwidth barely moves it).
 SPECBENCH_TARGETS = ("vicuna-7b", "vicuna-13b", "vicuna-33b")
@@ -133,7 +133,7 @@ def _specbench_params() -> list[object]:
             continue
         # A GPU without a catalog profile (none today) is skipped, not silently priced on another card.
         marks = () if _has_hardware(row["gpu"]) else pytest.mark.skip(
-            reason=f"no hardware profile for {row['gpu']} (policies/catalog.py HARDWARE_ROWS)"
+            reason=f"no hardware profile for {row['gpu']} (policies/model/catalog.py HARDWARE_ROWS)"
         )
         params.append(pytest.param(row, id=f"{row['gpu']}-{row['target']}-{row['method']}", marks=marks))
     return params

@@ -1,7 +1,7 @@
 """The cost model against the published batch > 1 measurements (tests/fixtures/published/, issue 14 item 1), through
 the same functions `benchmarks/published_reproduction.py` prints: tolerances are what the physics achieves on these
 files, each stated with the figure measured when it was set (2026-12-04). In-sample: the model's terms were
-written with these files in view, and some constants are fitted to them (policies/profiles.py: the per-token, per-
+written with these files in view, and some constants are fitted to them (policies/model/profiles.py: the per-token, per-
 layer and per-request step costs, `published_reproduction --fit`); held-out data is run by others.
 
 - GEMMs (gemm-efficiency-vs-m.csv): the step model's linear-layer term (`roofline.linear_layer_s`, H100 profile)

@@ -8,9 +8,9 @@ from statistics import NormalDist
 import pytest
 from costmodel_builders import make_context, make_evidence
 
-from policies.acceptance import acceptance_curve
-from policies.costmodel import curve_for
-from policies.objectives import (
+from policies.model.acceptance import acceptance_curve
+from policies.model.costmodel import curve_for
+from policies.model.objectives import (
     Objective,
     ObjectiveConfig,
     Workload,
@@ -21,7 +21,7 @@ from policies.objectives import (
     slo_share,
     workload_from,
 )
-from policies.roofline import Shape
+from policies.model.roofline import Shape
 from policies.types import DraftMethod
 
 ACCEPTANCE = acceptance_curve(make_evidence().acceptance, method=DraftMethod.EAGLE3, gamma_max=4)

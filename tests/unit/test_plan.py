@@ -1,4 +1,4 @@
-"""Planning restart-costly changes over the recent load (policies/plan.py) and decide's use of the plan."""
+"""Planning restart-costly changes over the recent load (policies/decide/horizon.py) and decide's use of the plan."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ import math
 
 import pytest
 
-from policies.decide import DecideConfig, DecideInputs, DecideState, Planned, decide
-from policies.plan import (
+from policies.decide.horizon import (
     PlanState,
     PlanTick,
     cost_scale,
@@ -17,6 +16,7 @@ from policies.plan import (
     queue_cost_s,
     queue_weight,
 )
+from policies.decide.rule import DecideConfig, DecideInputs, DecideState, Planned, decide
 from policies.types import CurvePoint, Evidence, TargetState
 
 T0 = 1_800_000_000.0

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from policies.costmodel import ModelContext
-from policies.measured_profile import ProfileError, ProfileIdentity
-from policies.profiles import drafter_for, hardware_by_name, model_by_name
+from policies.model.costmodel import ModelContext
+from policies.model.measured_profile import ProfileError, ProfileIdentity
+from policies.model.profiles import drafter_for, hardware_by_name, model_by_name
 from policies.types import DraftMethod, EngineSnapshot, HistogramReading, SpecDecodeCounters
 from service.profile import (
     IDLE_CHECK_S,

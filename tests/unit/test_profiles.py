@@ -6,8 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from policies.catalog import MODEL_ENTRIES, ModelEntry
-from policies.profiles import (
+from policies.model.catalog import MODEL_ENTRIES, ModelEntry
+from policies.model.profiles import (
     HARDWARE,
     drafter_for,
     hardware_by_name,

@@ -12,8 +12,8 @@ from dataclasses import replace
 
 import pytest
 
-from policies.profiles import drafter_for, hardware_by_name, model_by_name
-from policies.roofline import (
+from policies.model.profiles import drafter_for, hardware_by_name, model_by_name
+from policies.model.roofline import (
     CostScales,
     Shape,
     crossover_batch,

@@ -1,4 +1,5 @@
-"""Engine-native schedules (policies/schedule.py): band shape, exact boundaries, the K=0 cost, both engines' formats."""
+"""Engine-native schedules (policies/offline/schedule.py): band shape, exact boundaries, the K=0 cost, both engines'
+formats."""
 
 from __future__ import annotations
 
@@ -7,12 +8,12 @@ import itertools
 import pytest
 from costmodel_builders import make_context, make_evidence, make_off_evidence
 
-from policies.acceptance import acceptance_curve
 from policies.advise import AdvisorConfig, AdvisorState, advise_target
-from policies.costmodel import curve_for
-from policies.decide import DecideConfig
-from policies.roofline import CostScales, Shape, dynamic_sd_k0_overhead_s
-from policies.schedule import (
+from policies.decide.rule import DecideConfig
+from policies.model.acceptance import acceptance_curve
+from policies.model.costmodel import curve_for
+from policies.model.roofline import CostScales, Shape, dynamic_sd_k0_overhead_s
+from policies.offline.schedule import (
     BatchSchedule,
     ScheduleAsk,
     ScheduleBand,
@@ -24,8 +25,8 @@ from policies.schedule import (
     vllm_bands,
     vllm_speculative_config,
 )
+from policies.offline.whatif import acceptance_evidence
 from policies.types import DraftMethod
-from policies.whatif import acceptance_evidence
 
 
 def make_plan(

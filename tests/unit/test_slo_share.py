@@ -1,5 +1,6 @@
-"""The share meeting an ITL SLO from the window's per-request ITL histogram (policies/slo_share.py), and the batch an
-option holds under an open load (policies/objectives.py open_loop_batch), against independent computations."""
+"""The share meeting an ITL SLO from the window's per-request ITL histogram (policies/model/slo_share.py), and the
+batch an
+option holds under an open load (policies/model/objectives.py open_loop_batch), against independent computations."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ from statistics import NormalDist
 import pytest
 from costmodel_builders import make_context, make_evidence
 
-from policies.acceptance import acceptance_curve
-from policies.costmodel import curve_for
-from policies.objectives import OPEN_LOOP_MAX_GROWTH, ObjectiveConfig, Workload, objective_curve, open_loop_batch
-from policies.roofline import Shape
-from policies.slo_share import fit_request_itl, modelled_share, shifted_share
+from policies.model.acceptance import acceptance_curve
+from policies.model.costmodel import curve_for
+from policies.model.objectives import OPEN_LOOP_MAX_GROWTH, ObjectiveConfig, Workload, objective_curve, open_loop_batch
+from policies.model.roofline import Shape
+from policies.model.slo_share import fit_request_itl, modelled_share, shifted_share
 from policies.types import DraftMethod, HistogramReading
 
 # vLLM's buckets for request_time_per_output_token_seconds (tests/fixtures/vllm captures).

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import pytest
 
-from policies.estimate import EstimatorConfig, EstimatorState, estimate, observe
+from policies.estimate.window import EstimatorConfig, EstimatorState, estimate, observe
 from policies.types import EngineSnapshot
 from service.sources.errors import ScrapeError, ScrapeErrorReason
 from service.sources.prometheus import (

@@ -11,8 +11,8 @@ from dataclasses import replace
 from decide_builders import T0, make_curve, make_evidence
 from test_decide import BAD, BAND, CFG, COST, GOOD, OFF, ON2, tick
 
-from policies.decide import DecideState, decide
-from policies.summary import MAX_SUMMARY_CHARS
+from policies.decide.rule import DecideState, decide
+from policies.decide.summary import MAX_SUMMARY_CHARS
 from policies.types import Decision, TargetState, WhyCode
 
 

@@ -1,4 +1,5 @@
-"""The cost model's own uncertainty in the bands (policies/uncertainty.py): the arithmetic, what identifies it, and
+"""The cost model's own uncertainty in the bands (policies/model/uncertainty.py): the arithmetic, what identifies it,
+and
 what the decision does with it."""
 
 from __future__ import annotations
@@ -9,15 +10,15 @@ from dataclasses import replace
 import pytest
 from costmodel_builders import make_acceptance, make_context, make_evidence
 
-from policies.acceptance import acceptance_curve
 from policies.advise import AdvisorConfig, AdvisorState, advise_target
-from policies.calibrate import PARAMS, CalibrationConfig, CalibrationState, StepObservation, prior_covariance
-from policies.costmodel import curve_for
-from policies.decide import DecideConfig, DecideState, decide
-from policies.roofline import CostScales, Shape
+from policies.decide.rule import DecideConfig, DecideState, decide
+from policies.model.acceptance import acceptance_curve
+from policies.model.calibrate import PARAMS, CalibrationConfig, CalibrationState, StepObservation, prior_covariance
+from policies.model.costmodel import curve_for
+from policies.model.roofline import CostScales, Shape
+from policies.model.uncertainty import Z_90, banded, model_sd, shifted, widen
+from policies.offline.whatif import acceptance_evidence
 from policies.types import CurvePoint, DraftMethod, WhyCode
-from policies.uncertainty import Z_90, banded, model_sd, shifted, widen
-from policies.whatif import acceptance_evidence
 
 CTX = make_context(method=DraftMethod.EAGLE3)
 NOW = 1_800_000_000.0
@@ -117,7 +118,7 @@ def _running_three(gain_sd: float) -> tuple[CurvePoint, ...]:
 
 def test_a_restart_is_paid_only_by_a_gain_the_model_is_sure_of() -> None:
     # Running gamma 3 at S 1.20; gamma 1 at 1.35 is +12.5% on the point. A restart costs 20 s + the in-flight work
-    # against a 600 s horizon (policies/decide.py): at gain_sd 0.02 the gain's low end,
+    # against a 600 s horizon (policies/decide/rule.py): at gain_sd 0.02 the gain's low end,
     # 1.35 exp(-1.645 x 0.02) / 1.20 - 1 = +8.8%, pays (53 s > ~20 s); at gain_sd 0.06, 1.35 exp(-0.099) / 1.20 - 1
     # = +1.9% (11 s) does not.
     evidence = replace(make_evidence(batch=4.0), deployed_k=3)

@@ -8,7 +8,7 @@ from costmodel_builders import make_evidence, make_off_evidence
 
 from policies.types import Decision, TargetState
 from service.board import TargetStatus
-from service.view import render
+from service.cli.view import render
 
 NOW = 1_800_000_000.0
 LONG_REASON = "; ".join(

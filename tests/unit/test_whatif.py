@@ -1,4 +1,4 @@
-"""What-if evaluation (policies/whatif.py): acceptance forms, profiles, bounds, and the physics it must show."""
+"""What-if evaluation (policies/offline/whatif.py): acceptance forms, profiles, bounds, and the physics it must show."""
 
 from __future__ import annotations
 
@@ -7,13 +7,12 @@ from typing import Any
 
 import pytest
 
-from policies.acceptance import acceptance_curve
-from policies.catalog import MODEL_ENTRIES
-from policies.costmodel import ModelContext, curve_for
-from policies.profiles import drafter_for, hardware_by_name, model_by_name
-from policies.roofline import Shape
-from policies.types import DraftMethod
-from policies.whatif import (
+from policies.model.acceptance import acceptance_curve
+from policies.model.catalog import MODEL_ENTRIES
+from policies.model.costmodel import ModelContext, curve_for
+from policies.model.profiles import drafter_for, hardware_by_name, model_by_name
+from policies.model.roofline import Shape
+from policies.offline.whatif import (
     GAMMA_LIMIT,
     MAX_POINTS,
     AcceptanceSpec,
@@ -29,6 +28,7 @@ from policies.whatif import (
     resolve_model,
     whatif_schedule_plan,
 )
+from policies.types import DraftMethod
 
 R_EAGLE3 = (0.78, 0.58, 0.43)
 

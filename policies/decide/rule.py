@@ -1,0 +1,637 @@
+"""Decide: the predicted speedup curve -> the published recommendation.
+
+The rule. Value every option o (off, or on at gamma) against the one that runs, c, over the payback horizon H:
+
+    V(o) = H x g(o) - C          C = (change_cost_s + in-flight work + weighed queue) x cost_scale     (s)
+
+g(o) is o's gain over c at the pessimistic end of its 90% band (a free move between gammas: its expected gain), per
+delivered token (policies/decide/value.py); C is what one change destroys in seconds of service
+(policies/decide/change_cost.py; 0 for an engine that adapts per batch). The candidate is the option with the greatest V
+among those with g >= margin
+(ties: the smaller gamma, off first); when none has V > 0, what runs stays. A turn-off goes to gamma* (the best
+point speedup among measured gammas) instead when S(gamma*) >= 1: as much expected service, and the acceptance stays
+measured. The candidate is published once some change has been worth making for
+
+    wait = C / g, clipped to [confirm_s, dwell_s]
+
+(the service forgone by waiting has then paid for the switch: the break-even rule, which unclipped loses at most
+twice what hindsight would on a condition of any length), once the candidate has kept its side for confirm_s (off,
+more drafts or fewer: one outlying window cannot publish a change), and never within dwell_s of the last published
+change. What is published is the candidate of that tick: near the optimum, neighbouring gammas alternate within
+noise. Hysteresis comes from the pessimistic band on both sides (to switch on, S's low end must clear 1 + margin; to
+switch off, the running option's high end must fall short of 1 by margin x S(c)) and the cost; the wait from the
+cost over the gain: a grossly wrong setting (g >= C / confirm_s) is corrected after confirm_s, a gain below C /
+dwell_s waits the whole dwell. With no restart (C = 0) every change but a probe waits confirm_s: undoing it costs
+nothing.
+
+The options: off, and every gamma in 1..gamma_max; while on, no further than one gamma past the measured k
+(`reachable_gamma_limit`): past it the acceptance is a guess, and each step up runs, gets its position measured
+and the next is decided on data. With a plan (policies/decide/horizon.py) the options are valued on the plan's curve
+(the recent load's mix: the forecast over the horizon) with C scaled to its units by `cost_scale`, and g there is a
+ratio of planned values (the plan carries no SLO share); the wait's C / g is this window's (waiting forgoes the
+gain at today's rate). The published speedups stay this window's. A running gamma off the curve (deployed k >
+gamma_max) cannot be weighed: the best option against plain decoding is the move, after confirm_s.
+
+Worked example (H 600 s, C 22.6 s, margin 0.02, confirm 30 s, dwell 120 s): running gamma 3 at S 1.40, gamma 2
+priced at 1.48 with gain_sd 0.01: g = (1.48 x 0.984 - 1.40) / 1.40 = 4.0%, V = 23.9 - 22.6 = +1.3 s, wait 22.6 /
+0.040 = 565 s -> 120 s. Running gamma 8 at S 0.70 at moderate load, gamma 2 at 1.30 (gain_sd 0.05): g = 71%, wait
+32 s. Off, S(3) = 1.42 [1.31..1.55], C 0: g = 31%, V > 0, wait 30 s (the confirm).
+
+Probe (value of information): while off on a remembered profile, `probe.probe_for` may ask to switch on to
+measure again; it is the candidate when the rule would stay off, published at once when the last change (or the
+first baseline) is a dwell old, then held until a live window is measured (or `probe_timeout_s` passes; then no
+probe for `probe_backoff_s`). First decision: the current deployment is published as the baseline (not a
+change). Evidence that is not ok never flips anything: the last decision stays with the new state and a reason,
+and any pending change is dropped.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from policies.decide.change_cost import change_cost_of, inflight_work_s
+from policies.decide.summary import summarize
+from policies.decide.value import Key, Valued, best_on, pessimistic_gain, point_at, value_options
+from policies.model.costmodel import step_batch
+from policies.types import CurvePoint, Decision, Evidence, TargetState, Why, WhyCode
+
+
+@dataclass(frozen=True, slots=True)
+class DecideConfig:
+    """The narrow policy config. Gains are dimensionless shares of the service; times are seconds."""
+
+    margin: float = 0.02  # the least pessimistic gain g a change must promise (module docstring)
+    dwell_s: float = 120.0  # the longest wait, and the least time between two published changes
+    confirm_s: float = 30.0  # the shortest wait: one bad scrape or window cannot change a deployment
+    gamma_max: int = 8
+    # Seconds of service one change interrupts (~ the engine's restart time; 0 = the engine adapts per batch).
+    change_cost_s: float = 0.0
+    # Seconds over which a change must pay its cost back (how long a recommendation is expected to hold).
+    payback_horizon_s: float = 600.0
+    # Probe while off on a remembered profile (probe.probe_for); a probe runs at least `probe_min_s` (one
+    # estimator window, 60 s by default, to measure the positions again) before it can be undone.
+    explore: bool = True
+    probe_min_s: float = 60.0
+    # A published probe is held until a live window is measured, at most this long (s): long enough for an
+    # actuator's own dwell and cooldown (300 s + 900 s by default in actuation) and a restart to apply it.
+    probe_timeout_s: float = 1800.0
+    # After a probe that was never applied, no new probe for this long (s): whoever did not apply the last one
+    # is unlikely to apply the next a dwell later, and each unapplied probe is two published changes.
+    probe_backoff_s: float = 3600.0
+
+
+@dataclass(frozen=True, slots=True)
+class DecideState:
+    """What `decide` carries between ticks: the published decision and the candidate waiting to be published."""
+
+    published: Decision | None = None  # what is currently published (enabled, gamma)
+    pending_enabled: bool | None = None  # the change waiting to be published
+    pending_gamma: int | None = None  # the last candidate's gamma
+    pending_since_s: float | None = None  # since when some change has been worth making (the wait's clock)
+    candidate_since_s: float | None = None  # since when the candidate has kept its side (off, up or down)
+    candidate_side: int | None = None  # that side: 0 off, +1 more drafts than run, -1 fewer
+    probe_since_s: float | None = None  # when a probe was published; held until a live window is measured
+    probe_after_s: float | None = None  # no probe before this time (back-off after a probe nobody applied)
+    last_change_s: float | None = None  # when a change (not the first baseline) was last published
+
+
+def best_point(curve: Sequence[CurvePoint], gamma_max: int) -> CurvePoint | None:
+    """The point with the highest point speedup among gamma in 1..gamma_max; ties go to the smaller gamma.
+
+    `curve` may be in any order and may be empty; returns None when no point has 1 <= gamma <= gamma_max.
+    Example: S(1)=1.20, S(2)=1.35, S(3)=1.35, S(4)=1.30 -> the gamma=2 point.
+    """
+    return best_on(curve, [(True, gamma) for gamma in range(1, gamma_max + 1)])
+
+
+@dataclass(frozen=True, slots=True)
+class Probe:
+    """A request to switch speculation on at `gamma` (>= 1) to re-measure acceptance, with `why` for the reason
+    (made by `probe.probe_for` while off on a remembered profile)."""
+
+    gamma: int
+    why: str
+
+
+def reachable_gamma_limit(*, current_gamma: int, measured_k: int, gamma_max: int) -> int:
+    """The largest gamma one move may reach while on: max(measured_k + 1, current_gamma) clipped to
+    1..gamma_max, so a published gamma above what runs is never pulled down by the cap.
+
+    Example: measured k=3, current 3, gamma_max 8 -> 4; measured k=3, current 5 -> 5; measured 10, max 8 -> 8.
+    """
+    return max(1, min(gamma_max, max(measured_k + 1, current_gamma)))
+
+
+def wait_s(*, cost_s: float, gain: float, confirm_s: float, dwell_s: float) -> float:
+    """How long a change must stay worth making before it is published: C / g (s) clipped to [confirm_s,
+    dwell_s]; a gain <= 0 (nothing forgone by waiting) waits the dwell. Example: C 22.6 s, g 0.04 -> 565 -> 120
+    (dwell); g 0.70 -> 32.3; C 0 -> 30 (confirm)."""
+    raw = cost_s / gain if gain > 0 else math.inf
+    return min(dwell_s, max(confirm_s, raw))
+
+
+@dataclass(frozen=True, slots=True)
+class Planned:
+    """The plan's curve (policies/decide/horizon.py; same gammas as the tick's curve) that options are valued on, and
+    the factor (> 0) that converts a change's cost C from seconds of this window's service into the plan's units."""
+
+    curve: Sequence[CurvePoint]
+    cost_scale: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class DecideInputs:
+    """What a tick knows beyond the evidence and the curve.
+
+    `probe`: a request to switch on to re-measure (probe.probe_for), or None. `measured`: this tick's acceptance
+    was measured live while speculating (None: ok, speculating and acceptance present); it releases a held probe.
+    `inflight_s` (s): the in-flight and weighed queued work a restart loses (None: `inflight_work_s(evidence)`).
+    `plan`: the curve options are valued on, or None to value them on this window's curve."""
+
+    probe: Probe | None = None
+    measured: bool | None = None
+    inflight_s: float | None = None
+    plan: Planned | None = None
+
+
+NO_INPUTS = DecideInputs()
+
+
+@dataclass(frozen=True, slots=True)
+class _Tick:
+    """One tick's fixed inputs, passed together to the stages of `decide`."""
+
+    evidence: Evidence
+    curve: Sequence[CurvePoint]
+    config: DecideConfig
+    now_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class _Prices:
+    """What options are valued on this tick: C today (s of this window's service), C in the valued curve's units,
+    that curve, the options, and whether it is a plan."""
+
+    today_s: float
+    cost_s: float
+    curve: Sequence[CurvePoint]
+    options: Sequence[Key]
+    planned: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _Candidate:
+    """The option this tick would publish, its wait (s), its side (`_side`), whether it is a probe, and the reason
+    text that explains it."""
+
+    key: Key
+    wait_s: float
+    side: int = 0
+    probing: bool = False
+    text: str = ""
+    why: tuple[Why, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class _ProbeHold:
+    """A published probe's hold this tick: held (the engine has not run it yet), probe_since_s, probe_after_s, and
+    a note for the reason."""
+
+    held: bool = False
+    since_s: float | None = None
+    after_s: float | None = None
+    note: str = ""
+
+
+def decide(
+    evidence: Evidence,
+    curve: Sequence[CurvePoint],
+    config: DecideConfig,
+    state: DecideState,
+    now_s: float,
+    *,
+    inputs: DecideInputs = NO_INPUTS,
+) -> tuple[Decision, DecideState]:
+    """One decision tick (module docstring): returns the Decision to publish and the state for the next tick.
+
+    `curve` holds one point per gamma 0..gamma_max (speedups vs plain decoding); `now_s` is epoch seconds from the
+    caller's clock; `inputs` the probe, the measured flag, the work a restart loses and the plan (`DecideInputs`).
+    The Decision's band is the published option's on `curve`.
+    """
+    if evidence.state is not TargetState.OK:
+        return _hold(evidence, curve, state, now_s, kind=evidence.state, why=_why_not_ok(evidence))
+    star = best_point(curve, config.gamma_max)
+    if star is None:
+        why = f"no predicted speedup for any gamma in 1..{config.gamma_max} (curve has {len(curve)} points)"
+        return _hold(evidence, curve, state, now_s, kind=TargetState.ERROR, why=why)
+    tick = _Tick(evidence=evidence, curve=curve, config=config, now_s=now_s)
+    prefix, published = "", state.published
+    batch = max(step_batch(evidence), 1.0)
+    whys = [_why(WhyCode.BEST, gamma=star.gamma, speedup=star.speedup, low=star.speedup_low,
+                 high=star.speedup_high, batch=batch)]
+    if published is None:
+        base = _deployment(evidence)
+        published = _decision(evidence, curve, base, reason="", now_s=now_s, changed_at_s=now_s)
+        prefix = f"first decision, baseline is the current deployment ({_describe(base)}); "
+        whys.insert(0, _why(WhyCode.BASELINE))
+    current = _key(published)
+    head = f"{_describe(current)}: best {_fmt_point(star)} at batch {batch:.1f}"
+    head += "; planned over the recent load" if _plan_curve(inputs) else ""
+    measured = inputs.measured
+    if measured is None:
+        measured = evidence.speculation_on and evidence.acceptance is not None
+    hold = _probe_hold(state, current, measured=measured, config=config, now_s=now_s)
+    candidate = _candidate(tick, current, inputs, hold)
+    candidate = replace(candidate, why=(*whys, *candidate.why))
+    return _publish(tick, state, published, candidate, reason=prefix + head + candidate.text, hold=hold)
+
+
+def _plan_curve(inputs: DecideInputs) -> Sequence[CurvePoint]:
+    return inputs.plan.curve if inputs.plan is not None else ()
+
+
+def _prices(tick: _Tick, current: Key, inputs: DecideInputs) -> _Prices:
+    lost_s = inflight_work_s(tick.evidence) if inputs.inflight_s is None else inputs.inflight_s
+    today_s = change_cost_of(change_cost_s=tick.config.change_cost_s, inflight_s=lost_s)  # C in this window's units
+    plan = _plan_curve(inputs)
+    scale = _valid_scale(inputs.plan.cost_scale) if inputs.plan is not None and plan else 1.0
+    return _Prices(
+        today_s=today_s, cost_s=today_s * scale, curve=plan if plan else tick.curve,
+        options=_options(current, tick.evidence, tick.config), planned=bool(plan),
+    )
+
+
+def _candidate(tick: _Tick, current: Key, inputs: DecideInputs, hold: _ProbeHold) -> _Candidate:
+    """The option to wait for this tick: what runs while a probe is held, else the valued change, else a probe,
+    else what runs."""
+    config, prices = tick.config, _prices(tick, current, inputs)
+    choice = _choose(prices.curve, current, prices.options, config, cost_s=prices.cost_s)
+    if hold.held:
+        # A published probe the engine has not run yet: the curve is still the remembered one.
+        held_s = tick.now_s - hold.since_s if hold.since_s is not None else 0.0
+        return _Candidate(key=current, wait_s=config.dwell_s, text=hold.note,
+                          why=(_why(WhyCode.PROBE_HELD, gamma=current[1], held_s=held_s),))
+    if choice is not None and choice.value_s > 0 and choice.gain >= config.margin:
+        return _change(tick, current, choice, prices, note=hold.note)
+    probe = inputs.probe
+    if probe is not None and not current[0] and (hold.after_s is None or tick.now_s >= hold.after_s):
+        # The probe's own test priced its restarts (probe.probe_for); it rests on the memory's age, which only
+        # grows, so it does not wait for confirmation, only for the spacing after the last change.
+        key = (True, max(1, min(probe.gamma, config.gamma_max)))
+        return _Candidate(key=key, wait_s=0.0, side=1, probing=True, text=hold.note + f"; probing: {probe.why}",
+                          why=(_why(WhyCode.PROBE, gamma=key[1]),))
+    stays = _worth(choice, config, prices.cost_s, from_on=current[0]) if choice is not None else ""
+    text = hold.note + (f"; stays: {stays}" if stays else "; stays")
+    whys = _why_stays(choice, config, cost_s=prices.cost_s)
+    if probe is not None and hold.after_s is not None and tick.now_s < hold.after_s:
+        text += f"; no probe for another {hold.after_s - tick.now_s:.0f}s (back-off after an unapplied probe)"
+        whys += (_why(WhyCode.PROBE_BACKOFF, left_s=hold.after_s - tick.now_s),)
+    return _Candidate(key=current, wait_s=config.dwell_s, text=text, why=whys)
+
+
+def _why_stays(choice: Valued | None, config: DecideConfig, *, cost_s: float) -> tuple[Why, ...]:
+    """Why the best alternative is not a change: it gains less than the margin, or not what it costs."""
+    if choice is None or math.isinf(choice.gain):
+        return ()
+    to_gamma = choice.key[1] if choice.key[0] else 0
+    if choice.gain < config.margin:
+        return (_why(WhyCode.BELOW_MARGIN, to_gamma=to_gamma, gain=choice.gain, margin=config.margin),)
+    return (_why(WhyCode.COST, to_gamma=to_gamma, gain=choice.gain, cost_s=cost_s),)
+
+
+def _change(tick: _Tick, current: Key, choice: Valued, prices: _Prices, *, note: str) -> _Candidate:
+    """The valued change as the candidate, with its wait: C today over the gain now (waiting forgoes the gain at
+    this window's rate: the rent is paid now, whatever the plan forecasts)."""
+    config = tick.config
+    now_gain = (
+        pessimistic_gain(tick.curve, current, choice.key, costly=prices.cost_s > 0) if prices.planned else choice.gain
+    )
+    rent = choice.gain if now_gain is None else now_gain
+    wait = wait_s(cost_s=prices.today_s, gain=rent, confirm_s=config.confirm_s, dwell_s=config.dwell_s)
+    worth = _worth(choice, config, prices.cost_s, from_on=current[0])
+    text = note + f"; {worth}, wait {wait:.0f}s (cost today {prices.today_s:.1f}s / gain "
+    text += f"now {rent:+.1%}, in {config.confirm_s:.0f}..{config.dwell_s:.0f}s)"
+    side = _side(choice.key, current)  # the option valued: a turn-off kept measuring is still a turn-off
+    key, kept = _keep_measuring(choice.key, prices.curve, prices.options)
+    to_gamma = choice.key[1] if choice.key[0] else 0
+    whys = [_why(WhyCode.GAIN, to_gamma=to_gamma, gain=choice.gain, cost_s=prices.cost_s, wait_s=wait)]
+    if math.isinf(choice.gain):
+        whys.append(_why(WhyCode.OFF_CURVE, to_gamma=to_gamma))
+    if kept:
+        point = point_at(prices.curve, key[1])
+        whys.append(_why(WhyCode.KEPT_MEASURING, gamma=key[1], speedup=point.speedup if point else math.nan))
+    return _Candidate(key=key, wait_s=wait, side=side, text=text + kept, why=tuple(whys))
+
+
+def _side(option: Key, current: Key) -> int:
+    """Which way a change goes: 0 off, +1 to more drafts than run (on from off included), -1 to fewer."""
+    if not option[0]:
+        return 0
+    return 1 if not current[0] or option[1] > current[1] else -1
+
+
+def _keep_measuring(key: Key, curve: Sequence[CurvePoint], options: Sequence[Key]) -> tuple[Key, str]:
+    """A turn-off that pays goes to gamma* instead when gamma* is expected to do as well as plain decoding
+    (S(gamma*) >= 1, gamma* among the measured gammas: an extrapolated one is a guess): the same expected service,
+    and the acceptance stays measured (nothing is while off)."""
+    star = best_on(curve, [o for o in options if (p := point_at(curve, o[1])) is not None and not p.extrapolated])
+    if key[0] or star is None or star.speedup < 1.0:
+        return key, ""
+    return (True, star.gamma), f"; {_fmt_point(star)} is expected to do as well as off: gamma {star.gamma} instead"
+
+
+
+def _options(current: Key, evidence: Evidence, config: DecideConfig) -> list[Key]:
+    """Off and gamma 1..gamma_max; while on, no further than `reachable_gamma_limit`."""
+    limit = config.gamma_max
+    if current[0]:
+        limit = reachable_gamma_limit(
+            current_gamma=current[1], measured_k=_measured_k(evidence), gamma_max=config.gamma_max
+        )
+    return [(False, 0), *((True, g) for g in range(1, limit + 1))]
+
+
+def _choose(
+    curve: Sequence[CurvePoint], current: Key, options: Sequence[Key], config: DecideConfig, *, cost_s: float
+) -> Valued | None:
+    """The option with the greatest V (ties: the smaller gamma, off first), or None when none can be priced."""
+    if current[0] and point_at(curve, current[1]) is None:
+        # The running gamma is off the curve (deployed k > gamma_max): nothing to weigh against, so the best
+        # option against plain decoding is the move, off when none clears the margin.
+        plain = [v for v in value_options(curve, (False, 0), options=options, horizon_s=1.0, cost_s=0.0)
+                 if v.gain >= config.margin]
+        top = max(plain, key=lambda v: v.gain, default=None)
+        key = top.key if top is not None else (False, 0)
+        return Valued(key=key, gain=math.inf, value_s=math.inf, point=point_at(curve, key[1]) if key[0] else None)
+    best: Valued | None = None
+    for valued in value_options(curve, current, options=options, horizon_s=config.payback_horizon_s, cost_s=cost_s):
+        if best is None or valued.value_s > best.value_s:
+            best = valued
+    return best
+
+
+def _worth(choice: Valued, config: DecideConfig, cost_s: float, *, from_on: bool) -> str:
+    """The numbers behind a candidate (or the best option that is not one), for the reason."""
+    seen = f" {_fmt_point(choice.point)}" if choice.point is not None else ""
+    if math.isinf(choice.gain):
+        return f"{_describe(choice.key)}{seen}, the running gamma is not on the curve"
+    # Off is priced against the running option at its best (its band's high end); a gamma at its own low end, or
+    # on its expected value when it is a free move between gammas (policies/decide/value.py).
+    if not choice.key[0]:
+        basis = "against the running option's band high end"
+    elif not from_on or cost_s > 0 or choice.point is None or choice.point.extrapolated:
+        basis = "at its band's low end"
+    else:
+        basis = "expected (a free move)"
+    text = f"{_describe(choice.key)}{seen} gains {choice.gain:+.1%} {basis}"
+    if choice.gain < config.margin:
+        return text + f" < margin {config.margin:.0%}"
+    if cost_s <= 0:
+        return text
+    won = config.payback_horizon_s * choice.gain
+    text += f" x {config.payback_horizon_s:.0f}s = {won:.1f}s vs change cost {cost_s:.1f}s"
+    return text if choice.value_s > 0 else text + ": held back by its cost"
+
+
+def _publish(
+    tick: _Tick, state: DecideState, published: Decision, candidate: _Candidate, *, reason: str, hold: _ProbeHold
+) -> tuple[Decision, DecideState]:
+    """Run the wait clock (module docstring) and build the Decision and the next state. `hold.since_s`: when a
+    held probe was published (None: none held)."""
+    now_s, key = tick.now_s, candidate.key
+    current, pending = _key(published), _pending(state)
+    changed, since, steady, tail, whys = False, None, None, "", candidate.why
+    if key == current:
+        tail = f"; candidate {_describe(pending)} withdrawn" if pending is not None else ""
+        if pending is not None:
+            whys += (_why(WhyCode.WITHDRAWN, to_gamma=pending[1]),)
+    else:
+        since = state.pending_since_s if pending is not None and state.pending_since_s is not None else now_s
+        same_side = pending is not None and state.candidate_side == candidate.side
+        steady = state.candidate_since_s if same_side and state.candidate_since_s is not None else now_s
+        changed, tail, clock = _clock(tick, state, published, candidate, since_s=since, steady_s=steady)
+        whys += clock
+        if changed:
+            since, steady = None, None
+    publish = key if changed else current
+    decision = _decision(tick.evidence, tick.curve, publish, reason=reason + tail, now_s=now_s,
+                         changed_at_s=now_s if changed else published.changed_at_s)
+    decision = _explained(decision, whys)
+    next_state = DecideState(
+        published=decision,
+        pending_enabled=None if changed or key == current else key[0],
+        pending_gamma=None if changed or key == current else key[1],
+        pending_since_s=since,
+        candidate_since_s=steady,
+        candidate_side=None if steady is None else candidate.side,
+        # A probe published now is held until it is measured; any other change ends a hold.
+        probe_since_s=now_s if candidate.probing and changed else (None if changed else hold.since_s),
+        probe_after_s=hold.after_s,
+        last_change_s=now_s if changed else state.last_change_s,
+    )
+    return decision, next_state
+
+
+def _clock(
+    tick: _Tick, state: DecideState, published: Decision, candidate: _Candidate, *, since_s: float, steady_s: float
+) -> tuple[bool, str, tuple[Why, ...]]:
+    """Whether the candidate is published now, the reason's tail and its causes: it has been worth a change for its
+    wait, has held its side for min(wait, confirm_s), and the last change is dwell_s old."""
+    config, now_s = tick.config, tick.now_s
+    current, wait = _key(published), candidate.wait_s
+    waited, held_s = max(0.0, now_s - since_s), max(0.0, now_s - steady_s)
+    # A probe rests on the memory's age; the first one is spaced from the baseline, so a restarted sidecar
+    # does not probe on its first tick.
+    last = state.last_change_s if state.last_change_s is not None or not candidate.probing else published.changed_at_s
+    spacing = 0.0 if last is None else max(0.0, last + config.dwell_s - now_s)
+    move = _transition(current, candidate.key)
+    to_gamma = candidate.key[1] if candidate.key[0] else 0
+    if waited >= wait and held_s >= min(wait, config.confirm_s) and spacing <= 0:
+        changed = _why(WhyCode.CHANGED, from_gamma=current[1] if current[0] else 0, to_gamma=to_gamma, waited_s=waited)
+        return True, f"; {move} after {waited:.0f}s", (changed,)
+    tail = f"; waiting {waited:.0f}s of {wait:.0f}s before {move}"
+    if held_s < min(wait, config.confirm_s) <= waited:
+        tail += f" (its side held {held_s:.0f}s of {config.confirm_s:.0f}s)"
+    left_s = max(wait - waited, min(wait, config.confirm_s) - held_s, spacing)
+    whys = [_why(WhyCode.WAITING, to_gamma=to_gamma, waited_s=waited, wait_s=wait, left_s=left_s)]
+    if last is not None and spacing > 0:
+        tail += f" ({spacing:.0f}s more: last change {now_s - last:.0f}s ago)"
+        whys.append(_why(WhyCode.SPACING, left_s=spacing))
+    return False, tail, tuple(whys)
+
+
+def _valid_scale(cost_scale: float) -> float:
+    return cost_scale if math.isfinite(cost_scale) and cost_scale > 0 else 1.0
+
+
+def _probe_hold(state: DecideState, current: Key, *, measured: bool, config: DecideConfig, now_s: float) -> _ProbeHold:
+    """Whether a published probe is held this tick (the engine has not run it yet), with a note for the reason."""
+    since, after = state.probe_since_s, state.probe_after_s
+    if since is None or not current[0]:
+        return _ProbeHold(after_s=after)
+    if measured:
+        return _ProbeHold(after_s=after, note=f"; probe at gamma {current[1]} measured, deciding on live data")
+    waited = max(0.0, now_s - since)
+    if waited >= config.probe_timeout_s:
+        note = (
+            f"; probe at gamma {current[1]} not applied after {waited:.0f}s, given up "
+            f"(no probe for {config.probe_backoff_s:.0f}s)"
+        )
+        return _ProbeHold(after_s=now_s + config.probe_backoff_s, note=note)
+    note = (
+        f"; probing at gamma {current[1]}: held until the engine speculates and a window is measured "
+        f"({waited:.0f}s of at most {config.probe_timeout_s:.0f}s)"
+    )
+    return _ProbeHold(held=True, since_s=since, after_s=after, note=note)
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Holding on without good evidence
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _hold(
+    evidence: Evidence,
+    curve: Sequence[CurvePoint],
+    state: DecideState,
+    now_s: float,
+    *,
+    kind: TargetState,
+    why: str,
+) -> tuple[Decision, DecideState]:
+    dropped = "" if _pending(state) is None else "; pending change dropped, its wait restarts"
+    published = state.published
+    if published is None:
+        shown = _deployment(evidence)
+        reason = (
+            f"{kind.value}: nothing published yet, showing the current deployment ({_describe(shown)}); {why}"
+        )
+        decision = Decision(
+            target=evidence.target,
+            model=evidence.model,
+            state=kind,
+            enabled=shown[0],
+            num_speculative_tokens=shown[1],
+            expected_speedup=1.0,
+            expected_speedup_low=1.0,
+            expected_speedup_high=1.0,
+            reason=reason + dropped,
+            evaluated_at_s=now_s,
+            curve=tuple(curve),
+            changed_at_s=None,
+        )
+        return _explained(decision, (_why(WhyCode(kind.value)),)), DecideState()
+    age_s = now_s - published.evaluated_at_s
+    kept = _describe(_key(published))
+    reason = f"{kind.value}: keeping {kept} from the last good decision {age_s:.0f}s ago; {why}"
+    # The last good decision's speedups and curve stay together: the band shown is the one it was decided on.
+    decision = replace(published, state=kind, reason=reason + dropped, evaluated_at_s=now_s)
+    decision = _explained(decision, (_why(WhyCode(kind.value), age_s=age_s),))
+    # A held probe and its back-off outlive a spell of bad data (the engine restarting to apply the probe is one).
+    kept_state = DecideState(
+        published=published, probe_since_s=state.probe_since_s, probe_after_s=state.probe_after_s,
+        last_change_s=state.last_change_s,
+    )
+    return decision, kept_state
+
+
+def _why_not_ok(evidence: Evidence) -> str:
+    told = _one_line(evidence.reason)
+    if told:
+        return told
+    if evidence.state is TargetState.INSUFFICIENT_DATA:
+        drafts = 0.0 if evidence.acceptance is None else evidence.acceptance.drafts
+        return f"{drafts:.0f} drafts seen in the window"
+    return f"evidence state {evidence.state.value}"
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Small conversions and formatting
+# ----------------------------------------------------------------------------------------------------------
+
+
+def _measured_k(evidence: Evidence) -> int:
+    # Positions 0..k-1 are measured only while the engine speculates at k.
+    return evidence.deployed_k if evidence.speculation_on else 0
+
+
+def _deployment(evidence: Evidence) -> Key:
+    # "On with 0 drafts" is not a state the engine can be in for our purposes: normalise to off.
+    if evidence.speculation_on and evidence.deployed_k >= 1:
+        return True, evidence.deployed_k
+    return False, 0
+
+
+def _key(decision: Decision) -> Key:
+    return decision.enabled, decision.num_speculative_tokens if decision.enabled else 0
+
+
+def _pending(state: DecideState) -> Key | None:
+    if state.pending_enabled is None or state.pending_gamma is None or state.pending_since_s is None:
+        return None
+    return state.pending_enabled, state.pending_gamma if state.pending_enabled else 0
+
+
+def _decision(
+    evidence: Evidence,
+    curve: Sequence[CurvePoint],
+    key: Key,
+    *,
+    reason: str,
+    now_s: float,
+    changed_at_s: float | None,
+) -> Decision:
+    enabled, gamma = key
+    point = point_at(curve, gamma) if enabled else None
+    # Disabled is plain decoding: 1.0 by definition. Enabled but off the curve: no prediction, claim no gain.
+    speedups = (
+        (point.speedup, point.speedup_low, point.speedup_high) if point is not None else (1.0, 1.0, 1.0)
+    )
+    return Decision(
+        target=evidence.target,
+        model=evidence.model,
+        state=TargetState.OK,
+        enabled=enabled,
+        num_speculative_tokens=gamma,
+        expected_speedup=speedups[0],
+        expected_speedup_low=speedups[1],
+        expected_speedup_high=speedups[2],
+        reason=reason,
+        evaluated_at_s=now_s,
+        curve=tuple(curve),
+        changed_at_s=changed_at_s,
+    )
+
+
+def _why(code: WhyCode, **numbers: float) -> Why:
+    return Why(code=code, numbers=tuple(numbers.items()))
+
+
+def _explained(decision: Decision, whys: Sequence[Why]) -> Decision:
+    """The decision with its causes and the sentence made of them (policies/decide/summary.py)."""
+    decision = replace(decision, why=tuple(whys))
+    return replace(decision, summary=summarize(decision))
+
+
+def _fmt_point(point: CurvePoint) -> str:
+    extrapolated = " extrapolated" if point.extrapolated else ""
+    band = f"[{point.speedup_low:.2f}..{point.speedup_high:.2f}]"
+    return f"S({point.gamma})={point.speedup:.2f} {band}{extrapolated}"
+
+
+def _describe(key: Key) -> str:
+    return f"on, gamma {key[1]}" if key[0] else "off"
+
+
+def _transition(before: Key, after: Key) -> str:
+    if before[0] and after[0]:
+        return f"switching gamma {before[1]}->{after[1]}"
+    if after[0]:
+        return f"switching on at gamma {after[1]}"
+    return f"switching off (from gamma {before[1]})"
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())

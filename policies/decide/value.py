@@ -1,0 +1,119 @@
+"""Value of each option against the one that runs: the pessimistic gain g and V = H x g - C (decide's rule).
+
+An option is (enabled, gamma), gamma 0 when off. Its gain over the running option c is read off the curve (or the
+plan's curve), whose speedups S are in the objective's units (per-sequence speed, server throughput or SLO
+goodput, policies/model/objectives.py), and is taken at the low end of its 90% band so that a change is paid for only
+by a gain the model is sure of:
+
+    c off      -> o on at gamma:  g = S_low(gamma) - 1                         (the band of S vs plain decoding)
+    c on at k  -> o off:          g = (1 - S_high(k)) / S(k)                    (the running option at its best)
+    c on at k  -> o on at gamma:  g = (S(gamma) exp(-1.645 gain_sd) - S(k)) / S(k)   (gain_sd: only when C > 0)
+
+gain_sd is the sd of log(S(gamma) / S(k)) under the cost model's own uncertainty (CurvePoint.gain_sd,
+policies/model/uncertainty.py): while one k runs, how a step grows with the tokens verified is the prior's, and S(1) vs
+S(3) differs mostly by it. That doubt is priced only when the move costs a restart (C > 0): a free move between
+gammas keeps speculating, its next window shows whether it was right, and undoing it costs nothing, so it is taken
+on its expected gain (pessimism then would only keep a gamma the model expects to be worse). The acceptance both
+share (measured at k, so at every gamma <= k) cancels in the
+ratio; an extrapolated gamma's does not (its positions past k were never run), so it is taken at no more than its
+own band's low end, S_low(gamma). Under an ITL SLO g is multiplied by the running option's SLO share
+(CurvePoint.slo_share): the tokens the change moves across the SLO per delivered token, not a ratio of goodputs
+(1% -> 2% of tokens meeting the SLO is a "100% gain" worth 1% of the service). g is a share of the service, so
+g x H is the seconds of service the option wins back over a horizon of H seconds, and
+
+    V(o) = H x g(o) - C        (s; C the change's cost in seconds of service, policies/decide/change_cost.py)
+
+Example: running gamma 3 at S 1.20 [band high 1.30], off: g = (1 - 1.30) / 1.20 = -0.25; gamma 1 at S 1.35 with
+gain_sd 0.05: g = (1.35 exp(-0.082) - 1.20) / 1.20 = +3.6%, V = 600 x 0.0362 - 22.6 = -0.9 s with H 600 s and
+C 22.6 s: not worth a restart.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from policies.model.uncertainty import Z_90
+from policies.types import CurvePoint
+
+# (enabled, gamma); gamma is 0 whenever enabled is False.
+Key = tuple[bool, int]
+
+
+@dataclass(frozen=True, slots=True)
+class Valued:
+    """One option against the running one: `gain` g (dimensionless share of the service, pessimistic),
+    `value_s` V = H x g - C (s), and `point` the option's curve point (None for off)."""
+
+    key: Key
+    gain: float
+    value_s: float
+    point: CurvePoint | None
+
+
+def point_at(curve: Sequence[CurvePoint], gamma: int) -> CurvePoint | None:
+    """The curve point for `gamma` (an int >= 0), or None when the curve has none.
+
+    Example: point_at(curve, 3) on a curve for gamma 0..8 returns the gamma=3 point; point_at(curve, 9) -> None.
+    """
+    return next((p for p in curve if p.gamma == gamma), None)
+
+
+def pessimistic_gain(curve: Sequence[CurvePoint], current: Key, option: Key, *, costly: bool) -> float | None:
+    """g(option) over `current` (module docstring); None when either has no point on the curve or g is not a
+    finite number (a broken point prices nothing). `costly`: the change costs a restart (C > 0), so a move between
+    gammas is taken at the low end of its gain's band."""
+    gain = _gain(curve, current, option, costly=costly)
+    return gain if gain is not None and math.isfinite(gain) else None
+
+
+def _gain(curve: Sequence[CurvePoint], current: Key, option: Key, *, costly: bool) -> float | None:
+    new = point_at(curve, option[1]) if option[0] else None
+    if option[0] and new is None:
+        return None
+    if not current[0]:
+        off = point_at(curve, 0)
+        share = _share(off)
+        return (new.speedup_low - 1.0) * share if new is not None else 0.0
+    here = point_at(curve, current[1])
+    if here is None or not here.speedup > 0:
+        return None
+    if new is None:
+        return (1.0 - here.speedup_high) / here.speedup * _share(here)
+    if option == current:
+        return 0.0
+    target = new.speedup * math.exp(-Z_90 * new.gain_sd) if costly and new.gain_sd > 0 else new.speedup
+    if new.extrapolated:
+        target = min(target, new.speedup_low)
+    return (target - here.speedup) / here.speedup * _share(here)
+
+
+def value_options(
+    curve: Sequence[CurvePoint], current: Key, *, options: Sequence[Key], horizon_s: float, cost_s: float
+) -> list[Valued]:
+    """Every option in `options` (other than `current`) that the curve can price, valued against `current`:
+    V = horizon_s x g - cost_s. Options the curve cannot price (no point) are left out."""
+    out: list[Valued] = []
+    for key in options:
+        if key == current:
+            continue
+        gain = pessimistic_gain(curve, current, key, costly=cost_s > 0)
+        if gain is None:
+            continue
+        point = point_at(curve, key[1]) if key[0] else None
+        out.append(Valued(key=key, gain=gain, value_s=horizon_s * gain - cost_s, point=point))
+    return out
+
+
+def best_on(curve: Sequence[CurvePoint], options: Sequence[Key]) -> CurvePoint | None:
+    """gamma*: the point with the best point speedup among the on options (ties: the smaller gamma; non-finite
+    speedups skipped), or None. Example: S(1) 1.00 [0.98..1.02], S(2) 0.97 [0.90..1.05] -> the gamma 1 point."""
+    found = (point_at(curve, key[1]) for key in options if key[0])
+    points = [p for p in found if p is not None and math.isfinite(p.speedup)]
+    return max(sorted(points, key=lambda p: p.gamma), key=lambda p: p.speedup, default=None)
+
+
+def _share(point: CurvePoint | None) -> float:
+    share = point.slo_share if point is not None else None
+    return share if share is not None and math.isfinite(share) and share >= 0 else 1.0

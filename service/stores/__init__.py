@@ -1,0 +1,1 @@
+"""What the sidecar keeps across restarts: the acceptance memory (memory.py)."""
