@@ -24,12 +24,8 @@ from prometheus_client.registry import CollectorRegistry
 
 from policies.act.gate import ActuationConfig
 from policies.advise import AdvisorConfig
-from policies.decide.rule import DecideConfig
-from policies.estimate.window import EstimatorConfig
-from policies.model.calibrate import CalibrationConfig
 from policies.model.costmodel import ModelContext
 from policies.model.measured_profile import ProfileError
-from policies.model.objectives import ObjectiveConfig
 from policies.model.profiles import (
     HardwareProfile,
     ModelProfile,
@@ -102,34 +98,6 @@ class Actuation:
     audit: AuditLog
     token: str | None
     closers: tuple[Callable[[], Awaitable[None]], ...] = ()
-
-
-def estimator_config(settings: Settings) -> EstimatorConfig:
-    s = settings.estimator
-    return EstimatorConfig(window_s=s.window_s, min_drafts=s.min_drafts, z=s.z, stale_after_s=s.stale_after_s)
-
-
-def decide_config(settings: Settings) -> DecideConfig:
-    s = settings.decide
-    return DecideConfig(
-        margin=s.margin,
-        dwell_s=s.dwell_s,
-        gamma_max=s.gamma_max,
-        change_cost_s=s.change_cost_s,
-        payback_horizon_s=s.payback_horizon_s,
-        explore=s.explore,
-        probe_timeout_s=s.probe_timeout_s,
-        probe_backoff_s=s.probe_backoff_s,
-        confirm_s=s.confirm_s,
-    )
-
-
-def objective_config(settings: Settings) -> ObjectiveConfig:
-    return ObjectiveConfig(itl_slo_s=settings.decide.itl_slo_s)
-
-
-def calibration_config(settings: Settings) -> CalibrationConfig:
-    return CalibrationConfig(half_life_s=settings.calibration.half_life_s)
 
 
 MEMORY_FILE_NAME = "acceptance-memory.json"
@@ -210,12 +178,12 @@ def advisor_loop(
             memory_store=memory_store(settings),
         ),
         config=LoopConfig(
-            estimator=estimator_config(settings),
+            estimator=settings.estimator.to_config(),
             interval_s=settings.scrape_interval_s,
             advisor=AdvisorConfig(
-                decide=decide_config(settings),
-                calibration=calibration_config(settings),
-                objective=objective_config(settings),
+                decide=settings.decide.to_config(),
+                calibration=settings.calibration.to_config(),
+                objective=settings.decide.objective_config(),
             ),
         ),
     )

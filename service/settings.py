@@ -19,7 +19,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_settings import BaseSettings, InitSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 from pydantic_settings import SettingsError as SourceParseError
 
+from policies.decide.rule import DecideConfig
+from policies.estimate.window import EstimatorConfig
+from policies.model.calibrate import CalibrationConfig
+from policies.model.objectives import ObjectiveConfig
 from policies.types import DraftMethod
+
+# Each policy default is declared once, in its policy config; a setting states its bounds, unit and why.
+_ESTIMATOR, _DECIDE, _CALIBRATION = EstimatorConfig(), DecideConfig(), CalibrationConfig()
 
 TargetName = Annotated[
     str,
@@ -233,27 +240,35 @@ class GpuSettings(_Section):
 
 class EstimatorSettings(_Section):
     window_s: float = Field(
-        default=60.0,
+        default=_ESTIMATOR.window_s,
         gt=0,
         le=3600,
         description="Sliding window for counter deltas. 60 s holds thousands of drafts on a busy server yet follows "
         "a workload change within a minute.",
     )
     min_drafts: int = Field(
-        default=200,
+        default=_ESTIMATOR.min_drafts,
         ge=1,
         description="Below this many drafts in the window the state is insufficient_data: at 200 the binomial 95% "
         "interval on a 0.5 acceptance is about +-0.07.",
     )
-    z: float = Field(default=1.96, gt=0, le=5, description="Normal quantile of the acceptance intervals; 1.96 = 95%.")
+    z: float = Field(
+        default=_ESTIMATOR.z, gt=0, le=5, description="Normal quantile of the acceptance intervals; 1.96 = 95%."
+    )
     stale_after_s: float = Field(
-        default=30.0,
+        default=_ESTIMATOR.stale_after_s,
         gt=0,
         description="No good scrape for this long makes the target stale: 6 missed scrapes at the 5 s default.",
     )
 
+    def to_config(self) -> EstimatorConfig:
+        """The estimator's policy config (policies/estimate/window.py)."""
+        return EstimatorConfig(
+            window_s=self.window_s, min_drafts=self.min_drafts, z=self.z, stale_after_s=self.stale_after_s
+        )
 
-_DEFAULT_CONFIRM_S = 30.0
+
+_DEFAULT_CONFIRM_S = _DECIDE.confirm_s
 # Decide settings that the single decision rule (policies/decide/rule.py) replaced, with what to use instead.
 _REPLACED_DECIDE_SETTINGS = {
     "min_speedup_gain_to_change_gamma": "every change must promise `margin` (a relative gain at its band's low end)",
@@ -264,7 +279,7 @@ _REPLACED_DECIDE_SETTINGS = {
 
 class DecideSettings(_Section):
     margin: float = Field(
-        default=0.02,
+        default=_DECIDE.margin,
         ge=0,
         le=1,
         description="The least gain a change must promise at the pessimistic end of its 90% band (a share of the "
@@ -272,7 +287,7 @@ class DecideSettings(_Section):
         "fall short of 1 by as much (policies/decide/rule.py).",
     )
     dwell_s: float = Field(
-        default=120.0,
+        default=_DECIDE.dwell_s,
         ge=0,
         description="The longest a change waits to be published, and the least time between two published changes "
         "(so one burst cannot flip the recommendation back and forth). A change waits its cost over its gain "
@@ -288,13 +303,13 @@ class DecideSettings(_Section):
         "dwell_s).",
     )
     gamma_max: int = Field(
-        default=8,
+        default=_DECIDE.gamma_max,
         ge=1,
         le=32,
         description="Largest gamma evaluated; past 8 drafts acceptance is rarely worth the cost.",
     )
     change_cost_s: float = Field(
-        default=0.0,
+        default=_DECIDE.change_cost_s,
         ge=0,
         le=3600,
         allow_inf_nan=False,
@@ -305,7 +320,7 @@ class DecideSettings(_Section):
         "Example: 20 (a 20 s rollout).",
     )
     payback_horizon_s: float = Field(
-        default=600.0,
+        default=_DECIDE.payback_horizon_s,
         gt=0,
         le=86400,
         allow_inf_nan=False,
@@ -313,19 +328,19 @@ class DecideSettings(_Section):
         "hold before the load or workload moves again. Example: 600 (a 3% gain wins back 18 s).",
     )
     explore: bool = Field(
-        default=True,
+        default=_DECIDE.explore,
         description="While off on a remembered acceptance profile, recommend turning speculation on now and then to "
         "measure it again when the expected gain pays for it (policies/decide/probe.py probe_for).",
     )
     probe_timeout_s: float = Field(
-        default=1800.0,
+        default=_DECIDE.probe_timeout_s,
         gt=0,
         le=86400,
         allow_inf_nan=False,
         description="A re-measuring probe nobody applied within this many seconds is dropped.",
     )
     probe_backoff_s: float = Field(
-        default=3600.0,
+        default=_DECIDE.probe_backoff_s,
         ge=0,
         le=7 * 86400,
         allow_inf_nan=False,
@@ -370,10 +385,22 @@ class DecideSettings(_Section):
             )
         return self
 
+    def to_config(self) -> DecideConfig:
+        """The decision rule's policy config (policies/decide/rule.py); its probe timings keep their defaults."""
+        return DecideConfig(
+            margin=self.margin, dwell_s=self.dwell_s, confirm_s=self.confirm_s, gamma_max=self.gamma_max,
+            change_cost_s=self.change_cost_s, payback_horizon_s=self.payback_horizon_s, explore=self.explore,
+            probe_timeout_s=self.probe_timeout_s, probe_backoff_s=self.probe_backoff_s,
+        )
+
+    def objective_config(self) -> ObjectiveConfig:
+        """The objective's policy config (policies/model/objectives.py): the ITL SLO, when set."""
+        return ObjectiveConfig(itl_slo_s=self.itl_slo_s)
+
 
 class CalibrationSettings(_Section):
     half_life_s: float = Field(
-        default=900.0,
+        default=_CALIBRATION.half_life_s,
         gt=0,
         le=7 * 24 * 3600,
         description="The cost model's online calibration weighs each observed step time down by half every this "
@@ -386,6 +413,10 @@ class CalibrationSettings(_Section):
         description="A target's measured profile older than this (seconds) is refused: the target goes to the error "
         "state saying so, until it is measured again. 30 days: engines, drivers and kernels change within months.",
     )
+
+    def to_config(self) -> CalibrationConfig:
+        """The online calibration's policy config (policies/model/calibrate.py)."""
+        return CalibrationConfig(half_life_s=self.half_life_s)
 
 
 # A Kubernetes object name (RFC 1123 DNS subdomain; Deployments and HTTPRoutes use it).

@@ -13,14 +13,7 @@ import httpx
 
 from policies.advise import AdvisorConfig
 from policies.types import TargetState
-from service.app import (
-    build_sidecar,
-    calibration_config,
-    context_resolver,
-    decide_config,
-    estimator_config,
-    objective_config,
-)
+from service.app import build_sidecar, context_resolver
 from service.bench.pipeline import SimClock, WorldTransport, advisor_settings
 from service.bench.runner import EPOCH_S
 from service.bench.spec import load_bench_scenario
@@ -72,12 +65,12 @@ async def drive(memory_path: Path) -> tuple[list[Step], float]:
             [spec],
             wiring=LoopWiring(gpu=NoGpuSource(), board=sidecar.board, memory_store=MemoryStore(memory_path)),
             config=LoopConfig(
-                estimator=estimator_config(settings),
+                estimator=settings.estimator.to_config(),
                 interval_s=interval,
                 advisor=AdvisorConfig(
-                    decide=decide_config(settings),
-                    calibration=calibration_config(settings),
-                    objective=objective_config(settings),
+                    decide=settings.decide.to_config(),
+                    calibration=settings.calibration.to_config(),
+                    objective=settings.decide.objective_config(),
                 ),
             ),
         )

@@ -1,10 +1,13 @@
-"""The decide section of the settings reaches the pure DecideConfig the loop uses (service.app.decide_config)."""
+"""The decide section of the settings reaches the pure DecideConfig the loop uses (DecideSettings.to_config)."""
 
 from __future__ import annotations
 
 import pytest
 
-from service.app import decide_config
+from policies.decide.rule import DecideConfig
+from policies.estimate.window import EstimatorConfig
+from policies.model.calibrate import CalibrationConfig
+from policies.model.objectives import ObjectiveConfig
 from service.settings import SettingsError, load_settings
 
 TARGET = {"name": "a", "url": "http://127.0.0.1:8000/metrics"}
@@ -13,7 +16,7 @@ TARGET = {"name": "a", "url": "http://127.0.0.1:8000/metrics"}
 def test_every_decide_setting_reaches_the_policy() -> None:
     decide = {"margin": 0.07, "dwell_s": 45.0, "confirm_s": 15.0, "gamma_max": 6, "change_cost_s": 25.0,
               "payback_horizon_s": 900.0, "explore": False, "probe_timeout_s": 600.0, "probe_backoff_s": 7200.0}
-    config = decide_config(load_settings(None, overrides={"targets": [TARGET], "decide": decide}))
+    config = load_settings(None, overrides={"targets": [TARGET], "decide": decide}).decide.to_config()
     assert {name: getattr(config, name) for name in decide} == decide
 
 
@@ -31,7 +34,7 @@ def test_a_confirm_longer_than_the_dwell_is_refused() -> None:
 
 
 def test_the_default_confirm_follows_a_shorter_dwell() -> None:
-    config = decide_config(load_settings(None, overrides={"targets": [TARGET], "decide": {"dwell_s": 10}}))
+    config = load_settings(None, overrides={"targets": [TARGET], "decide": {"dwell_s": 10}}).decide.to_config()
     assert config.confirm_s == 10.0 and config.dwell_s == 10.0
 
 
@@ -40,3 +43,18 @@ def test_the_default_confirm_follows_a_shorter_dwell() -> None:
 def test_a_replaced_setting_names_its_replacement(key: str, says: str) -> None:
     with pytest.raises(SettingsError, match=rf"decide.{key} was replaced: .*{says}"):
         load_settings(None, overrides={"targets": [TARGET], "decide": {key: 0.1}})
+
+
+def test_defaults_are_the_policies_own() -> None:
+    # Each default is declared once, in the policy config: untouched settings build exactly the policy defaults.
+    settings = load_settings(None, overrides={"targets": [TARGET]})
+    assert settings.decide.to_config() == DecideConfig()
+    assert settings.estimator.to_config() == EstimatorConfig()
+    assert settings.calibration.to_config() == CalibrationConfig()
+    assert settings.decide.objective_config() == ObjectiveConfig()
+
+
+def test_every_estimator_setting_reaches_the_policy() -> None:
+    estimator = {"window_s": 30.0, "min_drafts": 50, "z": 2.576, "stale_after_s": 12.0}
+    config = load_settings(None, overrides={"targets": [TARGET], "estimator": estimator}).estimator.to_config()
+    assert {name: getattr(config, name) for name in estimator} == estimator

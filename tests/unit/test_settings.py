@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from policies.types import DraftMethod, GpuSnapshot
-from service.app import calibration_config, context_resolver, objective_config
+from service.app import context_resolver
 from service.settings import Settings, SettingsError, load_settings, target_name_for_url
 
 ONE_TARGET = [{"name": "a", "url": "http://127.0.0.1:8000"}]
@@ -42,15 +42,15 @@ def test_defaults_with_one_target() -> None:
 def test_itl_slo_and_calibration_reach_the_policy_configs(monkeypatch: pytest.MonkeyPatch) -> None:
     defaults = load_settings(overrides={"targets": ONE_TARGET})
     assert defaults.decide.itl_slo_s is None  # no SLO: judged by throughput
-    assert objective_config(defaults).itl_slo_s is None
-    assert calibration_config(defaults).half_life_s == 900.0
+    assert defaults.decide.objective_config().itl_slo_s is None
+    assert defaults.calibration.to_config().half_life_s == 900.0
 
     monkeypatch.setenv("SPEC_ADVISOR_DECIDE__ITL_SLO_S", "0.05")
     monkeypatch.setenv("SPEC_ADVISOR_CALIBRATION__HALF_LIFE_S", "300")
     settings = load_settings(overrides={"targets": ONE_TARGET})
     assert settings.decide.itl_slo_s == 0.05
-    assert objective_config(settings).itl_slo_s == 0.05
-    assert calibration_config(settings).half_life_s == 300.0
+    assert settings.decide.objective_config().itl_slo_s == 0.05
+    assert settings.calibration.to_config().half_life_s == 300.0
 
 
 def test_yaml_file_env_and_overrides_layer_in_that_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
