@@ -20,10 +20,8 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol, TypeVar
 
 from policies.advise import AdvisorConfig, AdvisorState, advise_target
-from policies.decide.horizon import PlanState
-from policies.decide.rule import DecideState
 from policies.estimate.memory import AcceptanceMemory
-from policies.estimate.window import EstimatorConfig, EstimatorState, estimate, observe
+from policies.estimate.window import EstimatorConfig, EstimatorState, after_failed_scrape, estimate, observe
 from policies.model.calibrate import CalibrationState, with_anchors
 from policies.model.costmodel import ModelContext
 from policies.model.measured_profile import (
@@ -112,16 +110,17 @@ class TargetSpec:
 
 @dataclass(slots=True)
 class _TargetRuntime:
-    # The per-target state threaded through the pure policy functions between ticks.
+    # The per-target state threaded through the pure policy functions between ticks, and what the loop itself
+    # remembers of the last tick (it publishes to the board but never reads it back).
     spec: TargetSpec
-    estimator_state: EstimatorState
-    decide_state: DecideState
-    calibration_state: CalibrationState = field(default_factory=CalibrationState)
+    estimator_state: EstimatorState = field(default_factory=EstimatorState)
+    advisor: AdvisorState = field(default_factory=AdvisorState)
     context: ModelContext | None = None
     context_key: tuple[str, str | None] | None = None  # (served model, GPU device name) it was resolved for
     context_error: str | None = None
-    memory: AcceptanceMemory = field(default_factory=AcceptanceMemory)
-    plan: PlanState = field(default_factory=PlanState)
+    last_good_scrape_s: float | None = None
+    last_error: str | None = None  # the error recorded since the last good scrape (warned once per outage)
+    published: tuple[Evidence, Decision] | None = None  # what the last tick published
 
 
 # What makes a memory change worth saving at once: per target, the models it remembers, each profile's k and
@@ -171,7 +170,7 @@ class AdvisorLoop:
         """With a memory store, the acceptance memory is loaded here (a bad file is logged, kept in
         `memory_load_error` and ignored) and saved as the module docstring says."""
         self._targets = [
-            _TargetRuntime(spec=spec, estimator_state=EstimatorState(), decide_state=DecideState()) for spec in targets
+            _TargetRuntime(spec=spec) for spec in targets
         ]
         self._gpu = wiring.gpu
         self._board = wiring.board
@@ -194,7 +193,8 @@ class AdvisorLoop:
             loaded = memory_store.load()
             self.memory_load_error = loaded.error
             for runtime in self._targets:
-                runtime.memory = loaded.memories.get(runtime.spec.name, AcceptanceMemory())
+                memory = loaded.memories.get(runtime.spec.name, AcceptanceMemory())
+                runtime.advisor = replace(runtime.advisor, memory=memory)
             self._memory_saved = self._memories()
 
     async def run_once(self, now_s: float) -> None:
@@ -245,7 +245,7 @@ class AdvisorLoop:
     # ---------------------------------------------------------------------------------------------------------
 
     def _memories(self) -> dict[str, AcceptanceMemory]:
-        return {runtime.spec.name: runtime.memory for runtime in self._targets}
+        return {runtime.spec.name: runtime.advisor.memory for runtime in self._targets}
 
     async def _save_memory(self, now_s: float, *, force: bool) -> None:
         store = self._memory_store
@@ -313,20 +313,15 @@ class AdvisorLoop:
             evidence = replace(evidence, state=TargetState.ERROR, reason=stale_profile)
         elif context is None and evidence.state == TargetState.OK:
             evidence = replace(evidence, state=TargetState.ERROR, reason=runtime.context_error or "no cost model")
-        state = AdvisorState(
-            decide=runtime.decide_state, calibration=runtime.calibration_state, memory=runtime.memory,
-            plan=runtime.plan,
-        )
-        advice = advise_target(evidence, context, self._advisor_config, state, now_s)
-        decision, runtime.decide_state = advice.decision, advice.state.decide
-        runtime.calibration_state = advice.state.calibration
-        runtime.memory = advice.state.memory
-        runtime.plan = advice.state.plan
+        advice = advise_target(evidence, context, self._advisor_config, runtime.advisor, now_s)
+        decision, runtime.advisor = advice.decision, advice.state
         self._board.timings.observe("advise", self._timer() - started)
 
         started = self._timer()
-        previous = self._board.get(name)
-        self._log_change(previous.decision if previous else None, decision)
+        self._log_change(runtime.published[1] if runtime.published else None, decision)
+        runtime.published = (evidence, decision)
+        if good_scrape_s is not None:
+            runtime.last_good_scrape_s, runtime.last_error = good_scrape_s, None
         self._board.publish(
             name,
             evidence=evidence,
@@ -357,23 +352,12 @@ class AdvisorLoop:
             runtime.estimator_state, target=runtime.spec.name, config=self._estimator_config, now_s=now_s, gpu=gpu
         )
         if failure is not None:
-            evidence = self._failed_evidence(runtime, evidence, failure, now_s)
+            evidence = after_failed_scrape(
+                evidence, failure=f"scrape failed ({failure.reason.value}): {failure.detail}",
+                last_good_s=runtime.last_good_scrape_s, now_s=now_s, config=self._estimator_config,
+            )
         self._board.timings.observe("estimate", self._timer() - started)
         return evidence
-
-    def _failed_evidence(
-        self, runtime: _TargetRuntime, evidence: Evidence, failure: ScrapeError, now_s: float
-    ) -> Evidence:
-        # Recent good data -> stale (the numbers are still shown, just not fresh); none or old -> error.
-        status = self._board.get(runtime.spec.name)
-        last_good_s = status.last_good_scrape_s if status else None
-        what = f"scrape failed ({failure.reason.value}): {failure.detail}"
-        if last_good_s is not None and now_s - last_good_s <= self._estimator_config.stale_after_s:
-            return replace(
-                evidence, state=TargetState.STALE, reason=f"{what}; last good scrape {now_s - last_good_s:.0f} s ago"
-            )
-        age = "never" if last_good_s is None else f"{now_s - last_good_s:.0f} s ago"
-        return replace(evidence, state=TargetState.ERROR, reason=f"{what}; last good scrape {age}")
 
     def _context_for(
         self, runtime: _TargetRuntime, evidence: Evidence, gpu: GpuSnapshot, now_s: float
@@ -385,12 +369,12 @@ class AdvisorLoop:
         key = (model, gpu.device_name)
         if runtime.context is not None and runtime.context_key == key:
             return runtime.context
-        # A new model or GPU invalidates the fitted efficiencies: they belonged to the old profiles.
-        runtime.calibration_state = CalibrationState()
-        runtime.plan = PlanState()  # its values were priced with the old profiles too
+        # A new model or GPU invalidates the fitted efficiencies and the plan: both were priced with the old
+        # profiles.
+        runtime.advisor = runtime.advisor.for_new_model(CalibrationState())
         try:
             context = runtime.spec.resolve_context(model, gpu)
-            runtime.calibration_state = _anchored(runtime.spec.profile, context, now_s)
+            runtime.advisor = runtime.advisor.for_new_model(_anchored(runtime.spec.profile, context, now_s))
         except ContextUnavailableError as exc:
             if runtime.context_error != str(exc):
                 self._log.warning(
@@ -403,17 +387,15 @@ class AdvisorLoop:
 
     def _scrape_failed(self, runtime: _TargetRuntime, exc: ScrapeError, now_s: float) -> None:
         name = runtime.spec.name
-        status = self._board.get(name)
-        first = status is None or status.last_error is None
+        first, runtime.last_error = runtime.last_error is None, f"{exc.reason.value}: {exc.detail}"
         self._board.record_error(name, exc.reason.value, exc.detail)
         # Warn once per outage, not every interval; the counter carries the rate.
         log = self._log.warning if first else self._log.debug
         log("scrape failed", extra=fields(target=name, reason=exc.reason.value, detail=exc.detail, now_s=now_s))
 
     def _recovered(self, runtime: _TargetRuntime) -> None:
-        status = self._board.get(runtime.spec.name)
-        if status is not None and status.last_error is not None:
-            self._log.info("scrape recovered", extra=fields(target=runtime.spec.name, after=status.last_error))
+        if runtime.last_error is not None:
+            self._log.info("scrape recovered", extra=fields(target=runtime.spec.name, after=runtime.last_error))
 
     def _internal_error(self, runtime: _TargetRuntime, exc: Exception, now_s: float) -> None:
         name = runtime.spec.name
@@ -421,15 +403,17 @@ class AdvisorLoop:
             "internal error while evaluating target", exc_info=exc, extra=fields(target=name, now_s=now_s)
         )
         self._board.record_error(name, INTERNAL_ERROR_REASON, f"{type(exc).__name__}: {exc}")
-        status = self._board.get(name)
-        if status is not None and status.decision is not None and status.evidence is not None:
+        runtime.last_error = f"{INTERNAL_ERROR_REASON}: {type(exc).__name__}: {exc}"
+        if runtime.published is not None:
             # Keep the last recommendation visible, marked as an error with its original evaluation time.
             reason = f"internal error: {type(exc).__name__}: {exc}"
+            evidence, decision = runtime.published
+            runtime.published = (
+                replace(evidence, state=TargetState.ERROR, reason=reason),
+                replace(decision, state=TargetState.ERROR, reason=reason),
+            )
             self._board.publish(
-                name,
-                evidence=replace(status.evidence, state=TargetState.ERROR, reason=reason),
-                decision=replace(status.decision, state=TargetState.ERROR, reason=reason),
-                good_scrape_s=None,
+                name, evidence=runtime.published[0], decision=runtime.published[1], good_scrape_s=None
             )
 
     def _log_change(self, previous: Decision | None, current: Decision) -> None:

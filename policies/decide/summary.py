@@ -52,6 +52,8 @@ def _changed(decision: Decision, setting: str) -> str:
         return f"Turn {setting} to measure the acceptance again: nothing is measured while it is off."
     gain = decision.named(WhyCode.GAIN)
     before = _setting(int(changed.number("from_gamma", 0.0)))
+    if decision.named(WhyCode.KEPT_MEASURING) is not None:
+        return f"Change to {setting} (from {before}) rather than off: as fast, and the acceptance stays measured."
     if gain is None or not math.isfinite(gain.number("gain")):
         return f"Change to {setting} (from {before}): {_expected(decision)}."
     return f"Change to {setting} (from {before}): gains {gain.number('gain'):+.0%}; {_expected(decision)}."
@@ -69,6 +71,8 @@ def _pending(decision: Decision, setting: str) -> str:
     gain = decision.named(WhyCode.GAIN)
     if decision.named(WhyCode.PROBE) is not None:
         return f"Running {setting}; {target} to measure the acceptance again in {_seconds(left)}."
+    if decision.named(WhyCode.KEPT_MEASURING) is not None and gain is not None:
+        return f"Running {setting}; off would gain {gain.number('gain'):+.0%}: {target} instead in {_seconds(left)}."
     if gain is None or not math.isfinite(gain.number("gain")):
         return f"Running {setting}; changing to {target} in {_seconds(left)} if that holds."
     due = f"due in {_seconds(left)} if that holds"

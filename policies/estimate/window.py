@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from policies.estimate.intervals import wilson_interval
 from policies.types import (
@@ -319,6 +319,21 @@ def estimate(
         engines=max(1, newest.engines),
         request_itl=_without_single_token(span, _histogram_change(span, lambda s: s.request_itl)),
     )
+
+
+def after_failed_scrape(
+    evidence: Evidence, *, failure: str, last_good_s: float | None, now_s: float, config: EstimatorConfig
+) -> Evidence:
+    """The evidence of a tick whose scrape failed (`failure` says how): stale while the last good scrape (Unix s,
+    None: never) is at most `config.stale_after_s` old (the numbers are still shown, just not fresh), else error.
+    Example: failed at 1000 s, last good at 990 s, stale_after_s 30 -> stale, reason "...; last good scrape 10 s
+    ago"; last good at 900 s -> error."""
+    if last_good_s is not None and now_s - last_good_s <= config.stale_after_s:
+        return replace(
+            evidence, state=TargetState.STALE, reason=f"{failure}; last good scrape {now_s - last_good_s:.0f} s ago"
+        )
+    age = "never" if last_good_s is None else f"{now_s - last_good_s:.0f} s ago"
+    return replace(evidence, state=TargetState.ERROR, reason=f"{failure}; last good scrape {age}")
 
 
 def _histogram_change(

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from decide_builders import T0, make_curve, make_evidence
-from test_decide import BAD, BAND, CFG, COST, GOOD, OFF, ON2, tick
+from test_decide import BAD, BAND, CFG, COST, GOOD, OFF, ON2, ON3, tick
 
 from policies.decide.rule import DecideState, decide
 from policies.decide.summary import MAX_SUMMARY_CHARS
@@ -60,6 +60,20 @@ def test_a_turn_off_that_pays_is_named_as_such() -> None:
     gain = d.named(WhyCode.GAIN)
     assert gain is not None and gain.number("to_gamma") == 0
     assert d.summary.startswith("Running speculation on, k=2; speculation off is expected to gain +")
+
+
+def test_a_turn_off_kept_measuring_says_so() -> None:
+    # test_decide's case: on at 3 (S 0.80), off gains 18.8%, gamma 1 is expected as fast as off: the move goes there.
+    s3 = (0.75, 0.80, 0.85)
+    even = make_curve((0.90, 1.00, 1.10), (0.70, 0.75, 0.80), s3)
+    even = (even[0], replace(even[1], gain_sd=0.15), *even[2:])
+    d, s = tick(DecideState(), T0, even, ON3, COST)
+    assert d.summary == "Running speculation on, k=3; off would gain +19%: speculation on, k=1 instead in 107 s."
+    d, _ = tick(s, T0 + 107.0, even, ON3, COST)
+    assert d.summary == (
+        "Change to speculation on, k=1 (from speculation on, k=3) rather than off: as fast, and the acceptance stays "
+        "measured."
+    )
 
 
 def test_bad_data_keeps_the_last_advice_and_says_so() -> None:
