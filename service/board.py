@@ -22,8 +22,7 @@ from service.sources.errors import ScrapeErrorReason
 STEP_DURATION_BUCKETS_S: tuple[float, ...] = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                                               2.5, 5.0, 10.0)
 
-# The reason the loop records when evaluating a target raised (a bug of ours); the same string as
-# `service.loop.INTERNAL_ERROR_REASON` (a test pins the two together).
+# The reason the loop records when evaluating a target raised (a bug of ours), counted beside the scrape reasons.
 INTERNAL_ERROR_REASON = "internal"
 # Every reason a target's scrape-error count can carry: the exporter starts each at 0 so that the first error is
 # an increase Prometheus can see (a series born at 1 has no earlier sample to increase from).

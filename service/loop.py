@@ -33,13 +33,12 @@ from policies.model.measured_profile import (
     observations,
 )
 from policies.types import Decision, EngineSnapshot, Evidence, GpuSnapshot, TargetState
-from service.board import Board, Pricing
+from service.board import INTERNAL_ERROR_REASON, Board, Pricing
 from service.logs import fields, get_logger
 from service.sources.errors import ScrapeError, ScrapeErrorReason
 from service.sources.gpu import ERROR_UNEXPECTED, SOURCE_ABSENT, gpu_error_reason
 from service.stores.memory import LoadResult
 
-INTERNAL_ERROR_REASON = "internal"  # a bug in our code for one target, counted beside the scrape reasons
 # Distinct GPU-source exceptions remembered so each is logged (with its traceback) once, not every interval;
 # bounded so a source whose messages vary cannot grow it without end.
 _GPU_ERRORS_REMEMBERED = 32

@@ -16,8 +16,7 @@ from policies.types import (
     GpuSnapshot,
     TargetState,
 )
-from service import loop
-from service.board import INTERNAL_ERROR_REASON, Board, Pricing
+from service.board import Board, Pricing
 from service.exporter import MetricsPage, build_registry
 from service.sources.errors import ScrapeErrorReason
 
@@ -197,10 +196,6 @@ def test_scrape_error_reasons_start_at_zero_for_every_configured_target() -> Non
         expected = 1.0 if reason == "timeout" else 0.0
         assert value("specadvisor_scrape_errors_total", {**IDS, "reason": reason}) == expected
         assert value("specadvisor_scrape_errors_total", {"target": "idle", "model": "", "reason": reason}) == 0.0
-
-
-def test_board_internal_reason_is_the_loops() -> None:
-    assert loop.INTERNAL_ERROR_REASON == INTERNAL_ERROR_REASON
 
 
 def test_gpu_telemetry_errors_are_counted_by_source_and_reason() -> None:

@@ -16,9 +16,8 @@ from policies.estimate.window import EstimatorConfig
 from policies.model.costmodel import ModelContext
 from policies.model.profiles import drafter_for, hardware_by_name, model_by_name
 from policies.types import DraftMethod, EngineSnapshot, GpuSnapshot, TargetState
-from service.board import Board
+from service.board import INTERNAL_ERROR_REASON, Board
 from service.loop import (
-    INTERNAL_ERROR_REASON,
     AdvisorLoop,
     ContextUnavailableError,
     LoopConfig,
