@@ -38,8 +38,8 @@ from policies.model.profiles import HardwareProfile, hardware_by_name
 from policies.model.roofline import Shape, linear_layer_s, target_step_time
 from policies.offline.whatif import (
     AcceptanceSpec,
-    Pricing,
     WhatIfInput,
+    WhatIfPricing,
     acceptance_evidence,
     acceptance_positions,
     build_context,
@@ -145,7 +145,7 @@ def speedup(
     at = Shape(batch=batch, context_tokens=context_tokens)
     curve, _ = curve_for(ctx, acceptance, at)
     if band:
-        curve = with_prior_band(Pricing(ctx, acceptance), curve, at)
+        curve = with_prior_band(WhatIfPricing(ctx, acceptance), curve, at)
     point = curve[k]
     return point.speedup, point.speedup_low, point.speedup_high
 

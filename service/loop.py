@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol, TypeVar
 
 from policies.advise import AdvisorConfig, AdvisorState, advise_target
+from policies.decide.rule import held
 from policies.estimate.memory import AcceptanceMemory
 from policies.estimate.window import EstimatorConfig, EstimatorState, after_failed_scrape, estimate, observe
 from policies.model.calibrate import CalibrationState, with_anchors
@@ -407,9 +408,10 @@ class AdvisorLoop:
             # Keep the last recommendation visible, marked as an error with its original evaluation time.
             reason = f"internal error: {type(exc).__name__}: {exc}"
             evidence, decision = runtime.published
+            age_s = max(0.0, now_s - decision.evaluated_at_s)
             runtime.published = (
                 replace(evidence, state=TargetState.ERROR, reason=reason),
-                replace(decision, state=TargetState.ERROR, reason=reason),
+                held(decision, kind=TargetState.ERROR, reason=reason, age_s=age_s),
             )
             self._board.publish(
                 name, evidence=runtime.published[0], decision=runtime.published[1], good_scrape_s=None

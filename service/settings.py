@@ -386,7 +386,8 @@ class DecideSettings(_Section):
         return self
 
     def to_config(self) -> DecideConfig:
-        """The decision rule's policy config (policies/decide/rule.py); its probe timings keep their defaults."""
+        """The decision rule's policy config (policies/decide/rule.py); `probe_min_s` keeps its default (60 s,
+        the default estimator window)."""
         return DecideConfig(
             margin=self.margin, dwell_s=self.dwell_s, confirm_s=self.confirm_s, gamma_max=self.gamma_max,
             change_cost_s=self.change_cost_s, payback_horizon_s=self.payback_horizon_s, explore=self.explore,

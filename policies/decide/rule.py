@@ -270,7 +270,7 @@ def _candidate(tick: _Tick, current: Key, inputs: DecideInputs, hold: _ProbeHold
     choice = _choose(prices.curve, current, prices.options, config, cost_s=prices.cost_s)
     if hold.held:
         # A published probe the engine has not run yet: the curve is still the remembered one.
-        held_s = tick.now_s - hold.since_s if hold.since_s is not None else 0.0
+        held_s = max(0.0, tick.now_s - hold.since_s) if hold.since_s is not None else 0.0
         return _Candidate(key=current, wait_s=config.dwell_s, text=hold.note,
                           why=(_why(WhyCode.PROBE_HELD, gamma=current[1], held_s=held_s),))
     if choice is not None and choice.value_s > 0 and choice.gain >= config.margin:
@@ -296,7 +296,7 @@ def _why_stays(choice: Valued | None, config: DecideConfig, *, cost_s: float) ->
     if choice is None or math.isinf(choice.gain):
         return ()
     to_gamma = choice.key[1] if choice.key[0] else 0
-    if choice.gain < config.margin:
+    if choice.gain < config.margin or cost_s <= 0:
         return (_why(WhyCode.BELOW_MARGIN, to_gamma=to_gamma, gain=choice.gain, margin=config.margin),)
     return (_why(WhyCode.COST, to_gamma=to_gamma, gain=choice.gain, cost_s=cost_s),)
 
@@ -527,14 +527,20 @@ def _hold(
     kept = _describe(_key(published))
     reason = f"{kind.value}: keeping {kept} from the last good decision {age_s:.0f}s ago; {why}"
     # The last good decision's speedups and curve stay together: the band shown is the one it was decided on.
-    decision = replace(published, state=kind, reason=reason + dropped, evaluated_at_s=now_s)
-    decision = _explained(decision, (_why(WhyCode(kind.value), age_s=age_s),))
+    decision = held(replace(published, evaluated_at_s=now_s), kind=kind, reason=reason + dropped, age_s=age_s)
     # A held probe and its back-off outlive a spell of bad data (the engine restarting to apply the probe is one).
     kept_state = DecideState(
         published=published, probe_since_s=state.probe_since_s, probe_after_s=state.probe_after_s,
         last_change_s=state.last_change_s,
     )
     return decision, kept_state
+
+
+def held(decision: Decision, *, kind: TargetState, reason: str, age_s: float) -> Decision:
+    """`decision` kept through data that cannot be trusted: its setting, speedups and curve stay (the band shown is
+    the one it was decided on), with `kind` (not ok) as its state, `reason`, and the cause and sentence saying it
+    is kept, `age_s` (s) after it last rested on good data."""
+    return _explained(replace(decision, state=kind, reason=reason), (_why(WhyCode(kind.value), age_s=age_s),))
 
 
 def _why_not_ok(evidence: Evidence) -> str:

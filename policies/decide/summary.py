@@ -6,6 +6,9 @@ The sentence is at most `MAX_SUMMARY_CHARS` characters, in the words an SRE uses
 now, a probe, a change waiting its turn, what keeps the current setting. Gains are shares of the service over what
 runs; speedups are over plain decoding, in the decision's objective.
 
+A decision that is not ok says what it keeps and why ("Keeping the last advice, speculation on, k=3, from 12 s ago:
+no fresh scrape ..."), or that there is no advice yet, without naming a deployment it may never have read.
+
 Example: on at k=3 with S(3) = 1.42 [1.31..1.55] at batch 6, no alternative clearing the margin -> "Keep
 speculation on, k=3: expected 1.42x (1.31-1.55x) at batch 6; no other setting does clearly better." 40 s into a
 120 s wait to go to k=2 for +4% -> "Running speculation on, k=3; speculation on, k=2 is expected to gain +4%, due in
@@ -22,7 +25,7 @@ MAX_SUMMARY_CHARS = 120
 
 _STATE_WHY = {
     TargetState.INSUFFICIENT_DATA: "too few drafts measured in the window yet",
-    TargetState.STALE: "the last scrape failed",
+    TargetState.STALE: "no fresh scrape (the last one failed, or the data is old)",
     TargetState.ERROR: "the server cannot be read or priced",
 }
 
@@ -38,7 +41,7 @@ def _sentence(decision: Decision) -> str:
     if decision.state is not TargetState.OK:
         cause = _STATE_WHY.get(decision.state, decision.state.value)
         if decision.changed_at_s is None:
-            return f"No advice yet ({cause}); the deployment runs {setting}."
+            return f"No advice yet: {cause}."
         age = _number(decision.named(WhyCode(decision.state.value)), "age_s")
         return f"Keeping the last advice, {setting}, from {_seconds(age)} ago: {cause}."
     return _changed(decision, setting) or _pending(decision, setting) or _staying(decision, setting)
@@ -71,8 +74,9 @@ def _pending(decision: Decision, setting: str) -> str:
     gain = decision.named(WhyCode.GAIN)
     if decision.named(WhyCode.PROBE) is not None:
         return f"Running {setting}; {target} to measure the acceptance again in {_seconds(left)}."
-    if decision.named(WhyCode.KEPT_MEASURING) is not None and gain is not None:
-        return f"Running {setting}; off would gain {gain.number('gain'):+.0%}: {target} instead in {_seconds(left)}."
+    if decision.named(WhyCode.KEPT_MEASURING) is not None:
+        kept = "as fast, and the acceptance stays measured"
+        return f"Running {setting}; {target} instead of off in {_seconds(left)}: {kept}."
     if gain is None or not math.isfinite(gain.number("gain")):
         return f"Running {setting}; changing to {target} in {_seconds(left)} if that holds."
     due = f"due in {_seconds(left)} if that holds"

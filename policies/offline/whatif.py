@@ -490,7 +490,7 @@ def evaluate_whatif(inp: WhatIfInput, profile: MeasuredProfile | None = None) ->
     prefill = inp.prefill_tokens_per_step
     points: list[WhatIfPoint] = []
     best: list[BestGamma] = []
-    pricing = Pricing(ctx, acceptance, tree_tokens=inp.tree_tokens, scales=scales)
+    pricing = WhatIfPricing(ctx, acceptance, tree_tokens=inp.tree_tokens, scales=scales)
     for context in inp.context_lengths:
         for batch in inp.batch_sizes:
             at = Shape(batch=batch, context_tokens=context, prefill_tokens=prefill)
@@ -549,7 +549,7 @@ def _calibration(profile: MeasuredProfile | None, ctx: ModelContext) -> WhatIfCa
 
 
 @dataclass(frozen=True, slots=True)
-class Pricing:
+class WhatIfPricing:
     """What every price in one what-if shares: the cost model's profiles, the acceptance curve (gamma 0..max), the
     tree a tree drafter proposes (None: a chain) and the cost scales."""
 
@@ -564,7 +564,7 @@ class Pricing:
         return curve_for(self.ctx, self.acceptance, at, tree_tokens=tree, scales=scales or self.scales)
 
 
-def _curve(pricing: Pricing, at: Shape) -> tuple[tuple[CurvePoint, ...], float]:
+def _curve(pricing: WhatIfPricing, at: Shape) -> tuple[tuple[CurvePoint, ...], float]:
     batch, context = at.batch, at.context_tokens
     try:
         curve, base = pricing.curve_at(at)
@@ -579,7 +579,7 @@ def _curve(pricing: Pricing, at: Shape) -> tuple[tuple[CurvePoint, ...], float]:
 
 
 def with_band(
-    pricing: Pricing, curve: tuple[CurvePoint, ...], at: Shape, *, calibration: WhatIfCalibration
+    pricing: WhatIfPricing, curve: tuple[CurvePoint, ...], at: Shape, *, calibration: WhatIfCalibration
 ) -> tuple[CurvePoint, ...]:
     """The curve (priced at `calibration.scales`) with the model's uncertainty, `calibration.covariance` and
     `calibration.form_error`, propagated into its bands by policies/model/uncertainty.py. Without a profile that is the
@@ -591,7 +591,7 @@ def with_band(
     )
 
 
-def with_prior_band(pricing: Pricing, curve: tuple[CurvePoint, ...], at: Shape) -> tuple[CurvePoint, ...]:
+def with_prior_band(pricing: WhatIfPricing, curve: tuple[CurvePoint, ...], at: Shape) -> tuple[CurvePoint, ...]:
     """`with_band` under the calibration prior (policies/model/calibrate.py `prior_covariance`): the band of a what-if
     without a measured profile."""
     return with_band(pricing, curve, at, calibration=WhatIfCalibration(CostScales(), PRIOR_COVARIANCE))
@@ -637,12 +637,12 @@ def _best(
     )
 
 
-def _speedup(pricing: Pricing, at: Shape, *, gamma: int) -> float:
+def _speedup(pricing: WhatIfPricing, at: Shape, *, gamma: int) -> float:
     curve, _ = _curve(replace(pricing, acceptance=pricing.acceptance[: gamma + 1]), at)
     return curve[gamma].speedup
 
 
-def _crossovers(pricing: Pricing, *, gammas: Sequence[int], context: float, prefill: float) -> list[Crossover]:
+def _crossovers(pricing: WhatIfPricing, *, gammas: Sequence[int], context: float, prefill: float) -> list[Crossover]:
     # One grid scan prices every gamma at every grid batch; each change of sign of S - 1 is bisected.
     top = CROSSOVER_SEARCH_MAX_BATCH
     grid = [1.0]

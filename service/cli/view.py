@@ -16,7 +16,8 @@ from service.board import Board, TargetStatus
 _CLEAR = "\x1b[H\x1b[2J"
 _BAR_WIDTH = 30
 _BAR_MAX_SPEEDUP = 3.0  # bars are scaled to 3x: typical speculative speedups sit well inside
-_WIDTH = 116  # long lines wrap here, so the screen fits 120 columns
+_SCREEN = 120  # columns the screen fits
+_WIDTH = _SCREEN - 4  # indented lines wrap here
 
 
 def _paint(text: str, code: str, color: bool) -> str:
@@ -24,8 +25,10 @@ def _paint(text: str, code: str, color: bool) -> str:
 
 
 def render(statuses: Sequence[TargetStatus], *, now_s: float, header: Sequence[str], color: bool = True) -> str:
-    """The whole screen as text: `header` lines, then one block per target."""
-    lines = [_paint(header[0], "1", color) if header else "", *header[1:], ""]
+    """The whole screen as text: `header` lines (wrapped to 120 columns), then one block per target."""
+    wrapped = [textwrap.wrap(line, width=_SCREEN, subsequent_indent="  ") or [""] for line in header]
+    title = [_paint(line, "1", color) for line in wrapped[0]] if wrapped else [""]
+    lines = [*title, *(part for parts in wrapped[1:] for part in parts), ""]
     for status in statuses:
         lines.extend(_target_block(status, now_s=now_s, color=color))
         lines.append("")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Awaitable, Callable, Sequence
 from datetime import datetime
 from typing import Any
@@ -13,7 +14,7 @@ from fastapi import APIRouter
 from prometheus_client.parser import text_string_to_metric_families
 from sidecar_http import FIXTURES, CaptureServer, Receive, Scope, Send, serving, wait_for
 
-from policies.types import AcceptanceEvidence, CurvePoint, Decision, Evidence, GpuSnapshot, TargetState
+from policies.types import AcceptanceEvidence, CurvePoint, Decision, Evidence, GpuSnapshot, TargetState, Why, WhyCode
 from service.app import build_sidecar
 from service.board import Board
 from service.exporter import MetricsPage
@@ -84,6 +85,12 @@ def test_recommendation_contract() -> None:
         assert rec["num_speculative_tokens"] == 3
         assert rec["expected_speedup_low"] <= rec["expected_speedup"] <= rec["expected_speedup_high"]
         assert rec["reason"]
+        # The sentence and its causes: the first decision adopts the deployment and names the best point.
+        assert 0 < len(rec["summary"]) <= 120
+        codes = [why["code"] for why in rec["why"]]
+        assert codes[:2] == ["baseline", "best"]
+        best = rec["why"][1]["numbers"]
+        assert set(best) == {"gamma", "speedup", "low", "high", "batch"} and best["low"] <= best["speedup"]
         assert rec["evaluated_at"].endswith("Z")
         datetime.fromisoformat(rec["evaluated_at"].replace("Z", "+00:00"))
         assert [point["gamma"] for point in rec["curve"]] == list(range(9))  # gamma_max 8
@@ -346,6 +353,7 @@ def test_health_before_any_progress() -> None:
             assert ready.json()["status"] == "not_ready"
             [rec] = (await client.get("/v1/recommendation")).json()["targets"]
             assert rec["enabled"] is None and rec["evaluated_at"] is None and rec["curve"] == []
+            assert rec["summary"] == "Not evaluated yet: no good scrape of this target so far." and rec["why"] == []
             now["s"] = 1_016.0  # 16 s > stall limit 15 s with no iteration
             stalled = await client.get("/healthz")
             assert stalled.status_code == 503
@@ -355,6 +363,32 @@ def test_health_before_any_progress() -> None:
 
     asyncio.run(scenario())
 
+
+
+def test_causes_reach_the_api_without_numbers_json_cannot_carry() -> None:
+    # A running k past the curve gains "inf" over it: JSON has no inf, so that number is left out, the rest stays.
+    board = Board([("a", None)], started_at_s=1_000.0)
+    why = (Why(WhyCode.GAIN, (("to_gamma", 3.0), ("gain", math.inf), ("wait_s", 30.0))),)
+    decision = Decision(
+        target="a", model="m", state=TargetState.OK, enabled=True, num_speculative_tokens=9, expected_speedup=1.0,
+        expected_speedup_low=1.0, expected_speedup_high=1.0, reason="r", evaluated_at_s=1_000.0,
+        summary="Running speculation on, k=9; changing to speculation on, k=3 in 30 s if that holds.", why=why,
+    )
+    evidence = Evidence(target="a", model="m", at_s=1_000.0, state=TargetState.OK, speculation_on=True, deployed_k=9,
+                        acceptance=None, batch=1.0, waiting=0.0)
+    board.publish("a", evidence=evidence, decision=decision, good_scrape_s=1_000.0)
+    app = create_api(board, metrics=MetricsPage(board, clock=lambda: 1_000.0, version="t"), clock=lambda: 1_000.0,
+                     stall_after_s=15.0, version="t")
+
+    async def scenario() -> None:
+        async with serving(app) as url, httpx.AsyncClient(base_url=url) as client:
+            reply = await client.get("/v1/recommendation")
+            assert reply.status_code == 200, reply.text
+            [rec] = reply.json()["targets"]
+            assert rec["summary"] == decision.summary
+            assert rec["why"] == [{"code": "gain", "numbers": {"to_gamma": 3.0, "wait_s": 30.0}}]
+
+    asyncio.run(scenario())
 
 
 # ----------------------------------------------------------------------------------------------------------------

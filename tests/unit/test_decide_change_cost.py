@@ -1,5 +1,5 @@
 """What a change costs (policies/decide/change_cost.py), how decide weighs it (per delivered token, at the band's
-pessimistic end, scaled into the plan's units) and the re-measuring probe (advise.probe_for)."""
+pessimistic end, scaled into the plan's units) and the re-measuring probe (policies/decide/probe.py probe_for)."""
 
 from __future__ import annotations
 

@@ -15,6 +15,8 @@ from policies.types import (
     Evidence,
     GpuSnapshot,
     TargetState,
+    Why,
+    WhyCode,
 )
 from service.board import Board, Pricing
 from service.exporter import MetricsPage, build_registry
@@ -137,6 +139,20 @@ def test_cost_model_series_wait_for_the_first_good_scrape() -> None:
     registry = build_registry(board, clock=lambda: NOW_S, version="x")
     assert registry.get_sample_value("specadvisor_calibration_relative_error_ratio", IDS) is None
     assert registry.get_sample_value("specadvisor_objective_info", {**IDS, "objective": "latency"}) is None
+
+
+def test_decision_causes_are_labelled_by_code_from_zero() -> None:
+    why = (Why(WhyCode.BEST, (("gamma", 3.0),)), Why(WhyCode.WAITING, (("left_s", 20.0),)))
+    board = Board([("llama", None)], started_at_s=NOW_S - 100)
+    board.publish("llama", evidence=make_evidence(), decision=make_decision(why=why), good_scrape_s=NOW_S - 10)
+    value = build_registry(board, clock=lambda: NOW_S, version="1").get_sample_value
+    assert value("specadvisor_decision_cause", {**IDS, "code": "best"}) == 1.0
+    assert value("specadvisor_decision_cause", {**IDS, "code": "waiting"}) == 1.0
+    # Every other code is present at 0, so a cause that appears is a change, not a new series.
+    assert all(
+        value("specadvisor_decision_cause", {**IDS, "code": code.value}) == 0.0
+        for code in WhyCode if code not in (WhyCode.BEST, WhyCode.WAITING)
+    )
 
 
 def test_decision_state_is_one_hot() -> None:

@@ -191,6 +191,9 @@ def test_bug_in_one_target_does_not_stop_the_others(caplog: pytest.LogCaptureFix
     assert failed is not None and failed.decision is not None
     assert dict(failed.scrape_errors) == {INTERNAL_ERROR_REASON: 1}
     assert failed.decision.state is TargetState.ERROR  # last recommendation kept, marked
+    # ... and its sentence and causes say so, not the ok decision's (the setting kept is the one published).
+    assert [why.code.value for why in failed.decision.why] == ["error"]
+    assert failed.decision.summary.startswith("Keeping the last advice, speculation on, k=")
     ok = board.get("healthy")
     assert ok is not None and ok.last_good_scrape_s == T0 + INTERVAL_S
     assert board.iterations == 2

@@ -11,8 +11,8 @@ from dataclasses import replace
 from decide_builders import T0, make_curve, make_evidence
 from test_decide import BAD, BAND, CFG, COST, GOOD, OFF, ON2, ON3, tick
 
-from policies.decide.rule import DecideState, decide
-from policies.decide.summary import MAX_SUMMARY_CHARS
+from policies.decide.rule import DecideInputs, DecideState, Probe, decide, held
+from policies.decide.summary import MAX_SUMMARY_CHARS, summarize
 from policies.types import Decision, TargetState, WhyCode
 
 
@@ -68,7 +68,10 @@ def test_a_turn_off_kept_measuring_says_so() -> None:
     even = make_curve((0.90, 1.00, 1.10), (0.70, 0.75, 0.80), s3)
     even = (even[0], replace(even[1], gain_sd=0.15), *even[2:])
     d, s = tick(DecideState(), T0, even, ON3, COST)
-    assert d.summary == "Running speculation on, k=3; off would gain +19%: speculation on, k=1 instead in 107 s."
+    assert d.summary == (
+        "Running speculation on, k=3; speculation on, k=1 instead of off in 107 s: as fast, and the acceptance stays "
+        "measured."
+    )
     d, _ = tick(s, T0 + 107.0, even, ON3, COST)
     assert d.summary == (
         "Change to speculation on, k=1 (from speculation on, k=3) rather than off: as fast, and the acceptance stays "
@@ -80,13 +83,15 @@ def test_bad_data_keeps_the_last_advice_and_says_so() -> None:
     _, s = tick(DecideState(), T0, GOOD)
     stale = replace(OFF, state=TargetState.STALE, reason="HTTP 503")
     d, _ = decide(stale, (), CFG, s, T0 + 12.0)
-    assert d.summary == "Keeping the last advice, speculation off, from 12 s ago: the last scrape failed."
+    assert d.summary == (
+        "Keeping the last advice, speculation off, from 12 s ago: no fresh scrape (the last one failed, or the data is "
+        "old)."
+    )
     assert _codes(d) == [WhyCode.STALE]
     thin = make_evidence(speculation_on=True, deployed_k=3, acceptance=None, state=TargetState.INSUFFICIENT_DATA)
     first, _ = decide(thin, (), CFG, DecideState(), T0)
-    assert first.summary == (
-        "No advice yet (too few drafts measured in the window yet); the deployment runs speculation on, k=3."
-    )
+    # Nothing published yet: the sentence does not name a deployment it may never have read.
+    assert first.summary == "No advice yet: too few drafts measured in the window yet."
 
 
 def test_every_summary_fits_one_line() -> None:
@@ -95,3 +100,51 @@ def test_every_summary_fits_one_line() -> None:
         for t in (0.0, 10.0, 30.0, 200.0):
             d, state = tick(state, T0 + t, curve, evidence, COST)
             assert 0 < len(d.summary) <= MAX_SUMMARY_CHARS, d.summary
+
+
+def test_a_probe_says_it_is_there_to_measure() -> None:
+    probe = Probe(gamma=3, why="remembered profile is 2400s old")
+    _, state = tick(DecideState(), T0, BAD, OFF)  # off, and off is right: nothing pending
+    d, state = decide(OFF, BAD, CFG, state, T0 + 60.0, inputs=DecideInputs(probe=probe))
+    # 60 s after the baseline (< dwell 120 s): the probe waits its spacing.
+    assert d.named(WhyCode.SPACING) is not None
+    assert d.summary == "Running speculation off; speculation on, k=3 to measure the acceptance again in 60 s."
+    d, state = decide(OFF, BAD, CFG, state, T0 + 120.0, inputs=DecideInputs(probe=probe))
+    assert d.summary == "Turn speculation on, k=3 to measure the acceptance again: nothing is measured while it is off."
+    # Published, but the engine still runs off: the probe is held.
+    d, _ = decide(OFF, BAD, CFG, state, T0 + 150.0, inputs=DecideInputs(probe=probe))
+    held = d.named(WhyCode.PROBE_HELD)
+    assert held is not None and held.number("held_s") == 30.0
+    assert d.summary == (
+        "Running speculation on, k=3 to measure the acceptance again; waiting for the engine to apply it."
+    )
+
+
+def test_a_running_k_past_the_curve_never_prints_an_infinite_gain() -> None:
+    # Deployed k=9 with gamma_max 8: the running option is off the curve and its gain is unbounded (inf).
+    curve = make_curve(1.10, 1.30, (1.31, 1.42, 1.55), 1.35)
+    on9 = make_evidence(speculation_on=True, deployed_k=9)
+    d, s = tick(DecideState(), T0, curve, on9)
+    gain = d.named(WhyCode.GAIN)
+    assert gain is not None and gain.number("gain") == float("inf") and d.named(WhyCode.OFF_CURVE) is not None
+    assert d.summary == "Running speculation on, k=9; changing to speculation on, k=3 in 30 s if that holds."
+    d, _ = tick(s, T0 + 30.0, curve, on9)
+    assert "inf" not in d.summary and d.summary.startswith("Change to speculation on, k=3 (from speculation on, k=9)")
+
+
+def test_a_long_sentence_is_cut_to_the_limit() -> None:
+    d, _ = tick(DecideState(), T0, GOOD)
+    long = replace(d, why=(*d.why,), target="t" * 300)
+    assert summarize(long) == d.summary  # the sentence does not depend on names
+    stretched = replace(d, num_speculative_tokens=10**150, enabled=True, why=())
+    text = summarize(stretched)
+    assert len(text) == MAX_SUMMARY_CHARS and text.endswith("...")
+
+
+def test_an_internal_error_keeps_the_setting_and_says_so() -> None:
+    _, s = tick(DecideState(), T0, GOOD)
+    assert s.published is not None
+    d = held(s.published, kind=TargetState.ERROR, reason="internal error: ValueError: x", age_s=40.0)
+    assert (d.state, d.enabled, d.reason) == (TargetState.ERROR, False, "internal error: ValueError: x")
+    assert _codes(d) == [WhyCode.ERROR]
+    assert d.summary == "Keeping the last advice, speculation off, from 40 s ago: the server cannot be read or priced."

@@ -40,7 +40,9 @@ def test_every_line_fits_120_columns_and_the_view_shows_the_sentence_not_the_ari
     sentence = "Keep speculation on, k=3: expected 1.63x (1.09-2.44x) at batch 1; no other setting does clearly better."
     status = TargetStatus(target="sim", model="demo", evidence=make_evidence(window_s=60.0),
                           decision=_decision(summary=sentence))
-    screen = _screen(status)
+    long_line = "simulated vLLM: http://127.0.0.1:40000/metrics   model demo-llama-8b on 'h100-sxm'   " * 3
+    header = ["spec-advisor demo", long_line]
+    screen = render([status], now_s=NOW, header=header, color=False)
     assert max(len(line) for line in screen.splitlines()) <= 120
     assert "RECOMMEND: speculation ON, num_speculative_tokens=3   expected 1.63x [1.09..2.44]   state ok" in screen
     assert f"\n  {sentence}\n" in screen
