@@ -22,7 +22,6 @@ import httpx
 from fastapi import FastAPI
 from prometheus_client.registry import CollectorRegistry
 
-from policies.act.gate import ActuationConfig
 from policies.advise import AdvisorConfig
 from policies.model.costmodel import ModelContext
 from policies.model.measured_profile import ProfileError
@@ -265,7 +264,7 @@ def build_sidecar(
             actuation.audit if actuation is not None else None,
             clock=clock,
             token=actuation.token if actuation is not None else None,
-            max_override_s=settings.actuation.max_override_s,
+            max_override_s=settings.actuation.api.max_override_s,
             mode=settings.actuation.mode,
         )]),
     )
@@ -276,17 +275,6 @@ def build_sidecar(
 # ----------------------------------------------------------------------------------------------------------------
 # Actuation (opt-in): the runner, its audit log, the write endpoints' token, the Kubernetes actuators
 # ----------------------------------------------------------------------------------------------------------------
-
-
-def actuation_config(settings: ActuationSettings) -> ActuationConfig:
-    return ActuationConfig(
-        dwell_s=settings.dwell_s,
-        cooldown_s=settings.cooldown_s,
-        max_actions_per_hour=settings.max_actions_per_hour,
-        max_actions_per_day=settings.max_actions_per_day,
-        min_schedule_change_share=settings.min_schedule_change_share,
-        dry_run=settings.dry_run,
-    )
 
 
 def build_actuation(
@@ -303,11 +291,12 @@ def build_actuation(
     a = settings.actuation
     if not a.enabled:
         return None
-    token = write_token(a, environ) if a.write_endpoints else None
-    if a.write_endpoints and token is None:
+    token = write_token(a, environ) if a.api.write_endpoints else None
+    if a.api.write_endpoints and token is None:
         raise SettingsError(
             "actuation: the write endpoints (pause/resume/override) need a bearer token: put it in the file named "
-            f"by actuation.write_token_file or in env {a.write_token_env}, or set actuation.write_endpoints: false"
+            f"by actuation.api.write_token_file or in env {a.api.write_token_env}, or set "
+            "actuation.api.write_endpoints: false"
         )
     closers: tuple[Callable[[], Awaitable[None]], ...] = ()
     if actuators is None:
@@ -326,19 +315,19 @@ def build_actuation(
     on_pool_k = {t.target: t.on_pool_k for t in a.targets if t.on_pool_k is not None}
     options = RunnerOptions(
         mode=a.mode,
-        config=actuation_config(a),
+        config=a.gate.to_config(dry_run=a.dry_run),
         on_pool_k=on_pool_k,
-        schedule_max_num_seqs=a.schedule_max_num_seqs,
+        schedule_max_num_seqs=a.schedule.max_num_seqs,
         schedule_gamma_max=settings.decide.gamma_max,
         actuator_timeout_s=a.actuator_timeout_s,
-        skip_interval_s=a.skip_log_interval_s,
+        skip_interval_s=a.gate.skip_log_interval_s,
     )
     runner = ActuationRunner(board, {t.target: actuators[t.target] for t in a.targets}, options=options, audit=audit)
     runner.restore(audit.gate_records(), now_s=now_s)  # from the whole log, not just its recent tail
     _log.info(
         "actuation enabled",
         extra=fields(mode=a.mode, dry_run=a.dry_run, targets=[t.target for t in a.targets], audit=str(audit.path),
-                     write_endpoints=a.write_endpoints),
+                     write_endpoints=a.api.write_endpoints),
     )
     return Actuation(runner=runner, audit=audit, token=token, closers=closers)
 
@@ -348,8 +337,9 @@ def _kube_actuators(a: ActuationSettings) -> tuple[dict[str, Actuator], Callable
     from service.actuators.kube_client import kube_client  # noqa: PLC0415
 
     try:
-        client = kube_client(api_url=a.api_url, kubeconfig=a.kubeconfig, token_file=a.token_file,
-                             namespace=a.namespace, timeout_s=a.kube_timeout_s)
+        k = a.kubernetes
+        client = kube_client(api_url=k.api_url, kubeconfig=k.kubeconfig, token_file=k.token_file,
+                             namespace=k.namespace, timeout_s=k.timeout_s)
     except Exception as exc:  # lightkube's ConfigError and the OSErrors of reading the files
         raise SettingsError(f"actuation: cannot configure the Kubernetes client: {type(exc).__name__}: {exc}") from None
     actuators: dict[str, Actuator] = {}
@@ -358,7 +348,7 @@ def _kube_actuators(a: ActuationSettings) -> tuple[dict[str, Actuator], Callable
 
         for t in a.targets:
             assert t.route and t.on_backend and t.off_backend and t.on_pool_k  # enforced by ActuatedTargetSettings
-            actuators[t.target] = RoutingActuator(client, namespace=a.namespace, route=t.route,
+            actuators[t.target] = RoutingActuator(client, namespace=k.namespace, route=t.route,
                                                   on_backend=t.on_backend, off_backend=t.off_backend,
                                                   on_pool_k=t.on_pool_k)
     else:
@@ -366,7 +356,7 @@ def _kube_actuators(a: ActuationSettings) -> tuple[dict[str, Actuator], Callable
 
         for t in a.targets:
             assert t.deployment  # enforced by ActuatedTargetSettings
-            actuators[t.target] = DeploymentActuator(client, namespace=a.namespace, deployment=t.deployment,
+            actuators[t.target] = DeploymentActuator(client, namespace=k.namespace, deployment=t.deployment,
                                                      container=t.container, schedule_mode=a.mode == "schedule",
                                                      speculative_config=t.speculative_config)
     return actuators, client.close

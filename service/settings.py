@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from pydantic_settings import BaseSettings, InitSettingsSource, PydanticBaseSettingsSource, SettingsConfigDict
 from pydantic_settings import SettingsError as SourceParseError
 
+from policies.act.gate import ActuationConfig
 from policies.decide.rule import DecideConfig
 from policies.estimate.window import EstimatorConfig
 from policies.model.calibrate import CalibrationConfig
@@ -431,7 +432,8 @@ class ActuatedTargetSettings(_Section):
 
     target: TargetName = Field(description="The name of a configured target (its recommendation drives the action).")
     deployment: K8sName | None = Field(
-        default=None, description="kubernetes/schedule modes: the vLLM Deployment to patch (in actuation.namespace)."
+        default=None,
+        description="kubernetes/schedule modes: the vLLM Deployment to patch (in actuation.kubernetes.namespace).",
     )
     container: str | None = Field(
         default=None,
@@ -477,22 +479,9 @@ class ActuatedTargetSettings(_Section):
         return problems
 
 
-class ActuationSettings(_Section):
-    """Opt-in acting on the recommendation (docs/actuation.md). Default recommend-only: nothing is changed."""
+class GateSettings(_Section):
+    """How often and how soon the sidecar may act on a target (policies/act/gate.py `ActuationConfig`)."""
 
-    mode: ActuationMode = Field(
-        default="recommend-only",
-        description="recommend-only (publish only), kubernetes (patch the Deployment's --speculative-config), "
-        "schedule (write vLLM's per-batch schedule into the Deployment) or routing (shift HTTPRoute weights).",
-    )
-    dry_run: bool = Field(
-        default=False,
-        description="Run the whole gate and log the exact patch each action would send, without sending it. Try "
-        "a mode with dry_run: true first.",
-    )
-    targets: list[ActuatedTargetSettings] = Field(
-        default_factory=list, description="The targets acted on (at least one outside recommend-only)."
-    )
     dwell_s: float = Field(
         default=300.0,
         ge=0,
@@ -516,12 +505,6 @@ class ActuationSettings(_Section):
         description="schedule mode: roll out a new schedule only when k moved over at least this share of the "
         "batch range, log-weighted so each doubling of the batch counts the same (docs/actuation.md).",
     )
-    schedule_max_num_seqs: int = Field(
-        default=256, ge=1, le=16384, description="schedule mode: the engine's --max-num-seqs (the schedule's range)."
-    )
-    actuator_timeout_s: float = Field(
-        default=30.0, gt=0, le=600, description="Longest wait for one read or patch of the Kubernetes object."
-    )
     skip_log_interval_s: float = Field(
         default=600.0,
         ge=0,
@@ -529,11 +512,34 @@ class ActuationSettings(_Section):
         description="A skipped action with an unchanged reason is written to the audit log at most once per this "
         "many seconds per target (a new reason is written at once).",
     )
-    state_dir: Path = Field(
-        default=Path("/var/lib/spec-advisor"),
-        description="Where the audit log (actions.jsonl) and the acceptance memory live; mount a volume that "
-        "outlives the pod to keep them across restarts.",
+
+    @model_validator(mode="after")
+    def _day_holds_the_hour(self) -> Self:
+        if self.max_actions_per_day < self.max_actions_per_hour:
+            raise ValueError("max_actions_per_day must be at least max_actions_per_hour")
+        return self
+
+    def to_config(self, *, dry_run: bool) -> ActuationConfig:
+        """The gate's policy config (policies/act/gate.py); `min_schedule_k_delta` keeps its default. `dry_run` is
+        the section above's (the runner reads it; the gate behaves the same either way)."""
+        return ActuationConfig(
+            dwell_s=self.dwell_s, cooldown_s=self.cooldown_s, max_actions_per_hour=self.max_actions_per_hour,
+            max_actions_per_day=self.max_actions_per_day, min_schedule_change_share=self.min_schedule_change_share,
+            dry_run=dry_run,
+        )
+
+
+class ScheduleSettings(_Section):
+    """schedule mode: the engine the per-batch schedule is written for."""
+
+    max_num_seqs: int = Field(
+        default=256, ge=1, le=16384, description="schedule mode: the engine's --max-num-seqs (the schedule's range)."
     )
+
+
+class KubernetesSettings(_Section):
+    """The Kubernetes API the actuators read and patch through."""
+
     api_url: str | None = Field(
         default=None,
         description="Kubernetes API server URL. Default None: in-cluster configuration, else the kubeconfig.",
@@ -543,7 +549,17 @@ class ActuationSettings(_Section):
         default=None, description="A bearer token file for api_url (default: the ServiceAccount's in a pod)."
     )
     namespace: K8sName = Field(default="default", description="The namespace of the Deployments/HTTPRoutes.")
-    kube_timeout_s: float = Field(default=10.0, gt=0, le=300, description="Kubernetes API request timeout.")
+    timeout_s: float = Field(default=10.0, gt=0, le=300, description="Kubernetes API request timeout.")
+
+    @field_validator("api_url")
+    @classmethod
+    def _kube_url(cls, value: str | None) -> str | None:
+        return None if value is None else _check_http_url(value)
+
+
+class ActionsApiSettings(_Section):
+    """The write endpoints (POST /v1/actions/pause|resume|override) and their bearer token."""
+
     write_endpoints: bool = Field(
         default=True,
         description="Serve POST /v1/actions/pause|resume|override and DELETE /v1/actions/override (bearer token "
@@ -564,10 +580,56 @@ class ActuationSettings(_Section):
         description="Longest expires_in_s a manual override may ask for: an override forgotten for a day is enough.",
     )
 
-    @field_validator("api_url")
+
+# Flat actuation settings that moved into a section, with their new place (refused, naming it).
+_MOVED_ACTUATION_SETTINGS = {
+    **{key: f"gate.{key}" for key in GateSettings.model_fields},
+    "schedule_max_num_seqs": "schedule.max_num_seqs",
+    **{key: f"kubernetes.{key}" for key in ("api_url", "kubeconfig", "token_file", "namespace")},
+    "kube_timeout_s": "kubernetes.timeout_s",
+    **{key: f"api.{key}" for key in ActionsApiSettings.model_fields},
+}
+
+
+class ActuationSettings(_Section):
+    """Opt-in acting on the recommendation (docs/actuation.md). Default recommend-only: nothing is changed."""
+
+    mode: ActuationMode = Field(
+        default="recommend-only",
+        description="recommend-only (publish only), kubernetes (patch the Deployment's --speculative-config), "
+        "schedule (write vLLM's per-batch schedule into the Deployment) or routing (shift HTTPRoute weights).",
+    )
+    dry_run: bool = Field(
+        default=False,
+        description="Run the whole gate and log the exact patch each action would send, without sending it. Try "
+        "a mode with dry_run: true first.",
+    )
+    targets: list[ActuatedTargetSettings] = Field(
+        default_factory=list, description="The targets acted on (at least one outside recommend-only)."
+    )
+    state_dir: Path = Field(
+        default=Path("/var/lib/spec-advisor"),
+        description="Where the audit log (actions.jsonl) and the acceptance memory live; mount a volume that "
+        "outlives the pod to keep them across restarts.",
+    )
+    actuator_timeout_s: float = Field(
+        default=30.0, gt=0, le=600, description="Longest wait for one read or patch of the Kubernetes object."
+    )
+    gate: GateSettings = Field(default_factory=GateSettings)
+    schedule: ScheduleSettings = Field(default_factory=ScheduleSettings)
+    kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
+    api: ActionsApiSettings = Field(default_factory=ActionsApiSettings)
+
+    @model_validator(mode="before")
     @classmethod
-    def _kube_url(cls, value: str | None) -> str | None:
-        return None if value is None else _check_http_url(value)
+    def _moved_keys(cls, data: Any) -> Any:
+        # A flat key that moved into a section is named with its new place, not silently ignored or unknown.
+        if isinstance(data, dict):
+            moved = [f"actuation.{key} moved: use actuation.{new}"
+                     for key, new in _MOVED_ACTUATION_SETTINGS.items() if key in data]
+            if moved:
+                raise ValueError("; ".join(moved))
+        return data
 
     @model_validator(mode="after")
     def _targets_fit_mode(self) -> Self:
@@ -580,8 +642,6 @@ class ActuationSettings(_Section):
         repeated = sorted({name for name in names if names.count(name) > 1})
         if repeated:
             problems.append(f"each target at most once; repeated: {', '.join(repeated)}")
-        if self.max_actions_per_day < self.max_actions_per_hour:
-            problems.append("max_actions_per_day must be at least max_actions_per_hour")
         if problems:
             raise ValueError("; ".join(problems))
         return self
@@ -677,20 +737,20 @@ MIN_WRITE_TOKEN_CHARS = 16
 
 
 def write_token(actuation: ActuationSettings, environ: Mapping[str, str]) -> str | None:
-    """The write endpoints' bearer token from `write_token_file` (stripped) or the env var; None when neither
+    """The write endpoints' bearer token from `api.write_token_file` (stripped) or the env var; None when neither
     holds one. Raises SettingsError when the file cannot be read or the token is shorter than
     MIN_WRITE_TOKEN_CHARS."""
-    if actuation.write_token_file is not None:
+    if actuation.api.write_token_file is not None:
         try:
-            token = actuation.write_token_file.read_text(encoding="utf-8").strip()
+            token = actuation.api.write_token_file.read_text(encoding="utf-8").strip()
         except OSError as exc:
             raise SettingsError(
-                f"actuation.write_token_file: cannot read {actuation.write_token_file}: {exc.strerror or exc}"
+                f"actuation.api.write_token_file: cannot read {actuation.api.write_token_file}: {exc.strerror or exc}"
             ) from None
-        source = f"actuation.write_token_file {actuation.write_token_file}"
+        source = f"actuation.api.write_token_file {actuation.api.write_token_file}"
     else:
-        token = environ.get(actuation.write_token_env, "").strip()
-        source = f"env {actuation.write_token_env}"
+        token = environ.get(actuation.api.write_token_env, "").strip()
+        source = f"env {actuation.api.write_token_env}"
     if token and len(token) < MIN_WRITE_TOKEN_CHARS:
         # A short token can be guessed; the write endpoints can pause acting or force a setting.
         raise SettingsError(

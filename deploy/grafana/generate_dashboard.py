@@ -172,8 +172,8 @@ def _actuation_row(layout: Layout) -> None:
     layout.add(timeseries(
         "Actions by result",
         "Actions on the Deployment/HTTPRoute in the last hour, by result: applied, dry_run (computed and written to "
-        "the audit log, not sent) and failed (see Actuator errors). Capped by actuation.max_actions_per_hour. Empty "
-        "in recommend-only.",
+        "the audit log, not sent) and failed (see Actuator errors). Capped by actuation.gate.max_actions_per_hour. "
+        "Empty in recommend-only.",
         [q(f"sum by (target, mode, result) (increase(specadvisor_actions_total{{{A}}}[1h]))",
            "{{target}} {{mode}} {{result}}")],
         axis=Axis(minimum=0),
@@ -209,8 +209,8 @@ def _actuation_row(layout: Layout) -> None:
     ), w=12, h=7)
     layout.add(timeseries(
         "Cooldown remaining",
-        "Seconds until the cooldown (actuation.cooldown_s after the last action) allows the next action on the "
-        "target; 0 = free to act when the other rules allow.",
+        "Seconds until the cooldown (actuation.gate.cooldown_s after the last action) allows the next action on "
+        "the target; 0 = free to act when the other rules allow.",
         [q(f"specadvisor_actuation_cooldown_remaining_seconds{{{A}}}", "{{target}}")],
         axis=Axis("s", minimum=0),
     ), w=12, h=7)

@@ -166,7 +166,7 @@ def actuated_settings(bench: BenchScenario, *, state_dir: Path) -> Settings:
             "mode": "kubernetes",
             "targets": [{"target": TARGET, "deployment": DEPLOYMENT, "container": CONTAINER}],
             "state_dir": str(state_dir),
-            "write_endpoints": False,  # nothing serves HTTP here; and a token would be needed for them
+            "api": {"write_endpoints": False},  # nothing serves HTTP here; and a token would be needed for them
         }
     }
     return bench_advisor_settings(bench, extra=ours)

@@ -159,7 +159,8 @@ def compose(settings: Settings, workdir: Path) -> Sidecar:
         return build_sidecar(settings)
     token = workdir / "token"
     token.write_text("not-a-real-token\n", encoding="utf-8")
-    actuation = settings.actuation.model_copy(update={"state_dir": workdir / "state", "write_token_file": token})
+    api = settings.actuation.api.model_copy(update={"write_token_file": token})
+    actuation = settings.actuation.model_copy(update={"state_dir": workdir / "state", "api": api})
     local = settings.model_copy(update={"actuation": actuation})
     return build_sidecar(local, actuators={t.target: _IdleActuator() for t in actuation.targets})
 
@@ -494,9 +495,9 @@ def test_the_auto_toggle_overlays_ship_a_dry_run_of_their_mode(
         actuation = advisor_settings(docs, deployment, container, workdir, monkeypatch).actuation
         assert actuation.mode == mode, name
         assert actuation.dry_run is True, f"{name}: operators flip dry_run, the shipped default is a dry run"
-        assert actuation.write_endpoints is True, name
+        assert actuation.api.write_endpoints is True, name
         # The Role grants in one namespace: the advisor must act in that one.
-        assert actuation.namespace == deployment["metadata"]["namespace"], name
+        assert actuation.kubernetes.namespace == deployment["metadata"]["namespace"], name
     for name in ("overlays/sidecar", "overlays/standalone"):
         workdir = tmp_path / name.replace("/", "-")
         workdir.mkdir()
@@ -566,7 +567,7 @@ def test_the_write_token_file_is_the_mounted_secret_and_no_token_is_shipped(
         workdir = tmp_path / str(index)
         workdir.mkdir()
         docs, deployment, container = the_advisor(renders, name)
-        token_file = advisor_settings(docs, deployment, container, workdir, monkeypatch).actuation.write_token_file
+        token_file = advisor_settings(docs, deployment, container, workdir, monkeypatch).actuation.api.write_token_file
         assert token_file is not None, name
         mount, volume = mount_of(deployment, container, token_file)
         assert mount["readOnly"] is True, name

@@ -38,7 +38,7 @@ def settings_for(url: str, state_dir: Path, **actuation: Any) -> Settings:
         "estimator": {"window_s": 0.4, "stale_after_s": 0.5},
         "decide": {"dwell_s": 0},
         "gpu": {"telemetry": "none"},
-        "actuation": {"mode": "kubernetes", "dwell_s": 0, "state_dir": str(state_dir),
+        "actuation": {"mode": "kubernetes", "gate": {"dwell_s": 0}, "state_dir": str(state_dir),
                       "targets": [{"target": "llama", "deployment": "vllm-llama-8b"}], **actuation},
     })
 
@@ -119,7 +119,7 @@ def test_write_endpoints_need_the_bearer_token(tmp_path: Path) -> None:
         resumed = await client.post("/v1/actions/resume", json={"reason": "done"}, headers=AUTH)
         assert resumed.status_code == 200 and resumed.json()["targets"] == ["llama"]
 
-    run(tmp_path, check, dwell_s=3600)  # no action during the test: the dwell outlasts it
+    run(tmp_path, check, gate={"dwell_s": 3600})  # no action during the test: the dwell outlasts it
 
 
 def test_override_is_validated_applied_and_cleared(tmp_path: Path) -> None:
@@ -152,7 +152,7 @@ def test_override_is_validated_applied_and_cleared(tmp_path: Path) -> None:
         assert [r["kind"] for r in body["records"] if r["kind"].startswith("override")] == [
             "override", "override_cleared"]
 
-    run(tmp_path, check, dwell_s=3600, max_override_s=3600)
+    run(tmp_path, check, gate={"dwell_s": 3600}, api={"max_override_s": 3600})
 
 
 def test_refuses_to_start_with_write_endpoints_and_no_token(tmp_path: Path) -> None:
@@ -164,13 +164,13 @@ def test_refuses_to_start_with_write_endpoints_and_no_token(tmp_path: Path) -> N
     # A token file works; an unreadable one is refused with its path.
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN + "\n", encoding="utf-8")
-    with_file = settings_for("http://127.0.0.1:9", tmp_path / "state", write_token_file=str(token_file))
+    with_file = settings_for("http://127.0.0.1:9", tmp_path / "state", api={"write_token_file": str(token_file)})
     assert build_sidecar(with_file, gpu_source=NoGpuSource(), actuators=actuators, environ={}).actuation is not None
-    missing = settings_for("http://127.0.0.1:9", tmp_path / "state", write_token_file=str(tmp_path / "nope"))
+    missing = settings_for("http://127.0.0.1:9", tmp_path / "state", api={"write_token_file": str(tmp_path / "nope")})
     with pytest.raises(SettingsError, match="write_token_file"):
         build_sidecar(missing, gpu_source=NoGpuSource(), actuators=actuators, environ={})
     # Without write endpoints no token is needed, and the write routes do not exist.
-    read_only = settings_for("http://127.0.0.1:9", tmp_path / "state", write_endpoints=False)
+    read_only = settings_for("http://127.0.0.1:9", tmp_path / "state", api={"write_endpoints": False})
     sidecar = build_sidecar(read_only, gpu_source=NoGpuSource(), actuators=actuators, environ={})
     assert "/v1/actions/pause" not in sidecar.app.openapi()["paths"]
 
@@ -203,8 +203,9 @@ def test_each_mode_composes_its_kubernetes_actuator(
     settings = load_settings(overrides={
         "targets": [{"name": "llama", "url": "http://127.0.0.1:9"}],
         "gpu": {"telemetry": "none"},
-        "actuation": {"mode": mode, "state_dir": str(tmp_path), "api_url": "http://127.0.0.1:9",
-                      "namespace": "llm", "targets": [{"target": "llama", **target}]},
+        "actuation": {"mode": mode, "state_dir": str(tmp_path),
+                      "kubernetes": {"api_url": "http://127.0.0.1:9", "namespace": "llm"},
+                      "targets": [{"target": "llama", **target}]},
     })
     sidecar = build_sidecar(settings, gpu_source=NoGpuSource(), environ={"SPEC_ADVISOR_ACTIONS_TOKEN": TOKEN})
     assert sidecar.actuation is not None and sidecar.actuation.mode == mode

@@ -66,8 +66,8 @@ def advisor_settings(capture_url: str, api_url: str, token_file: Path, state: Pa
         "decide": {"dwell_s": 0},
         "gpu": {"telemetry": "none"},
         "actuation": {
-            "mode": "kubernetes", "dry_run": False, "dwell_s": 0.3, "cooldown_s": 0,
-            "state_dir": str(state), "api_url": api_url, "token_file": str(token_file), "namespace": NS,
+            "mode": "kubernetes", "dry_run": False, "gate": {"dwell_s": 0.3, "cooldown_s": 0},
+            "state_dir": str(state), "kubernetes": {"api_url": api_url, "token_file": str(token_file), "namespace": NS},
             "targets": [{"target": "llama", "deployment": NAME}], **actuation,
         },
     })
@@ -143,7 +143,7 @@ def test_a_forbidden_patch_is_recorded_counted_and_the_advice_keeps_flowing(tmp_
     async def scenario(api: FakeKubeApiServer) -> None:
         capture = CaptureServer(FIXTURES / "synthetic-eagle-k3.txt")
         async with serving(capture) as capture_url:
-            settings = advisor_settings(capture_url, api.url, token_file, state, write_endpoints=False)
+            settings = advisor_settings(capture_url, api.url, token_file, state, api={"write_endpoints": False})
             sidecar = build_sidecar(settings, gpu_source=NoGpuSource())
             async with serving(sidecar.app) as url, httpx.AsyncClient(base_url=url, timeout=5.0) as client:
                 body = (await wait_for(client, "/v1/actions",

@@ -55,8 +55,8 @@ def act_once(api: FakeKubeApiServer, tmp_path: Path, **actuation: Any) -> tuple[
     async def scenario() -> tuple[dict[str, Any], dict[str, Any]]:
         capture = CaptureServer(FIXTURES / "synthetic-eagle-k3.txt")
         async with serving(capture) as capture_url:
-            settings = advisor_settings(capture_url, api.url, token_file, tmp_path / "state", write_endpoints=False,
-                                        **actuation)
+            settings = advisor_settings(capture_url, api.url, token_file, tmp_path / "state",
+                                        api={"write_endpoints": False}, **actuation)
             sidecar = build_sidecar(settings, gpu_source=NoGpuSource())
             async with serving(sidecar.app) as url, httpx.AsyncClient(base_url=url, timeout=5.0) as client:
                 body = (await wait_for(client, "/v1/actions",

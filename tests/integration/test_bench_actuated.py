@@ -134,9 +134,7 @@ def test_the_benchmark_uses_the_operators_default_gate(tmp_path: Path) -> None:
     bench = load_bench_scenario(SCENARIO)
     a = actuated_settings(bench, state_dir=tmp_path).actuation
     assert a.mode == "kubernetes" and not a.dry_run
-    assert (a.dwell_s, a.cooldown_s) == (DEFAULTS.dwell_s, DEFAULTS.cooldown_s)
-    assert (a.max_actions_per_hour, a.max_actions_per_day) == (DEFAULTS.max_actions_per_hour,
-                                                               DEFAULTS.max_actions_per_day)
+    assert a.gate.to_config(dry_run=a.dry_run) == DEFAULTS
     assert a.state_dir == tmp_path
 
 
