@@ -295,7 +295,7 @@ def _why_stays(choice: Valued | None, config: DecideConfig, *, cost_s: float) ->
     """Why the best alternative is not a change: it gains less than the margin, or not what it costs."""
     if choice is None or math.isinf(choice.gain):
         return ()
-    to_gamma = choice.key[1] if choice.key[0] else 0
+    to_gamma = choice.key[1]  # an off key is (False, 0)
     if choice.gain < config.margin or cost_s <= 0:
         return (_why(WhyCode.BELOW_MARGIN, to_gamma=to_gamma, gain=choice.gain, margin=config.margin),)
     return (_why(WhyCode.COST, to_gamma=to_gamma, gain=choice.gain, cost_s=cost_s),)
@@ -315,7 +315,7 @@ def _change(tick: _Tick, current: Key, choice: Valued, prices: _Prices, *, note:
     text += f"now {rent:+.1%}, in {config.confirm_s:.0f}..{config.dwell_s:.0f}s)"
     side = _side(choice.key, current)  # the option valued: a turn-off kept measuring is still a turn-off
     key, kept = _keep_measuring(choice.key, prices.curve, prices.options)
-    to_gamma = choice.key[1] if choice.key[0] else 0
+    to_gamma = choice.key[1]  # an off key is (False, 0)
     whys = [_why(WhyCode.GAIN, to_gamma=to_gamma, gain=choice.gain, cost_s=prices.cost_s, wait_s=wait)]
     if math.isinf(choice.gain):
         whys.append(_why(WhyCode.OFF_CURVE, to_gamma=to_gamma))
@@ -447,9 +447,9 @@ def _clock(
     last = state.last_change_s if state.last_change_s is not None or not candidate.probing else published.changed_at_s
     spacing = 0.0 if last is None else max(0.0, last + config.dwell_s - now_s)
     move = _transition(current, candidate.key)
-    to_gamma = candidate.key[1] if candidate.key[0] else 0
+    to_gamma = candidate.key[1]
     if waited >= wait and held_s >= min(wait, config.confirm_s) and spacing <= 0:
-        changed = _why(WhyCode.CHANGED, from_gamma=current[1] if current[0] else 0, to_gamma=to_gamma, waited_s=waited)
+        changed = _why(WhyCode.CHANGED, from_gamma=current[1], to_gamma=to_gamma, waited_s=waited)
         return True, f"; {move} after {waited:.0f}s", (changed,)
     tail = f"; waiting {waited:.0f}s of {wait:.0f}s before {move}"
     if held_s < min(wait, config.confirm_s) <= waited:
