@@ -14,7 +14,7 @@ from policies.decide.horizon import observe as observe_plan
 from policies.decide.probe import Remembered, probe_for
 from policies.decide.rule import DecideConfig, DecideInputs, DecideState, Planned, Probe, best_point, decide
 from policies.decide.value import point_at
-from policies.estimate.memory import AcceptanceMemory, MemoryConfig, Recall, recall, remember
+from policies.estimate.memory import AcceptanceMemory, MemoryConfig, Recall, acceptance_in_use, remember
 from policies.model.acceptance import acceptance_curve
 from policies.model.calibrate import (
     CalibrationConfig,
@@ -24,11 +24,11 @@ from policies.model.calibrate import (
     split_observed,
     update,
 )
-from policies.model.costmodel import ModelContext, operating_point
+from policies.model.costmodel import ModelContext, operating_point_with
 from policies.model.objectives import ObjectiveConfig, Workload, choose_objective, objective_curve, workload_from
 from policies.model.roofline import CostScales
 from policies.model.uncertainty import banded
-from policies.types import CurvePoint, Decision, Evidence, TargetState, Why, WhyCode
+from policies.types import AcceptanceEvidence, CurvePoint, Decision, Evidence, TargetState, Why, WhyCode
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,10 +128,12 @@ def advise_target(
     # held probe (decide: the probe hold).
     measured = evidence.state is TargetState.OK and evidence.speculation_on and evidence.acceptance is not None
     inflight_s = inflight_work_s(evidence)
-    recalled, evidence, memory_note = _with_memory(evidence, memory, config=config.memory, now_s=now_s)
+    in_use = acceptance_in_use(evidence, memory, config=config.memory, now_s=now_s)
+    recalled = in_use.recalled
     priced = _Priced()
-    if evidence.state == TargetState.OK and ctx is not None and fit is not None:
-        priced = _price(evidence, ctx, fit, calibration_state, config)
+    decidable = evidence.state is TargetState.OK or in_use.stands_in
+    if decidable and ctx is not None and fit is not None:
+        priced = _price(evidence, in_use.acceptance, ctx, fit, calibration_state, config)
     probe = _probe(evidence, priced, recalled, inflight_s=inflight_s, config=config)
     plan_state = state.plan
     if state.decide.probe_since_s is not None and measured:
@@ -151,9 +153,11 @@ def advise_target(
         # The queue a restart errors counts as far as the server would have caught up with it, within the
         # horizon the gain is counted over (plan.queue_cost_s).
         inflight_s += queue_cost_s(plan_state, queued_work_s(evidence), tau_s=config.decide.payback_horizon_s)
-    inputs = DecideInputs(probe=probe, measured=measured, inflight_s=inflight_s, plan=planned)
+    inputs = DecideInputs(
+        probe=probe, measured=measured, inflight_s=inflight_s, plan=planned, acceptance_stands_in=in_use.stands_in
+    )
     decision, decide_state = decide(evidence, priced.curve, config.decide, state.decide, now_s, inputs=inputs)
-    decision = _annotated(decision, priced, fit, memory_note=memory_note, recalled=recalled)
+    decision = _annotated(decision, priced, fit, memory_note=in_use.note, recalled=recalled)
     return Advice(
         decision=decision,
         state=AdvisorState(decide=decide_state, calibration=calibration_state, memory=memory, plan=plan_state),
@@ -163,15 +167,21 @@ def advise_target(
 
 
 def _price(
-    evidence: Evidence, ctx: ModelContext, fit: CalibrationFit, calibration: CalibrationState, config: AdvisorConfig
+    evidence: Evidence,
+    measured: AcceptanceEvidence | None,
+    ctx: ModelContext,
+    fit: CalibrationFit,
+    calibration: CalibrationState,
+    config: AdvisorConfig,
 ) -> _Priced:
-    """S(gamma) for gamma = 0..max(gamma_max, deployed k) in the objective that applies, with the fitted scales,
-    banded by the acceptance's and (with a covariance) the calibration's uncertainty."""
-    point = operating_point(evidence)
+    """S(gamma) for gamma = 0..max(gamma_max, deployed k) in the objective that applies, from the acceptance in use
+    (`measured`: the window's own or the profile standing in for it) and the fitted scales, banded by the
+    acceptance's and (with a covariance) the calibration's uncertainty."""
+    point = operating_point_with(evidence, measured)
     # The curve reaches the deployed k even past gamma_max: the running setting's predicted speedup must be
     # published (the "speculation costs throughput" alert reads it), though decide never picks above gamma_max.
     acceptance = acceptance_curve(
-        evidence.acceptance, method=ctx.drafter.method, gamma_max=max(config.decide.gamma_max, evidence.deployed_k)
+        measured, method=ctx.drafter.method, gamma_max=max(config.decide.gamma_max, evidence.deployed_k)
     )
     workload = workload_from(evidence, context_tokens=point.context_tokens, prefill_tokens=point.prefill_tokens)
     curve, chosen, why = objective_curve(ctx, acceptance, workload, config=config.objective, scales=fit.scales)
@@ -266,37 +276,6 @@ def _plan_tick(
     if planned is None or scale is None:
         return state, None
     return state, Planned(curve=planned, cost_scale=scale)
-
-
-def _with_memory(
-    evidence: Evidence, memory: AcceptanceMemory, *, config: MemoryConfig, now_s: float
-) -> tuple[Recall | None, Evidence, str]:
-    """The evidence the curve is priced from, the recalled profile and a note for the reason.
-
-    Live acceptance wins whenever the estimator trusts it. Otherwise (off, or a thin window while on) a usable
-    remembered profile stands in; an unusable one is only named, and the prior prices the curve.
-    """
-    off = evidence.state is TargetState.OK and not evidence.speculation_on
-    thin = evidence.state is TargetState.INSUFFICIENT_DATA and evidence.speculation_on
-    if not (off or thin) or not evidence.model:
-        return None, evidence, ""
-    entry = memory.get(evidence.model)
-    if entry is None:
-        return None, evidence, ""
-    recalled = recall(entry, config=config, now_s=now_s)
-    if not recalled.usable or recalled.acceptance is None:
-        return recalled, evidence, f"acceptance: {recalled.describe()}; priced from the drafter's prior"
-    note = f"acceptance: {recalled.describe()}"
-    if thin:
-        # The window's own drafts are too few to trust; the remembered profile is the better evidence until
-        # the window fills (then live evidence replaces the memory).
-        note += f" in place of a thin live window ({_one_line(evidence.reason)})"
-        return recalled, replace(evidence, state=TargetState.OK, acceptance=recalled.acceptance), note
-    return recalled, replace(evidence, acceptance=recalled.acceptance), note
-
-
-def _one_line(text: str) -> str:
-    return " ".join(text.split())
 
 
 def _split_note(seen: tuple[StepObservation, ...], evidence: Evidence) -> str:

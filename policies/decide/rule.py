@@ -148,12 +148,16 @@ class DecideInputs:
     `probe`: a request to switch on to re-measure (probe.probe_for), or None. `measured`: this tick's acceptance
     was measured live while speculating (None: ok, speculating and acceptance present); it releases a held probe.
     `inflight_s` (s): the in-flight and weighed queued work a restart loses (None: `inflight_work_s(evidence)`).
-    `plan`: the curve options are valued on, or None to value them on this window's curve."""
+    `plan`: the curve options are valued on, or None to value them on this window's curve.
+    `acceptance_stands_in`: the curve was priced from a remembered profile standing in for this thin window
+    (insufficient_data while speculating; policies/estimate/memory.py `acceptance_in_use`), so the tick is decided
+    on as on ok evidence."""
 
     probe: Probe | None = None
     measured: bool | None = None
     inflight_s: float | None = None
     plan: Planned | None = None
+    acceptance_stands_in: bool = False
 
 
 NO_INPUTS = DecideInputs()
@@ -220,7 +224,8 @@ def decide(
     caller's clock; `inputs` the probe, the measured flag, the work a restart loses and the plan (`DecideInputs`).
     The Decision's band is the published option's on `curve`.
     """
-    if evidence.state is not TargetState.OK:
+    stood_in = inputs.acceptance_stands_in and evidence.state is TargetState.INSUFFICIENT_DATA
+    if evidence.state is not TargetState.OK and not stood_in:
         return _hold(evidence, curve, state, now_s, kind=evidence.state, why=_why_not_ok(evidence))
     star = best_point(curve, config.gamma_max)
     if star is None:

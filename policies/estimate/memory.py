@@ -251,3 +251,49 @@ def recall(entry: RememberedAcceptance, *, config: MemoryConfig, now_s: float) -
         draft_coverage=entry.draft_coverage,
     )
     return Recall(entry=entry, age_s=age_s, effective_drafts=n_eff, usable=True, acceptance=aged)
+
+
+@dataclass(frozen=True, slots=True)
+class AcceptanceInUse:
+    """The acceptance a tick's curve is priced from, beside the evidence (which always says what was measured).
+
+    `acceptance`: the window's own when the estimator trusts it, a usable remembered profile while off or for a
+    thin window while on, else the window's own (None while off: the method prior prices the curve).
+    `stands_in`: a remembered profile stands in for a thin window (insufficient_data while speculating), so the
+    tick is decided on as on ok evidence. `recalled`: the remembered profile judged now, usable or not (None when
+    none was consulted). `note`: what the reason says about it ("" when the window's own is used).
+    """
+
+    acceptance: AcceptanceEvidence | None
+    stands_in: bool = False
+    recalled: Recall | None = None
+    note: str = ""
+
+
+def acceptance_in_use(
+    evidence: Evidence, memory: AcceptanceMemory, *, config: MemoryConfig, now_s: float
+) -> AcceptanceInUse:
+    """Which acceptance prices the curve (`AcceptanceInUse`). Live acceptance wins whenever the estimator trusts it;
+    otherwise (ok while off, or insufficient_data while on) a usable remembered profile of the model stands in; an
+    unusable one is only named, and the prior prices the curve.
+
+    Example: off, a profile remembered 12 min ago over 9000 drafts -> its aged acceptance, note "acceptance:
+    remembered acceptance from 12 min ago (k=3, 9000 drafts, aged to 1516 effective)"; on with 40 drafts in the
+    window (insufficient_data) -> the same profile with `stands_in` True; ok while on -> the window's own.
+    """
+    live = AcceptanceInUse(acceptance=evidence.acceptance)
+    off = evidence.state is TargetState.OK and not evidence.speculation_on
+    thin = evidence.state is TargetState.INSUFFICIENT_DATA and evidence.speculation_on
+    entry = memory.get(evidence.model) if (off or thin) and evidence.model else None
+    if entry is None:
+        return live
+    recalled = recall(entry, config=config, now_s=now_s)
+    if not recalled.usable or recalled.acceptance is None:
+        note = f"acceptance: {recalled.describe()}; priced from the drafter's prior"
+        return AcceptanceInUse(acceptance=evidence.acceptance, recalled=recalled, note=note)
+    note = f"acceptance: {recalled.describe()}"
+    if thin:
+        # The window's own drafts are too few to trust; the remembered profile is the better evidence until the
+        # window fills (then live evidence replaces the memory).
+        note += f" in place of a thin live window ({' '.join(evidence.reason.split())})"
+    return AcceptanceInUse(acceptance=recalled.acceptance, stands_in=thin, recalled=recalled, note=note)

@@ -54,7 +54,7 @@ from dataclasses import dataclass, replace
 from policies.model.acceptance import AcceptancePoint, acceptance_curve
 from policies.model.profiles import DrafterProfile, HardwareProfile, ModelProfile
 from policies.model.roofline import CostScales, Shape, drafting_time, step_components, target_step_time
-from policies.types import CurvePoint, Evidence
+from policies.types import AcceptanceEvidence, CurvePoint, Evidence
 
 DEFAULT_CONTEXT_TOKENS = 1024.0
 OVERHEAD_SCALE_RANGE = (0.1, 10.0)
@@ -134,7 +134,14 @@ class CostModelResult:
 
 
 def operating_point(evidence: Evidence) -> OperatingPoint:
-    """The (B, ctx, q, draft steps) the evidence describes; see the module docstring for defaults.
+    """The (B, ctx, q, draft steps) the evidence describes, its tokens per sequence from the window's own
+    acceptance counters: `operating_point_with(evidence, evidence.acceptance)`."""
+    return operating_point_with(evidence, evidence.acceptance)
+
+
+def operating_point_with(evidence: Evidence, acceptance: AcceptanceEvidence | None) -> OperatingPoint:
+    """The (B, ctx, q, draft steps) the evidence describes, the proposed tokens per step read from `acceptance`
+    (the window's own, or the profile that stands in for a thin window); see the module docstring for defaults.
 
     Example: batch 0.4, no context, speculation on at k=3 proposing 2.79 tokens per draft, no prefill measured ->
     OperatingPoint(batch=1.0, context_tokens=1024.0, tokens_per_seq=3.79, draft_steps=3, prefill_tokens=0.0);
@@ -153,10 +160,10 @@ def operating_point(evidence: Evidence) -> OperatingPoint:
             batch=batch, context_tokens=context, tokens_per_seq=1.0, draft_steps=0, prefill_tokens=prefill
         )
     proposed = float(evidence.deployed_k)
-    if evidence.acceptance is not None and evidence.acceptance.drafts > 0:
+    if acceptance is not None and acceptance.drafts > 0:
         # Tokens proposed per decoding sequence-step: per draft, times the share of sequence-steps that drafted.
-        per_draft = min(max(evidence.acceptance.mean_proposed_length, 0.0), float(evidence.deployed_k))
-        coverage = evidence.acceptance.draft_coverage
+        per_draft = min(max(acceptance.mean_proposed_length, 0.0), float(evidence.deployed_k))
+        coverage = acceptance.draft_coverage
         proposed = per_draft * (min(max(coverage, 0.0), 1.0) if math.isfinite(coverage) else 1.0)
     return OperatingPoint(
         batch=batch, context_tokens=context, tokens_per_seq=1.0 + proposed, draft_steps=evidence.deployed_k,

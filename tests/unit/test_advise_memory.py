@@ -7,8 +7,14 @@ from dataclasses import replace
 from costmodel_builders import make_acceptance, make_context, make_evidence, make_off_evidence
 
 from policies.advise import Advice, AdvisorConfig, AdvisorState, advise_target
-from policies.decide.rule import DecideConfig, DecideState, best_point
-from policies.estimate.memory import AcceptanceMemory, MemoryConfig, RememberedAcceptance
+from policies.decide.rule import DecideConfig, DecideInputs, DecideState, best_point, decide
+from policies.estimate.memory import (
+    AcceptanceInUse,
+    AcceptanceMemory,
+    MemoryConfig,
+    RememberedAcceptance,
+    acceptance_in_use,
+)
 from policies.model.calibrate import CalibrationState
 from policies.types import DraftMethod, Evidence, TargetState, WhyCode
 
@@ -166,3 +172,42 @@ def test_a_memory_of_another_model_is_not_used() -> None:
     advice = tick(evidence, DecideState(), memory, now_s=NOW, config=replace(DWELL, dwell_s=0))
     assert advice.recalled is None
     assert "remembered" not in advice.decision.reason
+
+
+def test_the_acceptance_in_use_stands_beside_the_evidence_and_never_rewrites_it() -> None:
+    thin = make_evidence(
+        state=TargetState.INSUFFICIENT_DATA, acceptance=make_acceptance(POOR, drafts=40.0), batch=2.0,
+        reason="40 drafts in 10s, need 200",
+    )
+    memory = remembered(GOOD, age_s=300.0)
+    in_use = acceptance_in_use(thin, memory, config=MemoryConfig(), now_s=NOW)
+    assert in_use.stands_in
+    assert in_use.acceptance is not None and in_use.acceptance.per_position[0] == GOOD[0]
+    assert thin.state is TargetState.INSUFFICIENT_DATA and thin.acceptance is not None
+    assert thin.acceptance.per_position[0] == POOR[0]  # the evidence still says what was measured
+    # An ok window while on is priced from itself, whatever is remembered; nothing is said about memory.
+    live = make_evidence(acceptance=make_acceptance(POOR, drafts=5000.0), batch=2.0)
+    own = acceptance_in_use(live, memory, config=MemoryConfig(), now_s=NOW)
+    assert own == AcceptanceInUse(acceptance=live.acceptance)
+    # Off with a memory too old to use: the prior prices the curve, and the note says why.
+    off = acceptance_in_use(make_off_evidence(batch=2.0), remembered(GOOD, age_s=7 * 3600.0), config=MemoryConfig(),
+                            now_s=NOW)
+    assert off.acceptance is None and not off.stands_in
+    assert off.recalled is not None and not off.recalled.usable
+    assert off.note.endswith("priced from the drafter's prior")
+
+
+def test_decide_acts_on_a_thin_window_only_when_a_remembered_profile_stands_in() -> None:
+    priced = tick(make_evidence(acceptance=make_acceptance(GOOD, drafts=5000.0), batch=2.0), DecideState(), None,
+                  now_s=NOW)
+    thin = make_evidence(state=TargetState.INSUFFICIENT_DATA, acceptance=make_acceptance(GOOD, drafts=40.0),
+                         batch=2.0)
+    held = decide(thin, priced.decision.curve, DWELL, priced.state.decide, NOW + 5.0)[0]
+    assert held.state is TargetState.INSUFFICIENT_DATA
+    stood_in = decide(thin, priced.decision.curve, DWELL, priced.state.decide, NOW + 5.0,
+                      inputs=DecideInputs(acceptance_stands_in=True))[0]
+    assert stood_in.state is TargetState.OK
+    # The flag is about a thin window: stale evidence is held whatever it says.
+    stale = replace(thin, state=TargetState.STALE)
+    assert decide(stale, priced.decision.curve, DWELL, priced.state.decide, NOW + 5.0,
+                  inputs=DecideInputs(acceptance_stands_in=True))[0].state is TargetState.STALE
