@@ -182,7 +182,7 @@ def advisor_loop(
             advisor=AdvisorConfig(
                 decide=settings.decide.to_config(),
                 calibration=settings.calibration.to_config(),
-                objective=settings.decide.objective_config(),
+                objective=settings.objective.to_config(),
             ),
         ),
     )

@@ -347,17 +347,6 @@ class DecideSettings(_Section):
         allow_inf_nan=False,
         description="After a dropped probe, no new probe is recommended for this many seconds.",
     )
-    itl_slo_s: float | None = Field(
-        default=None,
-        gt=0,
-        le=60,
-        allow_inf_nan=False,
-        description="The inter-token-latency SLO in seconds (mean time between a request's output tokens, e.g. "
-        "0.05 = 50 ms). When set, options are compared by goodput: tokens/s of requests meeting it. Default None: "
-        "no SLO, so speculation is judged by throughput (per sequence, or of the whole server while requests "
-        "queue).",
-    )
-
     @model_validator(mode="before")
     @classmethod
     def _default_confirm_follows_dwell(cls, data: Any) -> Any:
@@ -366,6 +355,8 @@ class DecideSettings(_Section):
             for key, instead in _REPLACED_DECIDE_SETTINGS.items():
                 if key in data:
                     raise ValueError(f"decide.{key} was replaced: {instead}")
+            if "itl_slo_s" in data:
+                raise ValueError("decide.itl_slo_s moved: use objective.itl_slo_s")
         # The default confirm follows a shorter dwell (the demo's 10 s); a value the operator wrote is checked below.
         if isinstance(data, dict) and "confirm_s" not in data and "dwell_s" in data:
             try:
@@ -395,7 +386,22 @@ class DecideSettings(_Section):
             probe_timeout_s=self.probe_timeout_s, probe_backoff_s=self.probe_backoff_s,
         )
 
-    def objective_config(self) -> ObjectiveConfig:
+
+class ObjectiveSettings(_Section):
+    """What the options are compared by (policies/model/objectives.py)."""
+
+    itl_slo_s: float | None = Field(
+        default=None,
+        gt=0,
+        le=60,
+        allow_inf_nan=False,
+        description="The inter-token-latency SLO in seconds (mean time between a request's output tokens, e.g. "
+        "0.05 = 50 ms). When set, options are compared by goodput: tokens/s of requests meeting it. Default None: "
+        "no SLO, so speculation is judged by throughput (per sequence, or of the whole server while requests "
+        "queue).",
+    )
+
+    def to_config(self) -> ObjectiveConfig:
         """The objective's policy config (policies/model/objectives.py): the ITL SLO, when set."""
         return ObjectiveConfig(itl_slo_s=self.itl_slo_s)
 
@@ -691,6 +697,7 @@ class Settings(BaseSettings):
     gpu: GpuSettings = Field(default_factory=GpuSettings)
     estimator: EstimatorSettings = Field(default_factory=EstimatorSettings)
     decide: DecideSettings = Field(default_factory=DecideSettings)
+    objective: ObjectiveSettings = Field(default_factory=ObjectiveSettings)
     calibration: CalibrationSettings = Field(default_factory=CalibrationSettings)
     actuation: ActuationSettings = Field(default_factory=ActuationSettings)
 

@@ -85,7 +85,7 @@ def advisor_settings(
         "gpu": {"telemetry": "none"},
     }
     if itl_slo_s is not None:
-        ours["decide"] = {"itl_slo_s": itl_slo_s}
+        ours["objective"] = {"itl_slo_s": itl_slo_s}
     # The operator's rollout time is a default the scenario's advisor settings may override; the target, the
     # tick and the SLO are the benchmark's and go on top.
     known = {"decide": {"change_cost_s": change_cost_s}}

@@ -54,7 +54,7 @@ class AdvisorSection(_Section):
     settings: dict[str, Any] = Field(
         default_factory=dict,
         description="Extra sidecar settings (as in the settings file, e.g. {decide: {dwell_s: 60}}). "
-        f"{', '.join(RESERVED_SETTINGS)} and decide.itl_slo_s are the benchmark's and are refused here: "
+        f"{', '.join(RESERVED_SETTINGS)} and objective.itl_slo_s are the benchmark's and are refused here: "
         f"{RESERVED_SETTINGS_HINT}.",
     )
 
@@ -63,9 +63,9 @@ class AdvisorSection(_Section):
         if (self.model_profile is None) == (self.model_config_path is None):
             raise ValueError("set exactly one of model_profile and model_config_path")
         reserved = [key for key in RESERVED_SETTINGS if key in self.settings]
-        decide = self.settings.get("decide")
-        if isinstance(decide, Mapping) and "itl_slo_s" in decide:
-            reserved.append("decide.itl_slo_s")
+        objective = self.settings.get("objective")
+        if isinstance(objective, Mapping) and "itl_slo_s" in objective:
+            reserved.append("objective.itl_slo_s")
         if reserved:
             raise ValueError(f"settings.{reserved[0]} is set by the benchmark ({RESERVED_SETTINGS_HINT})")
         return self

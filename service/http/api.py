@@ -72,7 +72,7 @@ class CurvePointOut(BaseModel):
     )
     slo_share: float | None = Field(
         default=None,
-        description="Under an ITL SLO (decide.itl_slo_s): the share (0.01..1) of this option's tokens predicted to "
+        description="Under an ITL SLO (objective.itl_slo_s): the share (0.01..1) of this option's tokens predicted to "
         "meet it; the speedup is then in SLO goodput. null without an SLO.",
     )
 

@@ -70,7 +70,7 @@ async def drive(memory_path: Path) -> tuple[list[Step], float]:
                 advisor=AdvisorConfig(
                     decide=settings.decide.to_config(),
                     calibration=settings.calibration.to_config(),
-                    objective=settings.decide.objective_config(),
+                    objective=settings.objective.to_config(),
                 ),
             ),
         )

@@ -39,7 +39,7 @@ def test_tensor_parallel_reaches_the_advisor(tmp_path: Path) -> None:
         ({"targets": [{"name": "x", "url": "http://a/metrics", "tensor_parallel": 8}]}, "settings.targets"),
         ({"gpu": {"telemetry": "nvml"}}, "settings.gpu"),
         ({"scrape_interval_s": 1}, "settings.scrape_interval_s"),
-        ({"decide": {"itl_slo_s": 0.02, "dwell_s": 60}}, "settings.decide.itl_slo_s"),
+        ({"objective": {"itl_slo_s": 0.02}, "decide": {"dwell_s": 60}}, "settings.objective.itl_slo_s"),
     ],
 )
 def test_settings_the_benchmark_sets_itself_are_refused_by_path(

@@ -51,7 +51,7 @@ def test_defaults_are_the_policies_own() -> None:
     assert settings.decide.to_config() == DecideConfig()
     assert settings.estimator.to_config() == EstimatorConfig()
     assert settings.calibration.to_config() == CalibrationConfig()
-    assert settings.decide.objective_config() == ObjectiveConfig()
+    assert settings.objective.to_config() == ObjectiveConfig()
 
 
 def test_every_estimator_setting_reaches_the_policy() -> None:

@@ -41,16 +41,24 @@ def test_defaults_with_one_target() -> None:
 
 def test_itl_slo_and_calibration_reach_the_policy_configs(monkeypatch: pytest.MonkeyPatch) -> None:
     defaults = load_settings(overrides={"targets": ONE_TARGET})
-    assert defaults.decide.itl_slo_s is None  # no SLO: judged by throughput
-    assert defaults.decide.objective_config().itl_slo_s is None
+    assert defaults.objective.itl_slo_s is None  # no SLO: judged by throughput
+    assert defaults.objective.to_config().itl_slo_s is None
     assert defaults.calibration.to_config().half_life_s == 900.0
 
-    monkeypatch.setenv("SPEC_ADVISOR_DECIDE__ITL_SLO_S", "0.05")
+    monkeypatch.setenv("SPEC_ADVISOR_OBJECTIVE__ITL_SLO_S", "0.05")
     monkeypatch.setenv("SPEC_ADVISOR_CALIBRATION__HALF_LIFE_S", "300")
     settings = load_settings(overrides={"targets": ONE_TARGET})
-    assert settings.decide.itl_slo_s == 0.05
-    assert settings.decide.objective_config().itl_slo_s == 0.05
+    assert settings.objective.itl_slo_s == 0.05
+    assert settings.objective.to_config().itl_slo_s == 0.05
     assert settings.calibration.to_config().half_life_s == 300.0
+
+
+def test_the_slo_under_decide_is_refused_with_its_new_place(monkeypatch: pytest.MonkeyPatch) -> None:
+    with pytest.raises(SettingsError, match=r"decide.itl_slo_s moved: use objective.itl_slo_s"):
+        load_settings(overrides={"targets": ONE_TARGET, "decide": {"itl_slo_s": 0.05}})
+    monkeypatch.setenv("SPEC_ADVISOR_DECIDE__ITL_SLO_S", "0.05")
+    with pytest.raises(SettingsError, match=r"decide.itl_slo_s moved: use objective.itl_slo_s"):
+        load_settings(overrides={"targets": ONE_TARGET})
 
 
 def test_yaml_file_env_and_overrides_layer_in_that_order(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -117,10 +125,10 @@ def test_target_names_must_be_unique() -> None:
         ({"targets": ONE_TARGET, "gpu": {"dcgm_url": "ftp://dcgm:9400/metrics"}}, "gpu.dcgm_url"),
         ({"targets": ONE_TARGET, "gpu": {"dcgm_url": "http://dcgm:notaport/metrics"}}, "gpu.dcgm_url"),
         ({"targets": ONE_TARGET, "gpu": {"dcgm_label_match": {"pod": 3}}}, "gpu.dcgm_label_match.pod"),
-        ({"targets": ONE_TARGET, "decide": {"itl_slo_s": 0}}, "decide.itl_slo_s"),
-        ({"targets": ONE_TARGET, "decide": {"itl_slo_s": -0.05}}, "decide.itl_slo_s"),
-        ({"targets": ONE_TARGET, "decide": {"itl_slo_s": "inf"}}, "decide.itl_slo_s"),
-        ({"targets": ONE_TARGET, "decide": {"itl_slo_s": "nan"}}, "decide.itl_slo_s"),
+        ({"targets": ONE_TARGET, "objective": {"itl_slo_s": 0}}, "objective.itl_slo_s"),
+        ({"targets": ONE_TARGET, "objective": {"itl_slo_s": -0.05}}, "objective.itl_slo_s"),
+        ({"targets": ONE_TARGET, "objective": {"itl_slo_s": "inf"}}, "objective.itl_slo_s"),
+        ({"targets": ONE_TARGET, "objective": {"itl_slo_s": "nan"}}, "objective.itl_slo_s"),
         ({"targets": ONE_TARGET, "calibration": {"half_life_s": 0}}, "calibration.half_life_s"),
         ({"targets": ONE_TARGET, "calibration": {"half_life": 60}}, "calibration.half_life"),  # typo of half_life_s
     ],
