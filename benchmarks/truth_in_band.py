@@ -27,7 +27,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from policies.types import Decision, TargetState
+from policies.types import DataState, Decision
 from service.bench import pipeline
 from service.bench.controllers import Controller
 from service.bench.runner import PolicySpec, run_policy
@@ -122,7 +122,7 @@ def coverage(bench: BenchScenario, *, name: str) -> Coverage:
     start = history[0][0]
     judged: list[Judged] = []
     for now, d, running_k in decisions:
-        if d.state is not TargetState.OK or d.objective not in JUDGED_OBJECTIVES:
+        if d.state is not DataState.OK or d.objective not in JUDGED_OBJECTIVES:
             continue
         gamma = d.num_speculative_tokens if d.enabled else 0
         if gamma == 0:

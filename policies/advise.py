@@ -8,11 +8,11 @@ import math
 from dataclasses import dataclass, field, replace
 
 from policies.decide.change_cost import inflight_work_s, queued_work_s
-from policies.decide.horizon import PlanState, PlanTick, plan_curve, queue_cost_s
+from policies.decide.horizon import HorizonState, HorizonTick, horizon_curve, queue_cost_s
 from policies.decide.horizon import cost_scale as plan_cost_scale
 from policies.decide.horizon import observe as observe_plan
 from policies.decide.probe import Remembered, probe_for
-from policies.decide.rule import DecideConfig, DecideInputs, DecideState, Planned, Probe, best_point, decide
+from policies.decide.rule import DecideConfig, DecideInputs, DecideState, HorizonCurve, Probe, best_point, decide
 from policies.decide.value import point_at
 from policies.estimate.memory import AcceptanceMemory, MemoryConfig, Recall, acceptance_in_use, remember
 from policies.model.acceptance import acceptance_curve
@@ -28,7 +28,7 @@ from policies.model.costmodel import ModelContext, operating_point_with
 from policies.model.objectives import ObjectiveConfig, Workload, choose_objective, objective_curve, workload_from
 from policies.model.roofline import CostScales
 from policies.model.uncertainty import banded
-from policies.types import AcceptanceEvidence, CurvePoint, Decision, Evidence, TargetState, Why, WhyCode
+from policies.types import AcceptanceEvidence, CurvePoint, DataState, Decision, Evidence, Why, WhyCode
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,13 +51,13 @@ class AdvisorState:
     decide: DecideState = field(default_factory=DecideState)
     calibration: CalibrationState = field(default_factory=CalibrationState)
     memory: AcceptanceMemory = field(default_factory=AcceptanceMemory)
-    plan: PlanState = field(default_factory=PlanState)
+    plan: HorizonState = field(default_factory=HorizonState)
 
     def for_new_model(self, calibration: CalibrationState) -> AdvisorState:
         """The state after the target's cost model changed: `calibration` (fresh, or a profile's anchors) replaces
         the fitted points and the plan starts empty (its values were priced with the old model); what was
         published and the acceptance memory (kept per model) stay."""
-        return replace(self, calibration=calibration, plan=PlanState())
+        return replace(self, calibration=calibration, plan=HorizonState())
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,12 +126,12 @@ def advise_target(
         calibration_state, fit = update(calibration_state, evidence, ctx, now_s=now_s, config=config.calibration)
     # Measured live while speculating (not a remembered profile standing in for a thin window): what releases a
     # held probe (decide: the probe hold).
-    measured = evidence.state is TargetState.OK and evidence.speculation_on and evidence.acceptance is not None
+    measured = evidence.state is DataState.OK and evidence.speculation_on and evidence.acceptance is not None
     inflight_s = inflight_work_s(evidence)
     in_use = acceptance_in_use(evidence, memory, config=config.memory, now_s=now_s)
     recalled = in_use.recalled
     priced = _Priced()
-    decidable = evidence.state is TargetState.OK or in_use.stands_in
+    decidable = evidence.state is DataState.OK or in_use.stands_in
     if decidable and ctx is not None and fit is not None:
         priced = _price(evidence, in_use.acceptance, ctx, fit, calibration_state, config)
     probe = _probe(evidence, priced, recalled, inflight_s=inflight_s, config=config)
@@ -141,8 +141,8 @@ def advise_target(
         # just re-measured (while off) or on the workload before it moved, so they no longer say what each gamma is
         # worth (kept, they can restart a server from the gamma it just picked up at, for the memory of a
         # drafter-hostile spell in which a smaller gamma had lost less).
-        plan_state = PlanState()
-    planned: Planned | None = None
+        plan_state = HorizonState()
+    planned: HorizonCurve | None = None
     if config.decide.change_cost_s > 0 and priced.workload is not None and priced.curve:
         # A change costs a restart: weigh it over the recent load, not this window alone (policies/decide/horizon.py).
         capacity_bound = choose_objective(priced.workload, config.objective)[1]
@@ -207,7 +207,7 @@ def _probe(
     here, or too old to use) nothing is known of this workload, which is a profile of infinite age: the curve is
     then the prior's, and the probe runs at the prior's best gamma. Without this a server deployed off would never
     be measured, however much the prior promised."""
-    off = config.decide.explore and evidence.state is TargetState.OK and not evidence.speculation_on
+    off = config.decide.explore and evidence.state is DataState.OK and not evidence.speculation_on
     if not off or priced.workload is None or priced.ctx is None or priced.scales is None:
         return None
     gamma_max = config.decide.gamma_max
@@ -236,7 +236,7 @@ def _annotated(
     the curve rests on: a remembered profile, an unmeasured verification cost. On a hold (insufficient_data,
     stale, error) the reason is about the data: a model note would read as the cause."""
     error = fit.error_ratio if fit is not None else None
-    ok = decision.state == TargetState.OK
+    ok = decision.state == DataState.OK
     notes: list[str] = []
     whys = list(decision.why)
     if memory_note and ok:
@@ -257,25 +257,25 @@ def _annotated(
 
 
 def _plan_tick(
-    state: PlanState, curve: tuple[CurvePoint, ...], evidence: Evidence, *, capacity_bound: bool, tau_s: float,
+    state: HorizonState, curve: tuple[CurvePoint, ...], evidence: Evidence, *, capacity_bound: bool, tau_s: float,
     now_s: float,
-) -> tuple[PlanState, Planned | None]:
+) -> tuple[HorizonState, HorizonCurve | None]:
     """This tick added to the plan, and what decide weighs changes on: (plan, its curve and cost scale or None). The
     value rate is the generated tokens/s times the running option's share meeting the SLO (1 without one)."""
     running = evidence.deployed_k if evidence.speculation_on else 0
     here = point_at(curve, running)
     share = here.slo_share if here is not None and here.slo_share is not None else 1.0
     rate = evidence.generation_tokens_per_s
-    tick = PlanTick(
+    tick = HorizonTick(
         curve, running_gamma=running, value_rate=rate * share if rate is not None else None,
         capacity_bound=capacity_bound,
     )
     state = observe_plan(state, tick, now_s=now_s, tau_s=tau_s)
-    planned = plan_curve(state, curve)
+    planned = horizon_curve(state, curve)
     scale = plan_cost_scale(state, running_gamma=running, delivered_rate=rate)
     if planned is None or scale is None:
         return state, None
-    return state, Planned(curve=planned, cost_scale=scale)
+    return state, HorizonCurve(curve=planned, cost_scale=scale)
 
 
 def _split_note(seen: tuple[StepObservation, ...], evidence: Evidence) -> str:

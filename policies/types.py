@@ -12,8 +12,10 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 
-class TargetState(StrEnum):
-    """Health of a target's recommendation. The wire values are part of the REST contract."""
+class DataState(StrEnum):
+    """How far the data behind a target's evidence and recommendation can be trusted: ok (a fresh, full window),
+    insufficient_data (too few drafts or requests in the window), stale (no good scrape for a while), error (no
+    usable data). The wire values are part of the REST contract, where the field is named `state`."""
 
     OK = "ok"
     INSUFFICIENT_DATA = "insufficient_data"
@@ -163,7 +165,7 @@ class Evidence:
     target: str
     model: str
     at_s: float
-    state: TargetState
+    state: DataState
     speculation_on: bool
     deployed_k: int
     acceptance: AcceptanceEvidence | None
@@ -273,7 +275,7 @@ class Decision:
 
     target: str
     model: str
-    state: TargetState
+    state: DataState  # the data's trust (DataState); `state` in /v1/recommendation
     enabled: bool
     num_speculative_tokens: int
     expected_speedup: float

@@ -1,6 +1,6 @@
 """The latest results per target: written by the loop, read by the REST API, the exporter and the live view.
 
-Everything runs on one asyncio event loop, and each target's entry is an immutable `TargetStatus` replaced whole,
+Everything runs on one asyncio event loop, and each target's entry is an immutable `BoardEntry` replaced whole,
 so a reader never sees half an update. `Board.version` (and `StepTimings.observations`) grow with every write, so
 readers that serialise the board (REST bodies, the /metrics page) render once per write and serve the bytes from
 then on, instead of re-rendering on every request.
@@ -34,7 +34,7 @@ _EMPTY_PROFILES: Mapping[str, str] = MappingProxyType({})
 
 
 @dataclass(frozen=True, slots=True)
-class TargetStatus:
+class BoardEntry:
     """One target's latest state. `decision` is the latest published one (a stale/error decision keeps the last
     recommendation's enabled/gamma visible); `last_good_decision_s` is when a decision last rested on fresh data.
     """
@@ -103,8 +103,8 @@ class Board:
     """Latest results per target, plus loop progress (for /healthz) and step timings (for the exporter)."""
 
     def __init__(self, targets: Iterable[tuple[str, str | None]], *, started_at_s: float) -> None:
-        self._status: dict[str, TargetStatus] = {
-            name: TargetStatus(target=name, model=model) for name, model in targets
+        self._status: dict[str, BoardEntry] = {
+            name: BoardEntry(target=name, model=model) for name, model in targets
         }
         self.started_at_s = started_at_s
         self.last_iteration_s: float | None = None
@@ -125,10 +125,10 @@ class Board:
     def target_names(self) -> tuple[str, ...]:
         return tuple(self._status)
 
-    def get(self, target: str) -> TargetStatus | None:
+    def get(self, target: str) -> BoardEntry | None:
         return self._status.get(target)
 
-    def statuses(self) -> tuple[TargetStatus, ...]:
+    def statuses(self) -> tuple[BoardEntry, ...]:
         return tuple(self._status.values())
 
     def publish(

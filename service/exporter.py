@@ -21,9 +21,9 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from policies.act.deployment import ActuatorError
 from policies.act.gate import SkipReason
-from policies.types import TargetState, WhyCode
+from policies.types import DataState, WhyCode
 from service.actuators.runner import RESULTS, ActuationRunner
-from service.board import SCRAPE_ERROR_REASONS, Board, TargetStatus
+from service.board import SCRAPE_ERROR_REASONS, Board, BoardEntry
 
 PREFIX = "specadvisor"
 _TARGET_LABELS = ("target", "model")
@@ -139,7 +139,7 @@ def _gauge(name: str, documentation: str, labels: Iterable[str] = _TARGET_LABELS
     return GaugeMetricFamily(f"{PREFIX}_{name}", documentation, labels=list(labels))
 
 
-def _ids(status: TargetStatus) -> list[str]:
+def _ids(status: BoardEntry) -> list[str]:
     return [status.target, status.model or ""]
 
 
@@ -149,7 +149,7 @@ def _build_info(version: str) -> Iterator[Metric]:
     yield info
 
 
-def _recommendation(statuses: Iterable[TargetStatus]) -> Iterator[Metric]:
+def _recommendation(statuses: Iterable[BoardEntry]) -> Iterator[Metric]:
     enabled = _gauge("recommended_enabled", "1 when speculative decoding is recommended on, else 0.")
     gamma = _gauge(
         "recommended_num_speculative_tokens", "Recommended number of draft tokens per step (0 when off)."
@@ -176,7 +176,7 @@ def _recommendation(statuses: Iterable[TargetStatus]) -> Iterator[Metric]:
         ids = _ids(status)
         decision = status.decision
         current = decision.state if decision is not None else None
-        for candidate in TargetState:
+        for candidate in DataState:
             state.add_metric([*ids, candidate.value], 1.0 if candidate == current else 0.0)
         named = {why.code for why in decision.why} if decision is not None else set()
         for code in WhyCode:
@@ -195,7 +195,7 @@ def _recommendation(statuses: Iterable[TargetStatus]) -> Iterator[Metric]:
     yield from (enabled, gamma, speedup, speedup_low, speedup_high, curve, state, cause)
 
 
-def _cost_model(statuses: Iterable[TargetStatus]) -> Iterator[Metric]:
+def _cost_model(statuses: Iterable[BoardEntry]) -> Iterator[Metric]:
     calibration = _gauge(
         "calibration_relative_error_ratio",
         "The cost model's calibration error: median |predicted / observed step time - 1| over recent windows.",
@@ -217,7 +217,7 @@ def _cost_model(statuses: Iterable[TargetStatus]) -> Iterator[Metric]:
     yield from (calibration, objective)
 
 
-def _acceptance(statuses: Iterable[TargetStatus]) -> Iterator[Metric]:
+def _acceptance(statuses: Iterable[BoardEntry]) -> Iterator[Metric]:
     per_position = _gauge(
         "acceptance_per_position_ratio",
         "P(at least position+1 drafts accepted) per verification over the window; position is 0-based as in vLLM.",
@@ -239,7 +239,7 @@ def _acceptance(statuses: Iterable[TargetStatus]) -> Iterator[Metric]:
     yield from (per_position, mean_length, rate)
 
 
-def _engine(statuses: Iterable[TargetStatus]) -> Iterator[Metric]:
+def _engine(statuses: Iterable[BoardEntry]) -> Iterator[Metric]:
     batch = _gauge("batch_requests", "Running requests (continuous batch size), mean over the window.")
     waiting = _gauge("waiting_requests", "Queued requests, mean over the window.")
     deployed_enabled = _gauge("deployed_speculation_enabled", "1 when the engine runs speculative decoding now.")
@@ -259,7 +259,7 @@ def _engine(statuses: Iterable[TargetStatus]) -> Iterator[Metric]:
     yield from (batch, waiting, deployed_enabled, deployed_k, step_time)
 
 
-def _gpu(statuses: Iterable[TargetStatus]) -> Iterator[Metric]:
+def _gpu(statuses: Iterable[BoardEntry]) -> Iterator[Metric]:
     utilization = _gauge(
         "gpu_utilization_ratio",
         "GPU activity 0..1 by signal; gpu_util only says a kernel ran, tensor/dram/sm_active measure saturation.",
@@ -286,7 +286,7 @@ def _gpu(statuses: Iterable[TargetStatus]) -> Iterator[Metric]:
     yield utilization
 
 
-def _freshness(statuses: Iterable[TargetStatus]) -> Iterator[Metric]:
+def _freshness(statuses: Iterable[BoardEntry]) -> Iterator[Metric]:
     last_good = _gauge("last_good_scrape_timestamp_seconds", "Unix time of the target's last good scrape.")
     errors = CounterMetricFamily(
         f"{PREFIX}_scrape_errors",

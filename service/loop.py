@@ -33,7 +33,7 @@ from policies.model.measured_profile import (
     identity_of,
     observations,
 )
-from policies.types import Decision, EngineSnapshot, Evidence, GpuSnapshot, TargetState
+from policies.types import DataState, Decision, EngineSnapshot, Evidence, GpuSnapshot
 from service.board import INTERNAL_ERROR_REASON, Board, Pricing
 from service.logs import fields, get_logger
 from service.sources.errors import ScrapeError, ScrapeErrorReason
@@ -109,7 +109,7 @@ class TargetSpec:
 
 
 @dataclass(slots=True)
-class _TargetRuntime:
+class _LoopTarget:
     # The per-target state threaded through the pure policy functions between ticks, and what the loop itself
     # remembers of the last tick (it publishes to the board but never reads it back).
     spec: TargetSpec
@@ -170,7 +170,7 @@ class AdvisorLoop:
         """With a memory store, the acceptance memory is loaded here (a bad file is logged, kept in
         `memory_load_error` and ignored) and saved as the module docstring says."""
         self._targets = [
-            _TargetRuntime(spec=spec) for spec in targets
+            _LoopTarget(spec=spec) for spec in targets
         ]
         self._gpu = wiring.gpu
         self._board = wiring.board
@@ -290,7 +290,7 @@ class AdvisorLoop:
                     del self._gpu_errors_logged[next(iter(self._gpu_errors_logged))]
             return GpuSnapshot(taken_at_s=now_s, source=self._gpu_source_name, error=error)
 
-    async def _run_target(self, runtime: _TargetRuntime, now_s: float, gpu: GpuSnapshot) -> None:
+    async def _run_target(self, runtime: _LoopTarget, now_s: float, gpu: GpuSnapshot) -> None:
         name = runtime.spec.name
         try:
             snapshots = await self._timed("scrape", runtime.spec.scraper.scrape(now_s))
@@ -310,9 +310,9 @@ class AdvisorLoop:
         if stale_profile is not None:
             # Never advise from a profile past its age limit, whatever else the evidence says.
             context = None
-            evidence = replace(evidence, state=TargetState.ERROR, reason=stale_profile)
-        elif context is None and evidence.state == TargetState.OK:
-            evidence = replace(evidence, state=TargetState.ERROR, reason=runtime.context_error or "no cost model")
+            evidence = replace(evidence, state=DataState.ERROR, reason=stale_profile)
+        elif context is None and evidence.state == DataState.OK:
+            evidence = replace(evidence, state=DataState.ERROR, reason=runtime.context_error or "no cost model")
         advice = advise_target(evidence, context, self._advisor_config, runtime.advisor, now_s)
         decision, runtime.advisor = advice.decision, advice.state
         self._board.timings.observe("advise", self._timer() - started)
@@ -338,7 +338,7 @@ class AdvisorLoop:
 
     def _estimate(
         self,
-        runtime: _TargetRuntime,
+        runtime: _LoopTarget,
         now_s: float,
         gpu: GpuSnapshot,
         *,
@@ -360,7 +360,7 @@ class AdvisorLoop:
         return evidence
 
     def _context_for(
-        self, runtime: _TargetRuntime, evidence: Evidence, gpu: GpuSnapshot, now_s: float
+        self, runtime: _LoopTarget, evidence: Evidence, gpu: GpuSnapshot, now_s: float
     ) -> ModelContext | None:
         model = evidence.model
         if not model:
@@ -385,7 +385,7 @@ class AdvisorLoop:
         runtime.context, runtime.context_key, runtime.context_error = context, key, None
         return runtime.context
 
-    def _scrape_failed(self, runtime: _TargetRuntime, exc: ScrapeError, now_s: float) -> None:
+    def _scrape_failed(self, runtime: _LoopTarget, exc: ScrapeError, now_s: float) -> None:
         name = runtime.spec.name
         first, runtime.last_error = runtime.last_error is None, f"{exc.reason.value}: {exc.detail}"
         self._board.record_error(name, exc.reason.value, exc.detail)
@@ -393,11 +393,11 @@ class AdvisorLoop:
         log = self._log.warning if first else self._log.debug
         log("scrape failed", extra=fields(target=name, reason=exc.reason.value, detail=exc.detail, now_s=now_s))
 
-    def _recovered(self, runtime: _TargetRuntime) -> None:
+    def _recovered(self, runtime: _LoopTarget) -> None:
         if runtime.last_error is not None:
             self._log.info("scrape recovered", extra=fields(target=runtime.spec.name, after=runtime.last_error))
 
-    def _internal_error(self, runtime: _TargetRuntime, exc: Exception, now_s: float) -> None:
+    def _internal_error(self, runtime: _LoopTarget, exc: Exception, now_s: float) -> None:
         name = runtime.spec.name
         self._log.error(
             "internal error while evaluating target", exc_info=exc, extra=fields(target=name, now_s=now_s)
@@ -410,8 +410,8 @@ class AdvisorLoop:
             evidence, decision = runtime.published
             age_s = max(0.0, now_s - decision.evaluated_at_s)
             runtime.published = (
-                replace(evidence, state=TargetState.ERROR, reason=reason),
-                held(decision, kind=TargetState.ERROR, reason=reason, age_s=age_s),
+                replace(evidence, state=DataState.ERROR, reason=reason),
+                held(decision, kind=DataState.ERROR, reason=reason, age_s=age_s),
             )
             self._board.publish(
                 name, evidence=runtime.published[0], decision=runtime.published[1], good_scrape_s=None

@@ -1,7 +1,7 @@
 """The actuation safety gate: whether to change a deployment now, and why not when it does not.
 
 Pure: every input, the time included (`now_s`, Unix seconds), comes in as an argument; the next state comes out.
-`plan_action` runs these checks in order and reports the first one that holds the action back:
+`gate_action` runs these checks in order and reports the first one that holds the action back:
 
 1. paused                        -> PAUSED (the operator's kill switch: nothing is written, overrides included)
 2. the observation failed        -> OBSERVATION_ERROR (nothing to compare with, no resourceVersion to guard)
@@ -38,7 +38,7 @@ from enum import StrEnum
 
 from policies.act.deployment import DeploymentObservation, SpeculationSetting
 from policies.offline.schedule import BatchSchedule
-from policies.types import Decision, TargetState
+from policies.types import DataState, Decision
 
 HOUR_S = 3600.0
 DAY_S = 86400.0
@@ -64,9 +64,9 @@ class SkipReason(StrEnum):
 
 
 _STATE_SKIPS = {
-    TargetState.STALE: SkipReason.STALE,
-    TargetState.ERROR: SkipReason.ERROR,
-    TargetState.INSUFFICIENT_DATA: SkipReason.INSUFFICIENT_DATA,
+    DataState.STALE: SkipReason.STALE,
+    DataState.ERROR: SkipReason.ERROR,
+    DataState.INSUFFICIENT_DATA: SkipReason.INSUFFICIENT_DATA,
 }
 
 
@@ -169,7 +169,7 @@ def schedule_change_share(a: SpeculationSetting, b: SpeculationSetting, *, min_k
     return changed / total
 
 
-def plan_action(
+def gate_action(
     decision: Decision | None,
     observation: DeploymentObservation,
     desired: SpeculationSetting | None,
@@ -242,7 +242,7 @@ def _decision_skip(
     (None: none applies)."""
     if decision is None:
         return _skip(SkipReason.NO_DECISION, desired, "no recommendation published yet")
-    if decision.state != TargetState.OK:
+    if decision.state != DataState.OK:
         return _skip(_STATE_SKIPS[decision.state], desired, f"recommendation is {decision.state.value}")
     if desired is None:
         return _skip(SkipReason.NO_DESIRED, desired, "the wanted setting could not be computed")
@@ -332,7 +332,7 @@ def _track_wanted(
     config: ActuationConfig,
     now_s: float,
 ) -> ActuationState:
-    if decision is None or decision.state != TargetState.OK or desired is None:
+    if decision is None or decision.state != DataState.OK or desired is None:
         return replace(state, wanted=None, wanted_since_s=None)
     if state.wanted is None or materially_different(state.wanted, desired, config):
         return replace(state, wanted=desired, wanted_since_s=now_s)

@@ -21,7 +21,7 @@ horizon: the past that long is the forecast of the future that long):
 
     V(gamma) = sum_t w_t V_t(gamma) / sum_t w_t        S_plan(gamma) = V(gamma) / V(0)
 
-`plan_curve` returns S_plan with each point's band scaled as this tick's (S_low / S, S_high / S); decide then
+`horizon_curve` returns S_plan with each point's band scaled as this tick's (S_low / S, S_high / S); decide then
 runs its rules on it unchanged. The restart's cost is in seconds of service at today's delivered rate G_now
 (generated tokens/s); a gain on the plan is a share of V(c): decide compares them in one unit by scaling the
 cost by `cost_scale` = G_now / V(c) (cheap while light, dear while heavy). With one tick, or a steady load,
@@ -56,7 +56,7 @@ MAX_TICK_GAP_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
-class PlanState:
+class HorizonState:
     """The decayed sums the plan carries between ticks: `values[g]` = sum of w x V_t(g) (tokens/s), `weight` =
     sum of w, `capacity_s` = the decayed seconds spent capacity-bound (each tick counts the time since the one
     before, at most `MAX_TICK_GAP_S`), all decayed to `at_s` (Unix s; None: empty)."""
@@ -68,7 +68,7 @@ class PlanState:
 
 
 @dataclass(frozen=True, slots=True)
-class PlanTick:
+class HorizonTick:
     """One tick as the plan sees it: `curve` its objective curve (gamma 0..n, contiguous), `running_gamma` the
     option running (0 = off), `value_rate` U_t (tokens/s; None, non-finite or <= 0: nothing is added, the sums
     only decay), `capacity_bound` whether the tick was."""
@@ -79,7 +79,7 @@ class PlanTick:
     capacity_bound: bool
 
 
-def observe(state: PlanState, tick: PlanTick, *, now_s: float, tau_s: float) -> PlanState:
+def observe(state: HorizonState, tick: HorizonTick, *, now_s: float, tau_s: float) -> HorizonState:
     """Add this tick's values V_t(gamma) (module docstring) to the plan, decaying the sums over `tau_s` (s) to
     `now_s` (Unix s). A curve of another length than the plan's (the deployed k moved past gamma_max) restarts
     the plan.
@@ -98,15 +98,15 @@ def observe(state: PlanState, tick: PlanTick, *, now_s: float, tau_s: float) -> 
     capacity_s = state.capacity_s * decay + (min(gap, MAX_TICK_GAP_S) if tick.capacity_bound else 0.0)
     running = _speed_of(curve, tick.running_gamma)
     if value_rate is None or not (math.isfinite(value_rate) and value_rate > 0):
-        return PlanState(values, weight, capacity_s, now_s)
+        return HorizonState(values, weight, capacity_s, now_s)
     if running is None or not (math.isfinite(running) and running > 0):
-        return PlanState(values, weight, capacity_s, now_s)
+        return HorizonState(values, weight, capacity_s, now_s)
     added = tuple(value_rate * p.speedup / running for p in curve)
     if not all(math.isfinite(t) and t >= 0 for t in added):
-        return PlanState(values, weight, capacity_s, now_s)  # a broken curve point: teaches nothing
+        return HorizonState(values, weight, capacity_s, now_s)  # a broken curve point: teaches nothing
     if len(values) != len(added):
         values, weight = (0.0,) * len(added), 0.0
-    return PlanState(
+    return HorizonState(
         values=tuple(v + t for v, t in zip(values, added, strict=True)),
         weight=weight + 1.0,
         capacity_s=capacity_s,
@@ -114,14 +114,14 @@ def observe(state: PlanState, tick: PlanTick, *, now_s: float, tau_s: float) -> 
     )
 
 
-def planned_rate(state: PlanState, gamma: int) -> float | None:
+def planned_rate(state: HorizonState, gamma: int) -> float | None:
     """V(gamma), tokens/s (module docstring); None when the plan is empty or has no such gamma."""
     if state.weight <= 0 or not 0 <= gamma < len(state.values):
         return None
     return state.values[gamma] / state.weight
 
 
-def cost_scale(state: PlanState, *, running_gamma: int, delivered_rate: float | None) -> float | None:
+def cost_scale(state: HorizonState, *, running_gamma: int, delivered_rate: float | None) -> float | None:
     """G_now / V(running): what converts a restart's cost (seconds of service at today's delivered rate,
     `delivered_rate` generated tokens/s) into the plan's units (module docstring); None when either is missing.
 
@@ -135,7 +135,7 @@ def cost_scale(state: PlanState, *, running_gamma: int, delivered_rate: float | 
     return delivered_rate / here
 
 
-def queue_weight(state: PlanState, *, tau_s: float) -> float:
+def queue_weight(state: HorizonState, *, tau_s: float) -> float:
     """1 - the decayed capacity-bound seconds over tau_s (0..1): the chance the server would have served a queue a
     restart drops (module docstring). The whole horizon is the denominator, so time not yet observed counts as
     not capacity-bound: a fresh plan (a restarted sidecar) does not take one overloaded tick for a persistent
@@ -146,7 +146,7 @@ def queue_weight(state: PlanState, *, tau_s: float) -> float:
     return max(0.0, min(1.0, 1.0 - state.capacity_s / tau_s))
 
 
-def queue_cost_s(state: PlanState, queued_s: float, *, tau_s: float) -> float:
+def queue_cost_s(state: HorizonState, queued_s: float, *, tau_s: float) -> float:
     """Seconds of full service a restart loses by erroring the queue: `queue_weight` x min(queued_s, tau_s), with
     queued_s the queue's output in seconds of full service (decide.queued_work_s) and tau_s the payback horizon.
 
@@ -164,7 +164,7 @@ def queue_cost_s(state: PlanState, queued_s: float, *, tau_s: float) -> float:
     return queue_weight(state, tau_s=tau_s) * bounded
 
 
-def plan_curve(state: PlanState, curve: Sequence[CurvePoint]) -> tuple[CurvePoint, ...] | None:
+def horizon_curve(state: HorizonState, curve: Sequence[CurvePoint]) -> tuple[CurvePoint, ...] | None:
     """S_plan(gamma) = V(gamma) / V(0) for the gammas of `curve`, each band scaled as this tick's, `slo_share`
     cleared (the plan is in the objective's tokens already); None when the plan is empty or does not match the
     curve.

@@ -55,7 +55,7 @@ from policies.decide.change_cost import change_cost_of, inflight_work_s
 from policies.decide.summary import summarize
 from policies.decide.value import Key, Valued, best_on, pessimistic_gain, point_at, value_options
 from policies.model.costmodel import step_batch
-from policies.types import CurvePoint, Decision, Evidence, TargetState, Why, WhyCode
+from policies.types import CurvePoint, DataState, Decision, Evidence, Why, WhyCode
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +133,7 @@ def wait_s(*, cost_s: float, gain: float, confirm_s: float, dwell_s: float) -> f
 
 
 @dataclass(frozen=True, slots=True)
-class Planned:
+class HorizonCurve:
     """The plan's curve (policies/decide/horizon.py; same gammas as the tick's curve) that options are valued on, and
     the factor (> 0) that converts a change's cost C from seconds of this window's service into the plan's units."""
 
@@ -156,7 +156,7 @@ class DecideInputs:
     probe: Probe | None = None
     measured: bool | None = None
     inflight_s: float | None = None
-    plan: Planned | None = None
+    plan: HorizonCurve | None = None
     acceptance_stands_in: bool = False
 
 
@@ -224,13 +224,13 @@ def decide(
     caller's clock; `inputs` the probe, the measured flag, the work a restart loses and the plan (`DecideInputs`).
     The Decision's band is the published option's on `curve`.
     """
-    stood_in = inputs.acceptance_stands_in and evidence.state is TargetState.INSUFFICIENT_DATA
-    if evidence.state is not TargetState.OK and not stood_in:
+    stood_in = inputs.acceptance_stands_in and evidence.state is DataState.INSUFFICIENT_DATA
+    if evidence.state is not DataState.OK and not stood_in:
         return _hold(evidence, curve, state, now_s, kind=evidence.state, why=_why_not_ok(evidence))
     star = best_point(curve, config.gamma_max)
     if star is None:
         why = f"no predicted speedup for any gamma in 1..{config.gamma_max} (curve has {len(curve)} points)"
-        return _hold(evidence, curve, state, now_s, kind=TargetState.ERROR, why=why)
+        return _hold(evidence, curve, state, now_s, kind=DataState.ERROR, why=why)
     tick = _Tick(evidence=evidence, curve=curve, config=config, now_s=now_s)
     prefix, published = "", state.published
     batch = max(step_batch(evidence), 1.0)
@@ -503,7 +503,7 @@ def _hold(
     state: DecideState,
     now_s: float,
     *,
-    kind: TargetState,
+    kind: DataState,
     why: str,
 ) -> tuple[Decision, DecideState]:
     dropped = "" if _pending(state) is None else "; pending change dropped, its wait restarts"
@@ -541,7 +541,7 @@ def _hold(
     return decision, kept_state
 
 
-def held(decision: Decision, *, kind: TargetState, reason: str, age_s: float) -> Decision:
+def held(decision: Decision, *, kind: DataState, reason: str, age_s: float) -> Decision:
     """`decision` kept through data that cannot be trusted: its setting, speedups and curve stay (the band shown is
     the one it was decided on), with `kind` (not ok) as its state, `reason`, and the cause and sentence saying it
     is kept, `age_s` (s) after it last rested on good data."""
@@ -552,7 +552,7 @@ def _why_not_ok(evidence: Evidence) -> str:
     told = _one_line(evidence.reason)
     if told:
         return told
-    if evidence.state is TargetState.INSUFFICIENT_DATA:
+    if evidence.state is DataState.INSUFFICIENT_DATA:
         drafts = 0.0 if evidence.acceptance is None else evidence.acceptance.drafts
         return f"{drafts:.0f} drafts seen in the window"
     return f"evidence state {evidence.state.value}"
@@ -603,7 +603,7 @@ def _decision(
     return Decision(
         target=evidence.target,
         model=evidence.model,
-        state=TargetState.OK,
+        state=DataState.OK,
         enabled=enabled,
         num_speculative_tokens=gamma,
         expected_speedup=speedups[0],

@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import math
 
-from policies.types import Decision, TargetState, Why, WhyCode
+from policies.types import DataState, Decision, Why, WhyCode
 
 MAX_SUMMARY_CHARS = 120
 
 _STATE_WHY = {
-    TargetState.INSUFFICIENT_DATA: "too few drafts measured in the window yet",
-    TargetState.STALE: "no fresh scrape (the last one failed, or the data is old)",
-    TargetState.ERROR: "the server cannot be read or priced",
+    DataState.INSUFFICIENT_DATA: "too few drafts measured in the window yet",
+    DataState.STALE: "no fresh scrape (the last one failed, or the data is old)",
+    DataState.ERROR: "the server cannot be read or priced",
 }
 
 
@@ -38,7 +38,7 @@ def summarize(decision: Decision) -> str:
 
 def _sentence(decision: Decision) -> str:
     setting = _setting(decision.num_speculative_tokens if decision.enabled else 0)
-    if decision.state is not TargetState.OK:
+    if decision.state is not DataState.OK:
         cause = _STATE_WHY.get(decision.state, decision.state.value)
         if decision.changed_at_s is None:
             return f"No advice yet: {cause}."

@@ -36,7 +36,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from policies.estimate.intervals import wilson_interval
-from policies.types import AcceptanceEvidence, Evidence, TargetState
+from policies.types import AcceptanceEvidence, DataState, Evidence
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +169,7 @@ def remember(
     """
     acceptance = evidence.acceptance
     if (
-        evidence.state is not TargetState.OK
+        evidence.state is not DataState.OK
         or not evidence.speculation_on
         or not evidence.model
         or acceptance is None
@@ -282,8 +282,8 @@ def acceptance_in_use(
     window (insufficient_data) -> the same profile with `stands_in` True; ok while on -> the window's own.
     """
     live = AcceptanceInUse(acceptance=evidence.acceptance)
-    off = evidence.state is TargetState.OK and not evidence.speculation_on
-    thin = evidence.state is TargetState.INSUFFICIENT_DATA and evidence.speculation_on
+    off = evidence.state is DataState.OK and not evidence.speculation_on
+    thin = evidence.state is DataState.INSUFFICIENT_DATA and evidence.speculation_on
     entry = memory.get(evidence.model) if (off or thin) and evidence.model else None
     if entry is None:
         return live

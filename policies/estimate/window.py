@@ -46,11 +46,11 @@ from dataclasses import dataclass, replace
 from policies.estimate.intervals import wilson_interval
 from policies.types import (
     AcceptanceEvidence,
+    DataState,
     EngineSnapshot,
     Evidence,
     GpuSnapshot,
     HistogramReading,
-    TargetState,
 )
 
 # Below half a running request the "context per sequence" division is dominated by noise (and idle servers
@@ -275,7 +275,7 @@ def estimate(
             target=target,
             model="",
             at_s=now_s,
-            state=TargetState.STALE,
+            state=DataState.STALE,
             speculation_on=False,
             deployed_k=0,
             acceptance=None,
@@ -330,10 +330,10 @@ def after_failed_scrape(
     ago"; last good at 900 s -> error."""
     if last_good_s is not None and now_s - last_good_s <= config.stale_after_s:
         return replace(
-            evidence, state=TargetState.STALE, reason=f"{failure}; last good scrape {now_s - last_good_s:.0f} s ago"
+            evidence, state=DataState.STALE, reason=f"{failure}; last good scrape {now_s - last_good_s:.0f} s ago"
         )
     age = "never" if last_good_s is None else f"{now_s - last_good_s:.0f} s ago"
-    return replace(evidence, state=TargetState.ERROR, reason=f"{failure}; last good scrape {age}")
+    return replace(evidence, state=DataState.ERROR, reason=f"{failure}; last good scrape {age}")
 
 
 def _histogram_change(
@@ -564,23 +564,23 @@ def _judge(
     span: _Span,
     config: EstimatorConfig,
     now_s: float,
-) -> tuple[TargetState, str]:
+) -> tuple[DataState, str]:
     """State and a short reason naming the numbers. Staleness outranks all: old data is not evidence."""
     age_s = now_s - newest.taken_at_s
     if age_s > config.stale_after_s:
-        return TargetState.STALE, f"newest snapshot {age_s:.0f}s old (stale after {config.stale_after_s:g}s)"
+        return DataState.STALE, f"newest snapshot {age_s:.0f}s old (stale after {config.stale_after_s:g}s)"
     if newest.spec is None:
-        return TargetState.OK, "speculation off: no acceptance measured"
+        return DataState.OK, "speculation off: no acceptance measured"
     window = f"{span.elapsed_s:.0f}s" if span.elapsed_s is not None else "unknown time"
     source = " (lifetime counters, cold start)" if span.base is None else ""
     drafts = acceptance.drafts if acceptance is not None else 0.0
     if acceptance is None or drafts < config.min_drafts:
         return (
-            TargetState.INSUFFICIENT_DATA,
+            DataState.INSUFFICIENT_DATA,
             f"{drafts:.0f} drafts in {window}, need {config.min_drafts}{source}",
         )
     return (
-        TargetState.OK,
+        DataState.OK,
         f"{drafts:.0f} drafts in {window}: E[L]={acceptance.mean_acceptance_length:.2f} "
         f"at k={newest.spec.deployed_k}, acceptance rate {acceptance.acceptance_rate:.1%}{source}",
     )

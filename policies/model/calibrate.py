@@ -109,7 +109,7 @@ from policies.model.roofline import (
     smooth_max,
     step_components,
 )
-from policies.types import Evidence, TargetState
+from policies.types import DataState, Evidence
 
 _PARAMS = ("memory", "compute", "overhead", "per_request", "per_token", "draft", "fill", "gemm_slope")
 # What steps of one kind (all speculative at one k, or all plain) cannot tell apart (module docstring).
@@ -118,7 +118,7 @@ _ANCHOR_WEIGHT_TOTAL = 16.0  # a measured profile's points weigh together at mos
 _SPLIT_Q_RATIO = 1.25  # tokens per sequence this far apart separate the per-token cost from the per-request one
 PARAMS = _PARAMS  # the fitted parameters, in the order of `CalibrationFit.covariance`
 _LOG_PARAMS = 7  # the first seven are log-scales; gemm_slope is fitted as it is
-_ACCEPTED_STATES = frozenset({TargetState.OK, TargetState.INSUFFICIENT_DATA})
+_ACCEPTED_STATES = frozenset({DataState.OK, DataState.INSUFFICIENT_DATA})
 _MIN_ACTIVITY_RATIO = 0.05
 _INITIAL_DAMPING = 1e-3
 _MIN_DAMPING = 1e-6

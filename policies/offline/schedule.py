@@ -138,7 +138,7 @@ def best_choice(
 
 
 @dataclass(frozen=True, slots=True)
-class SchedulePlan:
+class ScheduleInputs:
     """Everything a schedule is computed from: the profiles, E[L] for gamma 0..gamma_max (acceptance_curve), the
     largest batch the engine runs (`max_num_seqs`, vLLM's --max-num-seqs), the context per sequence (tokens), the
     calibrated cost scales, prompt tokens chunked into each step, and the margin K >= 1 must clear over K = 0."""
@@ -151,12 +151,12 @@ class SchedulePlan:
     prefill_tokens: float = 0.0
     margin: float = 0.0
 
-    def capped(self, gamma_cap: int) -> SchedulePlan:
+    def capped(self, gamma_cap: int) -> ScheduleInputs:
         """The same plan allowing K <= `gamma_cap` only (>= 0)."""
         return replace(self, acceptance=self.acceptance[: gamma_cap + 1])
 
 
-def schedule_for(plan: SchedulePlan) -> BatchSchedule:
+def schedule_for(plan: ScheduleInputs) -> BatchSchedule:
     """Bands of K*(B) for B = 1..max_num_seqs (1..MAX_NUM_SEQS_LIMIT), merged where K is equal (module docstring).
     Raises ValueError when max_num_seqs, margin (>= 0) or context (>= 0) is out of range or acceptance is empty.
 
@@ -232,7 +232,9 @@ class ScheduleAsk:
     margin: float = 0.0
 
 
-def plan_from_evidence(evidence: Evidence, ctx: ModelContext, ask: ScheduleAsk, *, scales: CostScales) -> SchedulePlan:
+def inputs_from_evidence(
+    evidence: Evidence, ctx: ModelContext, ask: ScheduleAsk, *, scales: CostScales
+) -> ScheduleInputs:
     """The plan for a live target: acceptance from its evidence (the method's prior when nothing was measured),
     `scales` (the online calibration the target's decision priced with, carried on the board: one calibration for
     every answer about a target; CostScales() before its first fit), its observed context per sequence (unless
@@ -251,7 +253,7 @@ def plan_from_evidence(evidence: Evidence, ctx: ModelContext, ask: ScheduleAsk, 
     context = point.context_tokens if context_tokens is None else context_tokens
     if not (math.isfinite(context) and context >= 0):
         context = DEFAULT_CONTEXT_TOKENS
-    return SchedulePlan(
+    return ScheduleInputs(
         ctx=ctx, acceptance=acceptance, max_num_seqs=ask.max_num_seqs, context_tokens=context,
         scales=result.calibration.scales, margin=ask.margin,
     )
@@ -286,7 +288,7 @@ def vllm_speculative_config(schedule: BatchSchedule, *, method: DraftMethod) -> 
     }
 
 
-def trtllm_schedule(plan: SchedulePlan, schedule: BatchSchedule | None = None) -> TrtllmSchedule | None:
+def trtllm_schedule(plan: ScheduleInputs, schedule: BatchSchedule | None = None) -> TrtllmSchedule | None:
     """TensorRT-LLM's fields for the plan (module docstring for the semantics), or None when no band drafts or
     the best schedule is off at batch 1 but drafts later (TRT-LLM's smallest key must carry max_draft_len > 0).
 

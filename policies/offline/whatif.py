@@ -59,7 +59,7 @@ from policies.model.profiles import (
 )
 from policies.model.roofline import CostScales, Shape
 from policies.model.uncertainty import banded
-from policies.offline.schedule import SchedulePlan
+from policies.offline.schedule import ScheduleInputs
 from policies.types import AcceptanceEvidence, CurvePoint, DraftMethod
 
 GAMMA_LIMIT = 16  # deepest chain priced; vLLM's EAGLE/MTP deployments use k <= ~8
@@ -736,7 +736,7 @@ def _calibration_notes(calibration: WhatIfCalibration) -> list[str]:
 def whatif_schedule_plan(
     inp: WhatIfInput, *, max_num_seqs: int, context_tokens: float | None = None, margin: float = 0.0,
     profile: MeasuredProfile | None = None,
-) -> SchedulePlan:
+) -> ScheduleInputs:
     """A schedule plan (policies/offline/schedule.py) for the what-if deployment: K up to max(gammas) (>= 1), at
     `context_tokens` or the first of `inp.context_lengths`, priced at the scales fitted to `profile` (a measured
     profile of this deployment), uncalibrated without one. Raises WhatIfInputError.
@@ -759,7 +759,7 @@ def whatif_schedule_plan(
         acceptance_evidence(positions, draft_coverage=checked_coverage(inp.acceptance)),
         method=inp.drafter_method, gamma_max=gamma_max,
     )
-    return SchedulePlan(
+    return ScheduleInputs(
         ctx=ctx, acceptance=acceptance, max_num_seqs=max_num_seqs, context_tokens=context,
         scales=_calibration(profile, ctx).scales, prefill_tokens=inp.prefill_tokens_per_step, margin=margin,
     )

@@ -1,6 +1,6 @@
 """The actuation runner: an `IterationListener` that, after each advisor iteration and per actuated target,
 observes the deployment, computes the wanted setting from the Board's published decision, asks the pure gate
-(`policies.act.gate.plan_action`) whether to act, applies (or dry-runs) the change, writes the audit log and counts.
+(`policies.act.gate.gate_action`) whether to act, applies (or dry-runs) the change, writes the audit log and counts.
 
 One action in flight: `after_iteration` starts one background pass over the targets (sequentially) and returns at
 once, so a slow API server never stalls the advisor loop (and /healthz); a tick that finds the previous pass still
@@ -39,14 +39,14 @@ from policies.act.gate import (
     active_override,
     cooldown_remaining_s,
     desired_setting,
-    plan_action,
+    gate_action,
 )
 from policies.model.roofline import CostScales
-from policies.offline.schedule import BatchSchedule, ScheduleAsk, plan_from_evidence, schedule_for
-from policies.types import Decision, TargetState
+from policies.offline.schedule import BatchSchedule, ScheduleAsk, inputs_from_evidence, schedule_for
+from policies.types import DataState, Decision
 from service.actuators.audit import AuditLog, SkipThrottle, rfc3339
 from service.actuators.base import Actuator
-from service.board import Board, TargetStatus
+from service.board import Board, BoardEntry
 from service.logs import fields, get_logger
 
 RESULTS = ("applied", "dry_run", "noop", "failed")
@@ -225,7 +225,7 @@ class ActuationRunner:
         if observation.error is not None:
             runtime.errors[observation.error.value] = runtime.errors.get(observation.error.value, 0) + 1
         desired = await self._desired(runtime.target, decision, status)
-        plan, runtime.state = plan_action(
+        plan, runtime.state = gate_action(
             decision, observation, desired, config=self._options.config, state=runtime.state, now_s=now_s
         )
         if thin_evidence is not None and plan.skip is not None and plan.skip.value == thin_evidence.value:
@@ -274,7 +274,7 @@ class ActuationRunner:
         plan: ActionPlan,
         observation: DeploymentObservation,
         *,
-        status: TargetStatus | None,
+        status: BoardEntry | None,
         reason: str,
         now_s: float,
     ) -> ApplyResult:
@@ -327,9 +327,9 @@ class ActuationRunner:
                                error=ActuatorError.UNEXPECTED, detail=f"{type(exc).__name__}: {exc}")
 
     async def _desired(
-        self, target: str, decision: Decision | None, status: TargetStatus | None
+        self, target: str, decision: Decision | None, status: BoardEntry | None
     ) -> SpeculationSetting | None:
-        if decision is None or decision.state != TargetState.OK:
+        if decision is None or decision.state != DataState.OK:
             return None
         schedule: BatchSchedule | None = None
         if self._options.mode == "schedule":
@@ -339,12 +339,12 @@ class ActuationRunner:
         return desired_setting(decision, mode=self._options.mode, schedule=schedule,
                                on_pool_k=self._options.on_pool_k.get(target))
 
-    def _schedule(self, status: TargetStatus | None) -> BatchSchedule | None:
+    def _schedule(self, status: BoardEntry | None) -> BatchSchedule | None:
         if status is None or status.evidence is None or status.context is None:
             return None
         try:
             scales = status.calibration.scales if status.calibration is not None else CostScales()
-            plan = plan_from_evidence(
+            plan = inputs_from_evidence(
                 status.evidence, status.context,
                 ScheduleAsk(
                     max_num_seqs=self._options.schedule_max_num_seqs, gamma_max=self._options.schedule_gamma_max,
@@ -500,7 +500,7 @@ class ActuationRunner:
         now_s: float,
         entry: _Entry,
         *,
-        status: TargetStatus | None,
+        status: BoardEntry | None,
         observation: DeploymentObservation | None,
     ) -> dict[str, Any]:
         """The audit record of `entry` for `runtime`'s target at `now_s`, with what was observed and the evidence."""
@@ -544,17 +544,17 @@ def skip_reasons() -> tuple[str, ...]:
     return tuple(reason.value for reason in SkipReason)
 
 
-def _gate_decision(status: TargetStatus | None) -> tuple[Decision | None, TargetState | None]:
+def _gate_decision(status: BoardEntry | None) -> tuple[Decision | None, DataState | None]:
     """The decision the gate judges, and the evidence state when it downgraded an ok decision. An ok decision
     needs ok live evidence too: otherwise it is handed to the gate in the evidence's state (insufficient_data when
     there is no evidence), so the gate skips for that reason, restarts the dwell and still lets an override act."""
     if status is None or status.decision is None:
         return None, None
     decision = status.decision
-    if decision.state != TargetState.OK:
+    if decision.state != DataState.OK:
         return decision, None
-    evidence_state = status.evidence.state if status.evidence is not None else TargetState.INSUFFICIENT_DATA
-    if evidence_state == TargetState.OK:
+    evidence_state = status.evidence.state if status.evidence is not None else DataState.INSUFFICIENT_DATA
+    if evidence_state == DataState.OK:
         return decision, None
     return replace(decision, state=evidence_state), evidence_state
 
@@ -599,7 +599,7 @@ def _setting_json(setting: SpeculationSetting | None) -> dict[str, Any] | None:
             "schedule": [list(band) for band in setting.schedule]}
 
 
-def _evidence_summary(status: TargetStatus | None) -> dict[str, Any] | None:
+def _evidence_summary(status: BoardEntry | None) -> dict[str, Any] | None:
     if status is None or status.decision is None:
         return None
     decision, evidence = status.decision, status.evidence

@@ -1,5 +1,5 @@
 """The advisor with the `kubernetes` actuator in the loop: the benchmark's advisor policy, but the recommendation
-reaches the world only through the real actuation gate (`ActuationRunner` -> `policies.act.gate.plan_action`:
+reaches the world only through the real actuation gate (`ActuationRunner` -> `policies.act.gate.gate_action`:
 dwell, cooldown, hourly/daily caps, never during a rollout or on stale data) and an actuator whose "Deployment"
 is the simulated world, so every change pays the world's restart or rolling-update cost.
 

@@ -27,7 +27,7 @@ from pydantic import ValidationError
 from policies.model.measured_profile import MeasuredProfile, ProfileError, check_age
 from policies.offline.schedule import MAX_NUM_SEQS_LIMIT
 from policies.offline.whatif import WhatIfInputError, whatif_schedule_plan
-from policies.types import TargetState
+from policies.types import DataState
 from service.app import Sidecar, build_sidecar, package_version
 from service.cli.profile_command import add_profile_command, run_profile_command
 from service.cli.view import run_view
@@ -497,7 +497,7 @@ def _schedule(args: argparse.Namespace) -> int:
         "from the what-if input (uncalibrated profiles; a live sidecar calibrates to the server)" if profile is None
         else f"from the what-if input, calibrated on the measured profile {args.profile}"
     )
-    out = schedule_out(target="what-if", model=plan.ctx.model.name, state=TargetState.OK, reason=reason, plan=plan)
+    out = schedule_out(target="what-if", model=plan.ctx.model.name, state=DataState.OK, reason=reason, plan=plan)
     print(out.model_dump_json(indent=2) if args.format == "json" else schedule_text(out), end="")
     if args.format == "json":
         print()

@@ -10,8 +10,8 @@ import textwrap
 from collections.abc import Callable, Sequence
 from typing import TextIO
 
-from policies.types import Decision, Evidence, TargetState
-from service.board import Board, TargetStatus
+from policies.types import DataState, Decision, Evidence
+from service.board import Board, BoardEntry
 
 _CLEAR = "\x1b[H\x1b[2J"
 _BAR_WIDTH = 30
@@ -24,7 +24,7 @@ def _paint(text: str, code: str, color: bool) -> str:
     return f"\x1b[{code}m{text}\x1b[0m" if color else text
 
 
-def render(statuses: Sequence[TargetStatus], *, now_s: float, header: Sequence[str], color: bool = True) -> str:
+def render(statuses: Sequence[BoardEntry], *, now_s: float, header: Sequence[str], color: bool = True) -> str:
     """The whole screen as text: `header` lines (wrapped to 120 columns), then one block per target."""
     wrapped = [textwrap.wrap(line, width=_SCREEN, subsequent_indent="  ") or [""] for line in header]
     title = [_paint(line, "1", color) for line in wrapped[0]] if wrapped else [""]
@@ -35,7 +35,7 @@ def render(statuses: Sequence[TargetStatus], *, now_s: float, header: Sequence[s
     return "\n".join(lines)
 
 
-def _target_block(status: TargetStatus, *, now_s: float, color: bool) -> list[str]:
+def _target_block(status: BoardEntry, *, now_s: float, color: bool) -> list[str]:
     lines = [_paint(f"target {status.target}  model {status.model or '?'}", "1;36", color)]
     evidence, decision = status.evidence, status.decision
     if evidence is None or decision is None:
@@ -49,7 +49,7 @@ def _target_block(status: TargetStatus, *, now_s: float, color: bool) -> list[st
     return lines
 
 
-def _evidence_lines(evidence: Evidence, status: TargetStatus, *, now_s: float) -> list[str]:
+def _evidence_lines(evidence: Evidence, status: BoardEntry, *, now_s: float) -> list[str]:
     step = f"{evidence.step_time_s * 1000:.1f} ms" if evidence.step_time_s is not None else "?"
     deployed = f"on, k={evidence.deployed_k}" if evidence.speculation_on else "off"
     age = "never" if status.last_good_scrape_s is None else f"{now_s - status.last_good_scrape_s:.0f} s ago"
@@ -108,7 +108,7 @@ def _decision_lines(decision: Decision, *, color: bool) -> list[str]:
     low, high = decision.expected_speedup_low, decision.expected_speedup_high
     band = f"expected {decision.expected_speedup:.2f}x [{low:.2f}..{high:.2f}]   "
     state = decision.state.value
-    if decision.state is TargetState.OK:
+    if decision.state is DataState.OK:
         verdict = _paint(f"RECOMMEND: {setting}", "1;32" if decision.enabled else "1;33", color)
     else:
         state = _paint(state, "1;31", color)

@@ -31,8 +31,8 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, Field, TypeAdapter
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from policies.types import AcceptanceEvidence, CurvePoint, GpuSnapshot, TargetState, Why, WhyCode
-from service.board import Board, TargetStatus
+from policies.types import AcceptanceEvidence, CurvePoint, DataState, GpuSnapshot, Why, WhyCode
+from service.board import Board, BoardEntry
 from service.exporter import MetricsPage
 
 JSON_MEDIA_TYPE = "application/json"
@@ -83,7 +83,7 @@ _UNTIL_SCRAPED = "null until the target's first good scrape"
 class RecommendationOut(BaseModel):
     target: str
     model: str | None
-    state: TargetState
+    state: DataState
     enabled: bool | None = Field(description=f"Should speculative decoding be on; {_UNTIL_SCRAPED}.")
     num_speculative_tokens: int | None = Field(description=f"Draft tokens per step, 0 when off; {_UNTIL_SCRAPED}.")
     expected_speedup: float | None = Field(
@@ -144,7 +144,7 @@ class GpuOut(BaseModel):
 class EvidenceOut(BaseModel):
     target: str
     model: str | None
-    state: TargetState
+    state: DataState
     reason: str
     speculation_on: bool | None = Field(description=f"Whether the engine runs speculation now; {_UNTIL_SCRAPED}.")
     deployed_k: int | None = Field(description=f"Draft tokens per step the engine runs now; {_UNTIL_SCRAPED}.")
@@ -217,7 +217,7 @@ def create_api(
     _install_error_handlers(app)
     bodies = BoardBodies(board)
 
-    def selected(target: str | None) -> Sequence[TargetStatus]:
+    def selected(target: str | None) -> Sequence[BoardEntry]:
         if target is None:
             return board.statuses()
         status = board.get(target)
@@ -295,7 +295,7 @@ class BoardBodies:
         self._recommendations: dict[str, _RenderedRecommendation] = {}
         self._evidence: dict[str, bytes] = {}
 
-    def recommendations(self, statuses: Sequence[TargetStatus], *, now_s: float) -> bytes:
+    def recommendations(self, statuses: Sequence[BoardEntry], *, now_s: float) -> bytes:
         """`RecommendationsOut` for `statuses` (read from the board just before, with no await in between)."""
         self._drop_if_outdated()
         parts: list[bytes] = []
@@ -306,7 +306,7 @@ class BoardBodies:
             parts.append(rendered.at(now_s))
         return _targets_envelope(parts)
 
-    def evidence(self, statuses: Sequence[TargetStatus]) -> bytes:
+    def evidence(self, statuses: Sequence[BoardEntry]) -> bytes:
         """`EvidencesOut` for `statuses` (read from the board just before, with no await in between)."""
         self._drop_if_outdated()
         parts: list[bytes] = []
@@ -329,7 +329,7 @@ def _targets_envelope(parts: Sequence[bytes]) -> bytes:
     return b'{"targets":[' + b",".join(parts) + b"]}"
 
 
-def _render_recommendation(status: TargetStatus) -> _RenderedRecommendation:
+def _render_recommendation(status: BoardEntry) -> _RenderedRecommendation:
     last_good = status.last_good_decision_s if status.decision is not None else None
     body = _recommendation(status, age_s=None).model_dump_json().encode()
     if last_good is None:
@@ -344,13 +344,13 @@ def rfc3339(epoch_s: float) -> str:
     return datetime.fromtimestamp(epoch_s, tz=UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
-def _recommendation(status: TargetStatus, *, age_s: float | None) -> RecommendationOut:
+def _recommendation(status: BoardEntry, *, age_s: float | None) -> RecommendationOut:
     decision = status.decision
     if decision is None:
         return RecommendationOut(
             target=status.target,
             model=status.model,
-            state=TargetState.INSUFFICIENT_DATA,
+            state=DataState.INSUFFICIENT_DATA,
             enabled=None,
             num_speculative_tokens=None,
             expected_speedup=None,
@@ -433,14 +433,14 @@ def _gpu(gpu: GpuSnapshot) -> GpuOut:
     )
 
 
-def _evidence(status: TargetStatus) -> EvidenceOut:
+def _evidence(status: BoardEntry) -> EvidenceOut:
     evidence = status.evidence
     last_good = None if status.last_good_scrape_s is None else rfc3339(status.last_good_scrape_s)
     if evidence is None:
         return EvidenceOut(
             target=status.target,
             model=status.model,
-            state=TargetState.INSUFFICIENT_DATA,
+            state=DataState.INSUFFICIENT_DATA,
             reason=status.last_error or "not evaluated yet",
             speculation_on=None,
             deployed_k=None,

@@ -33,8 +33,8 @@ from policies.offline.schedule import (
     MAX_NUM_SEQS_LIMIT,
     BatchSchedule,
     ScheduleAsk,
-    SchedulePlan,
-    plan_from_evidence,
+    ScheduleInputs,
+    inputs_from_evidence,
     schedule_for,
     trtllm_schedule,
     vllm_speculative_config,
@@ -55,7 +55,7 @@ from policies.offline.whatif import (
     WhatIfResult,
     evaluate_whatif,
 )
-from policies.types import DraftMethod, Evidence, TargetState
+from policies.types import DataState, DraftMethod, Evidence
 from service.board import Board
 
 DEFAULT_MAX_BODY_BYTES = 256 * 1024  # an inline config.json is a few KB; this leaves room and bounds the parse
@@ -320,7 +320,7 @@ class TrtllmScheduleOut(BaseModel):
 class ScheduleOut(BaseModel):
     target: str
     model: str | None
-    state: TargetState
+    state: DataState
     reason: str
     max_num_seqs: int
     context_tokens: float | None
@@ -341,7 +341,7 @@ def _band_value(value: float) -> float:
 
 
 def schedule_out(
-    *, target: str, model: str | None, state: TargetState, reason: str, plan: SchedulePlan
+    *, target: str, model: str | None, state: DataState, reason: str, plan: ScheduleInputs
 ) -> ScheduleOut:
     """Compute and render both engines' schedules for `plan` (ValueError from the model for bad ranges)."""
     schedule = schedule_for(plan)
@@ -391,7 +391,7 @@ def _vllm_out(schedule: BatchSchedule, method: DraftMethod) -> VllmScheduleOut:
     )
 
 
-def _trtllm_out(plan: SchedulePlan, schedule: BatchSchedule) -> TrtllmScheduleOut:
+def _trtllm_out(plan: ScheduleInputs, schedule: BatchSchedule) -> TrtllmScheduleOut:
     trt = trtllm_schedule(plan, schedule)
     if trt is None:
         why = (
@@ -614,11 +614,11 @@ def _live_schedule(
     target: LiveTarget, *, max_num_seqs: int, context_tokens: float | None, margin: float, gamma_max: int
 ) -> ScheduleOut:
     evidence, context = target.evidence, target.context
-    if evidence is not None and evidence.state is TargetState.ERROR:
+    if evidence is not None and evidence.state is DataState.ERROR:
         # What the recommendation refuses to advise from (a profile past its age limit, no cost model), the
         # schedule does not plan from either.
         return ScheduleOut(
-            target=target.name, model=target.model, state=TargetState.ERROR,
+            target=target.name, model=target.model, state=DataState.ERROR,
             reason=evidence.reason or target.reason or "the target is in the error state",
             max_num_seqs=max_num_seqs, context_tokens=context_tokens, gamma_max=gamma_max, margin=margin,
             speculation_useful=None, bands=[], vllm=None, trtllm=None,
@@ -626,13 +626,13 @@ def _live_schedule(
     if evidence is None or context is None:
         return ScheduleOut(
             target=target.name, model=target.model,
-            state=evidence.state if evidence is not None else TargetState.INSUFFICIENT_DATA,
+            state=evidence.state if evidence is not None else DataState.INSUFFICIENT_DATA,
             reason=target.reason or "no evidence or profiles yet", max_num_seqs=max_num_seqs,
             context_tokens=context_tokens, gamma_max=gamma_max, margin=margin, speculation_useful=None,
             bands=[], vllm=None, trtllm=None,
         )
     try:
-        plan = plan_from_evidence(
+        plan = inputs_from_evidence(
             evidence, context,
             ScheduleAsk(max_num_seqs=max_num_seqs, gamma_max=gamma_max, context_tokens=context_tokens, margin=margin),
             scales=target.scales or CostScales(),
@@ -640,13 +640,13 @@ def _live_schedule(
         return _schedule_of(target, evidence, plan, calibrated=target.scales is not None)
     except ValueError as exc:  # the cost model refused this evidence: one target's error, not the endpoint's
         return ScheduleOut(
-            target=target.name, model=target.model, state=TargetState.ERROR, reason=f"cannot compute: {exc}",
+            target=target.name, model=target.model, state=DataState.ERROR, reason=f"cannot compute: {exc}",
             max_num_seqs=max_num_seqs, context_tokens=context_tokens, gamma_max=gamma_max, margin=margin,
             speculation_useful=None, bands=[], vllm=None, trtllm=None,
         )
 
 
-def _schedule_of(target: LiveTarget, evidence: Evidence, plan: SchedulePlan, *, calibrated: bool) -> ScheduleOut:
+def _schedule_of(target: LiveTarget, evidence: Evidence, plan: ScheduleInputs, *, calibrated: bool) -> ScheduleOut:
     source = "measured acceptance" if evidence.acceptance is not None else "the drafter's prior (nothing measured)"
     costs = (
         "the online calibration the recommendation priced with" if calibrated

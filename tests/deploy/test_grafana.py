@@ -36,10 +36,10 @@ from policies.act.gate import ActuationConfig
 from policies.types import (
     AcceptanceEvidence,
     CurvePoint,
+    DataState,
     Decision,
     Evidence,
     GpuSnapshot,
-    TargetState,
 )
 from service.actuators.audit import AuditLog
 from service.actuators.runner import ActuationRunner, RunnerOptions
@@ -214,14 +214,14 @@ def _populated_board() -> Board:
         tensor_active_ratio=0.31, dram_active_ratio=0.72, sm_active_ratio=0.8, activity_source="gpm",
     )
     evidence = Evidence(
-        target="llama", model="meta-llama/Llama-3.1-8B-Instruct", at_s=NOW_S, state=TargetState.OK,
+        target="llama", model="meta-llama/Llama-3.1-8B-Instruct", at_s=NOW_S, state=DataState.OK,
         speculation_on=True, deployed_k=3, acceptance=acceptance, batch=12.0, waiting=2.0, step_time_s=0.025,
         gpu=gpu,
     )
     point = CurvePoint(gamma=3, speedup=1.42, speedup_low=1.31, speedup_high=1.55, expected_accepted_length=2.8,
                        step_time_s=0.03)
     decision = Decision(
-        target="llama", model="meta-llama/Llama-3.1-8B-Instruct", state=TargetState.OK, enabled=True,
+        target="llama", model="meta-llama/Llama-3.1-8B-Instruct", state=DataState.OK, enabled=True,
         num_speculative_tokens=3, expected_speedup=1.42, expected_speedup_low=1.31, expected_speedup_high=1.55,
         reason="on", evaluated_at_s=NOW_S, curve=(point,), objective="latency", calibration_error_ratio=0.1,
     )

@@ -24,7 +24,7 @@ from e2e_sidecar import RunningSidecar, SidecarReading, SidecarSettings, read_si
 from e2e_vllm import SKIP_REASON, VllmServer, e2e_enabled, record_timing
 
 from policies.estimate.window import EstimatorConfig, EstimatorState, estimate, observe
-from policies.types import EngineSnapshot, TargetState
+from policies.types import DataState, EngineSnapshot
 from service.sources.vllm import VllmScraper
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not e2e_enabled(), reason=SKIP_REASON)]
@@ -95,7 +95,7 @@ def test_scraper_and_estimator_agree_with_raw_counters_and_vllm_log(
     config = EstimatorConfig(window_s=3600.0, min_drafts=1)
     state = observe(observe(EstimatorState(), window.product_before, config), window.product_after, config)
     evidence = estimate(state, target="e2e", config=config, now_s=window.product_after.taken_at_s)
-    assert evidence.state == TargetState.OK, evidence.reason
+    assert evidence.state == DataState.OK, evidence.reason
     assert evidence.speculation_on
     assert evidence.deployed_k == k
     acceptance = evidence.acceptance

@@ -7,7 +7,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 from policies.act.deployment import ActuatorError, ApplyResult, DeploymentObservation, SpeculationSetting
-from policies.types import AcceptanceEvidence, Evidence, TargetState
+from policies.types import AcceptanceEvidence, DataState, Evidence
 
 
 def make_evidence(target: str, at_s: float, *, batch: float = 6.0) -> Evidence:
@@ -17,7 +17,7 @@ def make_evidence(target: str, at_s: float, *, batch: float = 6.0) -> Evidence:
         drafts=900.0, draft_tokens=2700.0, accepted_tokens=1665.0, mean_acceptance_length=2.85,
         acceptance_rate=0.62, mean_proposed_length=3.0, window_s=60.0,
     )
-    return Evidence(target=target, model="m", at_s=at_s, state=TargetState.OK, speculation_on=False, deployed_k=0,
+    return Evidence(target=target, model="m", at_s=at_s, state=DataState.OK, speculation_on=False, deployed_k=0,
                     acceptance=acceptance, batch=batch, waiting=0.0, window_s=60.0)
 
 

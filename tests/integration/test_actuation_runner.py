@@ -11,7 +11,7 @@ from actuation_fakes import FakeActuator, make_evidence
 
 from policies.act.deployment import ActuatorError, ApplyResult, DeploymentObservation, SpeculationSetting
 from policies.act.gate import ActuationConfig
-from policies.types import Decision, TargetState
+from policies.types import DataState, Decision
 from service.actuators.audit import AuditLog, read_tail
 from service.actuators.base import Actuator
 from service.actuators.runner import ActuationRunner, RunnerOptions
@@ -22,7 +22,7 @@ T0 = 1_700_000_000.0
 CONFIG = ActuationConfig(dwell_s=300, cooldown_s=900, max_actions_per_hour=2, max_actions_per_day=8)
 
 
-def decision(*, state: TargetState = TargetState.OK, num_speculative_tokens: int = 3) -> Decision:
+def decision(*, state: DataState = DataState.OK, num_speculative_tokens: int = 3) -> Decision:
     return Decision(
         target="llama", model="m", state=state, enabled=True, num_speculative_tokens=num_speculative_tokens,
         expected_speedup=1.4, expected_speedup_low=1.3, expected_speedup_high=1.5, reason="on", evaluated_at_s=T0,
@@ -377,7 +377,7 @@ def test_an_ok_decision_over_insufficient_evidence_never_acts(tmp_path: Path) ->
     fake = FakeActuator()
     board, runner, audit = setup(tmp_path, fake, config=replace(CONFIG, dwell_s=0))
     # advise.py kept the decision ok on remembered acceptance, but the live window is thin.
-    thin = replace(make_evidence("llama", T0), state=TargetState.INSUFFICIENT_DATA)
+    thin = replace(make_evidence("llama", T0), state=DataState.INSUFFICIENT_DATA)
     board.publish("llama", evidence=thin, decision=decision(), good_scrape_s=T0)
     asyncio.run(tick(runner, T0))
     assert fake.applied == []
@@ -411,7 +411,7 @@ def test_the_decision_is_read_after_the_observation(tmp_path: Path) -> None:
         await runner.after_iteration(T0)
         await asyncio.sleep(0)  # the pass now waits in observe
         # Meanwhile the recommendation went stale: the gate must see that, not the ok decision from before.
-        board.publish("llama", evidence=make_evidence("llama", T0), decision=decision(state=TargetState.STALE),
+        board.publish("llama", evidence=make_evidence("llama", T0), decision=decision(state=DataState.STALE),
                       good_scrape_s=T0)
         gate.set()
         await runner.idle()

@@ -14,7 +14,7 @@ from fastapi import APIRouter
 from prometheus_client.parser import text_string_to_metric_families
 from sidecar_http import FIXTURES, CaptureServer, Receive, Scope, Send, serving, wait_for
 
-from policies.types import AcceptanceEvidence, CurvePoint, Decision, Evidence, GpuSnapshot, TargetState, Why, WhyCode
+from policies.types import AcceptanceEvidence, CurvePoint, DataState, Decision, Evidence, GpuSnapshot, Why, WhyCode
 from service.app import build_sidecar
 from service.board import Board
 from service.exporter import MetricsPage
@@ -370,11 +370,11 @@ def test_causes_reach_the_api_without_numbers_json_cannot_carry() -> None:
     board = Board([("a", None)], started_at_s=1_000.0)
     why = (Why(WhyCode.GAIN, (("to_gamma", 3.0), ("gain", math.inf), ("wait_s", 30.0))),)
     decision = Decision(
-        target="a", model="m", state=TargetState.OK, enabled=True, num_speculative_tokens=9, expected_speedup=1.0,
+        target="a", model="m", state=DataState.OK, enabled=True, num_speculative_tokens=9, expected_speedup=1.0,
         expected_speedup_low=1.0, expected_speedup_high=1.0, reason="r", evaluated_at_s=1_000.0,
         summary="Running speculation on, k=9; changing to speculation on, k=3 in 30 s if that holds.", why=why,
     )
-    evidence = Evidence(target="a", model="m", at_s=1_000.0, state=TargetState.OK, speculation_on=True, deployed_k=9,
+    evidence = Evidence(target="a", model="m", at_s=1_000.0, state=DataState.OK, speculation_on=True, deployed_k=9,
                         acceptance=None, batch=1.0, waiting=0.0)
     board.publish("a", evidence=evidence, decision=decision, good_scrape_s=1_000.0)
     app = create_api(board, metrics=MetricsPage(board, clock=lambda: 1_000.0, version="t"), clock=lambda: 1_000.0,
@@ -401,7 +401,7 @@ def make_decision(*, evaluated_at_s: float, enabled: bool = True) -> Decision:
     return Decision(
         target="llama",
         model=MODEL,
-        state=TargetState.OK,
+        state=DataState.OK,
         enabled=enabled,
         num_speculative_tokens=3 if enabled else 0,
         expected_speedup=1.42,
@@ -423,7 +423,7 @@ def make_evidence(*, at_s: float) -> Evidence:
         target="llama",
         model=MODEL,
         at_s=at_s,
-        state=TargetState.OK,
+        state=DataState.OK,
         speculation_on=True,
         deployed_k=3,
         acceptance=AcceptanceEvidence(

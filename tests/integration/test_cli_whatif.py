@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 from sidecar_http import serving
 
-from policies.types import AcceptanceEvidence, Decision, Evidence, TargetState
+from policies.types import AcceptanceEvidence, DataState, Decision, Evidence
 from service.board import Board, Pricing
 from service.cli.plot import plot_whatif
 from service.exporter import MetricsPage
@@ -145,7 +145,7 @@ def test_schedule_from_a_running_sidecar() -> None:
     board = Board([("llama", None)], started_at_s=1_000.0)
     per_position = (0.78, 0.58, 0.43)
     evidence = Evidence(
-        target="llama", model="meta-llama/Llama-3.1-8B-Instruct", at_s=1_000.0, state=TargetState.OK,
+        target="llama", model="meta-llama/Llama-3.1-8B-Instruct", at_s=1_000.0, state=DataState.OK,
         speculation_on=True, deployed_k=3,
         acceptance=AcceptanceEvidence(
             per_position=per_position, per_position_low=per_position, per_position_high=per_position,
@@ -156,7 +156,7 @@ def test_schedule_from_a_running_sidecar() -> None:
         batch=8.0, waiting=0.0, context_tokens_per_seq=600.0,
     )
     decision = Decision(
-        target="llama", model=evidence.model, state=TargetState.OK, enabled=True, num_speculative_tokens=3,
+        target="llama", model=evidence.model, state=DataState.OK, enabled=True, num_speculative_tokens=3,
         expected_speedup=1.5, expected_speedup_low=1.4, expected_speedup_high=1.6, reason="on", evaluated_at_s=1_000.0,
     )
     profiles = {"hardware": "h100-sxm", "model": "llama-3.1-8b", "drafter": "eagle3", "tensor_parallel": "1"}

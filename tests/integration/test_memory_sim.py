@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 
 from policies.advise import AdvisorConfig
-from policies.types import TargetState
+from policies.types import DataState
 from service.app import build_sidecar, context_resolver
 from service.bench.pipeline import SimClock, WorldTransport, advisor_settings
 from service.bench.runner import EPOCH_S
@@ -92,7 +92,7 @@ async def drive(memory_path: Path) -> tuple[list[Step], float]:
                     rate_per_s=world.arrival_rate_per_s,
                     waiting=world.num_waiting,
                     k=world.num_speculative_tokens,
-                    ok=decision is not None and decision.state is TargetState.OK,
+                    ok=decision is not None and decision.state is DataState.OK,
                     reason=decision.reason if decision is not None else "",
                 )
             )

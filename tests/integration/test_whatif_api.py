@@ -16,8 +16,8 @@ from sidecar_http import FIXTURES, CaptureServer, serving, wait_for
 from policies.model.costmodel import ModelContext
 from policies.model.profiles import drafter_for, hardware_by_name, model_by_name, model_from_hf_config
 from policies.model.roofline import CostScales
-from policies.offline.schedule import ScheduleAsk, plan_from_evidence, schedule_for, vllm_bands
-from policies.types import AcceptanceEvidence, Decision, DraftMethod, Evidence, TargetState
+from policies.offline.schedule import ScheduleAsk, inputs_from_evidence, schedule_for, vllm_bands
+from policies.types import AcceptanceEvidence, DataState, Decision, DraftMethod, Evidence
 from service.app import build_sidecar
 from service.board import Board, Pricing
 from service.exporter import MetricsPage
@@ -49,7 +49,7 @@ SMALL_LIMIT = 4096  # bytes, so the tests can cross it cheaply
 def live_evidence(*, at_s: float = 1_000.0) -> Evidence:
     per_position = (0.78, 0.58, 0.43)
     return Evidence(
-        target="llama", model=MODEL, at_s=at_s, state=TargetState.OK, speculation_on=True, deployed_k=3,
+        target="llama", model=MODEL, at_s=at_s, state=DataState.OK, speculation_on=True, deployed_k=3,
         acceptance=AcceptanceEvidence(
             per_position=per_position, per_position_low=(0.76, 0.55, 0.40), per_position_high=(0.80, 0.61, 0.46),
             drafts=2000.0, draft_tokens=6000.0, accepted_tokens=2000.0 * sum(per_position),
@@ -62,7 +62,7 @@ def live_evidence(*, at_s: float = 1_000.0) -> Evidence:
 
 def decision_for(evidence: Evidence) -> Decision:
     return Decision(
-        target="llama", model=MODEL, state=TargetState.OK, enabled=True, num_speculative_tokens=3,
+        target="llama", model=MODEL, state=DataState.OK, enabled=True, num_speculative_tokens=3,
         expected_speedup=1.5, expected_speedup_low=1.4, expected_speedup_high=1.6, reason="on",
         evaluated_at_s=evidence.at_s,
     )
@@ -311,7 +311,7 @@ def test_schedule_for_a_live_target_is_ready_to_paste() -> None:
         (out,) = reply.json()["targets"]
         # Nothing fitted on this board yet: the uncalibrated profiles, and the reason says so.
         ask = ScheduleAsk(max_num_seqs=128, gamma_max=6)
-        plan = plan_from_evidence(evidence, catalog_context(), ask, scales=CostScales())
+        plan = inputs_from_evidence(evidence, catalog_context(), ask, scales=CostScales())
         expected = vllm_bands(schedule_for(plan))
         assert [[b["lo"], b["hi"], b["num_speculative_tokens"]] for b in out["bands"]] == expected
         assert out["state"] == "ok" and out["context_tokens"] == 900.0 and out["gamma_max"] == 6
@@ -430,7 +430,7 @@ def test_the_sidecar_serves_whatif_and_exact_schedules_for_config_json_models_an
                 (out,) = reply.json()["targets"]
                 # The calibration the recommendation priced with, carried on the board: one for every answer.
                 assert status.calibration is not None
-                plan = plan_from_evidence(
+                plan = inputs_from_evidence(
                     status.evidence, expected_ctx, ScheduleAsk(max_num_seqs=128, gamma_max=settings.decide.gamma_max),
                     scales=status.calibration.scales,
                 )

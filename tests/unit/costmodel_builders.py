@@ -12,7 +12,7 @@ from typing import Any
 
 from policies.model.costmodel import ModelContext
 from policies.model.profiles import drafter_for, hardware_by_name, model_by_name
-from policies.types import AcceptanceEvidence, DraftMethod, Evidence, TargetState
+from policies.types import AcceptanceEvidence, DataState, DraftMethod, Evidence
 
 EAGLE3_R = (0.78, 0.58, 0.43)
 EAGLE3_R_LOW = (0.76, 0.55, 0.40)
@@ -52,7 +52,7 @@ def make_evidence(**overrides: Any) -> Evidence:
         target="http://127.0.0.1:8000",
         model="meta-llama/Llama-3.1-8B-Instruct",
         at_s=1_800_000_000.0,
-        state=TargetState.OK,
+        state=DataState.OK,
         speculation_on=True,
         deployed_k=3,
         acceptance=make_acceptance(low=EAGLE3_R_LOW, high=EAGLE3_R_HIGH),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from policies.types import AcceptanceEvidence, CurvePoint, Evidence, TargetState
+from policies.types import AcceptanceEvidence, CurvePoint, DataState, Evidence
 
 T0 = 1_700_000_000.0  # a fixed epoch; tests advance it by hand
 
@@ -32,7 +32,7 @@ def make_evidence(**overrides: Any) -> Evidence:
         target="http://127.0.0.1:8000",
         model="meta-llama/Llama-3.1-8B-Instruct",
         at_s=T0,
-        state=TargetState.OK,
+        state=DataState.OK,
         speculation_on=False,
         deployed_k=0,
         acceptance=make_acceptance(),

@@ -16,13 +16,13 @@ from policies.act.gate import (
     actions_within,
     cooldown_remaining_s,
     desired_setting,
+    gate_action,
     materially_different,
-    plan_action,
     same_setting,
     schedule_change_share,
 )
 from policies.offline.schedule import BatchSchedule, ScheduleBand
-from policies.types import Decision, TargetState
+from policies.types import DataState, Decision
 
 T0 = 1_700_000_000.0
 CONFIG = ActuationConfig(dwell_s=300, cooldown_s=900, max_actions_per_hour=2, max_actions_per_day=8)
@@ -30,7 +30,7 @@ OFF = SpeculationSetting(0)
 K3 = SpeculationSetting(3)
 
 
-def decision(*, state: TargetState = TargetState.OK, enabled: bool = True, num_speculative_tokens: int = 3
+def decision(*, state: DataState = DataState.OK, enabled: bool = True, num_speculative_tokens: int = 3
              ) -> Decision:
     return Decision(
         target="llama", model="m", state=state, enabled=enabled, num_speculative_tokens=num_speculative_tokens,
@@ -53,7 +53,7 @@ def held(state: ActuationState | None = None, *, since: float = T0 - 400, wanted
 def plan(state: ActuationState, *, now: float = T0, d: Decision | None = None,
          obs: DeploymentObservation | None = None, desired: SpeculationSetting | None = K3,
          config: ActuationConfig = CONFIG) -> tuple[bool, SkipReason | None, ActuationState]:
-    result, after = plan_action(d if d is not None else decision(), obs or observed(), desired, config=config,
+    result, after = gate_action(d if d is not None else decision(), obs or observed(), desired, config=config,
                                 state=state, now_s=now)
     return result.act, result.skip, after
 
@@ -85,10 +85,10 @@ def test_a_new_wanted_setting_restarts_the_dwell() -> None:
 
 @pytest.mark.parametrize(
     ("state", "reason"),
-    [(TargetState.STALE, SkipReason.STALE), (TargetState.ERROR, SkipReason.ERROR),
-     (TargetState.INSUFFICIENT_DATA, SkipReason.INSUFFICIENT_DATA)],
+    [(DataState.STALE, SkipReason.STALE), (DataState.ERROR, SkipReason.ERROR),
+     (DataState.INSUFFICIENT_DATA, SkipReason.INSUFFICIENT_DATA)],
 )
-def test_never_on_a_decision_that_is_not_ok_and_it_restarts_the_dwell(state: TargetState, reason: SkipReason) -> None:
+def test_never_on_a_decision_that_is_not_ok_and_it_restarts_the_dwell(state: DataState, reason: SkipReason) -> None:
     act, skip, after = plan(held(), d=decision(state=state))
     assert not act and skip == reason
     assert after.wanted_since_s is None
@@ -98,7 +98,7 @@ def test_never_on_a_decision_that_is_not_ok_and_it_restarts_the_dwell(state: Tar
 
 
 def test_no_decision_and_no_desired_setting_are_skips() -> None:
-    result, _ = plan_action(None, observed(), None, config=CONFIG, state=held(), now_s=T0)
+    result, _ = gate_action(None, observed(), None, config=CONFIG, state=held(), now_s=T0)
     assert result.skip == SkipReason.NO_DECISION
     _, skip, _ = plan(held(), desired=None)
     assert skip == SkipReason.NO_DESIRED
@@ -166,7 +166,7 @@ def test_an_override_wins_over_the_recommendation_cooldown_and_caps() -> None:
     # The deployment runs k 3, the recommendation is stale and the cooldown of the action at T0 - 10 (before the
     # override was set) has 890 s left: the override's first attempt acts.
     state = replace(ActuationState(), override=override, last_action_s=T0 - 10, recent_actions_s=(T0 - 10,))
-    result, after = plan_action(decision(state=TargetState.STALE), observed(K3), K3, config=CONFIG, state=state,
+    result, after = gate_action(decision(state=DataState.STALE), observed(K3), K3, config=CONFIG, state=state,
                                 now_s=T0)
     assert result.act and result.via_override and result.desired == OFF
     assert after.last_action_s == T0
@@ -184,7 +184,7 @@ def test_a_failing_override_is_tried_at_once_then_retried_once_per_cooldown() ->
     act, _, state = plan(state, now=T0, obs=observed(K3))
     assert act
     # The patch failed (the deployment still runs k 3): the next ticks are in the cooldown of that attempt.
-    result, state = plan_action(decision(), observed(K3), K3, config=CONFIG, state=state, now_s=T0 + 5)
+    result, state = gate_action(decision(), observed(K3), K3, config=CONFIG, state=state, now_s=T0 + 5)
     assert not result.act and result.skip == SkipReason.COOLDOWN and result.via_override
     assert "895 s" in result.detail  # 900 - (T0 + 5 - T0)
     act, skip, state = plan(state, now=T0 + 899, obs=observed(K3))

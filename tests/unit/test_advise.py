@@ -6,7 +6,7 @@ from costmodel_builders import make_acceptance, make_context, make_evidence
 
 from policies.advise import AdvisorConfig, AdvisorState, advise_target
 from policies.decide.rule import DecideConfig
-from policies.types import DraftMethod, TargetState
+from policies.types import DataState, DraftMethod
 
 NOW = 1_800_000_000.0
 
@@ -21,7 +21,7 @@ def test_the_curve_reaches_a_deployed_k_beyond_gamma_max_but_the_choice_stays_wi
         AdvisorState(), NOW,
     )
     decision = advice.decision
-    assert decision.state == TargetState.OK
+    assert decision.state == DataState.OK
     assert [p.gamma for p in decision.curve] == list(range(11))
     assert not any(p.extrapolated for p in decision.curve)  # every point up to k=10 is measured
     # Acceptance still grows to position 10 (r_10 = 0.7 x 0.85^9 = 0.16), so S(10) beats the best S(gamma <= 8):

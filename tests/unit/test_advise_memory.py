@@ -16,7 +16,7 @@ from policies.estimate.memory import (
     acceptance_in_use,
 )
 from policies.model.calibrate import CalibrationState
-from policies.types import DraftMethod, Evidence, TargetState, WhyCode
+from policies.types import DataState, DraftMethod, Evidence, WhyCode
 
 NOW = 1_800_000_000.0
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -77,7 +77,7 @@ def test_off_and_a_fresh_memory_turns_on_after_the_dwell_once_the_batch_drops() 
     advice = tick(low, advice.state.decide, advice.state.memory, now_s=NOW + 120.0)
     assert not advice.decision.enabled
     advice = tick(low, advice.state.decide, advice.state.memory, now_s=NOW + 180.0)
-    assert advice.decision.enabled and advice.decision.state == TargetState.OK
+    assert advice.decision.enabled and advice.decision.state == DataState.OK
     assert advice.decision.changed_at_s == NOW + 180.0
     assert "remembered acceptance from 4 min ago (k=3, 9000 drafts" in advice.decision.reason
     assert advice.recalled is not None and advice.recalled.usable
@@ -150,15 +150,15 @@ def test_live_evidence_replaces_the_memory_and_is_priced_from_itself() -> None:
 
 def test_a_thin_live_window_is_priced_from_a_usable_memory_instead_of_being_held() -> None:
     thin = make_evidence(
-        state=TargetState.INSUFFICIENT_DATA,
+        state=DataState.INSUFFICIENT_DATA,
         acceptance=make_acceptance(GOOD, drafts=40.0),
         batch=2.0,
         reason="40 drafts in 10s, need 200",
     )
     without = tick(thin, DecideState(), None, now_s=NOW)
-    assert without.decision.state == TargetState.INSUFFICIENT_DATA
+    assert without.decision.state == DataState.INSUFFICIENT_DATA
     with_memory = tick(thin, DecideState(), remembered(GOOD, age_s=300.0), now_s=NOW)
-    assert with_memory.decision.state == TargetState.OK
+    assert with_memory.decision.state == DataState.OK
     assert with_memory.decision.curve  # a curve was priced
     assert "in place of a thin live window (40 drafts in 10s, need 200)" in with_memory.decision.reason
     # The thin window itself is not remembered (40 < 200 drafts): the older profile stays.
@@ -176,14 +176,14 @@ def test_a_memory_of_another_model_is_not_used() -> None:
 
 def test_the_acceptance_in_use_stands_beside_the_evidence_and_never_rewrites_it() -> None:
     thin = make_evidence(
-        state=TargetState.INSUFFICIENT_DATA, acceptance=make_acceptance(POOR, drafts=40.0), batch=2.0,
+        state=DataState.INSUFFICIENT_DATA, acceptance=make_acceptance(POOR, drafts=40.0), batch=2.0,
         reason="40 drafts in 10s, need 200",
     )
     memory = remembered(GOOD, age_s=300.0)
     in_use = acceptance_in_use(thin, memory, config=MemoryConfig(), now_s=NOW)
     assert in_use.stands_in
     assert in_use.acceptance is not None and in_use.acceptance.per_position[0] == GOOD[0]
-    assert thin.state is TargetState.INSUFFICIENT_DATA and thin.acceptance is not None
+    assert thin.state is DataState.INSUFFICIENT_DATA and thin.acceptance is not None
     assert thin.acceptance.per_position[0] == POOR[0]  # the evidence still says what was measured
     # An ok window while on is priced from itself, whatever is remembered; nothing is said about memory.
     live = make_evidence(acceptance=make_acceptance(POOR, drafts=5000.0), batch=2.0)
@@ -200,14 +200,14 @@ def test_the_acceptance_in_use_stands_beside_the_evidence_and_never_rewrites_it(
 def test_decide_acts_on_a_thin_window_only_when_a_remembered_profile_stands_in() -> None:
     priced = tick(make_evidence(acceptance=make_acceptance(GOOD, drafts=5000.0), batch=2.0), DecideState(), None,
                   now_s=NOW)
-    thin = make_evidence(state=TargetState.INSUFFICIENT_DATA, acceptance=make_acceptance(GOOD, drafts=40.0),
+    thin = make_evidence(state=DataState.INSUFFICIENT_DATA, acceptance=make_acceptance(GOOD, drafts=40.0),
                          batch=2.0)
     held = decide(thin, priced.decision.curve, DWELL, priced.state.decide, NOW + 5.0)[0]
-    assert held.state is TargetState.INSUFFICIENT_DATA
+    assert held.state is DataState.INSUFFICIENT_DATA
     stood_in = decide(thin, priced.decision.curve, DWELL, priced.state.decide, NOW + 5.0,
                       inputs=DecideInputs(acceptance_stands_in=True))[0]
-    assert stood_in.state is TargetState.OK
+    assert stood_in.state is DataState.OK
     # The flag is about a thin window: stale evidence is held whatever it says.
-    stale = replace(thin, state=TargetState.STALE)
+    stale = replace(thin, state=DataState.STALE)
     assert decide(stale, priced.decision.curve, DWELL, priced.state.decide, NOW + 5.0,
-                  inputs=DecideInputs(acceptance_stands_in=True))[0].state is TargetState.STALE
+                  inputs=DecideInputs(acceptance_stands_in=True))[0].state is DataState.STALE

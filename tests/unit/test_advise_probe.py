@@ -12,7 +12,7 @@ from costmodel_builders import make_acceptance, make_context, make_evidence, mak
 from policies.advise import Advice, AdvisorConfig, AdvisorState, advise_target
 from policies.decide.rule import DecideConfig
 from policies.estimate.memory import AcceptanceMemory, MemoryConfig, RememberedAcceptance
-from policies.types import DraftMethod, Evidence, TargetState
+from policies.types import DataState, DraftMethod, Evidence
 
 NOW = 1_800_000_000.0
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -98,7 +98,7 @@ def test_a_probe_the_engine_applies_is_released_by_the_measured_window_and_decid
     assert advice.state.decide.probe_since_s is not None
     k = advice.decision.num_speculative_tokens
     # The engine restarts to apply it: a stale tick keeps the probe held.
-    stale = make_off_evidence(batch=1.0, state=TargetState.STALE, reason="503 while restarting")
+    stale = make_off_evidence(batch=1.0, state=DataState.STALE, reason="503 while restarting")
     advice = _tick(stale, advice, memory, now)
     assert advice.state.decide.probe_since_s is not None and advice.decision.enabled
     # It runs at k and the first window shows the workload changed: the probe is released and on live data the

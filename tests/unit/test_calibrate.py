@@ -23,7 +23,7 @@ from policies.model.calibrate import (
     with_anchors,
 )
 from policies.model.roofline import CostScales, Shape, step_components
-from policies.types import GpuSnapshot, TargetState
+from policies.types import DataState, GpuSnapshot
 
 T0 = 1_800_000_000.0
 CONFIG = CalibrationConfig()
@@ -127,7 +127,7 @@ def test_observation_needs_a_trustworthy_step_time() -> None:
     assert point is not None
     assert (point.batch, point.tokens_per_seq, point.draft_passes, point.prefill_tokens) == (1.0, 4.0, 3, 20.0)
     assert observation_from(replace(good, step_samples=5.0), ctx, config=CONFIG) is None
-    assert observation_from(replace(good, state=TargetState.STALE), ctx, config=CONFIG) is None
+    assert observation_from(replace(good, state=DataState.STALE), ctx, config=CONFIG) is None
     assert observation_from(replace(good, step_time_s=math.nan), ctx, config=CONFIG) is None
     assert observation_from(replace(good, batch=0.1), ctx, config=CONFIG) is None
 

@@ -21,7 +21,7 @@ from policies.decide.rule import (
     reachable_gamma_limit,
     wait_s,
 )
-from policies.types import CurvePoint, Decision, Evidence, TargetState
+from policies.types import CurvePoint, DataState, Decision, Evidence
 
 # margin 2%, confirm 30 s, dwell 120 s; change_cost_s 0 (an engine that adapts per batch): every wait is 30 s.
 CFG = DecideConfig(margin=0.02, dwell_s=120.0, confirm_s=30.0, gamma_max=8)
@@ -67,7 +67,7 @@ def _published_on_gamma_2(curve: Sequence[CurvePoint] = BAND, config: DecideConf
 
 def test_first_decision_publishes_the_deployment_and_starts_the_clock() -> None:
     d, s = tick(DecideState(), T0, GOOD)
-    assert (d.state, d.enabled, d.num_speculative_tokens) == (TargetState.OK, False, 0)
+    assert (d.state, d.enabled, d.num_speculative_tokens) == (DataState.OK, False, 0)
     assert (d.expected_speedup, d.expected_speedup_low, d.expected_speedup_high) == (1.0, 1.0, 1.0)
     assert d.changed_at_s == T0 and d.evaluated_at_s == T0
     assert (s.pending_enabled, s.pending_gamma, s.pending_since_s) == (True, 3, T0)
@@ -195,7 +195,7 @@ def test_a_spell_of_bad_data_keeps_the_spacing_after_a_change() -> None:
     _, s = tick(s, T0, GOOD)
     _, s = tick(s, T0 + 30.0, GOOD)  # on at 3: a change at T0+30
     on3 = replace(ON2, deployed_k=3)
-    _, s = tick(s, T0 + 40.0, (), replace(on3, state=TargetState.STALE, reason="503"))
+    _, s = tick(s, T0 + 40.0, (), replace(on3, state=DataState.STALE, reason="503"))
     assert s.last_change_s == T0 + 30.0
     bad3 = make_curve((0.78, 0.82, 0.88), 0.85, (0.80, 0.85, 0.91))
     _, s = tick(s, T0 + 50.0, bad3, on3)
@@ -469,9 +469,9 @@ def test_stale_keeps_the_last_decision_and_restarts_the_wait() -> None:
     _, s = tick(s, T0 + 10.0, BAD, ON2)  # off becomes the candidate at T0+10
     good = s.published
     assert good is not None
-    stale = replace(ON2, state=TargetState.STALE, reason="last scrape 95s ago")
+    stale = replace(ON2, state=DataState.STALE, reason="last scrape 95s ago")
     d, s = tick(s, T0 + 100.0, (), stale)
-    assert (d.state, d.enabled, d.num_speculative_tokens) == (TargetState.STALE, True, 2)
+    assert (d.state, d.enabled, d.num_speculative_tokens) == (DataState.STALE, True, 2)
     assert (d.expected_speedup, d.expected_speedup_low, d.expected_speedup_high) == (
         good.expected_speedup,
         good.expected_speedup_low,
@@ -485,7 +485,7 @@ def test_stale_keeps_the_last_decision_and_restarts_the_wait() -> None:
     assert s.published == good
     # back to ok at T0+130: the clock starts again (the stale spell does not count toward the wait)
     d, s = tick(s, T0 + 130.0, BAD, ON2)
-    assert (d.state, d.enabled, s.pending_since_s) == (TargetState.OK, True, T0 + 130.0)
+    assert (d.state, d.enabled, s.pending_since_s) == (DataState.OK, True, T0 + 130.0)
     d, s = tick(s, T0 + 159.0, BAD, ON2)
     assert d.enabled is True
     d, s = tick(s, T0 + 160.0, BAD, ON2)  # 30 s
@@ -494,7 +494,7 @@ def test_stale_keeps_the_last_decision_and_restarts_the_wait() -> None:
 
 def test_error_and_insufficient_data_never_flip() -> None:
     s = _published_on_gamma_2()
-    for kind in (TargetState.ERROR, TargetState.INSUFFICIENT_DATA, TargetState.STALE):
+    for kind in (DataState.ERROR, DataState.INSUFFICIENT_DATA, DataState.STALE):
         d, s2 = tick(s, T0 + 30.0, BAD, replace(ON2, state=kind, speculation_on=False, deployed_k=0))
         assert (d.state, d.enabled, d.num_speculative_tokens) == (kind, True, 2)
         assert s2.published == s.published
@@ -502,7 +502,7 @@ def test_error_and_insufficient_data_never_flip() -> None:
 
 
 def test_not_ok_with_nothing_published_shows_the_deployment() -> None:
-    for kind in (TargetState.ERROR, TargetState.INSUFFICIENT_DATA, TargetState.STALE):
+    for kind in (DataState.ERROR, DataState.INSUFFICIENT_DATA, DataState.STALE):
         d, s = tick(DecideState(), T0, (), replace(ON2, state=kind, deployed_k=3))
         assert (d.state, d.enabled, d.num_speculative_tokens) == (kind, True, 3)
         assert (d.expected_speedup, d.expected_speedup_low, d.expected_speedup_high) == (1.0, 1.0, 1.0)
@@ -512,7 +512,7 @@ def test_not_ok_with_nothing_published_shows_the_deployment() -> None:
 
 
 def test_insufficient_data_reason_says_how_many_drafts() -> None:
-    told = replace(OFF, state=TargetState.INSUFFICIENT_DATA, reason="120 drafts in window, need 300")
+    told = replace(OFF, state=DataState.INSUFFICIENT_DATA, reason="120 drafts in window, need 300")
     d, _ = tick(DecideState(), T0, (), told)
     assert "120 drafts in window, need 300" in d.reason
     # without a reason from the estimator, the count comes from the acceptance evidence itself
@@ -524,7 +524,7 @@ def test_insufficient_data_reason_says_how_many_drafts() -> None:
 def test_ok_evidence_without_a_usable_curve_is_an_error_that_keeps_state() -> None:
     s = _published_on_gamma_2()
     d, s2 = tick(s, T0 + 30.0, make_curve(), ON2)  # only gamma 0
-    assert (d.state, d.enabled, d.num_speculative_tokens) == (TargetState.ERROR, True, 2)
+    assert (d.state, d.enabled, d.num_speculative_tokens) == (DataState.ERROR, True, 2)
     assert "no predicted speedup for any gamma in 1..8" in d.reason
     assert s2.published == s.published
 

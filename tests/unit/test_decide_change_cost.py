@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from policies.decide.change_cost import change_cost_of, inflight_work_s, queued_work_s
 from policies.decide.probe import Remembered, probe_for
-from policies.decide.rule import DecideConfig, DecideInputs, DecideState, Planned, Probe, decide
-from policies.types import CurvePoint, Evidence, TargetState
+from policies.decide.rule import DecideConfig, DecideInputs, DecideState, HorizonCurve, Probe, decide
+from policies.types import CurvePoint, DataState, Evidence
 
 
 def _curve(*speedups: float) -> tuple[CurvePoint, ...]:
@@ -21,7 +21,7 @@ def _evidence(**fields: float | None) -> Evidence:
     base: dict[str, float | None] = {"batch": 32.0, "waiting": 0.0, "generation_tokens_per_s": 1600.0,
                                      "prompt_tokens_per_s": 3200.0, "context_tokens_per_seq": 640.0}
     base.update(fields)
-    return Evidence(target="t", model="m", at_s=0.0, state=TargetState.OK, speculation_on=True, deployed_k=3,
+    return Evidence(target="t", model="m", at_s=0.0, state=DataState.OK, speculation_on=True, deployed_k=3,
                     acceptance=None, batch=base["batch"] or 0.0, waiting=base["waiting"] or 0.0,
                     generation_tokens_per_s=base["generation_tokens_per_s"],
                     prompt_tokens_per_s=base["prompt_tokens_per_s"],
@@ -178,7 +178,7 @@ def _planned_switch_time(gain_s1: float, *, cost_scale: float, from_s: float = 1
     for tick in range(0, 120):
         now = 1000.0 + 5.0 * tick
         curve = steady if now < from_s else better
-        inputs = DecideInputs(plan=Planned(curve, cost_scale))
+        inputs = DecideInputs(plan=HorizonCurve(curve, cost_scale))
         decision, state = decide(_evidence(), curve, config, state, now, inputs=inputs)
         if decision.num_speculative_tokens == 1:
             return now - from_s
@@ -206,7 +206,7 @@ def test_with_a_plan_the_wait_is_todays_cost_over_todays_gain() -> None:
     # 8% = 282 s -> the 120 s dwell, not 22.56 / 0.6 = 38 s.
     config = DecideConfig(change_cost_s=20.0, payback_horizon_s=600.0, dwell_s=120.0, confirm_s=30.0)
     today, planned = _curve(1.08, 1.0, 1.0), _curve(1.6, 1.0, 1.0)
-    inputs = DecideInputs(plan=Planned(planned, 0.1))
+    inputs = DecideInputs(plan=HorizonCurve(planned, 0.1))
     _, state = decide(_evidence(), today, config, DecideState(), 1000.0, inputs=inputs)
     decision, state = decide(_evidence(), today, config, state, 1040.0, inputs=inputs)
     assert decision.num_speculative_tokens == 3 and "wait 120s (cost today 22.6s / gain now +8.0%" in decision.reason

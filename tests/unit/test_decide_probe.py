@@ -5,7 +5,7 @@ from __future__ import annotations
 from decide_builders import T0, make_curve, make_evidence
 
 from policies.decide.rule import DecideConfig, DecideInputs, DecideState, Probe, decide
-from policies.types import TargetState
+from policies.types import DataState
 
 CONFIG = DecideConfig(margin=0.05, dwell_s=120.0, gamma_max=8, change_cost_s=20.0, probe_timeout_s=600.0,
                       probe_backoff_s=1800.0)
@@ -36,7 +36,7 @@ def test_a_probe_publishes_at_once_when_the_last_change_is_a_dwell_old() -> None
 def test_a_held_probe_survives_bad_data_and_is_given_up_after_the_timeout_then_backs_off() -> None:
     off = make_evidence(speculation_on=False, deployed_k=0, acceptance=None)
     _, state = decide(off, OFF_CURVE, CONFIG, _off_state(T0), T0 + 300.0, inputs=DecideInputs(probe=PROBE))
-    stale = make_evidence(speculation_on=False, deployed_k=0, acceptance=None, state=TargetState.STALE,
+    stale = make_evidence(speculation_on=False, deployed_k=0, acceptance=None, state=DataState.STALE,
                           reason="503")
     held, kept = decide(stale, (), CONFIG, state, T0 + 320.0)
     assert held.enabled and kept.probe_since_s == T0 + 300.0

@@ -18,7 +18,7 @@ from estimate_builders import (
 
 from policies.estimate.intervals import wilson_interval
 from policies.estimate.window import EstimatorConfig, EstimatorState, estimate, observe
-from policies.types import EngineSnapshot, Evidence, GpuSnapshot, TargetState
+from policies.types import DataState, EngineSnapshot, Evidence, GpuSnapshot
 
 CONFIG = EstimatorConfig()  # window 60 s, min 200 drafts, z 1.96, stale after 30 s
 T0 = FIXTURE_TAKEN_AT_S
@@ -76,7 +76,7 @@ def test_cold_start_uses_lifetime_counters_of_the_real_capture() -> None:
     assert acceptance.window_s == pytest.approx(100.0)
     assert evidence.window_s == pytest.approx(100.0)
     # 540 drafts >= 200 needed
-    assert evidence.state is TargetState.OK
+    assert evidence.state is DataState.OK
     assert evidence.speculation_on is True
     assert evidence.deployed_k == 3
     assert evidence.model == "tiny"
@@ -109,7 +109,7 @@ def test_cold_start_without_created_s_still_measures_acceptance_but_not_rates() 
     assert evidence.acceptance.per_position[0] == pytest.approx(515 / 540)
     assert evidence.acceptance.window_s == 0.0
     assert evidence.generation_tokens_per_s is None
-    assert evidence.state is TargetState.OK
+    assert evidence.state is DataState.OK
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -131,7 +131,7 @@ def test_windowed_deltas_between_oldest_and_newest_snapshot() -> None:
     assert acceptance.mean_proposed_length == pytest.approx(800 / 300)
     assert acceptance.window_s == pytest.approx(30.0)
     assert evidence.window_s == pytest.approx(30.0)
-    assert evidence.state is TargetState.OK
+    assert evidence.state is DataState.OK
     assert "cold start" not in evidence.reason
 
 
@@ -303,7 +303,7 @@ def test_speculation_turned_off_reports_ok_without_acceptance() -> None:
     assert state.snapshots == (off,)
     evidence = estimate(state, target=TARGET, config=CONFIG, now_s=T0 + 15.0)
     # Speculation off is not an error: OK, nothing measured, the decision layer handles it.
-    assert evidence.state is TargetState.OK
+    assert evidence.state is DataState.OK
     assert evidence.speculation_on is False
     assert evidence.deployed_k == 0
     assert evidence.acceptance is None
@@ -425,7 +425,7 @@ def test_fewer_drafts_than_needed_is_insufficient_data_but_still_filled() -> Non
         num_requests_running=4.0,
     )
     evidence = run([base, later])
-    assert evidence.state is TargetState.INSUFFICIENT_DATA
+    assert evidence.state is DataState.INSUFFICIENT_DATA
     # 150 drafts < 200 needed; the reason names both numbers.
     assert "150" in evidence.reason
     assert "200" in evidence.reason
@@ -440,7 +440,7 @@ def test_idle_window_with_no_drafts_is_insufficient_data_without_acceptance() ->
     base = make_snapshot()
     idle = advance(base, dt_s=60.0)  # a full window without a draft
     evidence = run([base, idle])
-    assert evidence.state is TargetState.INSUFFICIENT_DATA
+    assert evidence.state is DataState.INSUFFICIENT_DATA
     assert evidence.acceptance is None
     assert "0 drafts" in evidence.reason
 
@@ -448,9 +448,9 @@ def test_idle_window_with_no_drafts_is_insufficient_data_without_acceptance() ->
 def test_min_drafts_is_configurable() -> None:
     # 300 drafts in the 30 s window: OK at the default 200, insufficient at 500 (with a 30 s window, so the
     # window is full and the lifetime's 840 drafts are not a cold-start fallback).
-    assert run(a_window()).state is TargetState.OK
+    assert run(a_window()).state is DataState.OK
     full = EstimatorConfig(min_drafts=500, window_s=30.0)
-    assert run(a_window(), config=full).state is TargetState.INSUFFICIENT_DATA
+    assert run(a_window(), config=full).state is DataState.INSUFFICIENT_DATA
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -467,7 +467,7 @@ def test_second_scrape_after_a_cold_start_stays_on_the_lifetime_counts() -> None
     evidence = run([cold, second])
     acceptance = evidence.acceptance
     assert acceptance is not None
-    assert evidence.state is TargetState.OK
+    assert evidence.state is DataState.OK
     assert acceptance.cold_start is True
     # Lifetime counts: drafts 540 + 20 = 560; r = (515 + 20, 465 + 18, 435 + 17) / 560 = (535, 483, 452) / 560.
     assert acceptance.drafts == 560
@@ -492,13 +492,13 @@ def test_the_cold_start_ends_when_the_window_spans_window_s() -> None:
     # 540 + 110 = 650 drafts, OK.
     at_55 = run(snapshots[:12])
     assert at_55.acceptance is not None and at_55.acceptance.cold_start is True
-    assert at_55.acceptance.drafts == 650 and at_55.state is TargetState.OK
+    assert at_55.acceptance.drafts == 650 and at_55.state is DataState.OK
     # At 60 s the window spans window_s and is judged on its own: 12 x 10 = 120 < 200 drafts -> insufficient.
     at_60 = run(snapshots)
     assert at_60.acceptance is not None and at_60.acceptance.cold_start is False
     assert at_60.acceptance.drafts == 120
     assert at_60.acceptance.per_position[0] == pytest.approx(8 / 10)  # 12 x 8 / 120
-    assert at_60.state is TargetState.INSUFFICIENT_DATA
+    assert at_60.state is DataState.INSUFFICIENT_DATA
 
 
 def test_a_thin_lifetime_is_still_insufficient_data_flagged_cold_start() -> None:
@@ -509,7 +509,7 @@ def test_a_thin_lifetime_is_still_insufficient_data_flagged_cold_start() -> None
     )
     second = advance(cold, dt_s=5.0, drafts=10, draft_tokens=30, accepted=18, per_position=(8, 6, 4))
     evidence = run([cold, second])
-    assert evidence.state is TargetState.INSUFFICIENT_DATA
+    assert evidence.state is DataState.INSUFFICIENT_DATA
     assert evidence.acceptance is not None and evidence.acceptance.cold_start is True
     # 50 + 10 = 60 lifetime drafts < 200, named with the 15 s since created_s.
     assert "60 drafts in 15s, need 200" in evidence.reason
@@ -517,7 +517,7 @@ def test_a_thin_lifetime_is_still_insufficient_data_flagged_cold_start() -> None
 
 def test_no_snapshot_is_stale() -> None:
     evidence = estimate(EstimatorState(), target=TARGET, config=CONFIG, now_s=T0)
-    assert evidence.state is TargetState.STALE
+    assert evidence.state is DataState.STALE
     assert evidence.acceptance is None
     assert evidence.at_s == T0
     assert "no snapshot" in evidence.reason
@@ -526,7 +526,7 @@ def test_no_snapshot_is_stale() -> None:
 def test_old_newest_snapshot_is_stale_and_names_its_age() -> None:
     # Newest scrape at T0 + 30, judged at T0 + 75: 45 s old > 30 s allowed.
     evidence = run(a_window(), now_s=T0 + 75.0)
-    assert evidence.state is TargetState.STALE
+    assert evidence.state is DataState.STALE
     assert "45s" in evidence.reason
     # The last measurement is still reported for display.
     assert evidence.acceptance is not None
@@ -534,7 +534,7 @@ def test_old_newest_snapshot_is_stale_and_names_its_age() -> None:
 
 def test_snapshot_exactly_at_the_stale_limit_is_not_stale() -> None:
     # 30 s old with stale_after_s = 30: the limit itself is still fresh.
-    assert run(a_window(), now_s=T0 + 60.0).state is TargetState.OK
+    assert run(a_window(), now_s=T0 + 60.0).state is DataState.OK
 
 
 def test_stale_outranks_insufficient_data() -> None:
@@ -546,7 +546,7 @@ def test_stale_outranks_insufficient_data() -> None:
         ],
         now_s=T0 + 100.0,
     )
-    assert evidence.state is TargetState.STALE
+    assert evidence.state is DataState.STALE
 
 
 # ----------------------------------------------------------------------------------------------------

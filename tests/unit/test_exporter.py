@@ -11,10 +11,10 @@ from prometheus_client.parser import text_string_to_metric_families
 from policies.types import (
     AcceptanceEvidence,
     CurvePoint,
+    DataState,
     Decision,
     Evidence,
     GpuSnapshot,
-    TargetState,
     Why,
     WhyCode,
 )
@@ -32,7 +32,7 @@ def make_evidence(**overrides: object) -> Evidence:
         target="llama",
         model=MODEL,
         at_s=NOW_S,
-        state=TargetState.OK,
+        state=DataState.OK,
         speculation_on=True,
         deployed_k=3,
         acceptance=AcceptanceEvidence(
@@ -68,7 +68,7 @@ def make_decision(**overrides: object) -> Decision:
     base = Decision(
         target="llama",
         model=MODEL,
-        state=TargetState.OK,
+        state=DataState.OK,
         enabled=True,
         num_speculative_tokens=3,
         expected_speedup=1.42,
@@ -125,7 +125,7 @@ def test_calibration_error_and_objective_come_from_the_decision() -> None:
 
     # The next decision held (insufficient data: no curve, so no objective) and has no calibration point yet:
     # both series go away with the re-rendered page rather than keep the previous values.
-    held = make_decision(state=TargetState.INSUFFICIENT_DATA, objective="", calibration_error_ratio=None)
+    held = make_decision(state=DataState.INSUFFICIENT_DATA, objective="", calibration_error_ratio=None)
     board.publish("llama", evidence=make_evidence(), decision=held, good_scrape_s=NOW_S)
     names = {name for name, _ in parse(page.render())}
     assert "specadvisor_calibration_relative_error_ratio" not in names
@@ -158,7 +158,7 @@ def test_decision_causes_are_labelled_by_code_from_zero() -> None:
 def test_decision_state_is_one_hot() -> None:
     registry = build_registry(published_board(), clock=lambda: NOW_S, version="x")
     states = {s.value: registry.get_sample_value("specadvisor_decision_state", {**IDS, "state": s.value})
-              for s in TargetState}
+              for s in DataState}
     assert states == {"ok": 1.0, "insufficient_data": 0.0, "stale": 0.0, "error": 0.0}
 
 
@@ -242,7 +242,7 @@ def test_a_target_never_scraped_exports_no_recommendation_values() -> None:
     # The loop publishes a decision on every tick, even when the scrape failed: before any good scrape that
     # decision is defaults (off, gamma 0, speedup 1.0) that must not read as "turn it off".
     board = Board([("llama", MODEL)], started_at_s=NOW_S)
-    never = make_decision(state=TargetState.ERROR, enabled=False, num_speculative_tokens=0, expected_speedup=1.0)
+    never = make_decision(state=DataState.ERROR, enabled=False, num_speculative_tokens=0, expected_speedup=1.0)
     board.publish("llama", evidence=make_evidence(model=""), decision=never, good_scrape_s=None)
     registry = build_registry(board, clock=lambda: NOW_S, version="x")
     value = registry.get_sample_value

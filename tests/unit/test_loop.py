@@ -15,7 +15,7 @@ from policies.decide.rule import DecideConfig
 from policies.estimate.window import EstimatorConfig
 from policies.model.costmodel import ModelContext
 from policies.model.profiles import drafter_for, hardware_by_name, model_by_name
-from policies.types import DraftMethod, EngineSnapshot, GpuSnapshot, TargetState
+from policies.types import DataState, DraftMethod, EngineSnapshot, GpuSnapshot
 from service.board import INTERNAL_ERROR_REASON, Board
 from service.loop import (
     AdvisorLoop,
@@ -122,12 +122,12 @@ def test_good_scrapes_publish_evidence_and_decision() -> None:
     assert status is not None and status.evidence is not None and status.decision is not None
     assert scraper.calls == [T0, T0 + INTERVAL_S]
     assert status.last_good_scrape_s == T0 + INTERVAL_S
-    assert status.evidence.state is TargetState.OK
+    assert status.evidence.state is DataState.OK
     assert status.evidence.model == "tiny"
     # Window delta: 600 accepted over 400 drafts -> E[L] = 1 + 600/400 = 2.5.
     assert status.evidence.acceptance is not None
     assert status.evidence.acceptance.mean_acceptance_length == pytest.approx(2.5)
-    assert status.decision.state is TargetState.OK
+    assert status.decision.state is DataState.OK
     # First decision: the deployment that runs (n-gram on, k=3) is the baseline; the curve is published with it.
     assert (status.decision.enabled, status.decision.num_speculative_tokens) == (True, 3)
     assert [p.gamma for p in status.decision.curve] == list(range(DECIDE.gamma_max + 1))
@@ -146,9 +146,9 @@ def test_failed_scrape_keeps_last_recommendation_as_stale_then_error() -> None:
     run(loop.run_once(T0 + INTERVAL_S))  # 5 s after the last good scrape: within stale_after_s (30 s)
     stale = board.get("a")
     assert stale is not None and stale.decision is not None and stale.evidence is not None
-    assert stale.evidence.state is TargetState.STALE
+    assert stale.evidence.state is DataState.STALE
     assert "timeout" in stale.evidence.reason
-    assert stale.decision.state is TargetState.STALE
+    assert stale.decision.state is DataState.STALE
     assert (stale.decision.enabled, stale.decision.num_speculative_tokens) == (
         good.decision.enabled,
         good.decision.num_speculative_tokens,
@@ -159,7 +159,7 @@ def test_failed_scrape_keeps_last_recommendation_as_stale_then_error() -> None:
     run(loop.run_once(T0 + 40.0))  # 40 s > stale_after_s: the data is too old to call stale
     broken = board.get("a")
     assert broken is not None and broken.decision is not None
-    assert broken.decision.state is TargetState.ERROR
+    assert broken.decision.state is DataState.ERROR
     assert broken.decision.enabled == good.decision.enabled
     assert dict(broken.scrape_errors) == {"timeout": 2}
     assert broken.last_error is not None and broken.last_error.startswith("timeout")
@@ -172,7 +172,7 @@ def test_never_scraped_target_is_an_error_and_counts_reasons() -> None:
     run(loop.run_once(T0 + INTERVAL_S))
     status = board.get("a")
     assert status is not None and status.decision is not None
-    assert status.decision.state is TargetState.ERROR
+    assert status.decision.state is DataState.ERROR
     assert status.last_good_scrape_s is None
     assert dict(status.scrape_errors) == {"connect": 2}
     assert not board.is_ready()
@@ -190,7 +190,7 @@ def test_bug_in_one_target_does_not_stop_the_others(caplog: pytest.LogCaptureFix
     failed = board.get("broken")
     assert failed is not None and failed.decision is not None
     assert dict(failed.scrape_errors) == {INTERNAL_ERROR_REASON: 1}
-    assert failed.decision.state is TargetState.ERROR  # last recommendation kept, marked
+    assert failed.decision.state is DataState.ERROR  # last recommendation kept, marked
     # ... and its sentence and causes say so, not the ok decision's (the setting kept is the one published).
     assert [why.code.value for why in failed.decision.why] == ["error"]
     assert failed.decision.summary.startswith("Keeping the last advice, speculation on, k=")
@@ -228,9 +228,9 @@ def test_unknown_model_profile_is_an_error_with_its_reason() -> None:
     run(loop.run_once(T0))
     status = board.get("a")
     assert status is not None and status.evidence is not None and status.decision is not None
-    assert status.evidence.state is TargetState.ERROR
+    assert status.evidence.state is DataState.ERROR
     assert "not in the catalog" in status.evidence.reason
-    assert status.decision.state is TargetState.ERROR
+    assert status.decision.state is DataState.ERROR
     assert status.decision.curve == ()
     assert status.last_good_scrape_s == T0  # the scrape itself was fine
 
@@ -395,7 +395,7 @@ def test_the_second_scrape_after_a_cold_start_keeps_the_recommendation_ok() -> N
     run(loop.run_once(T0 + INTERVAL_S))
     status = board.get("a")
     assert status is not None and status.evidence is not None and status.decision is not None
-    assert status.evidence.state is TargetState.OK and status.decision.state is TargetState.OK
+    assert status.evidence.state is DataState.OK and status.decision.state is DataState.OK
     assert status.evidence.acceptance is not None and status.evidence.acceptance.cold_start is True
     assert status.evidence.acceptance.drafts == 560  # 540 + 20, lifetime
 
@@ -410,7 +410,7 @@ def test_a_held_decision_does_not_blame_the_model() -> None:
     run(loop.run_once(T0))
     status = board.get("a")
     assert status is not None and status.decision is not None
-    assert status.decision.state is TargetState.INSUFFICIENT_DATA
+    assert status.decision.state is DataState.INSUFFICIENT_DATA
     assert status.decision.calibration_error_ratio is not None  # the fit ran and is published
     assert "calibration" not in status.decision.reason
     assert "100 drafts" in status.decision.reason

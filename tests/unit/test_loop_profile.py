@@ -16,7 +16,7 @@ from test_loop import (
 )
 
 from policies.model.measured_profile import MeasuredProfile, ProfileIdentity, ProfilePoint
-from policies.types import TargetState
+from policies.types import DataState
 from service.board import Board
 from service.http.whatif import _live_schedule, live_targets_from_board
 from service.loop import AdvisorLoop, LoadedProfile, LoopWiring, TargetSpec
@@ -60,7 +60,7 @@ def test_a_matching_profile_calibrates_from_the_first_tick() -> None:
     run(loop.run_once(T0))
     status = board.get("a")
     assert status is not None and status.evidence is not None
-    assert status.evidence.state != TargetState.ERROR
+    assert status.evidence.state != DataState.ERROR
     # The cold-start scrape has no step time of its own: the fit rests on the profile's four levels.
     assert status.calibration is not None and status.calibration.points == len(POINTS)
     assert status.calibration.error_ratio is not None and status.calibration.error_ratio < 0.15
@@ -71,10 +71,10 @@ def test_a_profile_of_another_gpu_puts_the_target_in_error_naming_it() -> None:
     run(loop.run_once(T0))
     status = board.get("a")
     assert status is not None and status.evidence is not None and status.decision is not None
-    assert status.evidence.state == TargetState.ERROR
+    assert status.evidence.state == DataState.ERROR
     assert "profile /etc/spec-advisor/profile.json" in status.evidence.reason
     assert "hardware 'cpu', but the target uses 'h100-sxm'" in status.evidence.reason
-    assert status.decision.state == TargetState.ERROR
+    assert status.decision.state == DataState.ERROR
 
 
 def test_a_profile_past_its_age_limit_puts_the_target_in_error_until_measured_again() -> None:
@@ -82,7 +82,7 @@ def test_a_profile_past_its_age_limit_puts_the_target_in_error_until_measured_ag
     run(loop.run_once(T0))
     status = board.get("a")
     assert status is not None and status.evidence is not None
-    assert status.evidence.state == TargetState.ERROR
+    assert status.evidence.state == DataState.ERROR
     assert "40.0 days old, past the 30.0-day limit" in status.evidence.reason
 
 
@@ -90,11 +90,11 @@ def test_a_profile_ages_out_while_the_sidecar_runs() -> None:
     loop, board = _loop(_profile(created_at_s=T0 - 29.99 * DAY_S), FakeScraper(FIRST, FIRST))
     run(loop.run_once(T0))
     status = board.get("a")
-    assert status is not None and status.evidence is not None and status.evidence.state != TargetState.ERROR
+    assert status is not None and status.evidence is not None and status.evidence.state != DataState.ERROR
     run(loop.run_once(T0 + DAY_S))
     status = board.get("a")
     assert status is not None and status.evidence is not None
-    assert status.evidence.state == TargetState.ERROR and "days old" in status.evidence.reason
+    assert status.evidence.state == DataState.ERROR and "days old" in status.evidence.reason
 
 
 def test_the_schedule_endpoint_plans_nothing_from_a_target_whose_profile_aged_out() -> None:
@@ -103,5 +103,5 @@ def test_the_schedule_endpoint_plans_nothing_from_a_target_whose_profile_aged_ou
     # The loop's resolved profiles are still at hand (what /v1/schedule prices with): they must not be used.
     [target] = live_targets_from_board(board, context_for=lambda _name: context())()
     schedule = _live_schedule(target, max_num_seqs=64, context_tokens=None, margin=0.05, gamma_max=4)
-    assert schedule.state == TargetState.ERROR and "days old" in schedule.reason
+    assert schedule.state == DataState.ERROR and "days old" in schedule.reason
     assert schedule.bands == [] and schedule.vllm is None and schedule.speculation_useful is None

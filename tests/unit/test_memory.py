@@ -17,7 +17,7 @@ from policies.estimate.memory import (
     recall,
     remember,
 )
-from policies.types import TargetState
+from policies.types import DataState
 
 NOW = 1_800_000_000.0
 CONFIG = MemoryConfig()  # half-life 1800 s, cap 2000, floor 30, max age 6 h, min drafts 200, z 1.96
@@ -63,8 +63,8 @@ def test_ok_evidence_while_speculating_is_remembered_with_its_counts_k_and_time(
 @pytest.mark.parametrize(
     "overrides",
     [
-        {"state": TargetState.INSUFFICIENT_DATA},
-        {"state": TargetState.STALE},
+        {"state": DataState.INSUFFICIENT_DATA},
+        {"state": DataState.STALE},
         {"speculation_on": False, "deployed_k": 0, "acceptance": None},
         {"acceptance": make_acceptance((0.8, 0.6, 0.45), drafts=150.0)},  # 150 < min_drafts 200
     ],

@@ -7,17 +7,17 @@ import math
 import pytest
 
 from policies.decide.horizon import (
-    PlanState,
-    PlanTick,
+    HorizonState,
+    HorizonTick,
     cost_scale,
+    horizon_curve,
     observe,
-    plan_curve,
     planned_rate,
     queue_cost_s,
     queue_weight,
 )
-from policies.decide.rule import DecideConfig, DecideInputs, DecideState, Planned, decide
-from policies.types import CurvePoint, Evidence, TargetState
+from policies.decide.rule import DecideConfig, DecideInputs, DecideState, HorizonCurve, decide
+from policies.types import CurvePoint, DataState, Evidence
 
 T0 = 1_800_000_000.0
 
@@ -32,7 +32,7 @@ def _curve(*speedups: float, band: float = 0.0) -> tuple[CurvePoint, ...]:
 
 def test_a_tick_adds_the_value_of_each_gamma_in_tokens_per_second() -> None:
     state = observe(
-        PlanState(), PlanTick(_curve(1.46, 1.60, 1.70), running_gamma=3, value_rate=300.0, capacity_bound=False),
+        HorizonState(), HorizonTick(_curve(1.46, 1.60, 1.70), running_gamma=3, value_rate=300.0, capacity_bound=False),
         now_s=T0, tau_s=600.0,
     )
     # V_t(g) = 300 x S(g) / S(3).
@@ -43,11 +43,11 @@ def test_a_tick_adds_the_value_of_each_gamma_in_tokens_per_second() -> None:
 
 def test_old_ticks_fade_with_the_horizon() -> None:
     light = observe(
-        PlanState(), PlanTick(_curve(1.0), running_gamma=1, value_rate=300.0, capacity_bound=False), now_s=T0,
+        HorizonState(), HorizonTick(_curve(1.0), running_gamma=1, value_rate=300.0, capacity_bound=False), now_s=T0,
         tau_s=600.0,
     )
     heavy = observe(
-        light, PlanTick(_curve(1.0), running_gamma=1, value_rate=6000.0, capacity_bound=True), now_s=T0 + 600.0,
+        light, HorizonTick(_curve(1.0), running_gamma=1, value_rate=6000.0, capacity_bound=True), now_s=T0 + 600.0,
         tau_s=600.0,
     )
     # The light tick weighs exp(-1) = 0.368 against the heavy tick's 1.
@@ -57,7 +57,7 @@ def test_old_ticks_fade_with_the_horizon() -> None:
     assert queue_weight(heavy, tau_s=600.0) == pytest.approx(1.0 - 60.0 / 600.0)
     # No rate: nothing added, the sums only fade (the mean is unchanged).
     later = observe(
-        heavy, PlanTick(_curve(1.0), running_gamma=1, value_rate=None, capacity_bound=True), now_s=T0 + 1200.0,
+        heavy, HorizonTick(_curve(1.0), running_gamma=1, value_rate=None, capacity_bound=True), now_s=T0 + 1200.0,
         tau_s=600.0,
     )
     assert later.weight == pytest.approx(heavy.weight * w)
@@ -67,11 +67,11 @@ def test_old_ticks_fade_with_the_horizon() -> None:
 def test_a_fresh_plan_does_not_take_a_short_overload_for_a_persistent_one() -> None:
     # A sidecar that starts during an overload: after 2 minutes of capacity-bound ticks the queue still mostly
     # counts (1 - (1 - e^-0.2) = 0.82); after an hour it does not (0.0025).
-    def overloaded_for(seconds: float) -> PlanState:
-        state = PlanState()
+    def overloaded_for(seconds: float) -> HorizonState:
+        state = HorizonState()
         for i in range(int(seconds / 5.0) + 1):
             state = observe(
-                state, PlanTick(_curve(1.0), running_gamma=1, value_rate=6000.0, capacity_bound=True),
+                state, HorizonTick(_curve(1.0), running_gamma=1, value_rate=6000.0, capacity_bound=True),
                 now_s=T0 + 5.0 * i, tau_s=600.0,
             )
         return state
@@ -82,11 +82,11 @@ def test_a_fresh_plan_does_not_take_a_short_overload_for_a_persistent_one() -> N
 
 
 def test_a_queue_costs_no_more_than_the_horizon_can_serve_of_it() -> None:
-    state = PlanState()
+    state = HorizonState()
     for i in range(25):  # 120 s capacity-bound: the queue counts at ~0.82
         state = observe(
-            state, PlanTick(_curve(1.0), running_gamma=1, value_rate=6000.0, capacity_bound=True), now_s=T0 + 5.0 * i,
-            tau_s=600.0,
+            state, HorizonTick(_curve(1.0), running_gamma=1, value_rate=6000.0, capacity_bound=True),
+            now_s=T0 + 5.0 * i, tau_s=600.0,
         )
     weight = queue_weight(state, tau_s=600.0)
     assert 0.75 < weight < 0.9
@@ -104,37 +104,39 @@ def test_a_queue_costs_no_more_than_the_horizon_can_serve_of_it() -> None:
 
 def test_a_broken_curve_point_teaches_the_plan_nothing() -> None:
     state = observe(
-        PlanState(), PlanTick(_curve(1.2), running_gamma=1, value_rate=300.0, capacity_bound=False), now_s=T0,
+        HorizonState(), HorizonTick(_curve(1.2), running_gamma=1, value_rate=300.0, capacity_bound=False), now_s=T0,
         tau_s=600.0,
     )
     broken = _curve(float("nan"))
     after = observe(
-        state, PlanTick(broken, running_gamma=1, value_rate=300.0, capacity_bound=False), now_s=T0 + 5.0, tau_s=600.0,
+        state, HorizonTick(broken, running_gamma=1, value_rate=300.0, capacity_bound=False), now_s=T0 + 5.0,
+        tau_s=600.0,
     )
     assert after.weight == pytest.approx(state.weight * math.exp(-5.0 / 600.0))
     assert planned_rate(after, 1) == pytest.approx(300.0)
-    assert plan_curve(after, _curve(1.2)) is not None
+    assert horizon_curve(after, _curve(1.2)) is not None
 
 
 def test_the_plan_curve_is_the_mean_value_over_plain_decoding_with_this_ticks_band() -> None:
-    state = PlanState(values=(2800.0, 3050.0, 3000.0, 2900.0), weight=1.0, at_s=T0)
+    state = HorizonState(values=(2800.0, 3050.0, 3000.0, 2900.0), weight=1.0, at_s=T0)
     curve = _curve(1.46, 1.60, 1.70, band=0.06)
-    planned = plan_curve(state, curve)
+    planned = horizon_curve(state, curve)
     assert planned is not None
     assert [p.speedup for p in planned] == pytest.approx([1.0, 3050 / 2800, 3000 / 2800, 2900 / 2800])
     assert planned[1].speedup_low == pytest.approx(3050 / 2800 * 1.40 / 1.46)
     assert planned[1].speedup_high == pytest.approx(3050 / 2800 * 1.52 / 1.46)
     # Nothing to plan on: no plan, or a curve of another length (the deployed k moved past gamma_max).
-    assert plan_curve(PlanState(), curve) is None
-    assert plan_curve(state, curve[:3]) is None
+    assert horizon_curve(HorizonState(), curve) is None
+    assert horizon_curve(state, curve[:3]) is None
     restarted = observe(
-        state, PlanTick(curve[:3], running_gamma=1, value_rate=100.0, capacity_bound=False), now_s=T0 + 5, tau_s=600.0,
+        state, HorizonTick(curve[:3], running_gamma=1, value_rate=100.0, capacity_bound=False), now_s=T0 + 5,
+        tau_s=600.0,
     )
     assert restarted.weight == 1.0 and len(restarted.values) == 3
 
 
 def _evidence() -> Evidence:
-    return Evidence(target="t", model="m", at_s=0.0, state=TargetState.OK, speculation_on=True, deployed_k=3,
+    return Evidence(target="t", model="m", at_s=0.0, state=DataState.OK, speculation_on=True, deployed_k=3,
                     acceptance=None, batch=2.0, waiting=0.0, generation_tokens_per_s=300.0,
                     prompt_tokens_per_s=600.0, context_tokens_per_seq=600.0)
 
@@ -148,7 +150,7 @@ def _published_after_a_dwell(cost_scale: float) -> tuple[bool, int, float, str]:
     state = DecideState()
     decision = None
     for t in (0.0, 5.0, 130.0):
-        inputs = DecideInputs(plan=Planned(plan, cost_scale))
+        inputs = DecideInputs(plan=HorizonCurve(plan, cost_scale))
         decision, state = decide(_evidence(), curve, config, state, T0 + t, inputs=inputs)
     assert decision is not None
     return decision.enabled, decision.num_speculative_tokens, decision.expected_speedup, decision.reason
@@ -180,19 +182,21 @@ def _slo_curve(s3: float, share0: float, share3: float) -> tuple[CurvePoint, ...
 def _verdicts(curve: tuple[CurvePoint, ...], *, planned: bool) -> list[tuple[bool, int]]:
     config = DecideConfig(change_cost_s=20.0, payback_horizon_s=600.0)
     evidence = _evidence()
-    state, plan, out = DecideState(), PlanState(), []
+    state, plan, out = DecideState(), HorizonState(), []
     for t in (0.0, 5.0, 130.0):
         inputs = DecideInputs()
         if planned:
             # As advise_target does: the value rate is G x share(running); the cost scale G / V(running).
             plan = observe(
                 plan,
-                PlanTick(curve, running_gamma=3, value_rate=300.0 * (curve[3].slo_share or 1.0), capacity_bound=False),
+                HorizonTick(
+                    curve, running_gamma=3, value_rate=300.0 * (curve[3].slo_share or 1.0), capacity_bound=False
+                ),
                 now_s=T0 + t, tau_s=600.0,
             )
-            planned_curve = plan_curve(plan, curve)
+            planned_curve = horizon_curve(plan, curve)
             scale = cost_scale(plan, running_gamma=3, delivered_rate=300.0) or 1.0
-            inputs = DecideInputs(plan=Planned(planned_curve, scale)) if planned_curve is not None else inputs
+            inputs = DecideInputs(plan=HorizonCurve(planned_curve, scale)) if planned_curve is not None else inputs
         decision, state = decide(evidence, curve, config, state, T0 + t, inputs=inputs)
         out.append((decision.enabled, decision.num_speculative_tokens))
     return out
@@ -210,14 +214,14 @@ def test_the_cost_scale_is_todays_delivered_rate_over_the_planned_value() -> Non
     # a restart's cost is in delivered tokens: scale 300 / 90 = 1 / 0.3.
     curve = _slo_curve(0.5, 0.6, 0.3)
     plan = observe(
-        PlanState(), PlanTick(curve, running_gamma=3, value_rate=300.0 * 0.3, capacity_bound=False), now_s=T0,
+        HorizonState(), HorizonTick(curve, running_gamma=3, value_rate=300.0 * 0.3, capacity_bound=False), now_s=T0,
         tau_s=600.0,
     )
     assert cost_scale(plan, running_gamma=3, delivered_rate=300.0) == pytest.approx(1 / 0.3)
     # Light now (300 tokens/s) after a heavy spell planned at ~3400: a tenth of today's cost.
-    mixed = PlanState(values=(3000.0, 3100.0, 3200.0, 3400.0), weight=1.0, at_s=T0)
+    mixed = HorizonState(values=(3000.0, 3100.0, 3200.0, 3400.0), weight=1.0, at_s=T0)
     assert cost_scale(mixed, running_gamma=3, delivered_rate=300.0) == pytest.approx(300 / 3400)
-    assert cost_scale(PlanState(), running_gamma=3, delivered_rate=300.0) is None
+    assert cost_scale(HorizonState(), running_gamma=3, delivered_rate=300.0) is None
     assert cost_scale(mixed, running_gamma=3, delivered_rate=None) is None
 
 

@@ -17,9 +17,9 @@ from policies.offline.schedule import (
     BatchSchedule,
     ScheduleAsk,
     ScheduleBand,
-    SchedulePlan,
+    ScheduleInputs,
     best_choice,
-    plan_from_evidence,
+    inputs_from_evidence,
     schedule_for,
     trtllm_schedule,
     vllm_bands,
@@ -37,9 +37,9 @@ def make_plan(
     max_num_seqs: int = 300,
     context_tokens: float = 512.0,
     margin: float = 0.0,
-) -> SchedulePlan:
+) -> ScheduleInputs:
     evidence = acceptance_evidence(positions) if positions is not None else None
-    return SchedulePlan(
+    return ScheduleInputs(
         ctx=make_context(method=method),
         acceptance=acceptance_curve(evidence, method=method, gamma_max=gamma_max),
         max_num_seqs=max_num_seqs,
@@ -141,7 +141,7 @@ def test_vllm_fragment_has_the_documented_shape() -> None:
     assert config["num_speculative_tokens"] == max(k for _, _, k in vllm_bands(schedule))
 
 
-def synthetic(plan: SchedulePlan, bands: list[tuple[int, int, int]]) -> BatchSchedule:
+def synthetic(plan: ScheduleInputs, bands: list[tuple[int, int, int]]) -> BatchSchedule:
     return BatchSchedule(
         bands=tuple(ScheduleBand(lo, hi, k, 1.5, 1.2, extrapolated=False) for lo, hi, k in bands),
         max_num_seqs=bands[-1][1], gamma_max=6, context_tokens=plan.context_tokens, margin=0.0,
@@ -192,20 +192,21 @@ def test_plan_from_evidence_uses_its_acceptance_the_given_calibration_and_contex
     evidence = make_evidence(batch=12.0, step_time_s=0.012, context_tokens_per_seq=700.0)
     ctx = make_context()
     fitted = CostScales(memory=1.3, per_token=0.5)  # what the online fit found (carried on the board)
-    plan = plan_from_evidence(evidence, ctx, ScheduleAsk(max_num_seqs=128, gamma_max=5), scales=fitted)
+    plan = inputs_from_evidence(evidence, ctx, ScheduleAsk(max_num_seqs=128, gamma_max=5), scales=fitted)
     # E[L](3) = 1 + 0.78 + 0.58 + 0.43 = 2.79, read off the measured positions.
     assert plan.acceptance[3].expected_length == pytest.approx(2.79)
     # The one calibration: the scales given, not a refit of this window's step time.
     assert plan.scales == fitted
     assert plan.context_tokens == 700.0
     ask = ScheduleAsk(max_num_seqs=128, gamma_max=5, context_tokens=64.0)
-    again = plan_from_evidence(evidence, ctx, ask, scales=fitted)
+    again = inputs_from_evidence(evidence, ctx, ask, scales=fitted)
     assert again.context_tokens == 64.0
     # Speculation off, nothing measured: the method's prior stands in and every K is extrapolated.
-    prior = plan_from_evidence(make_off_evidence(), ctx, ScheduleAsk(max_num_seqs=64, gamma_max=4), scales=CostScales())
+    ask = ScheduleAsk(max_num_seqs=64, gamma_max=4)
+    prior = inputs_from_evidence(make_off_evidence(), ctx, ask, scales=CostScales())
     assert all(point.extrapolated for point in prior.acceptance[1:])
     with pytest.raises(ValueError, match="gamma_max"):
-        plan_from_evidence(evidence, ctx, ScheduleAsk(max_num_seqs=64, gamma_max=0), scales=fitted)
+        inputs_from_evidence(evidence, ctx, ScheduleAsk(max_num_seqs=64, gamma_max=0), scales=fitted)
 
 
 def test_the_schedule_and_the_recommendation_price_the_running_batch_alike() -> None:
@@ -217,7 +218,7 @@ def test_the_schedule_and_the_recommendation_price_the_running_batch_alike() -> 
                            evidence.at_s)
     assert advice.calibration is not None and advice.decision.objective == "latency"
     ask = ScheduleAsk(max_num_seqs=64, gamma_max=5)
-    plan = plan_from_evidence(evidence, ctx, ask, scales=advice.calibration.scales)
+    plan = inputs_from_evidence(evidence, ctx, ask, scales=advice.calibration.scales)
     priced, _ = curve_for(
         plan.ctx, plan.acceptance,
         Shape(batch=12.0, context_tokens=plan.context_tokens, prefill_tokens=plan.prefill_tokens), scales=plan.scales,

@@ -13,7 +13,7 @@ from test_decide import BAD, BAND, CFG, COST, GOOD, OFF, ON2, ON3, tick
 
 from policies.decide.rule import DecideInputs, DecideState, Probe, decide, held
 from policies.decide.summary import MAX_SUMMARY_CHARS, summarize
-from policies.types import Decision, TargetState, WhyCode
+from policies.types import DataState, Decision, WhyCode
 
 
 def _codes(decision: Decision) -> list[WhyCode]:
@@ -81,14 +81,14 @@ def test_a_turn_off_kept_measuring_says_so() -> None:
 
 def test_bad_data_keeps_the_last_advice_and_says_so() -> None:
     _, s = tick(DecideState(), T0, GOOD)
-    stale = replace(OFF, state=TargetState.STALE, reason="HTTP 503")
+    stale = replace(OFF, state=DataState.STALE, reason="HTTP 503")
     d, _ = decide(stale, (), CFG, s, T0 + 12.0)
     assert d.summary == (
         "Keeping the last advice, speculation off, from 12 s ago: no fresh scrape (the last one failed, or the data is "
         "old)."
     )
     assert _codes(d) == [WhyCode.STALE]
-    thin = make_evidence(speculation_on=True, deployed_k=3, acceptance=None, state=TargetState.INSUFFICIENT_DATA)
+    thin = make_evidence(speculation_on=True, deployed_k=3, acceptance=None, state=DataState.INSUFFICIENT_DATA)
     first, _ = decide(thin, (), CFG, DecideState(), T0)
     # Nothing published yet: the sentence does not name a deployment it may never have read.
     assert first.summary == "No advice yet: too few drafts measured in the window yet."
@@ -144,7 +144,7 @@ def test_a_long_sentence_is_cut_to_the_limit() -> None:
 def test_an_internal_error_keeps_the_setting_and_says_so() -> None:
     _, s = tick(DecideState(), T0, GOOD)
     assert s.published is not None
-    d = held(s.published, kind=TargetState.ERROR, reason="internal error: ValueError: x", age_s=40.0)
-    assert (d.state, d.enabled, d.reason) == (TargetState.ERROR, False, "internal error: ValueError: x")
+    d = held(s.published, kind=DataState.ERROR, reason="internal error: ValueError: x", age_s=40.0)
+    assert (d.state, d.enabled, d.reason) == (DataState.ERROR, False, "internal error: ValueError: x")
     assert _codes(d) == [WhyCode.ERROR]
     assert d.summary == "Keeping the last advice, speculation off, from 40 s ago: the server cannot be read or priced."

@@ -6,8 +6,8 @@ from dataclasses import replace
 
 from costmodel_builders import make_evidence, make_off_evidence
 
-from policies.types import Decision, TargetState
-from service.board import TargetStatus
+from policies.types import DataState, Decision
+from service.board import BoardEntry
 from service.cli.view import render
 
 NOW = 1_800_000_000.0
@@ -25,20 +25,20 @@ LONG_REASON = "; ".join(
 
 def _decision(**overrides: object) -> Decision:
     base = Decision(
-        target="sim", model="demo", state=TargetState.OK, enabled=True, num_speculative_tokens=3,
+        target="sim", model="demo", state=DataState.OK, enabled=True, num_speculative_tokens=3,
         expected_speedup=1.63, expected_speedup_low=1.09, expected_speedup_high=2.44, reason=LONG_REASON,
         evaluated_at_s=NOW, changed_at_s=NOW - 30.0,
     )
     return replace(base, **overrides)  # type: ignore[arg-type]
 
 
-def _screen(status: TargetStatus) -> str:
+def _screen(status: BoardEntry) -> str:
     return render([status], now_s=NOW, header=["spec-advisor demo"], color=False)
 
 
 def test_every_line_fits_120_columns_and_the_view_shows_the_sentence_not_the_arithmetic() -> None:
     sentence = "Keep speculation on, k=3: expected 1.63x (1.09-2.44x) at batch 1; no other setting does clearly better."
-    status = TargetStatus(target="sim", model="demo", evidence=make_evidence(window_s=60.0),
+    status = BoardEntry(target="sim", model="demo", evidence=make_evidence(window_s=60.0),
                           decision=_decision(summary=sentence))
     long_line = "simulated vLLM: http://127.0.0.1:40000/metrics   model demo-llama-8b on 'h100-sxm'   " * 3
     header = ["spec-advisor demo", long_line]
@@ -54,12 +54,12 @@ def test_every_line_fits_120_columns_and_the_view_shows_the_sentence_not_the_ari
 def test_warm_up_shows_the_deployment_not_a_recommendation() -> None:
     # Nothing published yet: the decision only mirrors the deployment; it must not read as a green "ON 1.00x".
     held = _decision(
-        state=TargetState.INSUFFICIENT_DATA, expected_speedup=1.0, expected_speedup_low=1.0,
+        state=DataState.INSUFFICIENT_DATA, expected_speedup=1.0, expected_speedup_low=1.0,
         expected_speedup_high=1.0, changed_at_s=None,
         reason="insufficient_data: nothing published yet, showing the current deployment (on, gamma 3)",
     )
-    thin = make_evidence(acceptance=None, state=TargetState.INSUFFICIENT_DATA, reason="40 drafts in 10s, need 200")
-    screen = _screen(TargetStatus(target="sim", model="demo", evidence=thin, decision=held))
+    thin = make_evidence(acceptance=None, state=DataState.INSUFFICIENT_DATA, reason="40 drafts in 10s, need 200")
+    screen = _screen(BoardEntry(target="sim", model="demo", evidence=thin, decision=held))
     assert "NO RECOMMENDATION YET (deployed: speculation ON, num_speculative_tokens=3)   state insufficient_data" in (
         screen
     )
@@ -69,8 +69,8 @@ def test_warm_up_shows_the_deployment_not_a_recommendation() -> None:
 
 
 def test_a_kept_recommendation_says_it_is_kept() -> None:
-    stale = _decision(state=TargetState.STALE, reason="stale: keeping on, gamma 3 from the last good decision 12s ago")
-    screen = _screen(TargetStatus(target="sim", model="demo", evidence=make_evidence(), decision=stale))
+    stale = _decision(state=DataState.STALE, reason="stale: keeping on, gamma 3 from the last good decision 12s ago")
+    screen = _screen(BoardEntry(target="sim", model="demo", evidence=make_evidence(), decision=stale))
     assert "KEEPING the last recommendation: speculation ON, num_speculative_tokens=3" in screen
     assert "state stale" in screen and "RECOMMEND:" not in screen
 
@@ -78,7 +78,7 @@ def test_a_kept_recommendation_says_it_is_kept() -> None:
 def test_off_says_where_the_acceptance_comes_from() -> None:
     off = _decision(enabled=False, num_speculative_tokens=0, expected_speedup=1.0, expected_speedup_low=1.0,
                     expected_speedup_high=1.0, reason="off: best S(3)=0.80 [0.70..0.90] at batch 200.0; stays")
-    screen = _screen(TargetStatus(target="sim", model="demo", evidence=make_off_evidence(), decision=off))
+    screen = _screen(BoardEntry(target="sim", model="demo", evidence=make_off_evidence(), decision=off))
     assert "deployed: speculation off" in screen
     assert "acceptance: not measured while speculation is off" in screen
     assert "RECOMMEND: speculation OFF" in screen
