@@ -85,7 +85,11 @@ _SELECTOR = re.compile(rf"^(?:{_MATCHER}(?:,{_MATCHER})*,?\s*)?$")
 class HardwareSpecSettings(_Section):
     """A GPU the catalog lacks, by its datasheet numbers (policies/model/profiles.py `hardware_from_spec`)."""
 
-    name: str = Field(min_length=1, max_length=64)
+    name: str = Field(
+        min_length=1, max_length=64,
+        description="What to call this hardware where the profiles in use are shown (the API's `profiles`), e.g. "
+        "'my-a10g'; any text.",
+    )
     bf16_dense_tflops: float = Field(gt=0, description="Dense bf16/fp16 tensor TFLOP/s, without 2:4 sparsity.")
     mem_bandwidth_gbps: float = Field(gt=0, description="Peak memory bandwidth, GB/s.")
     memory_gb: float = Field(gt=0, description="Device memory, GB as the datasheet prints it.")
@@ -693,7 +697,10 @@ class Settings(BaseSettings):
         "common serving GPU, so the cost model is in the right ballpark until configured.",
     )
     log_format: Literal["text", "json"] = Field(default="text", description="json for log collectors, text for people.")
-    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        default="info", description="Least severity logged; debug adds every repeated scrape failure (info warns once "
+        "per outage)."
+    )
     gpu: GpuSettings = Field(default_factory=GpuSettings)
     estimator: EstimatorSettings = Field(default_factory=EstimatorSettings)
     decide: DecideSettings = Field(default_factory=DecideSettings)

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import typing
 from pathlib import Path
 
 import pytest
 import yaml
+from pydantic import BaseModel
 
 from policies.types import DraftMethod, GpuSnapshot
 from service.app import context_resolver
@@ -275,3 +277,23 @@ targets:
     bad = write(tmp_path / "bad.yaml", config.read_text().replace("memory_gb: 24", "memory_gb: -24"))
     with pytest.raises(SettingsError, match="memory_gb"):
         load_settings(bad)
+
+
+def _leaf_settings(model: type[BaseModel], prefix: str = "") -> list[tuple[str, str | None]]:
+    leaves: list[tuple[str, str | None]] = []
+    for name, info in model.model_fields.items():
+        sections = [a for a in (typing.get_args(info.annotation) or (info.annotation,))
+                    if isinstance(a, type) and issubclass(a, BaseModel)]
+        if sections:
+            for section in sections:
+                leaves += _leaf_settings(section, f"{prefix}{name}.")
+        else:
+            leaves.append((prefix + name, info.description))
+    return leaves
+
+
+def test_every_setting_an_operator_can_write_says_what_it_is() -> None:
+    leaves = _leaf_settings(Settings)
+    assert len(leaves) > 70  # the walk reaches into every section (targets, decide, actuation.gate, ...)
+    undescribed = [path for path, description in leaves if not description]
+    assert undescribed == [], f"settings without a description: {undescribed}"
