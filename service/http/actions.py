@@ -41,69 +41,98 @@ class PauseIn(_Strict):
 
 
 class OverrideIn(_Strict):
-    target: TargetName
+    target: TargetName = Field(description="The acted-on target to override.")
     num_speculative_tokens: int = Field(ge=0, le=32, strict=True, description="k to run; 0 = speculation off.")
     expires_in_s: float = Field(gt=0, description="Seconds until the override lapses (at most max_override_s).")
     reason: Reason
 
 
 class SettingOut(BaseModel):
-    num_speculative_tokens: int
-    schedule: list[list[int]]
+    num_speculative_tokens: int = Field(description="Draft tokens per step (a schedule's largest K); 0 = off.")
+    schedule: list[list[int]] = Field(
+        description="vLLM Dynamic SD bands as ascending [max batch size, K] pairs; empty for a fixed K."
+    )
 
 
 class OverrideOut(BaseModel):
-    setting: SettingOut
-    expires_at: str
-    expires_in_s: float
-    reason: str
-    set_at: str
+    setting: SettingOut = Field(description="What the override makes the target run.")
+    expires_at: str = Field(description="RFC 3339 UTC time the override lapses and the recommendation rules again.")
+    expires_in_s: float = Field(description="Seconds until it lapses.")
+    reason: str = Field(description="Why it was set, as the operator gave it.")
+    set_at: str = Field(description="RFC 3339 UTC time it was set.")
 
 
 class TargetActuationOut(BaseModel):
-    target: str
-    target_ref: str
-    mode: str
-    dry_run: bool
-    paused: bool
-    override: OverrideOut | None
-    cooldown_until: str | None
-    cooldown_remaining_s: float
-    actions_last_hour: int
-    actions_last_day: int
+    target: str = Field(description="The target's configured name.")
+    target_ref: str = Field(
+        description="The object acted on: deployment/NAMESPACE/NAME or httproute/NAMESPACE/NAME."
+    )
+    mode: str = Field(description="How it is acted on: kubernetes, schedule or routing.")
+    dry_run: bool = Field(description="True: changes are computed and audited but never sent.")
+    paused: bool = Field(description="True: an operator paused acting on it; the recommendation is still published.")
+    override: OverrideOut | None = Field(description="The operator's override in force; null when none.")
+    cooldown_until: str | None = Field(
+        description="RFC 3339 UTC time the cooldown after the last action ends; null when it never acted."
+    )
+    cooldown_remaining_s: float = Field(description="Seconds until the cooldown allows another action; 0 = free.")
+    actions_last_hour: int = Field(description="Actions in the last hour, a count (capped by max_actions_per_hour).")
+    actions_last_day: int = Field(description="Actions in the last 24 hours, a count (capped by max_actions_per_day).")
     observed: SettingOut | None = Field(description="What the deployment runs, as last read.")
-    rollout_in_progress: bool | None
-    last_observation_error: str | None
-    last_skip_reason: str | None
-    last_plan_detail: str | None
-    last_action_at: str | None
-    last_result: str | None
-    actions: dict[str, int]
-    skipped: dict[str, int]
-    errors: dict[str, int]
+    rollout_in_progress: bool | None = Field(
+        description="True while the object rolls out a change (no action then); null before the first read."
+    )
+    last_observation_error: str | None = Field(
+        description="Why the last read of the object failed ('error: detail'); null when it worked."
+    )
+    last_skip_reason: str | None = Field(
+        description="Why the last tick took no action (e.g. already_applied, cooldown, paused); null when it acted "
+        "or before the first tick."
+    )
+    last_plan_detail: str | None = Field(description="The gate's last verdict in words; null before the first tick.")
+    last_action_at: str | None = Field(description="RFC 3339 UTC time of the last action; null when none yet.")
+    last_result: str | None = Field(
+        description="Result of the last action: applied, dry_run, noop or failed; null when none yet."
+    )
+    actions: dict[str, int] = Field(description="Actions since start-up by result (applied, dry_run, noop, failed).")
+    skipped: dict[str, int] = Field(description="Ticks without action since start-up by skip reason.")
+    errors: dict[str, int] = Field(
+        description="Actuator errors since start-up, reads and changes alike, by kind (e.g. forbidden, conflict, "
+        "unreachable)."
+    )
 
 
 class AuditOut(BaseModel):
-    path: str | None
+    path: str | None = Field(description="The audit log file; null in recommend-only mode (no log).")
     torn_bytes_skipped: int = Field(description="Bytes of a torn last line found at start-up (a crash mid-write).")
-    corrupt_lines_skipped: int
-    write_errors: int
+    corrupt_lines_skipped: int = Field(description="Lines that were not a JSON record, skipped at start-up, a count.")
+    write_errors: int = Field(
+        description="Audit records that could not be written since start-up (e.g. disk full), a count; any is worth "
+        "an alert: a restart forgets what they recorded."
+    )
 
 
 class ActionsOut(BaseModel):
-    mode: str
-    dry_run: bool
-    write_endpoints: bool
-    targets: list[TargetActuationOut]
+    mode: str = Field(description="Actuation mode: recommend-only, kubernetes, schedule or routing.")
+    dry_run: bool = Field(description="True: changes are computed and audited but never sent.")
+    write_endpoints: bool = Field(description="Whether the pause/resume/override endpoints are served.")
+    targets: list[TargetActuationOut] = Field(
+        description="Each acted-on target's state (only the one asked for with ?target=); empty in recommend-only."
+    )
     records: list[dict[str, Any]] = Field(description="The most recent audit records, oldest first.")
-    audit: AuditOut
+    audit: AuditOut = Field(description="The audit log's health.")
 
 
 class CommandOut(BaseModel):
-    targets: list[str]
-    paused: bool | None = None
-    override: OverrideOut | None = None
-    cleared: bool | None = None
+    targets: list[str] = Field(description="The targets the command applied to.")
+    paused: bool | None = Field(
+        default=None, description="After pause/resume: whether they are now paused; else null."
+    )
+    override: OverrideOut | None = Field(
+        default=None, description="After setting an override: the override now in force; else null."
+    )
+    cleared: bool | None = Field(
+        default=None, description="After clearing an override: whether there was one to clear; else null."
+    )
 
 
 def create_actions_router(

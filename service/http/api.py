@@ -61,11 +61,19 @@ class WhyOut(BaseModel):
 
 
 class CurvePointOut(BaseModel):
-    gamma: int
-    speedup: float
-    speedup_low: float
-    speedup_high: float
-    extrapolated: bool
+    gamma: int = Field(description="Draft tokens per step this option runs; 0 = plain decoding (speculation off).")
+    speedup: float = Field(
+        description="Predicted multiplier vs plain decoding at the observed batch and context, in the terms "
+        "`objective` names (1.0 at gamma 0; above 1 = faster)."
+    )
+    speedup_low: float = Field(
+        description="Low end of the speedup's 90% band (acceptance uncertainty and the cost model's own)."
+    )
+    speedup_high: float = Field(description="High end of the speedup's 90% band.")
+    extrapolated: bool = Field(
+        description="True when the point rests on acceptance positions that were not measured (gamma beyond the "
+        "deployed k, or a prior): treat it with more caution."
+    )
     extrapolated_share: float = Field(
         description="Share (0..1) of the expected accepted length resting on acceptance positions that were not "
         "measured (beyond the deployed k, or a prior); 0 = fully measured."
@@ -81,9 +89,14 @@ _UNTIL_SCRAPED = "null until the target's first good scrape"
 
 
 class RecommendationOut(BaseModel):
-    target: str
-    model: str | None
-    state: DataState
+    target: str = Field(description="The target's configured name.")
+    model: str | None = Field(
+        description="The served model: as the engine reports it, else as configured; null when neither is known yet."
+    )
+    state: DataState = Field(
+        description="How far the data behind this recommendation can be trusted: ok, insufficient_data (too few "
+        "drafts or requests in the window), stale (no good scrape for a while) or error (no usable data)."
+    )
     enabled: bool | None = Field(description=f"Should speculative decoding be on; {_UNTIL_SCRAPED}.")
     num_speculative_tokens: int | None = Field(description=f"Draft tokens per step, 0 when off; {_UNTIL_SCRAPED}.")
     expected_speedup: float | None = Field(
@@ -95,7 +108,10 @@ class RecommendationOut(BaseModel):
     why: list[WhyOut] = Field(description="The causes the summary is made of, with their numbers.")
     reason: str = Field(description="The full arithmetic of the decision, clause by clause ('; ').")
     evaluated_at: str | None = Field(description="RFC 3339 UTC time of this evaluation.")
-    curve: list[CurvePointOut]
+    curve: list[CurvePointOut] = Field(
+        description="Predicted speedup for each draft-token count from 0 up, the options the recommendation chose "
+        "from; empty when none was evaluated this time (not evaluated yet, or the evidence was not ok)."
+    )
     objective: str = Field(
         description="What the curve's speedups measure: latency (tokens/s per sequence), capacity (the server's "
         "tokens/s while requests queue) or goodput_slo (tokens/s meeting the ITL SLO); empty when no curve was "
@@ -110,50 +126,112 @@ class RecommendationOut(BaseModel):
 
 
 class RecommendationsOut(BaseModel):
-    targets: list[RecommendationOut]
+    targets: list[RecommendationOut] = Field(
+        description="One recommendation per configured target (only the one asked for with ?target=)."
+    )
 
 
 class AcceptanceOut(BaseModel):
-    per_position: list[float]
-    per_position_low: list[float]
-    per_position_high: list[float]
-    mean_acceptance_length: float
-    acceptance_rate: float
-    drafts: float
-    mean_proposed_length: float
+    per_position: list[float] = Field(
+        description="r_i = P(at least i drafts accepted) for i = 1..deployed k, ratios 0..1, non-increasing "
+        "(vLLM per-position accepted counts / drafts over the window)."
+    )
+    per_position_low: list[float] = Field(
+        description="Low end of each position's Wilson confidence interval (95% by default, estimator.z), 0..1."
+    )
+    per_position_high: list[float] = Field(
+        description="High end of each position's Wilson confidence interval, 0..1."
+    )
+    mean_acceptance_length: float = Field(
+        description="Tokens emitted per verification, bonus token included: 1 + accepted / drafts, in 1..k+1."
+    )
+    acceptance_rate: float = Field(
+        description="Accepted / proposed draft tokens, ratio 0..1: the number vLLM users quote (it averages over "
+        "positions)."
+    )
+    drafts: float = Field(
+        description="Drafts (verifications) the acceptance rests on, a count; too few makes the state "
+        "insufficient_data."
+    )
+    mean_proposed_length: float = Field(
+        description="Draft tokens proposed per draft, tokens (at most k; an n-gram/suffix drafter may propose fewer)."
+    )
     draft_coverage: float = Field(
         description="Share of decoding sequence-steps that carried a draft (n-gram/suffix draft only on a match)."
     )
-    cold_start: bool
+    cold_start: bool = Field(
+        description="True when measured over the engine's lifetime counters (first scrape, or a window still too "
+        "young and thin) rather than over the window."
+    )
+
+
+_NO_ACTIVITY = "null without GPM (NVML) or DCGM profiling fields"
 
 
 class GpuOut(BaseModel):
-    source: str
-    device_name: str | None
-    device_count: int
-    gpu_util_ratio: float | None
-    tensor_active_ratio: float | None
-    dram_active_ratio: float | None
-    sm_active_ratio: float | None
-    memory_used_bytes: float | None
-    memory_total_bytes: float | None
-    activity_source: str | None
-    error: str | None
+    source: str = Field(
+        description="Where the GPU telemetry comes from: nvml, dcgm, or absent (none configured or found: not a "
+        "failure)."
+    )
+    device_name: str | None = Field(description="GPU model name as the driver reports it; null when unknown.")
+    device_count: int = Field(description="GPUs read, a count; 0 when absent.")
+    gpu_util_ratio: float | None = Field(
+        description="Share of time a kernel was running, 0..1, mean over GPUs (NVML utilization / DCGM GPU_UTIL): "
+        "says busy, not saturated; null when not read."
+    )
+    tensor_active_ratio: float | None = Field(
+        description=f"Tensor-core saturation, 0..1, mean over GPUs; {_NO_ACTIVITY}."
+    )
+    dram_active_ratio: float | None = Field(
+        description=f"Memory-bandwidth saturation, 0..1, mean over GPUs; {_NO_ACTIVITY}."
+    )
+    sm_active_ratio: float | None = Field(
+        description=f"Share of time the SMs had work, 0..1, mean over GPUs; {_NO_ACTIVITY}."
+    )
+    memory_used_bytes: float | None = Field(
+        description="GPU memory in use, bytes, summed over GPUs; null when not read."
+    )
+    memory_total_bytes: float | None = Field(
+        description="GPU memory in all, bytes, summed over GPUs; null when not read."
+    )
+    activity_source: str | None = Field(
+        description="Where the saturation ratios come from: gpm or dcgm; null when there are none."
+    )
+    error: str | None = Field(description="Why the last GPU read failed ('reason: detail'); null when it worked.")
 
 
 class EvidenceOut(BaseModel):
-    target: str
-    model: str | None
-    state: DataState
-    reason: str
+    target: str = Field(description="The target's configured name.")
+    model: str | None = Field(
+        description="The served model: as the engine reports it, else as configured; null when neither is known yet."
+    )
+    state: DataState = Field(
+        description="How far this evidence can be trusted: ok, insufficient_data (too few drafts or requests in the "
+        "window), stale (no good scrape for a while) or error (no usable data)."
+    )
+    reason: str = Field(
+        description="Why the state is what it is, with the numbers (or the last scrape error before any evaluation)."
+    )
     speculation_on: bool | None = Field(description=f"Whether the engine runs speculation now; {_UNTIL_SCRAPED}.")
     deployed_k: int | None = Field(description=f"Draft tokens per step the engine runs now; {_UNTIL_SCRAPED}.")
-    acceptance: AcceptanceOut | None
+    acceptance: AcceptanceOut | None = Field(
+        description="Measured draft acceptance; null when speculation is off or nothing was measured, and "
+        f"{_UNTIL_SCRAPED}."
+    )
     batch: float | None = Field(description=f"Running requests, mean over the window; {_UNTIL_SCRAPED}.")
     waiting: float | None = Field(description=f"Queued requests, mean over the window; {_UNTIL_SCRAPED}.")
-    kv_cache_usage_ratio: float | None
-    context_tokens_per_seq: float | None
-    step_time_s: float | None
+    kv_cache_usage_ratio: float | None = Field(
+        description="Share of the engine's KV cache in use at the newest scrape, 0..1; null when not exported, and "
+        f"{_UNTIL_SCRAPED}."
+    )
+    context_tokens_per_seq: float | None = Field(
+        description="KV tokens in use per running request at the newest scrape, tokens: the context the cost model "
+        "prices; null when not measurable (KV not exported, too few running requests)."
+    )
+    step_time_s: float | None = Field(
+        description="Mean engine step time over the window, seconds (vLLM inter-token latency sum / count); null "
+        "when no step was measured."
+    )
     prefill_tokens_per_step: float | None = Field(
         description="Prompt tokens computed per engine step on average (chunked prefill shares steps with decode)."
     )
@@ -163,8 +241,12 @@ class EvidenceOut(BaseModel):
         "prices (the running-requests mean also counts idle time and requests still prefilling).",
     )
     engines: int | None = Field(default=None, description="Data-parallel engines summed in this evidence.")
-    window_s: float | None
-    gpu: GpuOut | None
+    window_s: float | None = Field(
+        description=f"Seconds the window's counter deltas span (oldest to newest kept scrape); {_UNTIL_SCRAPED}."
+    )
+    gpu: GpuOut | None = Field(
+        description="GPU telemetry read on this machine at the last evaluation; null until the target is evaluated."
+    )
     engine_activity: dict[str, float] = Field(
         description="Saturation 0..1 from vLLM's estimated_flops/read_bytes_per_gpu counters over the hardware peaks."
     )
@@ -172,18 +254,27 @@ class EvidenceOut(BaseModel):
     calibration_error_ratio: float | None = Field(
         description="The cost model's calibration error against the measured step times (as in the recommendation)."
     )
-    last_good_scrape_at: str | None
-    last_error: str | None
-    scrape_errors: dict[str, int]
+    last_good_scrape_at: str | None = Field(
+        description="RFC 3339 UTC time of the last successful scrape; null when none succeeded yet."
+    )
+    last_error: str | None = Field(
+        description="The latest scrape or evaluation failure ('reason: detail'); null once a scrape succeeds again."
+    )
+    scrape_errors: dict[str, int] = Field(
+        description="Failed scrapes since start-up by reason (timeout, connect, http_status, parse, ..., internal), "
+        "counts."
+    )
 
 
 class EvidencesOut(BaseModel):
-    targets: list[EvidenceOut]
+    targets: list[EvidenceOut] = Field(
+        description="One evidence record per configured target (only the one asked for with ?target=)."
+    )
 
 
 class HealthOut(BaseModel):
-    status: str
-    detail: str
+    status: str = Field(description="ok or stalled (/healthz); ready or not_ready (/readyz).")
+    detail: str = Field(description="Why, for people: e.g. how long ago the last loop iteration finished.")
 
 
 @dataclass(frozen=True, slots=True)

@@ -114,10 +114,10 @@ class AcceptanceIn(_Strict):
 class HardwareIn(_Strict):
     """A GPU the catalog lacks, by its datasheet numbers (dense tensor rates without sparsity)."""
 
-    name: str = Field(min_length=1, max_length=64)
-    bf16_dense_tflops: float = Field(gt=0, le=1e6)
-    mem_bandwidth_gbps: float = Field(gt=0, le=1e6)
-    memory_gb: float = Field(gt=0, le=1e5)
+    name: str = Field(min_length=1, max_length=64, description="A name for the GPU, echoed in the answer.")
+    bf16_dense_tflops: float = Field(gt=0, le=1e6, description="Dense bf16 tensor rate per GPU, TFLOP/s.")
+    mem_bandwidth_gbps: float = Field(gt=0, le=1e6, description="Memory bandwidth per GPU, GB/s.")
+    memory_gb: float = Field(gt=0, le=1e5, description="Memory per GPU, GB: bounds the weights and KV that fit.")
     fp8_dense_tflops: float | None = Field(default=None, gt=0, le=1e6, description="None: fp8 at the bf16 rate.")
     interconnect_gbps_per_direction: float | None = Field(
         default=None, gt=0, le=1e5, description="GPU-to-GPU link per direction; None: PCIe Gen4 x16 (32 GB/s)."
@@ -130,12 +130,18 @@ class WhatIfRequest(_Strict):
     hardware: Annotated[str, Field(min_length=1, max_length=64)] | HardwareIn = Field(
         description="Catalog hardware profile (e.g. h100-sxm), or the datasheet numbers of a GPU it lacks."
     )
-    tensor_parallel: int = Field(default=1, ge=1, le=MAX_TENSOR_PARALLEL, strict=True)
+    tensor_parallel: int = Field(
+        default=1, ge=1, le=MAX_TENSOR_PARALLEL, strict=True,
+        description="GPUs the target is sharded over (tensor-parallel degree); the all-reduce is priced.",
+    )
     target_model: ModelName | dict[str, Any] = Field(
         description="Catalog model name / Hugging Face id, or the model's config.json as an object."
     )
-    drafter: DrafterIn
-    acceptance: AcceptanceIn
+    drafter: DrafterIn = Field(description="What produces the draft tokens; decides the drafting cost.")
+    acceptance: AcceptanceIn = Field(
+        description="How often drafts are accepted: exactly one of per_position, mean_acceptance_length (with "
+        "measured_at_k) or iid_rate."
+    )
     batch_sizes: list[BatchSize] = Field(
         default=[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0], min_length=1, max_length=MAX_BATCH_SIZES,
         description="Running sequences per step.",
@@ -186,35 +192,57 @@ class WhatIfRequest(_Strict):
 
 
 class ProfilesOut(BaseModel):
-    hardware: str
-    model: str
-    model_params: float
-    model_active_params: float
-    drafter_method: DraftMethod
-    drafter_params: float
-    tensor_parallel: int
-    sources: dict[str, str]
+    hardware: str = Field(description="The hardware profile priced (catalog name, or the name given with its numbers).")
+    model: str = Field(description="The target model profile priced (its catalog or config.json name).")
+    model_params: float = Field(description="The target's total parameters, a count (embeddings included).")
+    model_active_params: float = Field(
+        description="Parameters used per token, a count: equal to model_params for a dense model, fewer for MoE."
+    )
+    drafter_method: DraftMethod = Field(description="How drafts are produced.")
+    drafter_params: float = Field(
+        description="Weights one draft step streams, a count; 0 for host-side n-gram/suffix lookup."
+    )
+    tensor_parallel: int = Field(description="GPUs the target is sharded over.")
+    sources: dict[str, str] = Field(
+        description="Where each profile's numbers come from, in words, by key (hardware, model, drafter): a datasheet, "
+        "a config.json, or operator-supplied numbers."
+    )
 
 
 class AcceptanceUsedOut(BaseModel):
     measured_positions: int = Field(description="Positions stated by the input; deeper ones are extrapolated.")
     expected_accepted_length: list[float] = Field(description="E[L](gamma) for gamma = 0..max(gammas).")
-    extrapolated: list[bool]
+    extrapolated: list[bool] = Field(
+        description="Per gamma = 0..max(gammas): true where E[L] rests on positions the input did not state."
+    )
 
 
 class PointOut(BaseModel):
-    batch: float
-    context_tokens: float
-    gamma: int
-    step_time_s: float
-    expected_accepted_length: float
-    tokens_per_s_per_seq: float
-    tokens_per_s_total: float
+    batch: float = Field(description="Running sequences per step, as asked.")
+    context_tokens: float = Field(description="Mean context per sequence, tokens, as asked.")
+    gamma: int = Field(description="Draft tokens per step; 0 = speculation off.")
+    step_time_s: float = Field(
+        description="Predicted time of one engine step (drafting + verification), seconds: the inter-token latency "
+        "is this over expected_accepted_length."
+    )
+    expected_accepted_length: float = Field(
+        description="Tokens each sequence gains per step, bonus token included (E[L], 1 + c (E[L] - 1) with draft "
+        "coverage c); 1 at gamma 0."
+    )
+    tokens_per_s_per_seq: float = Field(
+        description="Predicted tokens/s per sequence: expected_accepted_length / step_time_s."
+    )
+    tokens_per_s_total: float = Field(description="Predicted tokens/s of the server: batch x tokens_per_s_per_seq.")
     speedup: float = Field(description="Tokens/s per sequence vs speculation off at the same batch and context.")
-    speedup_low: float
-    speedup_high: float
-    extrapolated: bool
-    extrapolated_share: float
+    speedup_low: float = Field(
+        description="Low end of the speedup's 90% band (acceptance and cost-model uncertainty; notes say which)."
+    )
+    speedup_high: float = Field(description="High end of the speedup's 90% band.")
+    extrapolated: bool = Field(description="True when the point rests on acceptance positions the input did not state.")
+    extrapolated_share: float = Field(
+        description="Share (0..1) of expected_accepted_length resting on positions the input did not state; 0 = "
+        "fully stated."
+    )
     fits_in_memory: bool = Field(description="Weights + KV (context + gamma per sequence) fit the memory budget.")
     max_batch_in_memory: float | None = Field(
         description="Most sequences whose KV fits at this context and gamma (0: the weights alone do not fit; "
@@ -223,22 +251,24 @@ class PointOut(BaseModel):
 
 
 class BestOut(BaseModel):
-    batch: float
-    context_tokens: float
+    batch: float = Field(description="Running sequences per step, as asked.")
+    context_tokens: float = Field(description="Mean context per sequence, tokens, as asked.")
     gamma: int = Field(description="Best gamma among those asked whose KV fits; 0 = leave speculation off.")
-    speedup: float
-    tokens_per_s_total: float
+    speedup: float = Field(description="The best gamma's speedup vs speculation off (x; 1.0 when gamma is 0).")
+    tokens_per_s_total: float = Field(description="Predicted tokens/s of the server at the best gamma.")
     fits_in_memory: bool = Field(
         description="False: no option asked fits this batch and context (then best is among all of them)."
     )
 
 
 class CrossoverOut(BaseModel):
-    context_tokens: float
-    gamma: int
+    context_tokens: float = Field(description="Mean context per sequence, tokens, as asked.")
+    gamma: int = Field(description="Draft tokens per step (each gamma >= 1 asked).")
     batch: float | None = Field(description="Smallest batch with speedup <= 1; null = still > 1 at the search end.")
-    helps_at_batch_1: bool
-    searched_up_to_batch: float
+    helps_at_batch_1: bool = Field(description="Whether this gamma beats speculation off (speedup > 1) at batch 1.")
+    searched_up_to_batch: float = Field(
+        description="The largest batch searched, sequences: a null batch means the speedup is still above 1 there."
+    )
     helps_between: list[tuple[float, float | None]] = Field(
         default_factory=list,
         description="Every batch range where speedup > 1, as [from, to] (to null = up to the search end); "
@@ -247,12 +277,17 @@ class CrossoverOut(BaseModel):
 
 
 class WhatIfResponse(BaseModel):
-    profiles: ProfilesOut
-    acceptance: AcceptanceUsedOut
-    points: list[PointOut]
-    best: list[BestOut]
-    crossovers: list[CrossoverOut]
-    notes: list[str]
+    profiles: ProfilesOut = Field(description="The cost-model profiles the answer was priced with, and their sources.")
+    acceptance: AcceptanceUsedOut = Field(description="The acceptance curve used: E[L] per gamma, measured or not.")
+    points: list[PointOut] = Field(description="Every (context, batch, gamma) asked, priced.")
+    best: list[BestOut] = Field(description="The best gamma per (context, batch) asked.")
+    crossovers: list[CrossoverOut] = Field(
+        description="Per (context, gamma >= 1): the batch where the speedup falls to 1 and the batch ranges where "
+        "it helps."
+    )
+    notes: list[str] = Field(
+        description="Caveats in words: calibration, extrapolation, how the acceptance was read, memory misfits."
+    )
 
 
 def whatif_response(result: WhatIfResult) -> WhatIfResponse:
@@ -293,20 +328,20 @@ def run_whatif(request: WhatIfRequest, profile: MeasuredProfile | None = None) -
 
 
 class BandOut(BaseModel):
-    lo: int
-    hi: int
+    lo: int = Field(description="Smallest batch size (running sequences) of the band, inclusive.")
+    hi: int = Field(description="Largest batch size (running sequences) of the band, inclusive.")
     num_speculative_tokens: int = Field(description="K for batch sizes lo..hi; 0 = no drafts.")
     speedup_at_lo: float = Field(description="vs speculation off; below 1 in a K=0 band (the schedule's overhead).")
-    speedup_at_hi: float
-    extrapolated: bool
+    speedup_at_hi: float = Field(description="Speedup vs speculation off at batch size hi; below 1 in a K=0 band.")
+    extrapolated: bool = Field(description="True when the band rests on acceptance beyond the deployed k.")
 
 
 class VllmScheduleOut(BaseModel):
     speculative_config: dict[str, Any] | None = Field(
         description="Merge into the deployed --speculative-config (keep its model); null = turn speculation off."
     )
-    cli: str | None
-    notes: list[str]
+    cli: str | None = Field(description="The same as a --speculative-config argument; null = turn speculation off.")
+    notes: list[str] = Field(description="Caveats in words: what to add before applying it, or why to turn it off.")
 
 
 class TrtllmScheduleOut(BaseModel):
@@ -314,26 +349,43 @@ class TrtllmScheduleOut(BaseModel):
         description="Fields of TensorRT-LLM's speculative_config (DecodingBaseConfig); null = cannot express / off."
     )
     yaml: str | None = Field(description="The same as an extra_llm_api_options YAML fragment.")
-    notes: list[str]
+    notes: list[str] = Field(description="What to check before applying it, or why it cannot be expressed.")
+
+
+_NO_SCHEDULE = "null when no schedule was computed (see reason)"
 
 
 class ScheduleOut(BaseModel):
-    target: str
-    model: str | None
-    state: DataState
-    reason: str
-    max_num_seqs: int
-    context_tokens: float | None
-    gamma_max: int
-    margin: float
-    speculation_useful: bool | None
-    bands: list[BandOut]
-    vllm: VllmScheduleOut | None
-    trtllm: TrtllmScheduleOut | None
+    target: str = Field(description="The target's configured name.")
+    model: str | None = Field(description="The served model; null when not known yet.")
+    state: DataState = Field(
+        description="How far the target's evidence can be trusted (as in /v1/evidence); error when the schedule could "
+        "not be computed."
+    )
+    reason: str = Field(description="What the schedule rests on, or why there is none.")
+    max_num_seqs: int = Field(description="The largest batch size covered: the request's max_num_seqs, sequences.")
+    context_tokens: float | None = Field(
+        description="Context per sequence priced, tokens: the observed one (1024 when unknown) or the request's "
+        "context_tokens; null when no schedule was computed and none was given."
+    )
+    gamma_max: int = Field(description="The deepest K a band may use, draft tokens (k_max, else the configured one).")
+    margin: float = Field(description="Share (0..1) a K >= 1 must gain over K = 0 to be chosen.")
+    speculation_useful: bool | None = Field(
+        description=f"False when no batch size gains from drafting: run without speculation; {_NO_SCHEDULE}."
+    )
+    bands: list[BandOut] = Field(
+        description="Contiguous batch-size ranges covering 1..max_num_seqs with their K; empty when none was computed."
+    )
+    vllm: VllmScheduleOut | None = Field(description=f"The schedule as vLLM Dynamic SD configuration; {_NO_SCHEDULE}.")
+    trtllm: TrtllmScheduleOut | None = Field(
+        description=f"The schedule as TensorRT-LLM configuration; {_NO_SCHEDULE}."
+    )
 
 
 class SchedulesOut(BaseModel):
-    targets: list[ScheduleOut]
+    targets: list[ScheduleOut] = Field(
+        description="One schedule per configured target (only the one asked for with ?target=)."
+    )
 
 
 def _band_value(value: float) -> float:
