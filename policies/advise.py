@@ -147,8 +147,7 @@ def advise_target(
         # A change costs a restart: weigh it over the recent load, not this window alone (policies/decide/horizon.py).
         capacity_bound = choose_objective(priced.workload, config.objective)[1]
         plan_state, planned = _plan_tick(
-            plan_state, priced.curve, evidence, capacity_bound=capacity_bound, tau_s=config.decide.payback_horizon_s,
-            now_s=now_s,
+            plan_state, priced.curve, evidence, capacity_bound=capacity_bound, config=config.decide, now_s=now_s,
         )
         # The queue a restart errors counts as far as the server would have caught up with it, within the
         # horizon the gain is counted over (plan.queue_cost_s).
@@ -257,8 +256,8 @@ def _annotated(
 
 
 def _plan_tick(
-    state: HorizonState, curve: tuple[CurvePoint, ...], evidence: Evidence, *, capacity_bound: bool, tau_s: float,
-    now_s: float,
+    state: HorizonState, curve: tuple[CurvePoint, ...], evidence: Evidence, *, capacity_bound: bool,
+    config: DecideConfig, now_s: float,
 ) -> tuple[HorizonState, HorizonCurve | None]:
     """This tick added to the plan, and what decide weighs changes on: (plan, its curve and cost scale or None). The
     value rate is the generated tokens/s times the running option's share meeting the SLO (1 without one)."""
@@ -270,7 +269,7 @@ def _plan_tick(
         curve, running_gamma=running, value_rate=rate * share if rate is not None else None,
         capacity_bound=capacity_bound,
     )
-    state = observe_plan(state, tick, now_s=now_s, tau_s=tau_s)
+    state = observe_plan(state, tick, now_s=now_s, tau_s=config.payback_horizon_s, margin=config.margin)
     planned = horizon_curve(state, curve)
     scale = plan_cost_scale(state, running_gamma=running, delivered_rate=rate)
     if planned is None or scale is None:

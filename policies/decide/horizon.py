@@ -35,6 +35,21 @@ Worked example (gamma 3 running, a tick every 5 s, tau 600 s): 200 s at
 plus the queue (x 0.82, `queue_weight`): held. After 240 s of it and 60 s of light again, V(1) - V(3) = +251 over
 V(3) = 3307, a 7.6% gain (46 s) against a restart x 300 / 3307 = 0.09: 20.8 s becomes 1.9 s, and it moves.
 
+When the acceptance moves. Each tick's values are priced with that tick's acceptance: the plan averages the load,
+but the drafter's acceptance is the model's, and old ticks priced on an acceptance that no longer holds say
+nothing about what each gamma is worth now (60 s after a drafter's acceptance fell from 0.85 to 0.15, ticks from
+before the fall would still hold up the gamma it had favoured). So the plan also keeps the decayed mean of each
+gamma's expected accepted length E_t[L](gamma) (`CurvePoint.expected_accepted_length`), and a tick while
+speculating at c restarts it (keeping the capacity-bound seconds: the load history still holds) when
+
+    |ln(E_now[L](c) / E_plan[L](c))| > max(margin, ln(S_high(c) / S_low(c)) / 2)
+
+the running option's accepted length moved by more than its own 90% band's half width (the window's counting
+noise, so a jitter of the measurement does not restart it) and than decide's margin (a smaller move cannot make
+any change worth it). Example: E_plan[L](3) = 3.2, this window 2.6 with S(3) = 1.40 [1.30..1.52]: |ln 0.8125| =
+0.208 > max(0.02, 0.078): the plan restarts from this tick. Off, the curve's acceptance is remembered or the
+prior's, not measured: it never restarts the plan.
+
 The queue. A restart errors the queued requests as well as the running ones. Whether that loses service depends
 on whether the server would have caught up with them: in a persistent overload it is busy either way (the
 queue it drops is replaced within seconds), in a transient one the queue is work it would have served once the
@@ -59,12 +74,14 @@ MAX_TICK_GAP_S = 60.0
 class HorizonState:
     """The decayed sums the plan carries between ticks: `values[g]` = sum of w x V_t(g) (tokens/s), `weight` =
     sum of w, `capacity_s` = the decayed seconds spent capacity-bound (each tick counts the time since the one
-    before, at most `MAX_TICK_GAP_S`), all decayed to `at_s` (Unix s; None: empty)."""
+    before, at most `MAX_TICK_GAP_S`), `accepted[g]` = sum of w x E_t[L](g) (tokens per verification), all decayed
+    to `at_s` (Unix s; None: empty)."""
 
     values: tuple[float, ...] = ()
     weight: float = 0.0
     capacity_s: float = 0.0
     at_s: float | None = None
+    accepted: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,10 +96,13 @@ class HorizonTick:
     capacity_bound: bool
 
 
-def observe(state: HorizonState, tick: HorizonTick, *, now_s: float, tau_s: float) -> HorizonState:
+def observe(
+    state: HorizonState, tick: HorizonTick, *, now_s: float, tau_s: float, margin: float = 0.0
+) -> HorizonState:
     """Add this tick's values V_t(gamma) (module docstring) to the plan, decaying the sums over `tau_s` (s) to
     `now_s` (Unix s). A curve of another length than the plan's (the deployed k moved past gamma_max) restarts
-    the plan.
+    the plan, and so does a move of the running option's accepted length past its band and `margin` (decide's
+    least gain, a share; module docstring "When the acceptance moves").
 
     Example: empty plan, curve S = (1.0, 1.46, 1.60, 1.70), gamma 3 running at 300 tokens/s -> values (176.5,
     257.6, 282.4, 300.0), weight 1.0.
@@ -94,24 +114,46 @@ def observe(state: HorizonState, tick: HorizonTick, *, now_s: float, tau_s: floa
         decay = math.exp(-gap / tau_s)
     values = tuple(v * decay for v in state.values)
     weight = state.weight * decay
+    accepted = tuple(a * decay for a in state.accepted)
     # A long gap (the sidecar was down, the target unreachable) says nothing about how long the overload lasted.
     capacity_s = state.capacity_s * decay + (min(gap, MAX_TICK_GAP_S) if tick.capacity_bound else 0.0)
+    kept = HorizonState(values, weight, capacity_s, now_s, accepted)  # what a tick that teaches nothing leaves
     running = _speed_of(curve, tick.running_gamma)
     if value_rate is None or not (math.isfinite(value_rate) and value_rate > 0):
-        return HorizonState(values, weight, capacity_s, now_s)
+        return kept
     if running is None or not (math.isfinite(running) and running > 0):
-        return HorizonState(values, weight, capacity_s, now_s)
+        return kept
     added = tuple(value_rate * p.speedup / running for p in curve)
-    if not all(math.isfinite(t) and t >= 0 for t in added):
-        return HorizonState(values, weight, capacity_s, now_s)  # a broken curve point: teaches nothing
-    if len(values) != len(added):
-        values, weight = (0.0,) * len(added), 0.0
+    lengths = tuple(p.expected_accepted_length for p in curve)
+    if not all(math.isfinite(t) and t >= 0 for t in (*added, *lengths)):
+        return kept  # a broken curve point: teaches nothing
+    restart = len(values) != len(added) or len(accepted) != len(added)
+    if restart or _acceptance_moved(accepted, weight, curve, running_gamma=tick.running_gamma, margin=margin):
+        values, weight, accepted = (0.0,) * len(added), 0.0, (0.0,) * len(added)
     return HorizonState(
         values=tuple(v + t for v, t in zip(values, added, strict=True)),
         weight=weight + 1.0,
         capacity_s=capacity_s,
         at_s=now_s,
+        accepted=tuple(a + e for a, e in zip(accepted, lengths, strict=True)),
     )
+
+
+def _acceptance_moved(
+    accepted: tuple[float, ...], weight: float, curve: Sequence[CurvePoint], *, running_gamma: int, margin: float
+) -> bool:
+    """|ln(E_now[L](c) / E_plan[L](c))| > max(margin, ln(S_high(c) / S_low(c)) / 2) while speculating at c
+    (module docstring); False off, on an empty plan, or when either length is not a positive number."""
+    point = _point_of(curve, running_gamma) if running_gamma >= 1 and weight > 0 else None
+    if point is None or not running_gamma < len(accepted):
+        return False
+    then, now = accepted[running_gamma] / weight, point.expected_accepted_length
+    if not (then > 0 and now > 0 and math.isfinite(then) and math.isfinite(now)):
+        return False
+    noise = 0.0
+    if point.speedup_low > 0 and point.speedup_high > 0 and math.isfinite(point.speedup_high):
+        noise = math.log(point.speedup_high / point.speedup_low) / 2.0
+    return abs(math.log(now / then)) > max(margin, noise)
 
 
 def planned_rate(state: HorizonState, gamma: int) -> float | None:
@@ -197,8 +239,10 @@ def _rescaled(point: CurvePoint, speedup: float) -> CurvePoint:
     )
 
 
+def _point_of(curve: Sequence[CurvePoint], gamma: int) -> CurvePoint | None:
+    return next((point for point in curve if point.gamma == gamma), None)
+
+
 def _speed_of(curve: Sequence[CurvePoint], gamma: int) -> float | None:
-    for point in curve:
-        if point.gamma == gamma:
-            return point.speedup
-    return None
+    point = _point_of(curve, gamma)
+    return point.speedup if point is not None else None

@@ -225,3 +225,60 @@ def test_the_cost_scale_is_todays_delivered_rate_over_the_planned_value() -> Non
     assert cost_scale(mixed, running_gamma=3, delivered_rate=None) is None
 
 
+
+
+def _drafting(length: float, *, low: float, high: float) -> tuple[CurvePoint, ...]:
+    """Off at 1.0 and gamma 3 at S 1.40 [low..high] accepting `length` tokens per verification."""
+    return (
+        CurvePoint(gamma=0, speedup=1.0, speedup_low=1.0, speedup_high=1.0, expected_accepted_length=1.0,
+                   step_time_s=0.01),
+        CurvePoint(gamma=1, speedup=1.2, speedup_low=1.1, speedup_high=1.3, expected_accepted_length=1.8,
+                   step_time_s=0.012),
+        CurvePoint(gamma=2, speedup=1.3, speedup_low=1.2, speedup_high=1.4, expected_accepted_length=2.5,
+                   step_time_s=0.014),
+        CurvePoint(gamma=3, speedup=1.4, speedup_low=low, speedup_high=high, expected_accepted_length=length,
+                   step_time_s=0.016),
+    )
+
+
+def _planned_on(length: float, *, ticks: int = 24, capacity_bound: bool = False) -> HorizonState:
+    state = HorizonState()
+    for i in range(ticks):
+        tick = HorizonTick(_drafting(length, low=1.35, high=1.45), running_gamma=3, value_rate=300.0,
+                           capacity_bound=capacity_bound)
+        state = observe(state, tick, now_s=T0 + 5.0 * i, tau_s=600.0, margin=0.02)
+    return state
+
+
+def test_a_move_of_the_acceptance_past_its_band_restarts_the_plan_but_not_the_load_history() -> None:
+    state = _planned_on(3.2, capacity_bound=True)
+    assert state.weight > 20
+    # E[L](3) 3.2 -> 2.6: |ln 0.8125| = 0.208 > max(0.02, ln(1.52 / 1.30) / 2 = 0.078).
+    fell = HorizonTick(_drafting(2.6, low=1.30, high=1.52), running_gamma=3, value_rate=300.0, capacity_bound=True)
+    after = observe(state, fell, now_s=T0 + 120.0, tau_s=600.0, margin=0.02)
+    assert after.weight == 1.0  # only this tick
+    assert after.values == pytest.approx(tuple(300.0 * p.speedup / 1.4 for p in fell.curve))
+    assert after.capacity_s > state.capacity_s  # the overload seen so far still counts for the queue
+    assert queue_weight(after, tau_s=600.0) < 1.0
+
+
+def test_a_move_within_the_window_noise_or_below_the_margin_keeps_the_plan() -> None:
+    state = _planned_on(3.2)
+    # 3.2 -> 3.0 (|ln| = 0.065) inside a band of half-width ln(1.6 / 1.2) / 2 = 0.144: counting noise.
+    noisy = HorizonTick(_drafting(3.0, low=1.2, high=1.6), running_gamma=3, value_rate=300.0, capacity_bound=False)
+    assert observe(state, noisy, now_s=T0 + 120.0, tau_s=600.0, margin=0.02).weight > state.weight
+    # 3.2 -> 3.1 (0.032) past a narrow band (0.007) but below a 5% margin: no change could pay for it.
+    small = HorizonTick(_drafting(3.1, low=1.395, high=1.405), running_gamma=3, value_rate=300.0,
+                        capacity_bound=False)
+    assert observe(state, small, now_s=T0 + 120.0, tau_s=600.0, margin=0.05).weight > state.weight
+    # ... and restarts it with a 2% margin.
+    assert observe(state, small, now_s=T0 + 120.0, tau_s=600.0, margin=0.02).weight == 1.0
+
+
+def test_off_the_curve_acceptance_is_not_measured_and_never_restarts_the_plan() -> None:
+    state = HorizonState()
+    for i, length in enumerate((3.2, 3.2, 1.5)):  # remembered or the prior's: not a measurement of this window
+        tick = HorizonTick(_drafting(length, low=1.30, high=1.52), running_gamma=0, value_rate=300.0,
+                           capacity_bound=False)
+        state = observe(state, tick, now_s=T0 + 5.0 * i, tau_s=600.0, margin=0.02)
+    assert state.weight > 2.9
