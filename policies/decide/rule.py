@@ -12,30 +12,33 @@ among those with g >= margin
 point speedup among measured gammas) instead when S(gamma*) >= 1: as much expected service, and the acceptance stays
 measured. The candidate is published once some change has been worth making for
 
-    wait = C / g, clipped to [confirm_s, dwell_s]
+    wait = C / r, clipped to [confirm_s, dwell_s]      r = this window's expected gain of the candidate
 
 (the service forgone by waiting has then paid for the switch: the break-even rule, which unclipped loses at most
-twice what hindsight would on a condition of any length), once the candidate has kept its side for confirm_s (off,
-more drafts or fewer: one outlying window cannot publish a change), and never within dwell_s of the last published
-change. What is published is the candidate of that tick: near the optimum, neighbouring gammas alternate within
-noise. Hysteresis comes from the pessimistic band on both sides (to switch on, S's low end must clear 1 + margin; to
-switch off, the running option's high end must fall short of 1 by margin x S(c)) and the cost; the wait from the
-cost over the gain: a grossly wrong setting (g >= C / confirm_s) is corrected after confirm_s, a gain below C /
-dwell_s waits the whole dwell. With no restart (C = 0) every change but a probe waits confirm_s: undoing it costs
-nothing.
+twice what hindsight would on a condition of any length). r is the gain at the points' own speedups, not at the
+band's end: the band decides whether a change is worth making at all, while what waiting forgoes each second is the
+gain expected (`value.expected_gain`). The candidate is published once the wait has passed, once it has kept its
+side for confirm_s (off, more drafts or fewer: one outlying window cannot publish a change), and never within
+dwell_s of the last published change. What is published is the candidate of that tick: near the optimum,
+neighbouring gammas alternate within noise. Hysteresis comes from the pessimistic band on both sides (to switch on,
+S's low end must clear 1 + margin; to switch off, the running option's high end must fall short of 1 by margin x
+S(c)) and the cost; the wait from the cost over the expected gain: a grossly wrong setting (r >= C / confirm_s) is
+corrected after confirm_s, a gain below C / dwell_s waits the whole dwell. With no restart (C = 0) every change but
+a probe waits confirm_s: undoing it costs nothing.
 
 The options: off, and every gamma in 1..gamma_max; while on, no further than one gamma past the measured k
 (`reachable_gamma_limit`): past it the acceptance is a guess, and each step up runs, gets its position measured
 and the next is decided on data. With a plan (policies/decide/horizon.py) the options are valued on the plan's curve
 (the recent load's mix: the forecast over the horizon) with C scaled to its units by `cost_scale`, and g there is a
-ratio of planned values (the plan carries no SLO share); the wait's C / g is this window's (waiting forgoes the
+ratio of planned values (the plan carries no SLO share); the wait's C / r is this window's (waiting forgoes the
 gain at today's rate). The published speedups stay this window's. A running gamma off the curve (deployed k >
 gamma_max) cannot be weighed: the best option against plain decoding is the move, after confirm_s.
 
 Worked example (H 600 s, C 22.6 s, margin 0.02, confirm 30 s, dwell 120 s): running gamma 3 at S 1.40, gamma 2
-priced at 1.48 with gain_sd 0.01: g = (1.48 x 0.984 - 1.40) / 1.40 = 4.0%, V = 23.9 - 22.6 = +1.3 s, wait 22.6 /
-0.040 = 565 s -> 120 s. Running gamma 8 at S 0.70 at moderate load, gamma 2 at 1.30 (gain_sd 0.05): g = 71%, wait
-32 s. Off, S(3) = 1.42 [1.31..1.55], C 0: g = 31%, V > 0, wait 30 s (the confirm).
+priced at 1.48 with gain_sd 0.01: g = (1.48 x 0.984 - 1.40) / 1.40 = 4.0%, V = 23.9 - 22.6 = +1.3 s, r = 0.08 /
+1.40 = 5.7%, wait 22.6 / 0.057 = 396 s -> 120 s. Running gamma 8 at S 0.70 at moderate load, gamma 2 at 1.30
+(gain_sd 0.05): g = 71%, r = 86%, wait 26 s -> 30 s. Off, S(3) = 1.42 [1.31..1.55], C 0: g = 31%, V > 0, wait 30 s
+(the confirm).
 
 Probe (value of information): while off on a remembered profile, `probe.probe_for` may ask to switch on to
 measure again; it is the candidate when the rule would stay off, published at once when the last change (or the
@@ -53,7 +56,7 @@ from dataclasses import dataclass, replace
 
 from policies.decide.change_cost import change_cost_of, inflight_work_s
 from policies.decide.summary import summarize
-from policies.decide.value import Key, Valued, best_on, pessimistic_gain, point_at, value_options
+from policies.decide.value import Key, Valued, best_on, expected_gain, point_at, value_options
 from policies.model.costmodel import step_batch
 from policies.types import CurvePoint, DataState, Decision, Evidence, Why, WhyCode
 
@@ -125,9 +128,9 @@ def reachable_gamma_limit(*, current_gamma: int, measured_k: int, gamma_max: int
 
 
 def wait_s(*, cost_s: float, gain: float, confirm_s: float, dwell_s: float) -> float:
-    """How long a change must stay worth making before it is published: C / g (s) clipped to [confirm_s,
-    dwell_s]; a gain <= 0 (nothing forgone by waiting) waits the dwell. Example: C 22.6 s, g 0.04 -> 565 -> 120
-    (dwell); g 0.70 -> 32.3; C 0 -> 30 (confirm)."""
+    """How long a change must stay worth making before it is published: C / r (s) clipped to [confirm_s,
+    dwell_s], r the expected gain now (`gain`); r <= 0 (nothing forgone by waiting) waits the dwell. Example:
+    C 22.6 s, r 0.057 -> 396 -> 120 (dwell); r 0.86 -> 26.3 -> 30 (confirm); C 0 -> 30 (confirm)."""
     raw = cost_s / gain if gain > 0 else math.inf
     return min(dwell_s, max(confirm_s, raw))
 
@@ -307,17 +310,15 @@ def _why_stays(choice: Valued | None, config: DecideConfig, *, cost_s: float) ->
 
 
 def _change(tick: _Tick, current: Key, choice: Valued, prices: _Prices, *, note: str) -> _Candidate:
-    """The valued change as the candidate, with its wait: C today over the gain now (waiting forgoes the gain at
-    this window's rate: the rent is paid now, whatever the plan forecasts)."""
+    """The valued change as the candidate, with its wait: C today over the expected gain now (waiting forgoes the
+    gain expected at this window's rate: the rent is paid now, whatever the plan forecasts)."""
     config = tick.config
-    now_gain = (
-        pessimistic_gain(tick.curve, current, choice.key, costly=prices.cost_s > 0) if prices.planned else choice.gain
-    )
+    now_gain = expected_gain(tick.curve, current, choice.key)
     rent = choice.gain if now_gain is None else now_gain
     wait = wait_s(cost_s=prices.today_s, gain=rent, confirm_s=config.confirm_s, dwell_s=config.dwell_s)
     worth = _worth(choice, config, prices.cost_s, from_on=current[0])
     text = note + f"; {worth}, wait {wait:.0f}s (cost today {prices.today_s:.1f}s / gain "
-    text += f"now {rent:+.1%}, in {config.confirm_s:.0f}..{config.dwell_s:.0f}s)"
+    text += f"expected now {rent:+.1%}, in {config.confirm_s:.0f}..{config.dwell_s:.0f}s)"
     side = _side(choice.key, current)  # the option valued: a turn-off kept measuring is still a turn-off
     key, kept = _keep_measuring(choice.key, prices.curve, prices.options)
     to_gamma = choice.key[1]  # an off key is (False, 0)

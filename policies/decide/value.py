@@ -68,6 +68,17 @@ def pessimistic_gain(curve: Sequence[CurvePoint], current: Key, option: Key, *, 
     return gain if gain is not None and math.isfinite(gain) else None
 
 
+def expected_gain(curve: Sequence[CurvePoint], current: Key, option: Key) -> float | None:
+    """g(option) over `current` at the points' own speedups (no band), per delivered token; None as
+    `pessimistic_gain`."""
+    new = point_at(curve, option[1]) if option[0] else point_at(curve, 0)
+    here = point_at(curve, current[1]) if current[0] else point_at(curve, 0)
+    if new is None or here is None or not here.speedup > 0:
+        return None
+    gain = (new.speedup - here.speedup) / here.speedup * _share(here)
+    return gain if math.isfinite(gain) else None
+
+
 def _gain(curve: Sequence[CurvePoint], current: Key, option: Key, *, costly: bool) -> float | None:
     new = point_at(curve, option[1]) if option[0] else None
     if option[0] and new is None:

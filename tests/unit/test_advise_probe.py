@@ -132,8 +132,9 @@ def test_a_measured_probe_that_confirms_the_memory_switches_off_one_dwell_later(
         if advice.decision.enabled != before:
             changes.append(now)
         now += TICK_S
-    # The first live window releases the probe, and the live curve (S < 1) switches off after exactly one dwell.
-    assert changes and changes[0] == measured_at + CONFIG.dwell_s
+    # The first live window releases the probe, and the live curve (S < 1, a large expected loss: its wait is the
+    # confirm) switches off as soon as the probe, published one tick before, is a dwell old.
+    assert changes and changes[0] == measured_at - TICK_S + CONFIG.dwell_s
     # Later probes are the probe's own economics on a fresh memory (probe.probe_for), each measured in turn:
     # never more than one change per dwell.
     assert all(b - a >= CONFIG.dwell_s for a, b in itertools.pairwise(changes))

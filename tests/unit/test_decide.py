@@ -116,13 +116,28 @@ def test_a_free_change_is_published_after_the_confirm_not_before() -> None:
 
 
 def test_a_restart_waits_its_cost_over_its_gain() -> None:
-    # Off -> gamma 3 gains 31% at the low end; C = 20 s: 20 / 0.31 = 64.5 s.
+    # Off -> gamma 3 gains 31% at the low end, so it is worth a restart; waiting forgoes its expected gain, 42%
+    # (S 1.42): C = 20 s, 20 / 0.42 = 47.6 s.
     s = DecideState()
-    for dt in (0.0, 30.0, 64.0):
+    for dt in (0.0, 30.0, 47.0):
         d, s = tick(s, T0 + dt, GOOD, config=COST)
         assert d.enabled is False, dt
-    assert "wait 65s (cost today 20.0s / gain now +31.0%, in 30..120s)" in d.reason
-    d, s = tick(s, T0 + 65.0, GOOD, config=COST)
+    assert "wait 48s (cost today 20.0s / gain expected now +42.0%, in 30..120s)" in d.reason
+    d, s = tick(s, T0 + 48.0, GOOD, config=COST)
+    assert (d.enabled, d.num_speculative_tokens) == (True, 3)
+
+
+def test_an_unsure_but_large_gain_waits_its_expected_rent_not_its_band_end() -> None:
+    # Off -> gamma 3 at S 1.60 [1.05..2.40]: the low end gains 5%, 600 x 0.05 = 30 s > C 20 s: worth a restart.
+    # Each second of waiting forgoes the expected 60%, not the 5% the band guarantees: 20 / 0.60 = 33 s, not the
+    # 20 / 0.05 = 400 s -> 120 s dwell of the band's end.
+    wide = make_curve(1.02, 1.04, (1.05, 1.60, 2.40), 1.03)
+    s = DecideState()
+    d, s = tick(s, T0, wide, config=COST)
+    assert "wait 33s (cost today 20.0s / gain expected now +60.0%" in d.reason
+    d, s = tick(s, T0 + 33.0, wide, config=COST)
+    assert d.enabled is False
+    d, s = tick(s, T0 + 34.0, wide, config=COST)
     assert (d.enabled, d.num_speculative_tokens) == (True, 3)
 
 
@@ -559,8 +574,9 @@ def test_a_turn_off_goes_to_the_best_gamma_when_it_is_expected_to_do_as_well_as_
     d, s = tick(DecideState(), T0, even, ON3, COST)  # a restart: gamma 1's doubt is priced
     assert (s.pending_enabled, s.pending_gamma) == (True, 1)
     assert "off gains +18.8%" in d.reason and "S(1)=1.00 [0.90..1.10] is expected to do as well as off" in d.reason
-    # The wait is priced on the turn-off: 20 s / 0.1875 = 106.7 s; gamma 1 is published on the first tick past it.
-    d, s = tick(s, T0 + 106.0, even, ON3, COST)
+    # The wait is priced on the turn-off's expected gain, (1 - 0.80) / 0.80 = 25%: 20 s / 0.25 = 80 s; gamma 1 is
+    # published on the first tick past it.
+    d, s = tick(s, T0 + 79.0, even, ON3, COST)
     assert d.num_speculative_tokens == 3
-    d, s = tick(s, T0 + 107.0, even, ON3, COST)
+    d, s = tick(s, T0 + 81.0, even, ON3, COST)
     assert (d.enabled, d.num_speculative_tokens) == (True, 1)

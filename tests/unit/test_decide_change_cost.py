@@ -209,6 +209,7 @@ def test_with_a_plan_the_wait_is_todays_cost_over_todays_gain() -> None:
     inputs = DecideInputs(plan=HorizonCurve(planned, 0.1))
     _, state = decide(_evidence(), today, config, DecideState(), 1000.0, inputs=inputs)
     decision, state = decide(_evidence(), today, config, state, 1040.0, inputs=inputs)
-    assert decision.num_speculative_tokens == 3 and "wait 120s (cost today 22.6s / gain now +8.0%" in decision.reason
+    assert decision.num_speculative_tokens == 3
+    assert "wait 120s (cost today 22.6s / gain expected now +8.0%" in decision.reason
     decision, _ = decide(_evidence(), today, config, state, 1120.0, inputs=inputs)
     assert decision.num_speculative_tokens == 1

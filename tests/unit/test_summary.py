@@ -69,7 +69,7 @@ def test_a_turn_off_kept_measuring_says_so() -> None:
     even = (even[0], replace(even[1], gain_sd=0.15), *even[2:])
     d, s = tick(DecideState(), T0, even, ON3, COST)
     assert d.summary == (
-        "Running speculation on, k=3; speculation on, k=1 instead of off in 107 s: as fast, and the acceptance stays "
+        "Running speculation on, k=3; speculation on, k=1 instead of off in 80 s: as fast, and the acceptance stays "
         "measured."
     )
     d, _ = tick(s, T0 + 107.0, even, ON3, COST)
