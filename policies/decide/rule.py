@@ -18,13 +18,13 @@ measured. The candidate is published once some change has been worth making for
 twice what hindsight would on a condition of any length). r is the gain at the points' own speedups, not at the
 band's end: the band decides whether a change is worth making at all, while what waiting forgoes each second is the
 gain expected (`value.expected_gain`). The candidate is published once the wait has passed, once it has kept its
-side for confirm_s (off, more drafts or fewer: one outlying window cannot publish a change), and never within
-dwell_s of the last published change. What is published is the candidate of that tick: near the optimum,
-neighbouring gammas alternate within noise. Hysteresis comes from the pessimistic band on both sides (to switch on,
-S's low end must clear 1 + margin; to switch off, the running option's high end must fall short of 1 by margin x
-S(c)) and the cost; the wait from the cost over the expected gain: a grossly wrong setting (r >= C / confirm_s) is
-corrected after confirm_s, a gain below C / dwell_s waits the whole dwell. With no restart (C = 0) every change but
-a probe waits confirm_s: undoing it costs nothing.
+side for confirm_s (more speculation, or less: fewer drafts or off; one outlying window cannot publish a change),
+and never within dwell_s of the last published change. What is published is the candidate of that tick: near the
+optimum, neighbouring gammas alternate within noise. Hysteresis comes from the pessimistic band on both sides (to
+switch on, S's low end must clear 1 + margin; to switch off, the running option's high end must fall short of 1 by
+margin x S(c)) and the cost; the wait from the cost over the expected gain: a grossly wrong setting (r >= C /
+confirm_s) is corrected after confirm_s, a gain below C / dwell_s waits the whole dwell. With no restart (C = 0)
+every change but a probe waits confirm_s: undoing it costs nothing.
 
 The options: off, and every gamma in 1..gamma_max; while on, no further than one gamma past the measured k
 (`reachable_gamma_limit`): past it the acceptance is a guess, and each step up runs, gets its position measured
@@ -93,8 +93,8 @@ class DecideState:
     pending_enabled: bool | None = None  # the change waiting to be published
     pending_gamma: int | None = None  # the last candidate's gamma
     pending_since_s: float | None = None  # since when some change has been worth making (the wait's clock)
-    candidate_since_s: float | None = None  # since when the candidate has kept its side (off, up or down)
-    candidate_side: int | None = None  # that side: 0 off, +1 more drafts than run, -1 fewer
+    candidate_since_s: float | None = None  # since when the candidate has kept its side (more or less speculation)
+    candidate_side: int | None = None  # that side: +1 more speculation than runs, -1 less (fewer drafts or off)
     probe_since_s: float | None = None  # when a probe was published; held until a live window is measured
     probe_after_s: float | None = None  # no probe before this time (back-off after a probe nobody applied)
     last_change_s: float | None = None  # when a change (not the first baseline) was last published
@@ -332,9 +332,10 @@ def _change(tick: _Tick, current: Key, choice: Valued, prices: _Prices, *, note:
 
 
 def _side(option: Key, current: Key) -> int:
-    """Which way a change goes: 0 off, +1 to more drafts than run (on from off included), -1 to fewer."""
+    """Which way a change goes: +1 to more speculation (more drafts than run, on from off included), -1 to less
+    (fewer drafts, or off): a candidate that moves between off and fewer drafts keeps its direction."""
     if not option[0]:
-        return 0
+        return -1
     return 1 if not current[0] or option[1] > current[1] else -1
 
 

@@ -293,6 +293,20 @@ def test_an_outlying_window_naming_another_gamma_cannot_ride_the_pending_clock()
     assert d.num_speculative_tokens == 2 and "switching gamma 2->1" in d.reason and "its side held 0s" in d.reason
 
 
+def test_a_candidate_moving_between_off_and_fewer_drafts_keeps_its_side() -> None:
+    # On at 3 with S(3) 0.50 [0.45..0.55]: off gains (1 - 0.55) / 0.50 = 90%, a 30 s wait. The first window offers
+    # off, the next gamma 1 (S 1.40 [1.35..1.45]: +170% over gamma 3): both are less speculation, one direction,
+    # so the side held since T0 and the change is published at T0 + 30 s, not T0 + 5 + 30 s.
+    worse = make_curve((0.75, 0.80, 0.85), (0.70, 0.75, 0.80), (0.45, 0.50, 0.55))
+    _, s = tick(DecideState(), T0, worse, ON3, COST)
+    assert (s.pending_enabled, s.candidate_since_s) == (False, T0)
+    fewer = make_curve((1.35, 1.40, 1.45), (0.70, 0.75, 0.80), (0.45, 0.50, 0.55))
+    _, s = tick(s, T0 + 5.0, fewer, ON3, COST)
+    assert (s.pending_enabled, s.pending_gamma, s.candidate_since_s) == (True, 1, T0)
+    d, s = tick(s, T0 + 30.0, fewer, ON3, COST)
+    assert (d.enabled, d.num_speculative_tokens) == (True, 1)
+
+
 def test_a_broken_point_prices_nothing() -> None:
     # gamma 1's low end is NaN: it is left out, and gamma 3 (low end 1.31, +31%) is still the candidate from off.
     broken = (GOOD[0], replace(GOOD[1], speedup_low=float("nan")), *GOOD[2:])
