@@ -126,7 +126,7 @@ def advise_target(
         calibration_state, fit = update(calibration_state, evidence, ctx, now_s=now_s, config=config.calibration)
     # Measured live while speculating (not a remembered profile standing in for a thin window): what releases a
     # held probe (decide: the probe hold).
-    measured = evidence.state is DataState.OK and evidence.speculation_on and evidence.acceptance is not None
+    measured = _measured_live(evidence)
     inflight_s = inflight_work_s(evidence)
     in_use = acceptance_in_use(evidence, memory, config=config.memory, now_s=now_s)
     recalled = in_use.recalled
@@ -255,6 +255,12 @@ def _annotated(
     )
 
 
+def _measured_live(evidence: Evidence) -> bool:
+    """This window's acceptance was measured live while speculating (not a remembered profile standing in for a
+    thin window, not the prior's while off)."""
+    return evidence.state is DataState.OK and evidence.speculation_on and evidence.acceptance is not None
+
+
 def _plan_tick(
     state: HorizonState, curve: tuple[CurvePoint, ...], evidence: Evidence, *, capacity_bound: bool,
     config: DecideConfig, now_s: float,
@@ -267,7 +273,7 @@ def _plan_tick(
     rate = evidence.generation_tokens_per_s
     tick = HorizonTick(
         curve, running_gamma=running, value_rate=rate * share if rate is not None else None,
-        capacity_bound=capacity_bound,
+        capacity_bound=capacity_bound, measured=_measured_live(evidence),
     )
     state = observe_plan(state, tick, now_s=now_s, tau_s=config.payback_horizon_s, margin=config.margin)
     planned = horizon_curve(state, curve)

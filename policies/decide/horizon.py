@@ -38,17 +38,20 @@ V(3) = 3307, a 7.6% gain (46 s) against a restart x 300 / 3307 = 0.09: 20.8 s be
 When the acceptance moves. Each tick's values are priced with that tick's acceptance: the plan averages the load,
 but the drafter's acceptance is the model's, and old ticks priced on an acceptance that no longer holds say
 nothing about what each gamma is worth now (60 s after a drafter's acceptance fell from 0.85 to 0.15, ticks from
-before the fall would still hold up the gamma it had favoured). So the plan also keeps the decayed mean of each
-gamma's expected accepted length E_t[L](gamma) (`CurvePoint.expected_accepted_length`), and a tick while
-speculating at c restarts it (keeping the capacity-bound seconds: the load history still holds) when
+before the fall would still hold up the gamma it had favoured). So the plan also keeps, for each gamma, the decayed
+mean of its expected accepted length E_t[L](gamma) (`CurvePoint.expected_accepted_length`) over the ticks that
+measured it (a live window while speculating at k measures gamma 1..k), and a measured tick at c restarts the plan
+(keeping the capacity-bound seconds: the load history still holds) when
 
     |ln(E_now[L](c) / E_plan[L](c))| > max(margin, ln(S_high(c) / S_low(c)) / 2)
 
-the running option's accepted length moved by more than its own 90% band's half width (the window's counting
-noise, so a jitter of the measurement does not restart it) and than decide's margin (a smaller move cannot make
+the running option's accepted length moved by more than its own 90% band's half width (the window's noise, and the
+model's, so a jitter of the measurement does not restart it) and than decide's margin (a smaller move cannot make
 any change worth it). Example: E_plan[L](3) = 3.2, this window 2.6 with S(3) = 1.40 [1.30..1.52]: |ln 0.8125| =
-0.208 > max(0.02, 0.078): the plan restarts from this tick. Off, the curve's acceptance is remembered or the
-prior's, not measured: it never restarts the plan.
+0.208 > max(0.02, 0.078): the plan restarts from this tick. A band without a finite, positive low and high end
+(an SLO the low end misses) is noise without bound: no restart. Ticks that measured nothing (off, or a thin
+window priced from a remembered profile) and gammas never measured (past the running k) neither restart the plan
+nor enter the mean.
 
 The queue. A restart errors the queued requests as well as the running ones. Whether that loses service depends
 on whether the server would have caught up with them: in a persistent overload it is busy either way (the
@@ -74,31 +77,32 @@ MAX_TICK_GAP_S = 60.0
 class HorizonState:
     """The decayed sums the plan carries between ticks: `values[g]` = sum of w x V_t(g) (tokens/s), `weight` =
     sum of w, `capacity_s` = the decayed seconds spent capacity-bound (each tick counts the time since the one
-    before, at most `MAX_TICK_GAP_S`), `accepted[g]` = sum of w x E_t[L](g) (tokens per verification), all decayed
-    to `at_s` (Unix s; None: empty)."""
+    before, at most `MAX_TICK_GAP_S`), `accepted[g]` = sum of w x E_t[L](g) (tokens per verification) and
+    `measured[g]` = sum of w over the ticks that measured gamma g, all decayed to `at_s` (Unix s; None: empty)."""
 
     values: tuple[float, ...] = ()
     weight: float = 0.0
     capacity_s: float = 0.0
     at_s: float | None = None
     accepted: tuple[float, ...] = ()
+    measured: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
 class HorizonTick:
     """One tick as the plan sees it: `curve` its objective curve (gamma 0..n, contiguous), `running_gamma` the
     option running (0 = off), `value_rate` U_t (tokens/s; None, non-finite or <= 0: nothing is added, the sums
-    only decay), `capacity_bound` whether the tick was."""
+    only decay), `capacity_bound` whether the tick was, `measured` whether its acceptance was measured live while
+    speculating (not remembered, not the prior's)."""
 
     curve: Sequence[CurvePoint]
     running_gamma: int
     value_rate: float | None
     capacity_bound: bool
+    measured: bool = False
 
 
-def observe(
-    state: HorizonState, tick: HorizonTick, *, now_s: float, tau_s: float, margin: float = 0.0
-) -> HorizonState:
+def observe(state: HorizonState, tick: HorizonTick, *, now_s: float, tau_s: float, margin: float) -> HorizonState:
     """Add this tick's values V_t(gamma) (module docstring) to the plan, decaying the sums over `tau_s` (s) to
     `now_s` (Unix s). A curve of another length than the plan's (the deployed k moved past gamma_max) restarts
     the plan, and so does a move of the running option's accepted length past its band and `margin` (decide's
@@ -115,45 +119,59 @@ def observe(
     values = tuple(v * decay for v in state.values)
     weight = state.weight * decay
     accepted = tuple(a * decay for a in state.accepted)
+    measured = tuple(m * decay for m in state.measured)
     # A long gap (the sidecar was down, the target unreachable) says nothing about how long the overload lasted.
     capacity_s = state.capacity_s * decay + (min(gap, MAX_TICK_GAP_S) if tick.capacity_bound else 0.0)
-    kept = HorizonState(values, weight, capacity_s, now_s, accepted)  # what a tick that teaches nothing leaves
+    kept = HorizonState(values, weight, capacity_s, now_s, accepted, measured)  # a tick that teaches nothing
     running = _speed_of(curve, tick.running_gamma)
     if value_rate is None or not (math.isfinite(value_rate) and value_rate > 0):
         return kept
     if running is None or not (math.isfinite(running) and running > 0):
         return kept
     added = tuple(value_rate * p.speedup / running for p in curve)
-    lengths = tuple(p.expected_accepted_length for p in curve)
-    if not all(math.isfinite(t) and t >= 0 for t in (*added, *lengths)):
+    if not all(math.isfinite(t) and t >= 0 for t in added):
         return kept  # a broken curve point: teaches nothing
-    restart = len(values) != len(added) or len(accepted) != len(added)
-    if restart or _acceptance_moved(accepted, weight, curve, running_gamma=tick.running_gamma, margin=margin):
-        values, weight, accepted = (0.0,) * len(added), 0.0, (0.0,) * len(added)
+    n, seen = len(added), _measured_gammas(tick)
+    moved = seen and _acceptance_moved(accepted, measured, curve, running_gamma=tick.running_gamma, margin=margin)
+    if moved or len(values) != n or len(accepted) != n or len(measured) != n:
+        values, weight, accepted, measured = (0.0,) * n, 0.0, (0.0,) * n, (0.0,) * n
     return HorizonState(
         values=tuple(v + t for v, t in zip(values, added, strict=True)),
         weight=weight + 1.0,
         capacity_s=capacity_s,
         at_s=now_s,
-        accepted=tuple(a + e for a, e in zip(accepted, lengths, strict=True)),
+        accepted=tuple(a + (p.expected_accepted_length if p.gamma in seen else 0.0)
+                       for a, p in zip(accepted, curve, strict=True)),
+        measured=tuple(m + (1.0 if p.gamma in seen else 0.0) for m, p in zip(measured, curve, strict=True)),
+    )
+
+
+def _measured_gammas(tick: HorizonTick) -> frozenset[int]:
+    """The gammas whose accepted length this tick measured: 1..k of a live window at k (finite, positive lengths),
+    none otherwise."""
+    if not tick.measured or tick.running_gamma < 1:
+        return frozenset()
+    return frozenset(
+        p.gamma for p in tick.curve
+        if 1 <= p.gamma <= tick.running_gamma
+        and math.isfinite(p.expected_accepted_length) and p.expected_accepted_length > 0
     )
 
 
 def _acceptance_moved(
-    accepted: tuple[float, ...], weight: float, curve: Sequence[CurvePoint], *, running_gamma: int, margin: float
+    accepted: tuple[float, ...], measured: tuple[float, ...], curve: Sequence[CurvePoint], *, running_gamma: int,
+    margin: float,
 ) -> bool:
-    """|ln(E_now[L](c) / E_plan[L](c))| > max(margin, ln(S_high(c) / S_low(c)) / 2) while speculating at c
-    (module docstring); False off, on an empty plan, or when either length is not a positive number."""
-    point = _point_of(curve, running_gamma) if running_gamma >= 1 and weight > 0 else None
-    if point is None or not running_gamma < len(accepted):
+    """|ln(E_now[L](c) / E_plan[L](c))| > max(margin, ln(S_high(c) / S_low(c)) / 2) for c = `running_gamma`
+    (module docstring); False when the plan never measured c or the band has no finite, positive ends."""
+    point = _point_of(curve, running_gamma)
+    if point is None or not 1 <= running_gamma < min(len(accepted), len(measured)) or not measured[running_gamma] > 0:
         return False
-    then, now = accepted[running_gamma] / weight, point.expected_accepted_length
-    if not (then > 0 and now > 0 and math.isfinite(then) and math.isfinite(now)):
+    then, now = accepted[running_gamma] / measured[running_gamma], point.expected_accepted_length
+    low, high = point.speedup_low, point.speedup_high
+    if not (then > 0 and now > 0 and low > 0 and math.isfinite(then) and math.isfinite(high) and high >= low):
         return False
-    noise = 0.0
-    if point.speedup_low > 0 and point.speedup_high > 0 and math.isfinite(point.speedup_high):
-        noise = math.log(point.speedup_high / point.speedup_low) / 2.0
-    return abs(math.log(now / then)) > max(margin, noise)
+    return abs(math.log(now / then)) > max(margin, math.log(high / low) / 2.0)
 
 
 def planned_rate(state: HorizonState, gamma: int) -> float | None:

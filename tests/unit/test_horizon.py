@@ -33,7 +33,7 @@ def _curve(*speedups: float, band: float = 0.0) -> tuple[CurvePoint, ...]:
 def test_a_tick_adds_the_value_of_each_gamma_in_tokens_per_second() -> None:
     state = observe(
         HorizonState(), HorizonTick(_curve(1.46, 1.60, 1.70), running_gamma=3, value_rate=300.0, capacity_bound=False),
-        now_s=T0, tau_s=600.0,
+        now_s=T0, tau_s=600.0, margin=0.02,
     )
     # V_t(g) = 300 x S(g) / S(3).
     assert state.values == pytest.approx((300 / 1.70, 300 * 1.46 / 1.70, 300 * 1.60 / 1.70, 300.0))
@@ -44,11 +44,11 @@ def test_a_tick_adds_the_value_of_each_gamma_in_tokens_per_second() -> None:
 def test_old_ticks_fade_with_the_horizon() -> None:
     light = observe(
         HorizonState(), HorizonTick(_curve(1.0), running_gamma=1, value_rate=300.0, capacity_bound=False), now_s=T0,
-        tau_s=600.0,
+        tau_s=600.0, margin=0.02,
     )
     heavy = observe(
         light, HorizonTick(_curve(1.0), running_gamma=1, value_rate=6000.0, capacity_bound=True), now_s=T0 + 600.0,
-        tau_s=600.0,
+        tau_s=600.0, margin=0.02,
     )
     # The light tick weighs exp(-1) = 0.368 against the heavy tick's 1.
     w = math.exp(-1.0)
@@ -58,7 +58,7 @@ def test_old_ticks_fade_with_the_horizon() -> None:
     # No rate: nothing added, the sums only fade (the mean is unchanged).
     later = observe(
         heavy, HorizonTick(_curve(1.0), running_gamma=1, value_rate=None, capacity_bound=True), now_s=T0 + 1200.0,
-        tau_s=600.0,
+        tau_s=600.0, margin=0.02,
     )
     assert later.weight == pytest.approx(heavy.weight * w)
     assert planned_rate(later, 1) == pytest.approx(planned_rate(heavy, 1) or 0.0)
@@ -72,7 +72,7 @@ def test_a_fresh_plan_does_not_take_a_short_overload_for_a_persistent_one() -> N
         for i in range(int(seconds / 5.0) + 1):
             state = observe(
                 state, HorizonTick(_curve(1.0), running_gamma=1, value_rate=6000.0, capacity_bound=True),
-                now_s=T0 + 5.0 * i, tau_s=600.0,
+                now_s=T0 + 5.0 * i, tau_s=600.0, margin=0.02,
             )
         return state
 
@@ -86,7 +86,7 @@ def test_a_queue_costs_no_more_than_the_horizon_can_serve_of_it() -> None:
     for i in range(25):  # 120 s capacity-bound: the queue counts at ~0.82
         state = observe(
             state, HorizonTick(_curve(1.0), running_gamma=1, value_rate=6000.0, capacity_bound=True),
-            now_s=T0 + 5.0 * i, tau_s=600.0,
+            now_s=T0 + 5.0 * i, tau_s=600.0, margin=0.02,
         )
     weight = queue_weight(state, tau_s=600.0)
     assert 0.75 < weight < 0.9
@@ -105,12 +105,12 @@ def test_a_queue_costs_no_more_than_the_horizon_can_serve_of_it() -> None:
 def test_a_broken_curve_point_teaches_the_plan_nothing() -> None:
     state = observe(
         HorizonState(), HorizonTick(_curve(1.2), running_gamma=1, value_rate=300.0, capacity_bound=False), now_s=T0,
-        tau_s=600.0,
+        tau_s=600.0, margin=0.02,
     )
     broken = _curve(float("nan"))
     after = observe(
         state, HorizonTick(broken, running_gamma=1, value_rate=300.0, capacity_bound=False), now_s=T0 + 5.0,
-        tau_s=600.0,
+        tau_s=600.0, margin=0.02,
     )
     assert after.weight == pytest.approx(state.weight * math.exp(-5.0 / 600.0))
     assert planned_rate(after, 1) == pytest.approx(300.0)
@@ -118,7 +118,8 @@ def test_a_broken_curve_point_teaches_the_plan_nothing() -> None:
 
 
 def test_the_plan_curve_is_the_mean_value_over_plain_decoding_with_this_ticks_band() -> None:
-    state = HorizonState(values=(2800.0, 3050.0, 3000.0, 2900.0), weight=1.0, at_s=T0)
+    state = HorizonState(values=(2800.0, 3050.0, 3000.0, 2900.0), weight=1.0, at_s=T0, accepted=(1.0,) * 4,
+                         measured=(1.0,) * 4)
     curve = _curve(1.46, 1.60, 1.70, band=0.06)
     planned = horizon_curve(state, curve)
     assert planned is not None
@@ -130,7 +131,7 @@ def test_the_plan_curve_is_the_mean_value_over_plain_decoding_with_this_ticks_ba
     assert horizon_curve(state, curve[:3]) is None
     restarted = observe(
         state, HorizonTick(curve[:3], running_gamma=1, value_rate=100.0, capacity_bound=False), now_s=T0 + 5,
-        tau_s=600.0,
+        tau_s=600.0, margin=0.02,
     )
     assert restarted.weight == 1.0 and len(restarted.values) == 3
 
@@ -192,7 +193,7 @@ def _verdicts(curve: tuple[CurvePoint, ...], *, planned: bool) -> list[tuple[boo
                 HorizonTick(
                     curve, running_gamma=3, value_rate=300.0 * (curve[3].slo_share or 1.0), capacity_bound=False
                 ),
-                now_s=T0 + t, tau_s=600.0,
+                now_s=T0 + t, tau_s=600.0, margin=0.02,
             )
             planned_curve = horizon_curve(plan, curve)
             scale = cost_scale(plan, running_gamma=3, delivered_rate=300.0) or 1.0
@@ -215,7 +216,7 @@ def test_the_cost_scale_is_todays_delivered_rate_over_the_planned_value() -> Non
     curve = _slo_curve(0.5, 0.6, 0.3)
     plan = observe(
         HorizonState(), HorizonTick(curve, running_gamma=3, value_rate=300.0 * 0.3, capacity_bound=False), now_s=T0,
-        tau_s=600.0,
+        tau_s=600.0, margin=0.02,
     )
     assert cost_scale(plan, running_gamma=3, delivered_rate=300.0) == pytest.approx(1 / 0.3)
     # Light now (300 tokens/s) after a heavy spell planned at ~3400: a tenth of today's cost.
@@ -245,7 +246,7 @@ def _planned_on(length: float, *, ticks: int = 24, capacity_bound: bool = False)
     state = HorizonState()
     for i in range(ticks):
         tick = HorizonTick(_drafting(length, low=1.35, high=1.45), running_gamma=3, value_rate=300.0,
-                           capacity_bound=capacity_bound)
+                           capacity_bound=capacity_bound, measured=True)
         state = observe(state, tick, now_s=T0 + 5.0 * i, tau_s=600.0, margin=0.02)
     return state
 
@@ -254,7 +255,8 @@ def test_a_move_of_the_acceptance_past_its_band_restarts_the_plan_but_not_the_lo
     state = _planned_on(3.2, capacity_bound=True)
     assert state.weight > 20
     # E[L](3) 3.2 -> 2.6: |ln 0.8125| = 0.208 > max(0.02, ln(1.52 / 1.30) / 2 = 0.078).
-    fell = HorizonTick(_drafting(2.6, low=1.30, high=1.52), running_gamma=3, value_rate=300.0, capacity_bound=True)
+    fell = HorizonTick(_drafting(2.6, low=1.30, high=1.52), running_gamma=3, value_rate=300.0, capacity_bound=True,
+                       measured=True)
     after = observe(state, fell, now_s=T0 + 120.0, tau_s=600.0, margin=0.02)
     assert after.weight == 1.0  # only this tick
     assert after.values == pytest.approx(tuple(300.0 * p.speedup / 1.4 for p in fell.curve))
@@ -265,11 +267,13 @@ def test_a_move_of_the_acceptance_past_its_band_restarts_the_plan_but_not_the_lo
 def test_a_move_within_the_window_noise_or_below_the_margin_keeps_the_plan() -> None:
     state = _planned_on(3.2)
     # 3.2 -> 3.0 (|ln| = 0.065) inside a band of half-width ln(1.6 / 1.2) / 2 = 0.144: counting noise.
-    noisy = HorizonTick(_drafting(3.0, low=1.2, high=1.6), running_gamma=3, value_rate=300.0, capacity_bound=False)
+    noisy = HorizonTick(_drafting(3.0, low=1.2, high=1.6), running_gamma=3, value_rate=300.0, capacity_bound=False,
+                        measured=True)
     assert observe(state, noisy, now_s=T0 + 120.0, tau_s=600.0, margin=0.02).weight > state.weight
-    # 3.2 -> 3.1 (0.032) past a narrow band (0.007) but below a 5% margin: no change could pay for it.
+    # 3.2 -> 3.1 (0.032) past a narrow band (half-width ln(1.405 / 1.395) / 2 = 0.0036) but below a 5% margin: no
+    # change could pay for it.
     small = HorizonTick(_drafting(3.1, low=1.395, high=1.405), running_gamma=3, value_rate=300.0,
-                        capacity_bound=False)
+                        capacity_bound=False, measured=True)
     assert observe(state, small, now_s=T0 + 120.0, tau_s=600.0, margin=0.05).weight > state.weight
     # ... and restarts it with a 2% margin.
     assert observe(state, small, now_s=T0 + 120.0, tau_s=600.0, margin=0.02).weight == 1.0
@@ -282,3 +286,35 @@ def test_off_the_curve_acceptance_is_not_measured_and_never_restarts_the_plan() 
                            capacity_bound=False)
         state = observe(state, tick, now_s=T0 + 5.0 * i, tau_s=600.0, margin=0.02)
     assert state.weight > 2.9
+
+
+def test_acceptance_nobody_measured_neither_restarts_the_plan_nor_enters_its_mean() -> None:
+    state = _planned_on(3.2)
+    # A thin window priced from a remembered profile (not measured live): E[L] 2.0 says nothing about this window.
+    stood_in = HorizonTick(_drafting(2.0, low=1.35, high=1.45), running_gamma=3, value_rate=300.0,
+                           capacity_bound=False, measured=False)
+    after = observe(state, stood_in, now_s=T0 + 120.0, tau_s=600.0, margin=0.02)
+    assert after.weight > state.weight
+    assert after.accepted[3] / after.measured[3] == pytest.approx(3.2)  # the mean is still the measured one
+    # A band whose low end is 0 (an SLO the low end misses) is unbounded noise: no restart, however far E[L] moved.
+    unbounded = HorizonTick(_drafting(1.5, low=0.0, high=1.45), running_gamma=3, value_rate=300.0,
+                            capacity_bound=False, measured=True)
+    assert observe(state, unbounded, now_s=T0 + 120.0, tau_s=600.0, margin=0.02).weight > state.weight
+    infinite = HorizonTick(_drafting(1.5, low=1.35, high=float("inf")), running_gamma=3, value_rate=300.0,
+                           capacity_bound=False, measured=True)
+    assert observe(state, infinite, now_s=T0 + 120.0, tau_s=600.0, margin=0.02).weight > state.weight
+
+
+def test_a_gamma_first_measured_after_a_step_up_does_not_restart_the_plan() -> None:
+    # Measured at 2 for two minutes (gamma 3 only extrapolated), then gamma 3 runs: its first measured length (2.4,
+    # far from the 3.2 the extrapolation said) has nothing measured to move from.
+    state = HorizonState()
+    for i in range(24):
+        tick = HorizonTick(_drafting(3.2, low=1.35, high=1.45), running_gamma=2, value_rate=300.0,
+                           capacity_bound=False, measured=True)
+        state = observe(state, tick, now_s=T0 + 5.0 * i, tau_s=600.0, margin=0.02)
+    assert state.measured[3] == 0.0 and state.measured[2] > 0.0
+    up = HorizonTick(_drafting(2.4, low=1.35, high=1.45), running_gamma=3, value_rate=300.0, capacity_bound=False,
+                     measured=True)
+    after = observe(state, up, now_s=T0 + 120.0, tau_s=600.0, margin=0.02)
+    assert after.weight > state.weight and after.accepted[3] / after.measured[3] == pytest.approx(2.4)
