@@ -14,8 +14,9 @@ from enum import StrEnum
 
 class DataState(StrEnum):
     """How far the data behind a target's evidence and recommendation can be trusted: ok (a fresh, full window),
-    insufficient_data (too few drafts or requests in the window), stale (no good scrape for a while), error (no
-    usable data). The wire values are part of the REST contract, where the field is named `state`."""
+    insufficient_data (speculating with too few drafts in the window to trust the acceptance, or not evaluated
+    yet), stale (no good scrape for a while), error (no usable data). The wire values are part of the REST
+    contract, where the field is named `state`."""
 
     OK = "ok"
     INSUFFICIENT_DATA = "insufficient_data"

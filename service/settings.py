@@ -278,7 +278,7 @@ _DEFAULT_CONFIRM_S = _DECIDE.confirm_s
 _REPLACED_DECIDE_SETTINGS = {
     "min_speedup_gain_to_change_gamma": "every change must promise `margin` (a relative gain at its band's low end)",
     "planned_confirm_s": "use confirm_s, the shortest wait of any change",
-    "decisive_gain": "a change now waits change cost / gain, between confirm_s and dwell_s",
+    "decisive_gain": "a change now waits change cost / expected gain, between confirm_s and dwell_s",
 }
 
 
@@ -295,8 +295,8 @@ class DecideSettings(_Section):
         default=_DECIDE.dwell_s,
         ge=0,
         description="The longest a change waits to be published, and the least time between two published changes "
-        "(so one burst cannot flip the recommendation back and forth). A change waits its cost over its gain "
-        "(change_cost_s / gain), between confirm_s and dwell_s.",
+        "(so one burst cannot flip the recommendation back and forth). A change waits its cost over its expected "
+        "gain (change_cost_s / gain), between confirm_s and dwell_s.",
     )
     confirm_s: float = Field(
         default=_DEFAULT_CONFIRM_S,
@@ -377,7 +377,7 @@ class DecideSettings(_Section):
         if self.confirm_s > self.dwell_s:
             raise ValueError(
                 f"decide.confirm_s ({self.confirm_s:g}) must not exceed decide.dwell_s ({self.dwell_s:g}): "
-                "a change waits its cost over its gain, between the two"
+                "a change waits its cost over its expected gain, between the two"
             )
         return self
 

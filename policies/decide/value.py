@@ -69,13 +69,16 @@ def pessimistic_gain(curve: Sequence[CurvePoint], current: Key, option: Key, *, 
 
 
 def expected_gain(curve: Sequence[CurvePoint], current: Key, option: Key) -> float | None:
-    """g(option) over `current` at the points' own speedups (no band), per delivered token; None as
-    `pessimistic_gain`."""
+    """g(option) over `current` at the points' own speedups (no band), per delivered token: what each second
+    without the change forgoes in expectation (decide's wait). An extrapolated gamma (positions past the measured k
+    never ran) is taken at no more than its band's low end, as in `pessimistic_gain`. None as `pessimistic_gain`.
+    Example: on at 3 (S 0.80), off -> (1.0 - 0.80) / 0.80 = 0.25; off, gamma 3 at S 1.42 [1.31..1.55] -> 0.42."""
     new = point_at(curve, option[1]) if option[0] else point_at(curve, 0)
     here = point_at(curve, current[1]) if current[0] else point_at(curve, 0)
     if new is None or here is None or not here.speedup > 0:
         return None
-    gain = (new.speedup - here.speedup) / here.speedup * _share(here)
+    target = min(new.speedup, new.speedup_low) if new.extrapolated else new.speedup
+    gain = (target - here.speedup) / here.speedup * _share(here)
     return gain if math.isfinite(gain) else None
 
 

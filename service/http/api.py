@@ -94,8 +94,9 @@ class RecommendationOut(BaseModel):
         description="The served model: as the engine reports it, else as configured; null when neither is known yet."
     )
     state: DataState = Field(
-        description="How far the data behind this recommendation can be trusted: ok, insufficient_data (too few "
-        "drafts or requests in the window), stale (no good scrape for a while) or error (no usable data)."
+        description="How far the data behind this recommendation can be trusted: ok, insufficient_data (speculating "
+        "with too few drafts in the window to trust the acceptance, or not evaluated yet), stale (no good scrape for a "
+        "while) or error (no usable data)."
     )
     enabled: bool | None = Field(description=f"Should speculative decoding be on; {_UNTIL_SCRAPED}.")
     num_speculative_tokens: int | None = Field(description=f"Draft tokens per step, 0 when off; {_UNTIL_SCRAPED}.")
@@ -206,8 +207,9 @@ class EvidenceOut(BaseModel):
         description="The served model: as the engine reports it, else as configured; null when neither is known yet."
     )
     state: DataState = Field(
-        description="How far this evidence can be trusted: ok, insufficient_data (too few drafts or requests in the "
-        "window), stale (no good scrape for a while) or error (no usable data)."
+        description="How far this evidence can be trusted: ok, insufficient_data (speculating with too few drafts in "
+        "the window to trust the acceptance, or not evaluated yet), stale (no good scrape for a while) or error (no "
+        "usable data)."
     )
     reason: str = Field(
         description="Why the state is what it is, with the numbers (or the last scrape error before any evaluation)."

@@ -295,7 +295,7 @@ def test_an_outlying_window_naming_another_gamma_cannot_ride_the_pending_clock()
 
 def test_a_candidate_moving_between_off_and_fewer_drafts_keeps_its_side() -> None:
     # On at 3 with S(3) 0.50 [0.45..0.55]: off gains (1 - 0.55) / 0.50 = 90%, a 30 s wait. The first window offers
-    # off, the next gamma 1 (S 1.40 [1.35..1.45]: +170% over gamma 3): both are less speculation, one direction,
+    # off, the next gamma 1 (S 1.40 [1.35..1.45]: +180% over gamma 3): both are less speculation, one direction,
     # so the side held since T0 and the change is published at T0 + 30 s, not T0 + 5 + 30 s.
     worse = make_curve((0.75, 0.80, 0.85), (0.70, 0.75, 0.80), (0.45, 0.50, 0.55))
     _, s = tick(DecideState(), T0, worse, ON3, COST)

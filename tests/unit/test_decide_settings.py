@@ -39,7 +39,8 @@ def test_the_default_confirm_follows_a_shorter_dwell() -> None:
 
 
 @pytest.mark.parametrize(("key", "says"), [("min_speedup_gain_to_change_gamma", "margin"),
-                                           ("planned_confirm_s", "confirm_s"), ("decisive_gain", "cost / gain")])
+                                           ("planned_confirm_s", "confirm_s"),
+                                           ("decisive_gain", "cost / expected gain")])
 def test_a_replaced_setting_names_its_replacement(key: str, says: str) -> None:
     with pytest.raises(SettingsError, match=rf"decide.{key} was replaced: .*{says}"):
         load_settings(None, overrides={"targets": [TARGET], "decide": {key: 0.1}})

@@ -188,7 +188,7 @@ def test_trtllm_rechooses_with_k_capped_at_batch_one_when_larger_batches_go_deep
     assert any("re-chosen" in note for note in trt.notes)
 
 
-def test_plan_from_evidence_uses_its_acceptance_the_given_calibration_and_context() -> None:
+def test_inputs_from_evidence_use_its_acceptance_the_given_calibration_and_context() -> None:
     evidence = make_evidence(batch=12.0, step_time_s=0.012, context_tokens_per_seq=700.0)
     ctx = make_context()
     fitted = CostScales(memory=1.3, per_token=0.5)  # what the online fit found (carried on the board)
