@@ -22,7 +22,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from policies.act.deployment import SpeculationSetting
 from service.actuators.audit import AuditLog, rfc3339
 from service.actuators.runner import ActuationRunner, AuditNotPersistedError, TargetActuation, UnknownTargetError
+from service.http.bounded import bounded_route
 
+# A write's body is a target name, a reason and a few numbers: 16 KiB leaves room and bounds the parse.
+MAX_WRITE_BODY_BYTES = 16 * 1024
 MAX_RECORDS = 500
 DEFAULT_RECORDS = 100
 
@@ -189,8 +192,19 @@ def create_actions_router(
         if not hmac.compare_digest(presented.strip().encode(), expected):
             raise _AuthError(403, "forbidden", "the bearer token is not the configured one")
 
-    auth = [Depends(authorized)]
-    errors: dict[int | str, dict[str, Any]] = {401: {}, 403: {}, 422: {}, 503: {}}
+    # The bearer check and the body cap run before anything reads the body (service/http/bounded.py); the
+    # dependency repeats the check so the OpenAPI schema shows what each write needs.
+    writes_router = APIRouter(route_class=bounded_route(MAX_WRITE_BODY_BYTES, what="actions", guard=authorized))
+    _mount_writes(writes_router, runner, clock=clock, auth=[Depends(authorized)], max_override_s=max_override_s)
+    router.include_router(writes_router)
+    return router
+
+
+def _mount_writes(
+    router: APIRouter, runner: ActuationRunner, *, clock: Callable[[], float], auth: list[Any],
+    max_override_s: float,
+) -> None:
+    errors: dict[int | str, dict[str, Any]] = {401: {}, 403: {}, 413: {}, 422: {}, 503: {}}
 
     @router.post("/v1/actions/pause", response_model=CommandOut, dependencies=auth, responses=errors)
     async def pause(body: PauseIn) -> Response:
@@ -248,8 +262,6 @@ def create_actions_router(
         except AuditNotPersistedError as exc:
             return _not_persisted(exc)
         return JSONResponse(content=CommandOut(targets=[target], cleared=cleared).model_dump(mode="json"))
-
-    return router
 
 
 class _AuthError(Exception):

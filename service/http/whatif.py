@@ -13,14 +13,13 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Annotated, Any
 
 import yaml
-from fastapi import APIRouter, HTTPException, Query, Request, Response
+from fastapi import APIRouter, HTTPException, Query
 from fastapi.exceptions import RequestValidationError
-from fastapi.routing import APIRoute
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.concurrency import run_in_threadpool
 
@@ -57,6 +56,7 @@ from policies.offline.whatif import (
 )
 from policies.types import DataState, DraftMethod, Evidence
 from service.board import Board
+from service.http.bounded import bounded_route
 
 DEFAULT_MAX_BODY_BYTES = 256 * 1024  # an inline config.json is a few KB; this leaves room and bounds the parse
 DEFAULT_MAX_NUM_SEQS = 256  # vLLM's default --max-num-seqs on most GPUs: pass yours
@@ -562,38 +562,6 @@ def _context_from_names(profiles: Mapping[str, str]) -> tuple[ModelContext | Non
 # ------------------------------------------------------------------------------------------------------------
 
 
-class BodyTooLargeError(HTTPException):
-    def __init__(self, limit: int) -> None:
-        super().__init__(status_code=413, detail=f"request body larger than {limit} bytes (the what-if limit)")
-
-
-def _bounded_route(limit: int) -> type[APIRoute]:
-    class BoundedRequest(Request):
-        async def body(self) -> bytes:
-            if not hasattr(self, "_body"):
-                declared = self.headers.get("content-length")
-                if declared is not None and (not declared.isdigit() or int(declared) > limit):
-                    raise BodyTooLargeError(limit)
-                chunks = bytearray()
-                async for chunk in self.stream():
-                    chunks += chunk
-                    if len(chunks) > limit:  # chunked bodies have no declared length: count while reading
-                        raise BodyTooLargeError(limit)
-                self._body = bytes(chunks)
-            return self._body
-
-    class BoundedRoute(APIRoute):
-        def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
-            handler = super().get_route_handler()
-
-            async def bounded(request: Request) -> Response:
-                return await handler(BoundedRequest(request.scope, request.receive))
-
-            return bounded
-
-    return BoundedRoute
-
-
 def _invalid(error: WhatIfInputError) -> RequestValidationError:
     # The same shape as pydantic's own errors, so the app's handler renders it like any other 422.
     loc = ("body", *error.field.split("."))
@@ -609,7 +577,7 @@ def create_whatif_router(
     """`POST /v1/whatif` and `GET /v1/schedule`. `live_targets` lists the configured targets with their evidence
     and profiles (None: /v1/schedule answers 404 for every target, what-if still works); `gamma_max` is the deepest
     K a schedule may use by default (the decision's gamma_max)."""
-    router = APIRouter(route_class=_bounded_route(max_body_bytes), tags=["what-if"])
+    router = APIRouter(route_class=bounded_route(max_body_bytes, what="what-if"), tags=["what-if"])
     errors: dict[int | str, dict[str, Any]] = {
         404: {"description": "Unknown target."},
         413: {"description": "Body too large."},
