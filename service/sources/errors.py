@@ -2,7 +2,18 @@
 
 from __future__ import annotations
 
+import re
 from enum import StrEnum
+
+# scheme://userinfo@ : the userinfo (user, user:password, a token) up to the '@' before the host.
+_USERINFO = re.compile(r"\b([a-zA-Z][a-zA-Z0-9+.-]*://)[^/\s@]+@")
+
+
+def without_userinfo(text: str) -> str:
+    """`text` with the userinfo dropped from every URL in it, so credentials never reach a reason, an API answer
+    or a log line. Example: "http://user:pass@vllm:8000/metrics: HTTP 503" -> "http://vllm:8000/metrics: HTTP 503";
+    an e-mail address (no scheme) is left alone."""
+    return _USERINFO.sub(r"\1", text)
 
 
 class ScrapeErrorReason(StrEnum):
@@ -23,6 +34,7 @@ class ScrapeError(Exception):
     """A scrape that produced no usable snapshot. `detail` is for humans (logs, the REST evidence)."""
 
     def __init__(self, reason: ScrapeErrorReason, detail: str) -> None:
+        detail = without_userinfo(detail)  # a target URL's credentials, or an exception text quoting it
         super().__init__(f"{reason.value}: {detail}")
         self.reason = reason
         self.detail = detail
