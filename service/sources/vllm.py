@@ -11,7 +11,11 @@ Failure policy (every failure is a `ScrapeError`, nothing else escapes):
   the exposition format ends every line with one), or garbage with no vLLM line at all.
 - INVALID_VALUE: NaN, Inf or a negative number in a field we use, an unusable `position`/`le` label, a gap in
   positions, more than `MAX_POSITIONS` positions, per-position counts that do not add up to the accepted tokens
-  (a vanished position series), duplicate series, a histogram that is not cumulative.
+  (a vanished position series), duplicate series, a histogram that is not cumulative, and counters that vLLM's
+  own accounting cannot produce (`_check_spec_counts`): a sum over engines that overflows to Inf, more accepted
+  than proposed draft tokens, more proposed tokens than k per draft, a position counted more often than the one
+  before it (or the first more often than the drafts), or more drafts than generated tokens (every verification
+  emits at least one token).
 - MISSING_FAMILY: a model without `vllm:num_requests_running`/`waiting`, some but not all four spec-decode
   families (e.g. a V0 page that lacks `num_drafts`: acceptance per position cannot be estimated from it, and
   calling that "speculation off" would be a lie), none of the four but other `vllm:spec_decode*` names (a vLLM
@@ -258,6 +262,9 @@ class _ModelReader:
         capacity_by_engine = self._kv_capacity_by_engine()
         spec = self._spec()
         generation = self._counter(names.GENERATION_TOKENS)
+        if spec is not None:
+            _check_spec_counts(spec, generation_tokens=generation, engines=max(1, len(self._group.engines)),
+                               model=self._model)
         prompt = self._counter(names.PROMPT_TOKENS)
         itl = self._histogram(names.INTER_TOKEN_LATENCY)
         iteration = self._histogram(names.ITERATION_TOKENS)
@@ -458,6 +465,43 @@ class _ModelReader:
         return HistogramReading(
             sum=sum(_checked(s) for s in sums), count=sum(_checked(s) for s in counts), buckets=cumulative
         )
+
+
+# Slack for counters that vLLM updates in different stats records of one engine step (drafts vs generated tokens):
+# a step's worth of requests per engine, beyond the relative tolerance.
+_STEP_SLACK_PER_ENGINE = 1024.0
+
+
+def _check_spec_counts(
+    spec: SpecDecodeCounters, *, generation_tokens: float | None, engines: int, model: str
+) -> None:
+    """Raise INVALID_VALUE on spec-decode counters vLLM's accounting cannot produce (module docstring). Each draft
+    proposes 1..k tokens, each accepted token was proposed, a verification that accepted i+2 drafts accepted i+1,
+    and each verification emits at least one token. Example: drafts 1e308 beside 3e5 generated tokens -> invalid
+    (read as it stands, the per-position acceptance would be ~0 and flip a k=4 recommendation to off)."""
+    k = spec.deployed_k
+    totals = (spec.drafts, spec.draft_tokens, spec.accepted_tokens, *spec.accepted_per_position)
+    problem = ""
+    if not all(math.isfinite(t) for t in totals):
+        problem = "a spec_decode sum over engines is not finite"
+    elif spec.accepted_tokens > _with_tolerance(spec.draft_tokens):
+        problem = f"accepted tokens {spec.accepted_tokens:g} > draft tokens {spec.draft_tokens:g}"
+    elif k and spec.draft_tokens > _with_tolerance(k * spec.drafts):
+        problem = f"draft tokens {spec.draft_tokens:g} > k={k} x drafts {spec.drafts:g}"
+    elif k and spec.accepted_per_position[0] > _with_tolerance(spec.drafts):
+        problem = f"position 0 accepted {spec.accepted_per_position[0]:g} > drafts {spec.drafts:g}"
+    elif any(b > _with_tolerance(a) for a, b in itertools.pairwise(spec.accepted_per_position)):
+        problem = f"per-position accepted counts rise with the position: {spec.accepted_per_position}"
+    elif generation_tokens is not None and spec.drafts > (
+        _with_tolerance(generation_tokens) + _STEP_SLACK_PER_ENGINE * engines
+    ):
+        problem = f"drafts {spec.drafts:g} > generated tokens {generation_tokens:g}"
+    if problem:
+        raise ScrapeError(ScrapeErrorReason.INVALID_VALUE, f"model {model!r}: {problem}")
+
+
+def _with_tolerance(value: float) -> float:
+    return value * (1.0 + _SUM_REL_TOLERANCE) + _SUM_ABS_TOLERANCE
 
 
 def _at_most_one(generation_tokens: HistogramReading | None) -> float | None:

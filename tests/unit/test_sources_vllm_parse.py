@@ -491,3 +491,60 @@ def test_random_damage_yields_a_snapshot_or_a_scrape_error(seed: int) -> None:
         assert isinstance(exc.reason, ScrapeErrorReason)
     else:
         assert all(isinstance(s, EngineSnapshot) for s in result.values())
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Counters vLLM's own accounting cannot produce
+# ---------------------------------------------------------------------------------------------------------------
+
+LLAMA = 'engine="0",model_name="meta-llama/Llama-3.1-8B-Instruct"'
+
+
+def _detail_of(text: str) -> str:
+    with pytest.raises(ScrapeError) as caught:
+        parse_vllm_metrics(text, taken_at_s=T)
+    assert caught.value.reason is ScrapeErrorReason.INVALID_VALUE
+    return caught.value.detail
+
+
+def test_finite_but_absurd_drafts_are_invalid_not_an_acceptance_of_zero() -> None:
+    # 1e308 drafts beside 336000 generated tokens: every verification emits a token, so at most ~336000 drafts.
+    # Read as it stands, acceptance per position would be ~0 and a k=3 recommendation would flip to off.
+    prefix = f"vllm:spec_decode_num_drafts_total{{{LLAMA}}}"
+    detail = _detail_of(replace_line(page(EAGLE), prefix, f"{prefix} 1e308"))
+    assert "drafts 1e+308 > generated tokens 336000" in detail
+
+
+def test_engines_whose_counters_sum_to_infinity_are_invalid() -> None:
+    # Each engine's 1.5e308 is finite; their sum is not (before: Inf reached the cost model and raised every tick).
+    qwen = 'model_name="Qwen/Qwen3-8B"'
+    text = page(DP2)
+    for engine in ("0", "1"):
+        prefix = f'vllm:spec_decode_num_drafts_total{{engine="{engine}",{qwen}}}'
+        text = replace_line(text, prefix, f"{prefix} 1.5e308")
+    assert "not finite" in _detail_of(text)
+
+
+def _counts_page(drafts: float, draft_tokens: float, per_position: tuple[float, ...]) -> str:
+    lines = [
+        f"vllm:num_requests_running{{{TINY}}} 1.0",
+        f"vllm:num_requests_waiting{{{TINY}}} 0.0",
+        f"vllm:spec_decode_num_drafts_total{{{TINY}}} {drafts}",
+        f"vllm:spec_decode_num_draft_tokens_total{{{TINY}}} {draft_tokens}",
+        f"vllm:spec_decode_num_accepted_tokens_total{{{TINY}}} {sum(per_position)}",
+    ]
+    lines += [f'{PER_POS}{{{TINY},position="{i}"}} {c}' for i, c in enumerate(per_position)]
+    return "\n".join(lines) + "\n"
+
+
+def test_counts_that_break_vllms_accounting_are_invalid() -> None:
+    # Consistent: 100 drafts of k=3 proposing 300 tokens, 80 >= 60 >= 40 accepted by position.
+    assert only(_counts_page(100, 300, (80, 60, 40))).spec is not None
+    # More accepted (180) than proposed (150).
+    assert "accepted tokens 180 > draft tokens 150" in _detail_of(_counts_page(100, 150, (80, 60, 40)))
+    # More proposed (400) than k x drafts (300).
+    assert "draft tokens 400 > k=3 x drafts 100" in _detail_of(_counts_page(100, 400, (80, 60, 40)))
+    # Position 1 accepted more often than position 0.
+    assert "rise with the position" in _detail_of(_counts_page(100, 300, (60, 80, 40)))
+    # Position 0 accepted in more verifications (120) than there were drafts (100).
+    assert "position 0 accepted 120 > drafts 100" in _detail_of(_counts_page(100, 300, (120, 60, 40)))
