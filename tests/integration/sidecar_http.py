@@ -42,9 +42,10 @@ async def serving(app: Any) -> AsyncIterator[str]:
 
 
 class CaptureServer:
-    """Serves a capture at /metrics. Request n (1-based) multiplies every `vllm:spec_decode_*_total` sample by n,
-    so each scrape sees the capture's acceptance ratios again over a fresh delta (a static page would give a
-    zero delta). `status` can be set to make it fail.
+    """Serves a capture at /metrics. Request n (1-based) multiplies every `vllm:spec_decode_*_total` sample and
+    `vllm:generation_tokens_total` by n, so each scrape sees the capture's acceptance ratios again over a fresh
+    delta (a static page would give a zero delta), and the page stays one a real engine could serve (every
+    verification emits a token: drafts never pass the generated tokens). `status` can be set to make it fail.
     """
 
     def __init__(self, capture: Path) -> None:
@@ -55,7 +56,7 @@ class CaptureServer:
     def body(self, factor: int) -> str:
         out: list[str] = []
         for line in self._lines:
-            if line.startswith("vllm:spec_decode_") and "_total{" in line:
+            if line.startswith(("vllm:spec_decode_", "vllm:generation_tokens_total")) and "_total{" in line:
                 series, value = line.rsplit(" ", 1)
                 out.append(f"{series} {float(value) * factor}")
             else:
