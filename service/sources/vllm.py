@@ -11,7 +11,8 @@ Failure policy (every failure is a `ScrapeError`, nothing else escapes):
   the exposition format ends every line with one), or garbage with no vLLM line at all.
 - INVALID_VALUE: NaN, Inf or a negative number in a field we use, an unusable `position`/`le` label, a gap in
   positions, more than `MAX_POSITIONS` positions, per-position counts that do not add up to the accepted tokens
-  (a vanished position series), duplicate series, a histogram that is not cumulative, and counters that vLLM's
+  (a vanished position series), duplicate series, a histogram that is not cumulative or whose `_count` is not a
+  whole number, differs from its +Inf bucket, or is 0 under a positive `_sum`, and spec-decode counters vLLM's
   own accounting cannot produce (`_check_spec_counts`): a sum over engines that overflows to Inf, more accepted
   than proposed draft tokens, more proposed tokens than k per draft, a position counted more often than the one
   before it (or the first more often than the drafts), or more drafts than generated tokens (every verification
@@ -462,9 +463,15 @@ class _ModelReader:
             raise ScrapeError(ScrapeErrorReason.INVALID_VALUE, f"histogram {base} has no +Inf bucket")
         if any(later[1] < earlier[1] for earlier, later in itertools.pairwise(cumulative)):
             raise ScrapeError(ScrapeErrorReason.INVALID_VALUE, f"histogram {base} buckets are not cumulative")
-        return HistogramReading(
-            sum=sum(_checked(s) for s in sums), count=sum(_checked(s) for s in counts), buckets=cumulative
-        )
+        total = sum(_checked(s) for s in sums)
+        count = _observations(base, sum(_checked(s) for s in counts), total=total)
+        if cumulative and not math.isclose(cumulative[-1][1], count, rel_tol=_SUM_REL_TOLERANCE,
+                                           abs_tol=_SUM_ABS_TOLERANCE):
+            raise ScrapeError(
+                ScrapeErrorReason.INVALID_VALUE,
+                f"histogram {base}: _count {count:g} != +Inf bucket {cumulative[-1][1]:g}",
+            )
+        return HistogramReading(sum=total, count=count, buckets=cumulative)
 
 
 # Slack for counters that vLLM updates in different stats records of one engine step (drafts vs generated tokens):
@@ -510,6 +517,19 @@ def _at_most_one(generation_tokens: HistogramReading | None) -> float | None:
     if generation_tokens is None:
         return None
     return next((count for le, count in generation_tokens.buckets if le == 1.0), None)
+
+
+def _observations(base: str, count: float, *, total: float) -> float:
+    """A histogram's `_count` as the whole number of observations it is (float formatting of an integer is
+    tolerated: 1.415e+03 is 1415). Raises INVALID_VALUE for a fraction of an observation, or a sum with none: a
+    `_count` of 5e-324 under a positive `_sum` would make the mean step time infinite.
+    Example: 1415.0000001 -> 1415.0; 0.5 -> invalid; 5e-324 with _sum 12.0 -> invalid."""
+    whole = float(round(count))
+    if not math.isclose(count, whole, rel_tol=_SUM_REL_TOLERANCE, abs_tol=_SUM_ABS_TOLERANCE / 1000.0):
+        raise ScrapeError(ScrapeErrorReason.INVALID_VALUE, f"histogram {base}: _count {count!r} is not a whole number")
+    if whole == 0.0 and total > 0.0:
+        raise ScrapeError(ScrapeErrorReason.INVALID_VALUE, f"histogram {base}: _sum {total:g} with no observations")
+    return whole
 
 
 def _int_label(label: str | None) -> int | None:

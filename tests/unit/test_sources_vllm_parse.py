@@ -548,3 +548,40 @@ def test_counts_that_break_vllms_accounting_are_invalid() -> None:
     assert "rise with the position" in _detail_of(_counts_page(100, 300, (60, 80, 40)))
     # Position 0 accepted in more verifications (120) than there were drafts (100).
     assert "position 0 accepted 120 > drafts 100" in _detail_of(_counts_page(100, 300, (120, 60, 40)))
+
+
+ITL = "vllm:inter_token_latency_seconds"
+
+
+def _itl_page(count: str, *, inf_bucket: str | None = None, total: str | None = None) -> str:
+    text = page(EAGLE)
+    text = replace_line(text, f"{ITL}_count{{{LLAMA}}}", f"{ITL}_count{{{LLAMA}}} {count}")
+    if inf_bucket is not None:
+        prefix = f'{ITL}_bucket{{engine="0",le="+Inf",model_name="meta-llama/Llama-3.1-8B-Instruct"}}'
+        text = replace_line(text, prefix, f"{prefix} {inf_bucket}")
+    if total is not None:
+        text = replace_line(text, f"{ITL}_sum{{{LLAMA}}}", f"{ITL}_sum{{{LLAMA}}} {total}")
+    return text
+
+
+def test_a_histogram_count_is_a_whole_number_of_observations_matching_its_inf_bucket() -> None:
+    # As captured: 126300 observations, the +Inf bucket the same.
+    itl = only(page(EAGLE)).inter_token_latency
+    assert itl is not None and itl.count == 126300.0
+    # 1.263e+05 is the same whole number.
+    written = only(_itl_page("1.263e+05")).inter_token_latency
+    assert written is not None and written.count == 126300.0
+    # A fraction of an observation.
+    assert "not a whole number" in _detail_of(_itl_page("126300.5", inf_bucket="126300.5"))
+    # _count disagrees with its +Inf bucket.
+    assert "!= +Inf bucket" in _detail_of(_itl_page("126299.0"))
+
+
+def test_a_denormal_count_under_a_positive_sum_is_invalid_not_an_infinite_step_time() -> None:
+    # Cold start: _count 5e-324 with _sum 12 made the mean inter-token latency 12 / 5e-324 = inf.
+    text = _itl_page("5e-324", inf_bucket="0.0", total="12.0")
+    text = "\n".join(
+        line if not line.startswith(f"{ITL}_bucket{{") else line.rsplit(" ", 1)[0] + " 0.0"
+        for line in text.split("\n")
+    )
+    assert "with no observations" in _detail_of(text)
