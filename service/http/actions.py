@@ -12,8 +12,8 @@ persisted (disk full) is in force in memory but answers 503 `not_persisted`: a r
 from __future__ import annotations
 
 import hmac
-from collections.abc import Callable
-from typing import Annotated, Any
+from collections.abc import Awaitable, Callable
+from typing import Annotated, Any, TypeVar
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.responses import JSONResponse, Response
@@ -26,6 +26,7 @@ from service.http.bounded import bounded_route
 
 # A write's body is a target name, a reason and a few numbers: 16 KiB leaves room and bounds the parse.
 MAX_WRITE_BODY_BYTES = 16 * 1024
+_T = TypeVar("_T")
 MAX_RECORDS = 500
 DEFAULT_RECORDS = 100
 
@@ -209,23 +210,17 @@ def _mount_writes(
     @router.post("/v1/actions/pause", response_model=CommandOut, dependencies=auth, responses=errors)
     async def pause(body: PauseIn) -> Response:
         """Stop acting on one target (or all); the recommendation keeps being published."""
-        try:
-            targets = await runner.pause(body.target, reason=body.reason, now_s=clock())
-        except UnknownTargetError:
-            return _unknown(runner, body.target)
-        except AuditNotPersistedError as exc:
-            return _not_persisted(exc)
+        targets = await _commanded(runner, body.target, runner.pause(body.target, reason=body.reason, now_s=clock()))
+        if isinstance(targets, Response):
+            return targets
         return JSONResponse(content=CommandOut(targets=targets, paused=True).model_dump(mode="json"))
 
     @router.post("/v1/actions/resume", response_model=CommandOut, dependencies=auth, responses=errors)
     async def resume(body: PauseIn) -> Response:
         """Act again on one target (or all)."""
-        try:
-            targets = await runner.resume(body.target, reason=body.reason, now_s=clock())
-        except UnknownTargetError:
-            return _unknown(runner, body.target)
-        except AuditNotPersistedError as exc:
-            return _not_persisted(exc)
+        targets = await _commanded(runner, body.target, runner.resume(body.target, reason=body.reason, now_s=clock()))
+        if isinstance(targets, Response):
+            return targets
         return JSONResponse(content=CommandOut(targets=targets, paused=False).model_dump(mode="json"))
 
     @router.post("/v1/actions/override", response_model=CommandOut, dependencies=auth, responses=errors)
@@ -236,15 +231,12 @@ def _mount_writes(
             return _error(422, "invalid_request", [{"loc": ["body", "expires_in_s"],
                                                     "msg": f"must be at most {max_override_s:g} s"}])
         now_s = clock()
-        try:
-            result = await runner.set_override(
-                body.target, num_speculative_tokens=body.num_speculative_tokens, expires_in_s=body.expires_in_s,
-                reason=body.reason, now_s=now_s,
-            )
-        except UnknownTargetError:
-            return _unknown(runner, body.target)
-        except AuditNotPersistedError as exc:
-            return _not_persisted(exc)
+        result = await _commanded(runner, body.target, runner.set_override(
+            body.target, num_speculative_tokens=body.num_speculative_tokens, expires_in_s=body.expires_in_s,
+            reason=body.reason, now_s=now_s,
+        ))
+        if isinstance(result, Response):
+            return result
         out = OverrideOut(setting=_setting(result.setting), expires_at=rfc3339(result.expires_at_s),
                           expires_in_s=result.expires_at_s - now_s, reason=result.reason, set_at=rfc3339(now_s))
         return JSONResponse(content=CommandOut(targets=[body.target], override=out).model_dump(mode="json"))
@@ -255,12 +247,9 @@ def _mount_writes(
         reason: Annotated[str, Query(min_length=1, max_length=500)] = "cleared by operator",
     ) -> Response:
         """Drop the target's override; the recommendation rules again."""
-        try:
-            cleared = await runner.clear_override(target, reason=reason, now_s=clock())
-        except UnknownTargetError:
-            return _unknown(runner, target)
-        except AuditNotPersistedError as exc:
-            return _not_persisted(exc)
+        cleared = await _commanded(runner, target, runner.clear_override(target, reason=reason, now_s=clock()))
+        if isinstance(cleared, Response):
+            return cleared
         return JSONResponse(content=CommandOut(targets=[target], cleared=cleared).model_dump(mode="json"))
 
 
@@ -281,6 +270,17 @@ def install_auth_errors(app: FastAPI) -> FastAPI:
     """Render refused writes as the API's error body on `app`; returns `app`."""
     app.add_exception_handler(_AuthError, auth_error_handler)
     return app
+
+
+async def _commanded(runner: ActuationRunner, target: str | None, command: Awaitable[_T]) -> _T | Response:
+    """The command's result, or the error answer for a target not acted on (422) or a command the audit log
+    could not record (503)."""
+    try:
+        return await command
+    except UnknownTargetError:
+        return _unknown(runner, target)
+    except AuditNotPersistedError as exc:
+        return _not_persisted(exc)
 
 
 def _unknown(runner: ActuationRunner, target: str | None) -> Response:
