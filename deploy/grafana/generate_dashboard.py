@@ -353,7 +353,8 @@ def build() -> Json:
     layout.add(timeseries(
         "Scrape errors by reason (per second)",
         "Failed scrapes of the engine's /metrics by reason (timeout, connect, protocol, http_status, "
-        "body_too_large, parse, invalid_value, missing_family, model_missing; internal = a bug of ours).",
+        "body_too_large, too_many_series, parse, invalid_value, missing_family, model_missing; internal = a bug "
+        "of ours).",
         [q(f"sum by (target, reason) (rate(specadvisor_scrape_errors_total{{{T}}}[$__rate_interval]))",
            "{{target}} {{reason}}")],
         axis=Axis(minimum=0),

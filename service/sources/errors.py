@@ -24,6 +24,7 @@ class ScrapeErrorReason(StrEnum):
     PROTOCOL = "protocol"  # the peer broke HTTP mid-answer (closed early, short body vs Content-Length)
     HTTP_STATUS = "http_status"  # an answer that is not 2xx
     BODY_TOO_LARGE = "body_too_large"  # more bytes than max_body_bytes (counted after content decoding)
+    TOO_MANY_SERIES = "too_many_series"  # more series of the families we read than any real engine serves
     PARSE = "parse"  # not Prometheus text: undecodable bytes, a malformed or truncated line
     INVALID_VALUE = "invalid_value"  # NaN, Inf or negative where a count or ratio is expected; bad label values
     MISSING_FAMILY = "missing_family"  # a required series, or part of a family we need, is absent

@@ -22,6 +22,9 @@ Failure policy (every failure is a `ScrapeError`, nothing else escapes):
   calling that "speculation off" would be a lie), none of the four but other `vllm:spec_decode*` names (a vLLM
   that renamed them: same lie), a histogram with buckets but no `_sum`/`_count`.
 - MODEL_MISSING: a well-formed Prometheus page without any vLLM engine series (wrong target, other server).
+- TOO_MANY_SERIES: more than `MAX_SAMPLE_LINES` sample lines of the families we read (checked before the parser
+  runs: the parse, not the download, is what costs), more than `MAX_MODELS_PER_PAGE` models, or more than
+  `MAX_ENGINES_PER_MODEL` engines of one model.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from policies.types import EngineSnapshot, HistogramReading, SpecDecodeCounters
-from service.sources import names
+from service.sources import continuity, names
 from service.sources.errors import ScrapeError, ScrapeErrorReason
 
 _WANTED = names.wanted_sample_names()
@@ -53,6 +56,24 @@ _PARSER_ERRORS = (ValueError, IndexError, KeyError, TypeError, AttributeError)
 _SNIFF_CHARS = 64 * 1024
 # Unknown spec-decode names quoted in the error message; one renamed family brings a handful of sample names.
 _UNKNOWN_NAMES_SHOWN = 6
+# Distinct unknown spec-decode names remembered per page: enough to name a renamed family, bounded against a page of
+# invented names.
+_UNKNOWN_NAMES_KEPT = 64
+
+MAX_SAMPLE_LINES = 10_000
+"""The most sample lines of the families we read accepted on one page. One vLLM engine serves ~75 of them (k=3:
+tests/fixtures/vllm/vllm-0.32.0-cpu-ngram-k3-idle.txt) and at most ~140 at `MAX_POSITIONS`, so 10 000 lines cover
+`MAX_ENGINES_PER_MODEL` engines at k ~ 10. prometheus_client's parser costs ~18 us a line on the 2-core test box:
+the cap bounds one parse at ~0.2 s of interpreter time and ~30 MB of samples, where a page of 100 000 repeated
+`num_requests_running` series (6 MB, within the body cap) cost 2 s and ~170 MB and starved the API."""
+
+MAX_MODELS_PER_PAGE = 8
+"""The most served models accepted on one page. vLLM serves one model per server (LoRA adapters share its
+`model_name`); each model becomes a label value on every exported series, so a page naming thousands is refused."""
+
+MAX_ENGINES_PER_MODEL = 128
+"""The most `engine` label values accepted per model: vLLM's data-parallel engines behind one API server (a node
+holds 8-16 GPUs; wide expert-parallel deployments run one API server per node or a few dozen engines)."""
 
 MAX_POSITIONS = 64
 """The most `position` series accepted per model. vLLM creates one per draft token (k of them); real deployments
@@ -107,7 +128,14 @@ def _select_lines(text: str) -> tuple[list[str], set[str]]:
                 continue
             if name[0] in _WANTED:
                 kept.append(line)
-            elif name[0].startswith(names.SPEC_DECODE_PREFIX) and name[0] not in _KNOWN_SPEC:
+                if len(kept) > MAX_SAMPLE_LINES:
+                    raise ScrapeError(
+                        ScrapeErrorReason.TOO_MANY_SERIES,
+                        f"more than MAX_SAMPLE_LINES ({MAX_SAMPLE_LINES}) series of the vLLM families read "
+                        f"(last: {name[0]}); a real engine serves ~75",
+                    )
+            elif (name[0].startswith(names.SPEC_DECODE_PREFIX) and name[0] not in _KNOWN_SPEC
+                  and len(unknown_spec) < _UNKNOWN_NAMES_KEPT):
                 unknown_spec.add(name[0])
     return kept, unknown_spec
 
@@ -216,12 +244,28 @@ def _build_snapshots(index: Mapping[str, list[Sample]], *, taken_at_s: float) ->
     models = {m: g for m, g in models.items() if g.engines}  # a model seen only in cache_config is no engine
     if not models:
         raise ScrapeError(ScrapeErrorReason.MODEL_MISSING, "no vLLM engine series on the page")
+    _check_cardinality(models)
     legacy = sorted(r.base.removeprefix("vllm:") for r in resolved.values() if r.legacy)
     naming = names.NAMING_LEGACY_PREFIX + ",".join(legacy) if legacy else names.NAMING_CURRENT
     return {
         model: _ModelReader(model, group, resolved, unowned_config).snapshot(taken_at_s=taken_at_s, naming=naming)
         for model, group in sorted(models.items())
     }
+
+
+def _check_cardinality(models: Mapping[str, _ModelSamples]) -> None:
+    """Raise TOO_MANY_SERIES past `MAX_MODELS_PER_PAGE` models or `MAX_ENGINES_PER_MODEL` engines of one model."""
+    if len(models) > MAX_MODELS_PER_PAGE:
+        raise ScrapeError(
+            ScrapeErrorReason.TOO_MANY_SERIES,
+            f"{len(models)} models on one page > MAX_MODELS_PER_PAGE ({MAX_MODELS_PER_PAGE})",
+        )
+    for model, group in models.items():
+        if len(group.engines) > MAX_ENGINES_PER_MODEL:
+            raise ScrapeError(
+                ScrapeErrorReason.TOO_MANY_SERIES,
+                f"model {model[:80]!r}: {len(group.engines)} engines > MAX_ENGINES_PER_MODEL ({MAX_ENGINES_PER_MODEL})",
+            )
 
 
 def _checked(sample: Sample) -> float:
@@ -588,15 +632,29 @@ class VllmScraper:
         self._url = url
         self._timeout_s = timeout_s
         self._max_body_bytes = max_body_bytes
+        # A later page of the same engine that lost families was cut at a line boundary.
+        self._cuts = continuity.CutDetector()
 
     async def scrape(self, now_s: float) -> dict[str, EngineSnapshot]:
-        """One GET + parse; `now_s` becomes `taken_at_s` of every snapshot. Raises `ScrapeError` only."""
+        """One GET + parse; `now_s` becomes `taken_at_s` of every snapshot. Raises `ScrapeError` only: besides the
+        parser's reasons, MISSING_FAMILY when the same engine served families on its last good page that this
+        page lacks (a body cut at a line boundary: service/sources/continuity.py)."""
         body = await fetch_text(self._client, self._url, timeout_s=self._timeout_s, max_body_bytes=self._max_body_bytes)
         if len(body) < PARSE_IN_THREAD_CHARS:
-            return parse_vllm_metrics(body, taken_at_s=now_s)
-        # A data-parallel server's page (4-8 engines: 150-280 KB) takes 10-20 ms to parse; in a worker thread the
-        # interpreter still switches to the API's requests every few ms instead of stalling them for the whole parse.
-        return await asyncio.to_thread(parse_vllm_metrics, body, taken_at_s=now_s)
+            snapshots = parse_vllm_metrics(body, taken_at_s=now_s)
+        else:
+            # A data-parallel server's page (4-8 engines: 150-280 KB) takes 10-20 ms to parse; in a worker thread
+            # the interpreter still switches to the API's requests every few ms instead of stalling them.
+            snapshots = await asyncio.to_thread(parse_vllm_metrics, body, taken_at_s=now_s)
+        cut = self._cuts.check(snapshots)
+        if cut is not None:
+            model, vanished = cut
+            raise ScrapeError(
+                ScrapeErrorReason.MISSING_FAMILY,
+                f"model {model!r}: {', '.join(vanished)} were on the engine's last page and are gone from this one "
+                "with no restart (a page cut at a line boundary?)",
+            )
+        return snapshots
 
 
 # A single-engine vLLM page is ~50 KB and parses in ~1.5 ms: cheaper inline than a thread hand-off.

@@ -81,6 +81,17 @@ def _cut_mid_line(h: _Handler, _: threading.Event) -> None:
     _send(h, 200, CAPTURE[:cut])
 
 
+_CUT_AT_LINE = CAPTURE[: CAPTURE.index(b"\n", CAPTURE.index(b"vllm:prompt_tokens_total{")) + 1]
+_SERVED: dict[str, int] = {}
+
+
+def _whole_then_cut_at_a_line(h: _Handler, _: threading.Event) -> None:
+    # The first answer is the whole page; later ones stop after a complete line (prompt_tokens): valid text.
+    served = _SERVED.get(h.path, 0)
+    _SERVED[h.path] = served + 1
+    _send(h, 200, CAPTURE if served == 0 else _CUT_AT_LINE)
+
+
 def _short_body(h: _Handler, _: threading.Event) -> None:
     # Promises more bytes than it sends, then closes: the peer died mid-answer.
     h.close_connection = True
@@ -134,6 +145,7 @@ ROUTES: dict[str, Route] = {
     "/500": _error_500,
     "/garbage": _garbage,
     "/cut-mid-line": _cut_mid_line,
+    "/whole-then-cut": _whole_then_cut_at_a_line,
     "/short-body": _short_body,
     "/no-answer": _no_answer,
     "/drip": _drip,
@@ -268,6 +280,22 @@ def test_garbage_is_a_parse_error(peer: Peer) -> None:
 
 def test_body_cut_mid_line_is_a_parse_error(peer: Peer) -> None:
     assert scrape_error(peer.base_url + "/cut-mid-line").reason is ScrapeErrorReason.PARSE
+
+
+def test_a_page_cut_at_a_line_boundary_after_a_whole_one_is_a_missing_family(peer: Peer) -> None:
+    async def go() -> tuple[dict[str, EngineSnapshot], ScrapeError]:
+        async with httpx.AsyncClient() as client:
+            scraper = VllmScraper(client, f"{peer.base_url}/whole-then-cut")
+            whole = await scraper.scrape(T)
+            with pytest.raises(ScrapeError) as caught:
+                await scraper.scrape(T + 5)
+            return whole, caught.value
+
+    _SERVED.clear()
+    whole, error = asyncio.run(go())
+    assert whole["tiny"].inter_token_latency is not None
+    assert error.reason is ScrapeErrorReason.MISSING_FAMILY
+    assert "inter_token_latency" in error.detail and "generation_tokens" in error.detail
 
 
 def test_peer_closing_before_the_promised_length_is_a_protocol_error(peer: Peer) -> None:

@@ -303,10 +303,14 @@ def test_max_positions_are_accepted() -> None:
     assert snap.spec.deployed_k == 64
 
 
-@pytest.mark.parametrize("positions", [MAX_POSITIONS + 1, 20_000])
-def test_more_positions_than_the_bound_are_invalid(positions: int) -> None:
-    # 20000 series would become 20000 exported acceptance series and a k=20000 estimator state.
-    assert reason_of(spec_page(positions)) is ScrapeErrorReason.INVALID_VALUE
+@pytest.mark.parametrize(
+    ("positions", "reason"),
+    [(MAX_POSITIONS + 1, ScrapeErrorReason.INVALID_VALUE), (20_000, ScrapeErrorReason.TOO_MANY_SERIES)],
+)
+def test_more_positions_than_the_bound_are_refused(positions: int, reason: ScrapeErrorReason) -> None:
+    # 20000 series would become 20000 exported acceptance series and a k=20000 estimator state; so many lines are
+    # refused before the parser runs.
+    assert reason_of(spec_page(positions)) is reason
 
 
 def test_unrelated_lines_do_not_change_the_result() -> None:
