@@ -6,8 +6,13 @@
 #
 # tests/deploy/test_dockerfile.py lints this file and replays the build stage (its ENV, COPY and RUN lines, with the
 # absolute paths moved into a temp dir) into a fresh venv here, so keep every path in the build stage's RUN lines
-# behind an ENV variable. Pin the base by digest (python:3.11-slim-trixie@sha256:...) in a release pipeline.
-ARG PYTHON_IMAGE=python:3.11-slim-trixie
+# behind an ENV variable.
+#
+# The base is pinned by tag and digest: the tag says what it is, the digest (of the tag's multi-arch index) is what is
+# pulled, so every build gets the same base until this line changes. To move to a newer one, read
+# `docker buildx imagetools inspect python:3.11-slim-trixie` (its "Digest:" line) and replace the digest here, as a
+# reviewed change. `--build-arg PYTHON_IMAGE=...` overrides it for one build.
+ARG PYTHON_IMAGE=python:3.11-slim-trixie@sha256:9c900dea9e8fb7e16277c179b555cc72d29a352dbc33cff48ad5a0412fd5bfc7
 
 FROM ${PYTHON_IMAGE} AS build
 ENV VENV=/opt/venv \

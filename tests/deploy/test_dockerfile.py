@@ -203,6 +203,18 @@ def test_final_stage_only_copies_the_built_venv_and_sets_what_python_needs_on_a_
     assert env["SPEC_ADVISOR_HOST"] == "0.0.0.0"  # a pod's probes and Prometheus come from outside loopback
 
 
+def test_the_base_image_is_pinned_by_tag_and_digest() -> None:
+    # Tag and digest: the tag says which Python and Debian, the digest fixes the exact image pulled, so a rebuild
+    # cannot silently pick up a different base. Both stages build from it.
+    base = global_args(dockerfile_text())["PYTHON_IMAGE"]
+    match = re.fullmatch(r"python:(\d+)\.(\d+)-slim-trixie@sha256:[0-9a-f]{64}", base)
+    assert match, base
+    assert [s.base for s in read_stages(dockerfile_text())] == ["${PYTHON_IMAGE}", "${PYTHON_IMAGE}"]
+    # The replay below runs this interpreter in place of the image's: it stands for the image only at the same
+    # minor version (and requirements.lock is for that one too).
+    assert (int(match[1]), int(match[2])) == sys.version_info[:2]
+
+
 def test_image_version_label_matches_the_package_version() -> None:
     declared = [i.arguments for i in final_stage().instructions if i.keyword == "ARG"]
     defaults = dict(arg.split("=", 1) for arg in declared if "=" in arg)

@@ -22,9 +22,12 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+import httpx2
 import pytest
 import yaml
 from deploy_tools import require_tool
+from lightkube.config.client_adapter import BearerTokenFileAuth, user_auth
+from lightkube.config.kubeconfig import SERVICE_ACCOUNT, KubeConfig
 from starlette.routing import Route
 
 from service.app import Sidecar, build_sidecar
@@ -34,6 +37,8 @@ ROOT = Path(__file__).resolve().parents[2]
 KUBERNETES = ROOT / "deploy" / "kubernetes"
 DOCKERFILE = ROOT / "Dockerfile"
 ADVISOR_CONTAINER = "spec-advisor"
+# Where the advisor's Kubernetes client (lightkube's in-cluster config) reads the token, CA and namespace.
+SERVICE_ACCOUNT_DIR = Path(SERVICE_ACCOUNT)
 
 Doc = dict[str, Any]
 
@@ -432,7 +437,8 @@ def test_the_sidecar_role_names_the_deployment_it_runs_in(renders: dict[str, lis
     assert binding["subjects"] == [subject]
     pod = deployment["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == account["metadata"]["name"]
-    assert pod["automountServiceAccountToken"] is True
+    # The token is the advisor container's alone (below), never mounted for the whole pod.
+    assert pod["automountServiceAccountToken"] is False
 
 
 def test_without_the_rbac_component_the_advisor_gets_no_api_token(renders: dict[str, list[Doc]]) -> None:
@@ -441,6 +447,259 @@ def test_without_the_rbac_component_the_advisor_gets_no_api_token(renders: dict[
         assert not by_kind(docs, "Role") and not by_kind(docs, "ServiceAccount"), name
     (standalone,) = by_kind(renders["overlays/standalone"], "Deployment")
     assert standalone["spec"]["template"]["spec"]["automountServiceAccountToken"] is False
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# The ServiceAccount token: the advisor container's alone, and only where it acts
+# ----------------------------------------------------------------------------------------------------------------
+
+
+def token_mounts(pod: Doc, container: Doc) -> list[Doc]:
+    """The container's volumeMounts that can carry a ServiceAccount token: a projected serviceAccountToken, a Secret
+    (a legacy token Secret), or anything mounted at, above or under the service-account directory."""
+    volumes = {v["name"]: v for v in pod.get("volumes", [])}
+    found = []
+    for mount in container.get("volumeMounts", []):
+        volume = volumes[mount["name"]]
+        sources = volume.get("projected", {}).get("sources", [])
+        at = Path(mount["mountPath"])
+        if (
+            any("serviceAccountToken" in s or "secret" in s for s in sources)
+            or "secret" in volume
+            or at.is_relative_to(SERVICE_ACCOUNT_DIR)
+            or (SERVICE_ACCOUNT_DIR.is_relative_to(at) and at != Path("/"))
+        ):
+            found.append(mount)
+    return found
+
+
+def pod_containers(pod: Doc) -> list[Doc]:
+    return [*pod.get("initContainers", []), *pod["containers"]]
+
+
+def test_no_pod_mounts_a_service_account_token_for_all_its_containers(renders: dict[str, list[Doc]]) -> None:
+    # Left unset, automountServiceAccountToken is true: the kubelet mounts the token into EVERY container, and in
+    # sidecar mode that includes vLLM's, which could then patch its own Deployment (image, command, ServiceAccount).
+    deployments = [(name, d) for name, docs in renders.items() for d in by_kind(docs, "Deployment")]
+    assert {name for name, _ in deployments} >= {"example-vllm", "overlays/sidecar", "overlays/sidecar-auto-toggle"}
+    for name, deployment in deployments:
+        assert deployment["spec"]["template"]["spec"].get("automountServiceAccountToken") is False, name
+    for name, docs in renders.items():
+        for account in by_kind(docs, "ServiceAccount"):
+            assert account.get("automountServiceAccountToken") is False, name
+
+
+def test_no_container_but_the_advisor_can_read_a_token(renders: dict[str, list[Doc]]) -> None:
+    checked = 0
+    for name, docs in renders.items():
+        for deployment in by_kind(docs, "Deployment"):
+            pod = deployment["spec"]["template"]["spec"]
+            for container in pod_containers(pod):
+                if container["name"] != ADVISOR_CONTAINER:
+                    assert not token_mounts(pod, container), (name, container["name"])
+                    checked += 1
+    assert checked >= 3  # example-vllm and both sidecar overlays carry a vLLM container
+
+
+def acts(docs: list[Doc]) -> bool:
+    """The render carries the RBAC of the auto-toggle."""
+    return bool(by_kind(docs, "Role"))
+
+
+def test_the_advisor_holds_the_token_only_in_the_layouts_that_act(renders: dict[str, list[Doc]]) -> None:
+    acting = set()
+    for name, docs, deployment, container in advisor_workloads(renders):
+        pod = deployment["spec"]["template"]["spec"]
+        mounts = token_mounts(pod, container)
+        if not acts(docs):
+            # Recommend-only talks to no Kubernetes API: no token, no ServiceAccount of ours.
+            assert not [m for m in mounts if Path(m["mountPath"]) == SERVICE_ACCOUNT_DIR], name
+            assert "serviceAccountName" not in pod, name
+            continue
+        acting.add(name)
+        (account,) = by_kind(docs, "ServiceAccount")
+        assert pod["serviceAccountName"] == account["metadata"]["name"], name
+        (mount,) = [m for m in mounts if Path(m["mountPath"]) == SERVICE_ACCOUNT_DIR]
+        assert mount["readOnly"] is True, name
+        (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+        # The three files the kubelet would auto-mount, and nothing else.
+        sources = volume["projected"]["sources"]
+        assert len(sources) == 3, name
+        (token,) = [s["serviceAccountToken"] for s in sources if "serviceAccountToken" in s]
+        assert token["path"] == "token", name
+        assert "audience" not in token, name  # the API server's own audience
+        assert 600 <= token["expirationSeconds"] <= 86400, name  # the API's minimum; short-lived (rotated)
+        (config_map,) = [s["configMap"] for s in sources if "configMap" in s]
+        assert config_map == {"name": "kube-root-ca.crt", "items": [{"key": "ca.crt", "path": "ca.crt"}]}, name
+        (downward,) = [s["downwardAPI"] for s in sources if "downwardAPI" in s]
+        assert downward["items"] == [
+            {"path": "namespace", "fieldRef": {"apiVersion": "v1", "fieldPath": "metadata.namespace"}}
+        ], name
+    assert acting == set(AUTO_TOGGLE)
+
+
+def test_the_mounted_token_is_where_the_client_reads_it_and_a_rotated_one_is_re_read(
+    renders: dict[str, list[Doc]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for index, name in enumerate(AUTO_TOGGLE):
+        docs, deployment, container = the_advisor(renders, name)
+        workdir = tmp_path / str(index)
+        workdir.mkdir()
+        kubernetes = advisor_settings(docs, deployment, container, workdir, monkeypatch).actuation.kubernetes
+        # No api_url or kubeconfig: the actuators use the in-cluster config, i.e. the files at SERVICE_ACCOUNT_DIR.
+        assert (kubernetes.api_url, kubernetes.kubeconfig, kubernetes.token_file) == (None, None, None), name
+    # Lay out the files the projected volume puts there, and load them the way the actuators do.
+    _, deployment, container = the_advisor(renders, "overlays/sidecar-auto-toggle")
+    pod = deployment["spec"]["template"]["spec"]
+    (mount,) = [m for m in token_mounts(pod, container) if Path(m["mountPath"]) == SERVICE_ACCOUNT_DIR]
+    (volume,) = [v for v in pod["volumes"] if v["name"] == mount["name"]]
+    account = tmp_path / "serviceaccount"
+    account.mkdir()
+    paths = []
+    for source in volume["projected"]["sources"]:
+        if "serviceAccountToken" in source:
+            paths.append(source["serviceAccountToken"]["path"])
+        else:
+            paths.extend(item["path"] for item in next(iter(source.values()))["items"])
+    contents = {"token": "first-token", "namespace": deployment["metadata"]["namespace"], "ca.crt": "-"}
+    for path in paths:
+        (account / path).write_text(contents[path], encoding="utf-8")
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.96.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    single = KubeConfig.from_service_account(account).get()
+    assert single is not None
+    assert single.namespace == deployment["metadata"]["namespace"]
+    assert single.cluster.certificate_auth == str(account / "ca.crt")
+    # The token expires (expirationSeconds); the kubelet writes a fresh one, and the client re-reads the file when
+    # the API server answers 401 with the old one.
+    auth = user_auth(single.user)
+    assert isinstance(auth, BearerTokenFileAuth)
+    request = httpx2.Request("GET", "https://10.96.0.1/apis/apps/v1")
+    flow = auth.auth_flow(request)
+    assert next(flow).headers["Authorization"] == "Bearer first-token"
+    (account / "token").write_text("rotated-token", encoding="utf-8")
+    retried = flow.send(httpx2.Response(401, request=request))
+    assert retried.headers["Authorization"] == "Bearer rotated-token"
+
+
+# ----------------------------------------------------------------------------------------------------------------
+# NetworkPolicies
+# ----------------------------------------------------------------------------------------------------------------
+
+PROMETHEUS_POD = {"app.kubernetes.io/name": "prometheus"}
+DNS = {("UDP", 53), ("TCP", 53)}
+API_SERVER = {("TCP", 443), ("TCP", 6443)}  # the Service's port and the API server's own (kubeadm)
+
+
+def selects(selector: Doc, labels: Mapping[str, str]) -> bool:
+    """A label selector ({} selects everything); only matchLabels is used in these manifests."""
+    assert set(selector) <= {"matchLabels"}, "only matchLabels is used here"
+    return all(labels.get(k) == v for k, v in selector.get("matchLabels", {}).items())
+
+
+def policies_selecting(docs: list[Doc], pod_template: Doc) -> list[Doc]:
+    labels = pod_template["metadata"]["labels"]
+    return [p for p in by_kind(docs, "NetworkPolicy") if selects(p["spec"]["podSelector"], labels)]
+
+
+def rule_ports(rule: Doc, pod: Doc) -> set[tuple[str, int]]:
+    """(protocol, number) for each port of a rule; a named port is looked up in the pod's containers."""
+    assert rule.get("ports"), f"a rule without ports allows every port: {rule}"
+    found = set()
+    for port in rule["ports"]:
+        assert "endPort" not in port, port
+        number = port["port"]
+        if isinstance(number, str):
+            (number,) = [p["containerPort"] for c in pod["containers"] for p in c.get("ports", [])
+                         if p.get("name") == number]
+        found.add((port.get("protocol", "TCP"), number))
+    return found
+
+
+def test_a_network_policy_guards_the_advisor_port_in_every_layout(renders: dict[str, list[Doc]]) -> None:
+    guarded = set()
+    for name, docs, deployment, container in advisor_workloads(renders):
+        template = deployment["spec"]["template"]
+        policies = [p for p in policies_selecting(docs, template) if "Ingress" in p["spec"]["policyTypes"]]
+        assert policies, f"{name}: no NetworkPolicy restricts ingress to the advisor's pod"
+        advisor_port = ("TCP", container_port(container, container["ports"][0]["name"]))
+        admitting = [r for p in policies for r in p["spec"].get("ingress", [])
+                     if advisor_port in rule_ports(r, template["spec"])]
+        assert admitting, f"{name}: nothing may reach the advisor port, not even Prometheus"
+        for rule in admitting:
+            # Never from anywhere: each peer names pods (in this namespace, or in the namespaces it also names).
+            assert rule.get("from"), (name, rule)
+            for peer in rule["from"]:
+                assert "ipBlock" not in peer, (name, peer)
+                assert peer.get("podSelector", {}).get("matchLabels"), (name, peer)
+                if "namespaceSelector" in peer:  # {} would be every namespace
+                    assert peer["namespaceSelector"].get("matchLabels"), (name, peer)
+        peers = [peer for rule in admitting for peer in rule["from"]]
+        # Prometheus (the PodMonitor/ServiceMonitor scrapes) in its own namespace, named by its metadata.name label.
+        assert any(
+            selects(peer["podSelector"], PROMETHEUS_POD)
+            and "kubernetes.io/metadata.name" in peer.get("namespaceSelector", {}).get("matchLabels", {})
+            for peer in peers
+        ), name
+        guarded.add(name)
+    assert {"overlays/sidecar", "overlays/sidecar-auto-toggle", "overlays/standalone",
+            "overlays/standalone-auto-toggle", "overlays/standalone-routing"} <= guarded
+
+
+def test_the_sidecar_policy_leaves_vllm_reachable_and_its_egress_alone(renders: dict[str, list[Doc]]) -> None:
+    # NetworkPolicy selects the whole pod: in sidecar mode that is vLLM's pod, whose own port and egress (model
+    # downloads...) must keep working.
+    for name in ("overlays/sidecar", "overlays/sidecar-auto-toggle"):
+        _, deployment, advisor = the_advisor(renders, name)
+        template = deployment["spec"]["template"]
+        policies = policies_selecting(renders[name], template)
+        assert policies, name
+        for policy in policies:
+            assert policy["spec"]["policyTypes"] == ["Ingress"], name
+        advisor_port = ("TCP", container_port(advisor, "advisor-http"))
+        open_rules = [r for p in policies for r in p["spec"]["ingress"] if not r.get("from")]
+        open_ports = set().union(*(rule_ports(r, template["spec"]) for r in open_rules))
+        assert advisor_port not in open_ports, name
+        (vllm,) = [c for c in template["spec"]["containers"] if c["name"] == "vllm"]
+        for port in vllm["ports"]:
+            assert (port.get("protocol", "TCP"), port["containerPort"]) in open_ports, (name, port)
+
+
+def test_the_standalone_advisor_reaches_only_dns_vllm_and_where_it_acts_the_api_server(
+    renders: dict[str, list[Doc]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    (example,) = by_kind(renders["example-vllm"], "Deployment")
+    vllm_labels = example["spec"]["template"]["metadata"]["labels"]
+    standalone = [w for w in advisor_workloads(renders) if w[0].split("/")[-1].startswith("standalone")]
+    assert {w[0] for w in standalone} >= {"standalone", "overlays/standalone", "overlays/standalone-auto-toggle",
+                                          "overlays/standalone-routing"}
+    for index, (name, docs, deployment, container) in enumerate(standalone):
+        template = deployment["spec"]["template"]
+        policies = [p for p in policies_selecting(docs, template) if "Egress" in p["spec"]["policyTypes"]]
+        assert policies, f"{name}: the standalone advisor's egress is not restricted"
+        rules = [r for p in policies for r in p["spec"].get("egress", [])]
+        allowed = set().union(*(rule_ports(r, template["spec"]) for r in rules))
+        workdir = tmp_path / str(index)
+        workdir.mkdir()
+        settings = advisor_settings(docs, deployment, container, workdir, monkeypatch)
+        scraped = {("TCP", urlsplit(target.url).port) for target in settings.targets}
+        assert allowed == DNS | scraped | (API_SERVER if acts(docs) else set()), name
+        for rule in rules:
+            ports = rule_ports(rule, template["spec"])
+            peers = rule.get("to", [])
+            if ports <= API_SERVER:
+                # The API server is not a pod: a port-based rule (see networkpolicy-kube-api), only where it acts.
+                assert acts(docs) and not peers, name
+            elif ports <= DNS:
+                (peer,) = peers
+                assert peer["namespaceSelector"]["matchLabels"] == {"kubernetes.io/metadata.name": "kube-system"}
+                assert peer["podSelector"]["matchLabels"] == {"k8s-app": "kube-dns"}
+            else:
+                # vLLM's pods (the example's labels), in the advisor's namespace.
+                assert ports <= scraped, name
+                (peer,) = peers
+                assert set(peer) == {"podSelector"}, name
+                assert selects(peer["podSelector"], vllm_labels), name
 
 
 # ----------------------------------------------------------------------------------------------------------------
