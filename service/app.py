@@ -60,6 +60,7 @@ from service.loop import (
 )
 from service.profile import read_profile
 from service.settings import ActuationSettings, GpuSettings, Settings, SettingsError, TargetSettings, write_token
+from service.sources.auth import BasicFileAuth, BearerFileAuth
 from service.sources.dcgm import DcgmSource
 from service.sources.gpu import SOURCE_ABSENT, NoGpuSource
 from service.sources.nvml import NvmlSource
@@ -380,10 +381,21 @@ def _scraper(target: TargetSettings, settings: Settings, client: httpx.AsyncClie
             FleetSelection(model=target.model, selector=target.selector, rate_window_s=target.rate_window_s),
             timeout_s=settings.scrape_timeout_s,
             max_body_bytes=settings.max_body_bytes,
+            auth=_target_auth(target),
         )
     return VllmScraper(
-        client, target.metrics_url, timeout_s=settings.scrape_timeout_s, max_body_bytes=settings.max_body_bytes
+        client, target.metrics_url, timeout_s=settings.scrape_timeout_s, max_body_bytes=settings.max_body_bytes,
+        auth=_target_auth(target),
     )
+
+
+def _target_auth(target: TargetSettings) -> httpx.Auth | None:
+    """The credentials each scrape of `target` sends, read from their files per request (service/sources/auth.py)."""
+    if target.authorization is not None:
+        return BearerFileAuth(target.authorization.credentials_file)
+    if target.basic_auth is not None:
+        return BasicFileAuth(target.basic_auth.username, target.basic_auth.password_file)
+    return None
 
 
 def _report_loop_exit(task: asyncio.Task[None]) -> None:

@@ -99,6 +99,34 @@ class HardwareSpecSettings(_Section):
     )
 
 
+class AuthorizationSettings(_Section):
+    """An Authorization header of `type` with credentials from a file (Prometheus' scrape_config `authorization`)."""
+
+    type: Literal["Bearer"] = Field(
+        default="Bearer", description="The header's scheme: Authorization: Bearer <the file's content>."
+    )
+    credentials_file: Path = Field(
+        description="File holding the token (a Kubernetes Secret or projected token volume); read on every scrape, "
+        "so a rotated token is used from the next scrape on; surrounding whitespace is stripped.",
+    )
+
+
+class BasicAuthSettings(_Section):
+    """HTTP basic authentication with the password from a file (Prometheus' scrape_config `basic_auth`)."""
+
+    username: str = Field(min_length=1, description="The user name sent with each scrape.")
+    password_file: Path = Field(
+        description="File holding the password; read on every scrape, surrounding whitespace stripped."
+    )
+
+    @field_validator("username")
+    @classmethod
+    def _no_colon(cls, value: str) -> str:
+        if ":" in value or any(c in value for c in "\r\n"):
+            raise ValueError("username must not contain ':' or a line break (RFC 7617)")
+        return value
+
+
 class TargetSettings(_Section):
     name: TargetName
     url: str | None = Field(
@@ -157,6 +185,18 @@ class TargetSettings(_Section):
         "the target is in the error state and says why.",
     )
 
+    authorization: AuthorizationSettings | None = Field(
+        default=None,
+        description="Send Authorization: Bearer <token> to the target's url or prometheus_url, the token read from "
+        "credentials_file at each scrape (e.g. a gateway in front of vLLM's /metrics, or a Prometheus behind an "
+        "auth proxy). Set this or basic_auth, not both; never put credentials in the URL.",
+    )
+    basic_auth: BasicAuthSettings | None = Field(
+        default=None,
+        description="Send HTTP basic authentication to the target's url or prometheus_url, the password read from "
+        "password_file at each scrape. Set this or authorization, not both.",
+    )
+
     @field_validator("url", "prometheus_url")
     @classmethod
     def _http_url(cls, value: str | None) -> str | None:
@@ -183,6 +223,12 @@ class TargetSettings(_Section):
             fleet_only = [n for n in ("rate_window_s", "selector") if getattr(self, n) != defaults[n].default]
             if fleet_only:
                 raise ValueError(f"{', '.join(fleet_only)} only apply with prometheus_url (fleet mode)")
+        return self
+
+    @model_validator(mode="after")
+    def _one_auth(self) -> Self:
+        if self.authorization is not None and self.basic_auth is not None:
+            raise ValueError("set authorization or basic_auth, not both")
         return self
 
     @model_validator(mode="after")

@@ -352,7 +352,7 @@ def build() -> Json:
     layout.row("Advisor health")
     layout.add(timeseries(
         "Scrape errors by reason (per second)",
-        "Failed scrapes of the engine's /metrics by reason (timeout, connect, protocol, http_status, "
+        "Failed scrapes of the engine's /metrics by reason (timeout, connect, protocol, http_status, credentials, "
         "body_too_large, too_many_series, parse, invalid_value, missing_family, model_missing; internal = a bug "
         "of ours).",
         [q(f"sum by (target, reason) (rate(specadvisor_scrape_errors_total{{{T}}}[$__rate_interval]))",

@@ -23,6 +23,7 @@ class ScrapeErrorReason(StrEnum):
     CONNECT = "connect"  # could not reach the peer (refused, DNS, bad URL)
     PROTOCOL = "protocol"  # the peer broke HTTP mid-answer (closed early, short body vs Content-Length)
     HTTP_STATUS = "http_status"  # an answer that is not 2xx
+    CREDENTIALS = "credentials"  # the target's credentials file could not be read (service/sources/auth.py)
     BODY_TOO_LARGE = "body_too_large"  # more bytes than max_body_bytes (counted after content decoding)
     TOO_MANY_SERIES = "too_many_series"  # more series of the families we read than any real engine serves
     PARSE = "parse"  # not Prometheus text: undecodable bytes, a malformed or truncated line

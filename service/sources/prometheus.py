@@ -302,6 +302,7 @@ class PrometheusFleetSource:
         *,
         timeout_s: float = 4.0,
         max_body_bytes: int = 8 * 1024 * 1024,
+        auth: httpx.Auth | None = None,
     ) -> None:
         if not fleet.rate_window_s > 0 or not timeout_s > 0:
             raise ValueError("rate_window_s and timeout_s must be > 0")
@@ -312,6 +313,7 @@ class PrometheusFleetSource:
         self._rate_window_s = fleet.rate_window_s
         self._timeout_s = timeout_s
         self._max_body_bytes = max_body_bytes
+        self._auth = auth
         self._queries = fleet_queries(model=fleet.model, selector=fleet.selector, rate_window_s=fleet.rate_window_s)
         self._limit = asyncio.Semaphore(MAX_CONCURRENT_QUERIES)
         # The synthetic counters: name -> cumulative value, when each was last advanced, and their epoch.
@@ -464,7 +466,10 @@ class PrometheusFleetSource:
     async def _get(self, params: Mapping[str, str], *, what: str) -> bytes:
         url = self._url
         try:
-            async with self._client.stream("GET", url, params=params, timeout=self._timeout_s) as response:
+            # auth None: no credentials besides a URL's userinfo (httpx sends that as basic auth).
+            async with self._client.stream(
+                "GET", url, params=params, timeout=self._timeout_s, auth=self._auth
+            ) as response:
                 body = await self._read_capped(response)
         except httpx.TimeoutException as exc:
             raise ScrapeError(ScrapeErrorReason.TIMEOUT, f"{url} ({what}): {type(exc).__name__}") from exc

@@ -627,8 +627,10 @@ class VllmScraper:
         *,
         timeout_s: float = 5.0,
         max_body_bytes: int = 8 * 1024 * 1024,
+        auth: httpx.Auth | None = None,
     ) -> None:
         self._client = client
+        self._auth = auth
         self._url = url
         self._timeout_s = timeout_s
         self._max_body_bytes = max_body_bytes
@@ -639,7 +641,8 @@ class VllmScraper:
         """One GET + parse; `now_s` becomes `taken_at_s` of every snapshot. Raises `ScrapeError` only: besides the
         parser's reasons, MISSING_FAMILY when the same engine served families on its last good page that this
         page lacks (a body cut at a line boundary: service/sources/continuity.py)."""
-        body = await fetch_text(self._client, self._url, timeout_s=self._timeout_s, max_body_bytes=self._max_body_bytes)
+        body = await fetch_text(self._client, self._url, timeout_s=self._timeout_s, max_body_bytes=self._max_body_bytes,
+                                auth=self._auth)
         if len(body) < PARSE_IN_THREAD_CHARS:
             snapshots = parse_vllm_metrics(body, taken_at_s=now_s)
         else:
@@ -661,11 +664,14 @@ class VllmScraper:
 PARSE_IN_THREAD_CHARS = 128 * 1024
 
 
-async def fetch_text(client: httpx.AsyncClient, url: str, *, timeout_s: float, max_body_bytes: int) -> str:
-    """GET a Prometheus text page as str, mapping every transport failure to a `ScrapeError`."""
+async def fetch_text(
+    client: httpx.AsyncClient, url: str, *, timeout_s: float, max_body_bytes: int, auth: httpx.Auth | None = None
+) -> str:
+    """GET a Prometheus text page as str with `auth`'s credentials (None: none), mapping every transport failure
+    to a `ScrapeError`."""
     try:
         async with asyncio.timeout(timeout_s):
-            body = await _read_capped(client, url, timeout_s=timeout_s, max_body_bytes=max_body_bytes)
+            body = await _read_capped(client, url, timeout_s=timeout_s, max_body_bytes=max_body_bytes, auth=auth)
     except TimeoutError as exc:  # asyncio.timeout's overall deadline
         raise ScrapeError(ScrapeErrorReason.TIMEOUT, f"{url}: no complete answer within {timeout_s} s") from exc
     except httpx.TimeoutException as exc:
@@ -680,10 +686,13 @@ async def fetch_text(client: httpx.AsyncClient, url: str, *, timeout_s: float, m
         raise ScrapeError(ScrapeErrorReason.PARSE, f"{url}: body is not UTF-8: {exc}") from exc
 
 
-async def _read_capped(client: httpx.AsyncClient, url: str, *, timeout_s: float, max_body_bytes: int) -> bytes:
+async def _read_capped(
+    client: httpx.AsyncClient, url: str, *, timeout_s: float, max_body_bytes: int, auth: httpx.Auth | None
+) -> bytes:
     # Plain text exposition: the parser does not read OpenMetrics.
     headers = {"Accept": "text/plain;version=0.0.4;q=1.0, */*;q=0.1"}
-    async with client.stream("GET", url, headers=headers, timeout=timeout_s) as response:
+    # auth None: no credentials besides a URL's userinfo (httpx sends that as basic auth).
+    async with client.stream("GET", url, headers=headers, timeout=timeout_s, auth=auth) as response:
         if not response.is_success:
             raise ScrapeError(
                 ScrapeErrorReason.HTTP_STATUS, f"{url}: HTTP {response.status_code} {response.reason_phrase}"
