@@ -381,15 +381,15 @@ def _scraper(target: TargetSettings, settings: Settings, client: httpx.AsyncClie
             FleetSelection(model=target.model, selector=target.selector, rate_window_s=target.rate_window_s),
             timeout_s=settings.scrape_timeout_s,
             max_body_bytes=settings.max_body_bytes,
-            auth=_target_auth(target),
+            auth=target_auth(target),
         )
     return VllmScraper(
         client, target.metrics_url, timeout_s=settings.scrape_timeout_s, max_body_bytes=settings.max_body_bytes,
-        auth=_target_auth(target),
+        auth=target_auth(target),
     )
 
 
-def _target_auth(target: TargetSettings) -> httpx.Auth | None:
+def target_auth(target: TargetSettings) -> httpx.Auth | None:
     """The credentials each scrape of `target` sends, read from their files per request (service/sources/auth.py)."""
     if target.authorization is not None:
         return BearerFileAuth(target.authorization.credentials_file)

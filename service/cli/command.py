@@ -29,6 +29,7 @@ from policies.offline.schedule import MAX_NUM_SEQS_LIMIT
 from policies.offline.whatif import WhatIfInputError, whatif_schedule_plan
 from policies.types import DataState
 from service.app import Sidecar, build_sidecar, package_version
+from service.cli.backtest_command import add_backtest_command, run_backtest_command
 from service.cli.profile_command import add_profile_command, run_profile_command
 from service.cli.view import run_view
 from service.http.whatif import (
@@ -125,6 +126,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_whatif_commands(commands)
     _add_bench_command(commands)
     add_profile_command(commands)
+    add_backtest_command(commands)
     return parser
 
 
@@ -554,6 +556,7 @@ _COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "whatif": _whatif,
     "schedule": _schedule,
     "profile": run_profile_command,
+    "backtest": run_backtest_command,
     "bench": _bench_command,
 }
 

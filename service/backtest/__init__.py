@@ -1,0 +1,1 @@
+"""`spec-advisor backtest`: recorded Prometheus history replayed through the advisor's own pipeline."""
