@@ -16,11 +16,11 @@ import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 from fastapi import FastAPI
-from prometheus_client.registry import CollectorRegistry
+from prometheus_client.registry import Collector, CollectorRegistry
 
 from policies.advise import AdvisorConfig
 from policies.model.costmodel import ModelContext
@@ -41,9 +41,10 @@ from service.actuators.audit import AUDIT_FILE_NAME, AuditLog
 from service.actuators.base import Actuator
 from service.actuators.runner import ActuationRunner, RunnerOptions
 from service.board import Board
-from service.exporter import MetricsPage, build_registry
+from service.exporter import ApiConnectionsCollector, MetricsPage, build_registry
 from service.http.actions import create_actions_router, install_auth_errors
 from service.http.api import ApiExtensions, create_api
+from service.http.connection_guard import ConnectionGuard
 from service.http.whatif import create_whatif_router, live_targets_from_board
 from service.logs import fields, get_logger
 from service.loop import (
@@ -68,6 +69,11 @@ from service.sources.prometheus import MAX_CONCURRENT_QUERIES, FleetSelection, P
 from service.sources.vllm import VllmScraper
 from service.stores.memory import MemoryStore
 
+if TYPE_CHECKING:  # recommend-only never imports the Kubernetes client library
+    from lightkube import AsyncClient
+
+    from service.actuators.leader import LeaseElector
+
 _log = get_logger("app")
 
 
@@ -86,18 +92,20 @@ class Sidecar:
     board: Board
     registry: CollectorRegistry
     settings: Settings
+    connection_guard: ConnectionGuard  # what the API server's protocol enforces (`_start_api` in service/cli)
     actuation: ActuationRunner | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Actuation:
-    """What acting needs at run time: the runner (a loop listener), its audit log, the write endpoints' token, and
-    what to close at shutdown (the Kubernetes client)."""
+    """What acting needs at run time: the runner (a loop listener), its audit log, the write endpoints' token, the
+    leader election (None when off), and what to close at shutdown (the Kubernetes client)."""
 
     runner: ActuationRunner
     audit: AuditLog
     token: str | None
     closers: tuple[Callable[[], Awaitable[None]], ...] = ()
+    elector: LeaseElector | None = None
 
 
 MEMORY_FILE_NAME = "acceptance-memory.json"
@@ -213,7 +221,13 @@ def build_sidecar(
         settings, board, actuators=actuators, environ=os.environ if environ is None else environ, now_s=clock()
     )
     runner = actuation.runner if actuation is not None else None
+    # The API server's connection cap and read deadline (uvicorn's protocol, service/http/connection_guard.py).
+    guard = ConnectionGuard(max_connections=settings.api_max_connections,
+                            read_timeout_s=settings.api_request_read_timeout_s)
+    live = _live_collectors(guard, actuation)
     registry = build_registry(board, clock=clock, version=version, actuation=runner)
+    for collector in live:
+        registry.register(collector)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -231,6 +245,7 @@ def build_sidecar(
             )
             if actuation is not None:
                 stack.push_async_callback(_close_actuation, actuation)
+                _start_actuation(actuation)
             task = asyncio.create_task(loop.run_forever(clock), name="spec-advisor-loop")
             task.add_done_callback(_report_loop_exit)
             _log.info(
@@ -256,7 +271,7 @@ def build_sidecar(
     )
     app = create_api(
         board,
-        metrics=MetricsPage(board, clock=clock, version=version, actuation=runner),
+        metrics=MetricsPage(board, clock=clock, version=version, actuation=runner, live=live),
         clock=clock,
         stall_after_s=settings.stall_after_intervals * settings.scrape_interval_s,
         version=version,
@@ -270,7 +285,8 @@ def build_sidecar(
         )]),
     )
     install_auth_errors(app)
-    return Sidecar(app=app, board=board, registry=registry, settings=settings, actuation=runner)
+    return Sidecar(app=app, board=board, registry=registry, settings=settings, connection_guard=guard,
+                   actuation=runner)
 
 
 # ----------------------------------------------------------------------------------------------------------------
@@ -300,9 +316,13 @@ def build_actuation(
             "actuation.api.write_endpoints: false"
         )
     closers: tuple[Callable[[], Awaitable[None]], ...] = ()
+    client: AsyncClient | None = None
+    if actuators is None or a.leader_election.enabled:
+        client = _kube_client(a)
+        closers = (client.close,)
     if actuators is None:
-        actuators, close = _kube_actuators(a)
-        closers = (close,)
+        assert client is not None
+        actuators = _kube_actuators(a, client)
     missing = sorted({t.target for t in a.targets} - set(actuators))
     if missing:
         raise SettingsError(f"actuation: no actuator for {', '.join(missing)}")
@@ -323,26 +343,62 @@ def build_actuation(
         actuator_timeout_s=a.actuator_timeout_s,
         skip_interval_s=a.gate.skip_log_interval_s,
     )
-    runner = ActuationRunner(board, {t.target: actuators[t.target] for t in a.targets}, options=options, audit=audit)
+    elector = _lease_elector(a, client, environ) if client is not None and a.leader_election.enabled else None
+    runner = ActuationRunner(board, {t.target: actuators[t.target] for t in a.targets}, options=options, audit=audit,
+                             leadership=elector)
     runner.restore(audit.gate_records(), now_s=now_s)  # from the whole log, not just its recent tail
     _log.info(
         "actuation enabled",
         extra=fields(mode=a.mode, dry_run=a.dry_run, targets=[t.target for t in a.targets], audit=str(audit.path),
-                     write_endpoints=a.api.write_endpoints),
+                     write_endpoints=a.api.write_endpoints,
+                     leader_election=None if elector is None else f"{elector.lease_ref} as {elector.identity}"),
     )
-    return Actuation(runner=runner, audit=audit, token=token, closers=closers)
+    return Actuation(runner=runner, audit=audit, token=token, closers=closers, elector=elector)
 
 
-def _kube_actuators(a: ActuationSettings) -> tuple[dict[str, Actuator], Callable[[], Awaitable[None]]]:
+def _kube_client(a: ActuationSettings) -> AsyncClient:
+    """The one Kubernetes client of the actuators and the leader election; SettingsError when it cannot be built."""
     # Imported here: recommend-only never needs the Kubernetes client library.
     from service.actuators.kube_client import kube_client  # noqa: PLC0415
 
     try:
         k = a.kubernetes
-        client = kube_client(api_url=k.api_url, kubeconfig=k.kubeconfig, token_file=k.token_file,
-                             namespace=k.namespace, timeout_s=k.timeout_s)
+        return kube_client(api_url=k.api_url, kubeconfig=k.kubeconfig, token_file=k.token_file,
+                           namespace=k.namespace, timeout_s=k.timeout_s)
     except Exception as exc:  # lightkube's ConfigError and the OSErrors of reading the files
         raise SettingsError(f"actuation: cannot configure the Kubernetes client: {type(exc).__name__}: {exc}") from None
+
+
+def _lease_elector(a: ActuationSettings, client: AsyncClient, environ: Mapping[str, str]) -> LeaseElector:
+    """The leader election on actuation.leader_election's Lease, as this pod (POD_NAME, else HOSTNAME) plus a random
+    suffix, so a restarted pod is a new candidate."""
+    from policies.act.leader import ElectionConfig  # noqa: PLC0415
+    from service.actuators.leader import LeaseElector, LeaseName, leader_identity  # noqa: PLC0415
+
+    le = a.leader_election
+    config = ElectionConfig(identity=leader_identity(environ), lease_duration_s=le.lease_duration_s,
+                            renew_deadline_s=le.renew_deadline_s, retry_period_s=le.retry_period_s)
+    return LeaseElector(client, lease=LeaseName(a.lease_namespace, le.lease_name), config=config)
+
+
+def _start_actuation(actuation: Actuation) -> None:
+    if actuation.elector is not None:
+        actuation.elector.start()
+
+
+def _live_collectors(guard: ConnectionGuard, actuation: Actuation | None) -> list[Collector]:
+    """The /metrics families that move without a board write: the API's closed connections, and with leader
+    election on, this replica's standing (service/actuators/leader_metrics.py)."""
+    live: list[Collector] = [ApiConnectionsCollector(guard.closed)]
+    if actuation is not None and actuation.elector is not None:
+        from service.actuators.leader_metrics import LeadershipCollector  # noqa: PLC0415
+
+        live.append(LeadershipCollector(actuation.elector))
+    return live
+
+
+def _kube_actuators(a: ActuationSettings, client: AsyncClient) -> dict[str, Actuator]:
+    k = a.kubernetes
     actuators: dict[str, Actuator] = {}
     if a.mode == "routing":
         from service.actuators.routing import RoutingActuator  # noqa: PLC0415
@@ -360,11 +416,13 @@ def _kube_actuators(a: ActuationSettings) -> tuple[dict[str, Actuator], Callable
             actuators[t.target] = DeploymentActuator(client, namespace=k.namespace, deployment=t.deployment,
                                                      container=t.container, schedule_mode=a.mode == "schedule",
                                                      speculative_config=t.speculative_config)
-    return actuators, client.close
+    return actuators
 
 
 async def _close_actuation(actuation: Actuation) -> None:
     await actuation.runner.aclose()
+    if actuation.elector is not None:  # after the last pass, before the client closes: give the lease back
+        await actuation.elector.aclose()
     for close in actuation.closers:
         with contextlib.suppress(Exception):  # shutting down: a failed close must not mask the real exit
             await close()

@@ -13,7 +13,7 @@ stays a live gauge (not just a timestamp left to PromQL's `time() - ts`) because
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -24,6 +24,7 @@ from policies.act.gate import SkipReason
 from policies.types import DataState, WhyCode
 from service.actuators.runner import RESULTS, ActuationRunner
 from service.board import SCRAPE_ERROR_REASONS, Board, BoardEntry
+from service.http.connection_guard import CLOSE_REASONS
 
 PREFIX = "specadvisor"
 _TARGET_LABELS = ("target", "model")
@@ -89,6 +90,20 @@ class ActuationCollector(Collector):
         yield from _actuation(self._runner, self._clock())
 
 
+class ApiConnectionsCollector(Collector):
+    """`api_connections_closed_total`: API connections the server closed before a whole request arrived, by reason
+    (service/http/connection_guard.py), read off `closed()` per scrape."""
+
+    def __init__(self, closed: Callable[[], Mapping[str, int]]) -> None:
+        self._closed = closed
+
+    def describe(self) -> Iterable[Metric]:
+        return ()
+
+    def collect(self) -> Iterator[Metric]:
+        yield from _api_connections(self._closed())
+
+
 def build_registry(
     board: Board, *, clock: Callable[[], float], version: str, actuation: ActuationRunner | None = None
 ) -> CollectorRegistry:
@@ -104,7 +119,8 @@ def build_registry(
 
 class MetricsPage:
     """The /metrics body in the Prometheus text format: the board's families rendered once per board write (keyed
-    by `Board.version` and `StepTimings.observations`), the scrape age rendered per call.
+    by `Board.version` and `StepTimings.observations`), the scrape age, the actuation and the `live` collectors
+    (families that move without a board write) rendered per call.
     """
 
     content_type = CONTENT_TYPE_LATEST
@@ -116,6 +132,7 @@ class MetricsPage:
         clock: Callable[[], float],
         version: str,
         actuation: ActuationRunner | None = None,
+        live: Iterable[Collector] = (),
     ) -> None:
         self._board = board
         self._board_registry = CollectorRegistry(auto_describe=False)
@@ -124,6 +141,8 @@ class MetricsPage:
         self._age_registry.register(ScrapeAgeCollector(board, clock=clock))
         if actuation is not None:  # per request, like the age: small, and it moves with the clock
             self._age_registry.register(ActuationCollector(actuation, clock=clock))
+        for collector in live:  # families that move without a board write (the API's connections, the lease)
+            self._age_registry.register(collector)
         self._key: tuple[int, int] | None = None
         self._board_text = b""
 
@@ -385,3 +404,18 @@ def _actuation(runner: ActuationRunner, now_s: float) -> Iterator[Metric]:
     )
     audit_errors.add_metric([], float(runner.audit_errors))
     yield from (actions, skipped, errors, paused, override, cooldown, dry_run, audit_errors)
+
+
+def _api_connections(closed: Mapping[str, int]) -> Iterator[Metric]:
+    family = CounterMetricFamily(
+        f"{PREFIX}_api_connections_closed",
+        "API connections the server closed before a whole request arrived, by reason: read_timeout (the request "
+        "was not in within api_request_read_timeout_s), over_limit (api_max_connections were open already).",
+        labels=["reason"],
+    )
+    # Every reason from 0, so the first close of a kind is an increase(), not a series born at 1.
+    counts: dict[str, int] = dict.fromkeys(CLOSE_REASONS, 0)
+    counts.update(closed)
+    for reason, count in sorted(counts.items()):
+        family.add_metric([reason], float(count))
+    yield family

@@ -637,6 +637,62 @@ class ActionsApiSettings(_Section):
     )
 
 
+class LeaderElectionSettings(_Section):
+    """Several replicas, one actor: a coordination.k8s.io/v1 Lease decides which replica acts; the others advise
+    only (docs/actuation.md, "Several replicas"). client-go's leader election semantics and defaults."""
+
+    enabled: bool = Field(
+        default=False,
+        description="Act only while holding the Lease. Off by default: one replica acts without asking. Turn it "
+        "on whenever more than one advisor (replicas, or the sidecars of a Deployment with several replicas) acts "
+        "on the same objects; needs the Lease RBAC (deploy/kubernetes/rbac-lease).",
+    )
+    lease_name: K8sName = Field(
+        default="spec-advisor-actuation",
+        description="The Lease's name; every replica that acts on the same objects must use the same one.",
+    )
+    namespace: K8sName | None = Field(
+        default=None,
+        description="The Lease's namespace. Default None: actuation.kubernetes.namespace (the acted-on objects').",
+    )
+    lease_duration_s: int = Field(
+        default=15,
+        ge=1,
+        le=3600,
+        description="Whole seconds a lease lasts after its holder last renewed it, as judged on each replica's own "
+        "clock from when it saw the renewal (never by comparing clocks): how long a crashed leader leaves the "
+        "objects without an actor. 15 s, client-go's default.",
+    )
+    renew_deadline_s: float = Field(
+        default=10.0,
+        gt=0,
+        le=3600,
+        description="The leader stops acting when it has not renewed the lease for this long; shorter than "
+        "lease_duration_s, so it stops before any other replica may take over. 10 s, client-go's default.",
+    )
+    retry_period_s: float = Field(
+        default=2.0,
+        gt=0,
+        le=600,
+        description="Time between two attempts to renew (leader) or acquire (the others, plus up to 1.2x jitter); "
+        "the renew deadline must exceed 1.2x it. 2 s, client-go's default.",
+    )
+
+    @model_validator(mode="after")
+    def _deadline_within_the_lease(self) -> Self:
+        if not self.renew_deadline_s < self.lease_duration_s:
+            raise ValueError(
+                f"renew_deadline_s ({self.renew_deadline_s:g}) must be shorter than lease_duration_s "
+                f"({self.lease_duration_s}): a leader that cannot renew must stop acting before another may take over"
+            )
+        if not self.renew_deadline_s > 1.2 * self.retry_period_s:
+            raise ValueError(
+                f"renew_deadline_s ({self.renew_deadline_s:g}) must exceed 1.2 x retry_period_s "
+                f"({self.retry_period_s:g}): the leader needs more than one attempt within the deadline"
+            )
+        return self
+
+
 # Flat actuation settings that moved into a section, with their new place (refused, naming it).
 _MOVED_ACTUATION_SETTINGS = {
     **{key: f"gate.{key}" for key in GateSettings.model_fields},
@@ -675,6 +731,7 @@ class ActuationSettings(_Section):
     schedule: ScheduleSettings = Field(default_factory=ScheduleSettings)
     kubernetes: KubernetesSettings = Field(default_factory=KubernetesSettings)
     api: ActionsApiSettings = Field(default_factory=ActionsApiSettings)
+    leader_election: LeaderElectionSettings = Field(default_factory=LeaderElectionSettings)
 
     @model_validator(mode="before")
     @classmethod
@@ -690,6 +747,8 @@ class ActuationSettings(_Section):
     @model_validator(mode="after")
     def _targets_fit_mode(self) -> Self:
         if self.mode == "recommend-only":
+            if self.leader_election.enabled:
+                raise ValueError("leader_election.enabled needs an acting mode: recommend-only acts on nothing")
             return self
         if not self.targets:
             raise ValueError(f"actuation.mode {self.mode} needs actuation.targets (the targets it may change)")
@@ -705,6 +764,11 @@ class ActuationSettings(_Section):
     @property
     def enabled(self) -> bool:
         return self.mode != "recommend-only"
+
+    @property
+    def lease_namespace(self) -> str:
+        """The namespace of the leader election's Lease (its own setting, else the acted-on objects')."""
+        return self.leader_election.namespace or self.kubernetes.namespace
 
 
 class Settings(BaseSettings):
@@ -737,6 +801,26 @@ class Settings(BaseSettings):
         description="Listen address. Loopback by default (safe); a pod needs 0.0.0.0 for Prometheus to reach it.",
     )
     port: int = Field(default=8321, ge=0, le=65535, description="Listen port; 8321 avoids vLLM's 8000 in the same pod.")
+    api_max_connections: int = Field(
+        default=256,
+        ge=1,
+        le=65536,
+        description="Most API connections open at once; one more is closed as soon as it is accepted (counted as "
+        "api_connections_closed_total{reason=\"over_limit\"}). 256 is far more than the API's readers hold "
+        "(Prometheus, probes, a few dashboards and people) and far below the usual open-file limit of 1024, so a "
+        "flood of connections cannot use up the process's file descriptors. Keep it below `ulimit -n`.",
+    )
+    api_request_read_timeout_s: float = Field(
+        default=10.0,
+        gt=0,
+        le=600,
+        allow_inf_nan=False,
+        description="Seconds a client has to send a whole request (head and body), from opening the connection or "
+        "from the first byte of its next request on a kept-alive one; a connection still short of it is closed "
+        "(api_connections_closed_total{reason=\"read_timeout\"}). 10 s lets the largest request (a 256 KiB what-if "
+        "body) through at 26 KB/s and bounds how long a client sending nothing, or a byte at a time, holds a "
+        "connection. Idle kept-alive connections are closed after 75 s instead.",
+    )
     fallback_hardware: str = Field(
         default="h100-sxm",
         description="Hardware profile used by targets with hardware 'auto' when no GPU name is known: the most "

@@ -48,6 +48,7 @@ class SkipReason(StrEnum):
     """Why no action was taken this tick: a closed set, used as a metric label and in the audit log."""
 
     PAUSED = "paused"
+    NOT_LEADER = "not_leader"  # leader election on: another replica holds the lease (the runner's, before rule 1)
     OBSERVATION_ERROR = "observation_error"
     ROLLOUT_IN_PROGRESS = "rollout_in_progress"
     NO_DECISION = "no_decision"
@@ -167,6 +168,17 @@ def schedule_change_share(a: SpeculationSetting, b: SpeculationSetting, *, min_k
         if abs(k_a - k_b) >= min_k_delta:
             changed += math.log((hi + 1) / lo)
     return changed / total
+
+
+def judged_decision(decision: Decision | None, evidence_state: DataState | None) -> Decision | None:
+    """The decision the gate judges: an ok decision over evidence that is not ok is handed over in the evidence's
+    state (insufficient_data without evidence): a decision kept ok on remembered acceptance over a thin live window
+    is good enough to advise, not to restart pods on. Example: ok decision, evidence insufficient_data -> the same
+    decision in state insufficient_data (the gate skips `insufficient_data` and restarts its dwell)."""
+    if decision is None or decision.state != DataState.OK:
+        return decision
+    state = evidence_state if evidence_state is not None else DataState.INSUFFICIENT_DATA
+    return decision if state == DataState.OK else replace(decision, state=state)
 
 
 def gate_action(

@@ -24,10 +24,17 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from policies.act.deployment import DeploymentObservation, SpeculationSetting
-from policies.act.gate import ActionPlan, ActuationConfig, ActuationState, desired_setting, gate_action
+from policies.act.gate import (
+    ActionPlan,
+    ActuationConfig,
+    ActuationState,
+    desired_setting,
+    gate_action,
+    judged_decision,
+)
 from policies.types import DataState, Decision
 
 
@@ -62,15 +69,6 @@ class GateReplay:
 
     actions: tuple[WouldAct, ...]
     skips: dict[str, int]
-
-
-def judged_decision(decision: Decision | None, evidence_state: DataState | None) -> Decision | None:
-    """The decision the gate judges: an ok decision over evidence that is not ok is handed over in the evidence's
-    state (insufficient_data without evidence), as the actuation runner does."""
-    if decision is None or decision.state != DataState.OK:
-        return decision
-    state = evidence_state if evidence_state is not None else DataState.INSUFFICIENT_DATA
-    return decision if state == DataState.OK else replace(decision, state=state)
 
 
 def replay_gate(ticks: Iterable[ReplayTick], *, config: ActuationConfig) -> GateReplay:

@@ -10,6 +10,10 @@ At start-up `restore` rebuilds the pause switch, overrides and recent actions fr
 (`AuditLog.gate_records`, gathered from the whole file). A live apply is recorded twice: an "action_started" record
 with the exact patch, fsync'd before anything is sent, then the "action" record with the result (same `at_s`), so a
 `kill -9` in between still leaves the action in the log and a restart still counts it.
+With leader election on (several replicas), a replica acts only while it leads (`Leadership.leading()`, asked
+before each target's step and again right before a patch is sent); otherwise each step is a `not_leader` skip,
+written to the audit log like any other skip (when the holder changes, or once per skip_log_interval_s), and the
+gate's state (the dwell included) is left as it was: a new leader waits out its own dwell.
 The gate acts only when the board's evidence is ok too: a decision that advise.py kept ok on remembered acceptance
 over a thin live window (evidence insufficient_data) is good enough to advise, not to restart pods on. Nothing here
 raises into the loop: an actuator that raises or hangs is an `unexpected` / `unreachable` error in the
@@ -24,7 +28,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
-from typing import Any
+from typing import Any, Protocol
 
 from policies.act.deployment import ActuatorError, ApplyResult, DeploymentObservation, SpeculationSetting
 from policies.act.gate import (
@@ -40,6 +44,7 @@ from policies.act.gate import (
     cooldown_remaining_s,
     desired_setting,
     gate_action,
+    judged_decision,
 )
 from policies.model.roofline import CostScales
 from policies.offline.schedule import BatchSchedule, ScheduleAsk, inputs_from_evidence, schedule_for
@@ -127,6 +132,23 @@ class _Entry:
     expires_at_s: float | None = None
 
 
+class Leadership(Protocol):
+    """Whether this replica may act (leader election; service/actuators/leader.py `LeaseElector`)."""
+
+    @property
+    def holder(self) -> str | None:
+        """Who holds the lease as last observed ("" nobody, None not read yet)."""
+        ...
+
+    def leading(self) -> bool:
+        """True while this replica leads and may act."""
+        ...
+
+    def describe(self) -> str:
+        """Why this replica does not act, in words."""
+        ...
+
+
 class UnknownTargetError(KeyError):
     """A command named a target the runner does not act on."""
 
@@ -151,8 +173,10 @@ class ActuationRunner:
         options: RunnerOptions,
         audit: AuditLog,
         logger: logging.Logger | None = None,
+        leadership: Leadership | None = None,
     ) -> None:
         self._board = board
+        self._leadership = leadership
         self._options = options
         self._audit = audit
         self._throttle = SkipThrottle(options.skip_interval_s)
@@ -178,6 +202,15 @@ class ActuationRunner:
     @property
     def target_names(self) -> tuple[str, ...]:
         return tuple(self._runtimes)
+
+    @property
+    def leadership(self) -> Leadership | None:
+        """The leader election this runner obeys; None when it is off (this replica always acts)."""
+        return self._leadership
+
+    def leading(self) -> bool:
+        """Whether this replica may act now (always, without leader election)."""
+        return self._leadership is None or self._leadership.leading()
 
     # -- the listener ------------------------------------------------------------------------------------------
 
@@ -216,6 +249,9 @@ class ActuationRunner:
                 self.version += 1
 
     async def _step(self, runtime: _Runtime, now_s: float) -> None:
+        if not self.leading():
+            await self._not_leader(runtime, now_s)
+            return
         observation = await self._observe(runtime, now_s)
         # The decision is read after the observation, which can take up to actuator_timeout_s: the gate must judge
         # the recommendation in force now, not the one from before the wait.
@@ -225,22 +261,23 @@ class ActuationRunner:
         if observation.error is not None:
             runtime.errors[observation.error.value] = runtime.errors.get(observation.error.value, 0) + 1
         desired = await self._desired(runtime.target, decision, status)
-        plan, runtime.state = gate_action(
+        plan, state = gate_action(
             decision, observation, desired, config=self._options.config, state=runtime.state, now_s=now_s
         )
         if thin_evidence is not None and plan.skip is not None and plan.skip.value == thin_evidence.value:
             plan = replace(plan, detail=f"the recommendation is ok but the live evidence is {thin_evidence.value} "
                                         "(an ok decision over a thin window rests on remembered acceptance)")
+        if plan.act and not self.leading():  # lost the lease while observing: the gate's verdict is void
+            await self._not_leader(runtime, now_s)
+            return
+        runtime.state = state
         runtime.last_plan = plan
         self.version += 1
         if not plan.act:
             assert plan.skip is not None
-            runtime.skipped[plan.skip.value] = runtime.skipped.get(plan.skip.value, 0) + 1
             # An observation error's cause is part of its key: forbidden then unreachable is news worth a line.
             key = plan.skip.value if observation.error is None else f"{plan.skip.value}:{observation.error.value}"
-            if self._throttle.should_write(runtime.target, key, now_s):
-                entry = _Entry("skip", plan.skip.value, "skipped", desired=plan.desired, detail=plan.detail)
-                await self._write(self._record(runtime, now_s, entry, status=status, observation=observation))
+            await self._skipped(runtime, plan, now_s, status=status, observation=observation, key=key)
             return
         assert plan.desired is not None
         reason = "override" if plan.via_override else "recommendation"
@@ -268,6 +305,35 @@ class ActuationRunner:
             self.version += 1
             self._throttle.reset(runtime.target)
 
+    async def _not_leader(self, runtime: _Runtime, now_s: float) -> None:
+        """A step while another replica leads (or this one cannot renew): skip `not_leader`, audited when the holder
+        changes or once per skip interval; the object is not read and the gate state is left as it was."""
+        assert self._leadership is not None
+        plan = ActionPlan(act=False, desired=None, skip=SkipReason.NOT_LEADER, detail=self._leadership.describe())
+        runtime.last_plan = plan
+        self.version += 1
+        key = f"{SkipReason.NOT_LEADER.value}:{self._leadership.holder or ''}"
+        await self._skipped(runtime, plan, now_s, status=self._board.get(runtime.target),
+                            observation=runtime.last_observation, key=key)
+
+    async def _skipped(
+        self,
+        runtime: _Runtime,
+        plan: ActionPlan,
+        now_s: float,
+        *,
+        status: BoardEntry | None,
+        observation: DeploymentObservation | None,
+        key: str,
+    ) -> None:
+        """Count a skip and write it when its throttle `key` (the reason, with what else makes it news) changed or
+        its interval passed."""
+        assert plan.skip is not None
+        runtime.skipped[plan.skip.value] = runtime.skipped.get(plan.skip.value, 0) + 1
+        if self._throttle.should_write(runtime.target, key, now_s):
+            entry = _Entry("skip", plan.skip.value, "skipped", desired=plan.desired, detail=plan.detail)
+            await self._write(self._record(runtime, now_s, entry, status=status, observation=observation))
+
     async def _act(
         self,
         runtime: _Runtime,
@@ -292,6 +358,11 @@ class ActuationRunner:
             return ApplyResult(applied=False, dry_run=False, patch=preview.patch, patch_type=preview.patch_type,
                                error=ActuatorError.UNEXPECTED,
                                detail="not sent: the audit log could not record the action before it")
+        if not self.leading():  # the preview and the record took a while: another replica may lead by now
+            return ApplyResult(applied=False, dry_run=False, patch=preview.patch, patch_type=preview.patch_type,
+                               error=ActuatorError.UNEXPECTED,
+                               detail="not sent: this replica stopped leading before the patch went out "
+                                      f"({self._leadership.describe() if self._leadership is not None else ''})")
         return await self._apply(runtime, plan.desired, observation, dry_run=False)
 
     async def _observe(self, runtime: _Runtime, now_s: float) -> DeploymentObservation:
@@ -550,13 +621,8 @@ def _gate_decision(status: BoardEntry | None) -> tuple[Decision | None, DataStat
     there is no evidence), so the gate skips for that reason, restarts the dwell and still lets an override act."""
     if status is None or status.decision is None:
         return None, None
-    decision = status.decision
-    if decision.state != DataState.OK:
-        return decision, None
-    evidence_state = status.evidence.state if status.evidence is not None else DataState.INSUFFICIENT_DATA
-    if evidence_state == DataState.OK:
-        return decision, None
-    return replace(decision, state=evidence_state), evidence_state
+    judged = judged_decision(status.decision, status.evidence.state if status.evidence is not None else None)
+    return judged, (judged.state if judged is not status.decision and judged is not None else None)
 
 
 def _result_label(result: ApplyResult) -> str:

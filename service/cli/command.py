@@ -274,6 +274,13 @@ async def _start_api(sidecar: Sidecar) -> tuple[uvicorn.Server, asyncio.Task[Non
         log_config=None,
         access_log=False,
         lifespan="on",
+        # h11 with the connection cap and the request read timeout (service/http/connection_guard.py). Pinned:
+        # "auto" picks httptools when it is installed, and that protocol has neither.
+        http=sidecar.connection_guard.protocol(),
+        # No limit_concurrency: uvicorn answers 503 to a request once `limit_concurrency` connections are open,
+        # idle kept-alive ones included, and never refuses a connection. An HTTP/1.1 connection runs one request
+        # at a time, so the cap above already bounds requests in flight; a limit at or below it would answer 503
+        # to Prometheus or a probe whenever that many clients keep connections alive.
         # Longer than the idle timeout of the clients and proxies in front of it (Prometheus, load balancers at
         # 60 s): with uvicorn's 5 s default, a client reusing an idle connection races the server closing it and
         # gets "server disconnected without a response" (seen under load in the real-vLLM test).

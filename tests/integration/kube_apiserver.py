@@ -2,11 +2,18 @@
 of the Kubernetes API the actuators and `kubectl get/patch` use, with the real semantics:
 
 - GET and PATCH of apps/v1 Deployments and gateway.networking.k8s.io/v1 HTTPRoutes in a namespace;
+- coordination.k8s.io/v1 Leases (leader election): GET, POST (create: 201; 409 AlreadyExists when the name is
+  taken), PUT (update: the body's metadata.resourceVersion must be the stored one, else 409 Conflict; none is 422
+  Invalid, as Leases allow no unconditional update; a PUT of a missing Lease creates it, 201, as Leases allow create
+  on update) and PATCH; the Lease's validation (leaseDurationSeconds > 0, leaseTransitions >= 0) and its MicroTime
+  fields parsed with the API server's layout (six fraction digits; anything else is a 400 decode error) and stored
+  in UTC; a name or namespace in the body other than the URL's is a 400; create is authorized without a name (RBAC
+  cannot restrict create by resourceNames), so only a grant for every name ("*") allows it;
 - patch types: JSON patch (RFC 6902, `test` included; a failed op is 422), JSON merge patch (RFC 7386), strategic
   merge patch for Deployments (merge keys: containers/initContainers/ephemeralContainers/env/volumes/volumeMounts/
   imagePullSecrets by name or mountPath, ports by containerPort, conditions by type; `$patch: replace|delete|merge`;
   lists without a merge key replaced) and 415 for HTTPRoutes (a CRD), apply patch 415 (not implemented here);
-- `metadata.resourceVersion`: one counter for the store, bumped on every write (a no-op patch writes nothing); a
+- `metadata.resourceVersion`: one counter for the store, bumped on every write (a no-op write writes nothing); a
   patched object whose resourceVersion differs from the stored one (i.e. the patch carried an older one) is a 409
   Conflict; `metadata.generation` bumped on spec changes; status cannot be changed through the main resource;
 - `?dryRun=All`: the result without storing it;
@@ -16,18 +23,21 @@ of the Kubernetes API the actuators and `kubectl get/patch` use, with the real s
 - discovery (/version, /api, /apis, /api/v1, /apis/apps/v1, /apis/gateway.networking.k8s.io/v1) and GET of a
   namespace (kubectl asks after a 404) for kubectl. Plain http only: kubectl sends no bearer token over it, so
   kubectl runs against a server without authentication.
-Test hooks: `put`, `get`, `mutate` (a concurrent writer), `before_patch` (runs between a PATCH's arrival and its
-write), `finish_rollout`, and `requests` (what arrived).
+Test hooks: `put`, `get`, `find` (None when absent), `mutate` (a concurrent writer), `before_patch` (runs between a
+PATCH's arrival and its write), `before_write` (the same for a POST or PUT), `finish_rollout`, and `requests` (what
+arrived).
 """
 
 from __future__ import annotations
 
 import copy
 import json
+import re
 import threading
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
@@ -48,6 +58,9 @@ class Kind:
     kind: str
     strategic: bool  # built-in types take strategic merge patches; CRDs do not
     short_names: tuple[str, ...] = ()
+    verbs: tuple[str, ...] = ("get", "patch")  # what this server serves for the kind
+    generation: bool = True  # the kind's strategy keeps metadata.generation (Leases' does not)
+    create_on_update: bool = False  # a PUT of a missing object creates it (the strategy's AllowCreateOnUpdate)
 
     @property
     def api_version(self) -> str:
@@ -61,7 +74,9 @@ class Kind:
 DEPLOYMENTS = Kind("apps", "v1", "deployments", "Deployment", strategic=True, short_names=("deploy",))
 HTTPROUTES = Kind("gateway.networking.k8s.io", "v1", "httproutes", "HTTPRoute", strategic=False)
 NAMESPACES = Kind("", "v1", "namespaces", "Namespace", strategic=True, short_names=("ns",))
-KINDS = {(k.group, k.version, k.plural): k for k in (DEPLOYMENTS, HTTPROUTES)}
+LEASES = Kind("coordination.k8s.io", "v1", "leases", "Lease", strategic=True,
+              verbs=("create", "get", "patch", "update"), generation=False, create_on_update=True)
+KINDS = {(k.group, k.version, k.plural): k for k in (DEPLOYMENTS, HTTPROUTES, LEASES)}
 
 
 class ApiStatusError(Exception):
@@ -336,10 +351,66 @@ def _validate_httproute(obj: dict[str, Any]) -> None:
                 raise _invalid(f"spec.rules.backendRefs.weight: Invalid value: {weight!r}")
 
 
+# metav1.MicroTime's wire format: Go's layout "2006-01-02T15:04:05.000000Z07:00", exactly six fraction digits.
+_MICRO_TIME = re.compile(r"^(\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2})\.(\d{6})(Z|[+-]\d{2}:\d{2})$")
+_LEASE_TIMES = ("acquireTime", "renewTime")
+
+
+def _decode_lease(obj: dict[str, Any]) -> None:
+    """The decoding step of a Lease body (before validation): its MicroTimes parsed with the API server's layout and
+    stored as it writes them, in UTC; a value it cannot parse fails the request as a 400, as the real decoder does."""
+    spec = obj.get("spec")
+    if spec is None:
+        return
+    if not isinstance(spec, dict):
+        raise _bad_request('Lease in version "v1" cannot be handled as a Lease: spec: expected an object')
+    for name in _LEASE_TIMES:
+        value = spec.get(name)
+        if value is None:
+            continue
+        stored = _micro_time(value)
+        if stored is None:
+            raise _bad_request(
+                f'Lease in version "v1" cannot be handled as a Lease: parsing time {json.dumps(value)} as '
+                '"2006-01-02T15:04:05.000000Z07:00": cannot parse as RFC3339Micro'
+            )
+        spec[name] = stored
+
+
+def _micro_time(value: object) -> str | None:
+    """`value` as the API server stores a MicroTime (UTC, six fraction digits), None when it cannot parse it."""
+    match = _MICRO_TIME.match(value) if isinstance(value, str) else None
+    if match is None:
+        return None
+    try:
+        parsed = datetime.fromisoformat(f"{match[1]}.{match[2]}{'+00:00' if match[3] == 'Z' else match[3]}")
+    except ValueError:
+        return None
+    return parsed.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def _validate_lease(obj: dict[str, Any]) -> None:
+    """k8s.io/kubernetes/pkg/apis/coordination/validation ValidateLeaseSpec (the fields leader election writes)."""
+    spec = obj.get("spec") or {}
+    name = (obj.get("metadata") or {}).get("name")
+    duration, transitions = spec.get("leaseDurationSeconds"), spec.get("leaseTransitions")
+    problems = []
+    if duration is not None and (not isinstance(duration, int) or duration <= 0):
+        problems.append(f"spec.leaseDurationSeconds: Invalid value: {duration}: must be greater than 0")
+    if transitions is not None and (not isinstance(transitions, int) or transitions < 0):
+        problems.append(f"spec.leaseTransitions: Invalid value: {transitions}: must be greater than or equal to 0")
+    if problems:
+        raise ApiStatusError(
+            422, "Invalid", f'Lease.coordination.k8s.io "{name}" is invalid: {", ".join(problems)}',
+            {"name": name, "group": "coordination.k8s.io", "kind": "Lease"},
+        )
+
+
 # The kinds whose writes are validated, and how.
 VALIDATORS: dict[Kind, Callable[[dict[str, Any]], None]] = {
     DEPLOYMENTS: _validate_deployment,
     HTTPROUTES: _validate_httproute,
+    LEASES: _validate_lease,
 }
 
 
@@ -385,6 +456,7 @@ class FakeKubeApiServer:
         self.tokens = tokens
         self.grants = grants
         self.before_patch: Callable[[], None] | None = None
+        self.before_write: Callable[[], None] | None = None
         self._state = _State()
         self._lock = threading.RLock()
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), _handler_for(self))
@@ -425,13 +497,20 @@ class FakeKubeApiServer:
             metadata["namespace"] = key[1]
             metadata["uid"] = old["metadata"]["uid"] if old else str(uuid.uuid4())
             metadata["creationTimestamp"] = "2026-01-01T00:00:00Z"
-            metadata["generation"] = (old["metadata"]["generation"] + 1) if old else 1
+            if kind.generation:
+                metadata["generation"] = (old["metadata"]["generation"] + 1) if old else 1
             self._write(key, obj)
             return copy.deepcopy(obj)
 
     def get(self, kind: Kind, namespace: str, name: str) -> dict[str, Any]:
         with self._lock:
             return copy.deepcopy(self._state.objects[(kind, namespace, name)])
+
+    def find(self, kind: Kind, namespace: str, name: str) -> dict[str, Any] | None:
+        """The object, or None when it does not exist."""
+        with self._lock:
+            obj = self._state.objects.get((kind, namespace, name))
+            return copy.deepcopy(obj) if obj is not None else None
 
     def mutate(self, kind: Kind, namespace: str, name: str, change: Callable[[dict[str, Any]], None]) -> None:
         """Another writer: `change` edits the object in place; stored with the usual write rules."""
@@ -479,11 +558,12 @@ class FakeKubeApiServer:
             else:
                 new.pop("status", None)
         _validate(kind, new)
-        new["metadata"]["generation"] = old["metadata"]["generation"]
+        if kind.generation:
+            new["metadata"]["generation"] = old["metadata"]["generation"]
         new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
         if new == old:
             return copy.deepcopy(old)  # a no-op write is not written
-        if new.get("spec") != old.get("spec"):
+        if kind.generation and new.get("spec") != old.get("spec"):
             new["metadata"]["generation"] += 1
         self._write(key, new)
         return copy.deepcopy(new)
@@ -502,11 +582,13 @@ class FakeKubeApiServer:
         if self.grants is None:
             return
         for grant in self.grants:
+            # A create names no object (the authorizer sees an empty name): only a grant for every name matches.
             if all(g in ("*", want) for g, want in zip(grant, (user, verb, kind.plural, name), strict=True)):
                 return
+        subject = f'{kind.group_resource} "{name}"' if name else kind.group_resource
         raise ApiStatusError(
             403, "Forbidden",
-            f'{kind.group_resource} "{name}" is forbidden: User "{user}" cannot {verb} resource "{kind.plural}" in '
+            f'{subject} is forbidden: User "{user}" cannot {verb} resource "{kind.plural}" in '
             f'API group "{kind.group}" in the namespace "{namespace}"',
             {"name": name, "group": kind.group, "kind": kind.plural},
         )
@@ -537,21 +619,118 @@ class FakeKubeApiServer:
             new = _patched(old, content_type, patch)
             sent_version = new["metadata"].get("resourceVersion")
             if sent_version is not None and sent_version != old["metadata"]["resourceVersion"]:
-                raise ApiStatusError(
-                    409, "Conflict",
-                    f'Operation cannot be fulfilled on {kind.group_resource} "{name}": the object has been modified; '
-                    "please apply your changes to the latest version and try again",
-                    {"name": name, "group": kind.group, "kind": kind.plural},
-                )
+                raise _conflict(kind, name)
             if dry_run:
                 preview = copy.deepcopy(new)
                 preview["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"]
                 return preview
             return self._store(kind, key, old, new, keep_status=True)
 
+    def create(self, kind: Kind, namespace: str, body: bytes) -> dict[str, Any]:
+        """POST to the collection: a new object (201), or 409 AlreadyExists when its name is taken."""
+        obj = self._decoded(kind, namespace, body)
+        name = obj["metadata"].get("name")
+        if not name:
+            raise ApiStatusError(
+                422, "Invalid", f"{kind.kind}.{kind.group} \"\" is invalid: metadata.name: Required value: name or "
+                "generateName is required", {"group": kind.group, "kind": kind.kind},
+            )
+        self._before_write()
+        with self._lock:
+            key = (kind, namespace, name)
+            if key in self._state.objects:
+                raise ApiStatusError(
+                    409, "AlreadyExists", f'{kind.group_resource} "{name}" already exists',
+                    {"name": name, "group": kind.group, "kind": kind.plural},
+                )
+            return self._insert(kind, key, obj)
+
+    def update(self, kind: Kind, namespace: str, name: str, body: bytes) -> tuple[int, dict[str, Any]]:
+        """PUT of the whole object, guarded by the body's metadata.resourceVersion: (200, stored), or (201, stored)
+        when a kind that allows create on update did not exist."""
+        obj = self._decoded(kind, namespace, body)
+        if obj["metadata"].get("name") != name:
+            raise _bad_request(
+                f"the name of the object ({obj['metadata'].get('name')}) does not match the name on the URL ({name})"
+            )
+        self._before_write()
+        with self._lock:
+            key = (kind, namespace, name)
+            old = self._state.objects.get(key)
+            if old is None:
+                if not kind.create_on_update:
+                    self.lookup(kind, namespace, name)  # raises the 404
+                return 201, self._insert(kind, key, obj)
+            sent_version = obj["metadata"].get("resourceVersion")
+            if not sent_version:
+                raise ApiStatusError(
+                    422, "Invalid", f'{kind.kind}.{kind.group} "{name}" is invalid: metadata.resourceVersion: Invalid '
+                    "value: 0x0: must be specified for an update", {"name": name, "group": kind.group,
+                                                                    "kind": kind.kind},
+                )
+            if sent_version != old["metadata"]["resourceVersion"]:
+                raise _conflict(kind, name)
+            new = copy.deepcopy(obj)
+            for system in ("uid", "creationTimestamp"):  # kept from the stored object when the body leaves them out
+                new["metadata"].setdefault(system, old["metadata"][system])
+            return 200, self._store(kind, key, old, new, keep_status=True)
+
+    def _decoded(self, kind: Kind, namespace: str, body: bytes) -> dict[str, Any]:
+        """The request body as an object of `kind` in `namespace` (400 for anything the decoder refuses)."""
+        try:
+            obj = json.loads(body)
+        except json.JSONDecodeError as exc:
+            raise _bad_request(f"error decoding the body: {exc}") from exc
+        if not isinstance(obj, dict):
+            raise _bad_request(f"the body of a {kind.kind} must be a JSON object")
+        if obj.get("kind", kind.kind) != kind.kind or obj.get("apiVersion", kind.api_version) != kind.api_version:
+            raise _bad_request(
+                f"the API version in the data ({obj.get('apiVersion')}) does not match the expected API version "
+                f"({kind.api_version})" if obj.get("kind", kind.kind) == kind.kind else
+                f"the kind in the data ({obj.get('kind')}) does not match the expected kind ({kind.kind})"
+            )
+        metadata = obj.setdefault("metadata", {})
+        if not isinstance(metadata, dict):
+            raise _bad_request("metadata must be an object")
+        if metadata.setdefault("namespace", namespace) != namespace:
+            raise _bad_request(
+                "the namespace of the provided object does not match the namespace sent on the request"
+            )
+        if kind is LEASES:
+            _decode_lease(obj)
+        return obj
+
+    def _insert(self, kind: Kind, key: tuple[Kind, str, str], obj: dict[str, Any]) -> dict[str, Any]:
+        """Store a new object with the system fields a create sets (called with the lock held)."""
+        obj = copy.deepcopy(obj)
+        obj["apiVersion"], obj["kind"] = kind.api_version, kind.kind
+        metadata = obj["metadata"]
+        metadata["uid"] = str(uuid.uuid4())
+        metadata["creationTimestamp"] = "2026-01-01T00:00:00Z"
+        if kind.generation:
+            metadata["generation"] = 1
+        _validate(kind, obj)
+        self._write(key, obj)
+        return copy.deepcopy(obj)
+
+    def _before_write(self) -> None:
+        if self.before_write is not None:
+            hook, self.before_write = self.before_write, None
+            hook()  # a writer that gets in between: the write below must notice
+
     def record(self, request: RecordedRequest) -> None:
         with self._lock:
             self._state.requests.append(request)
+
+
+def _conflict(kind: Kind, name: str) -> ApiStatusError:
+    """The API server's answer to a write carrying a resourceVersion other than the stored one."""
+    return ApiStatusError(
+        409, "Conflict",
+        f'Operation cannot be fulfilled on {kind.group_resource} "{name}": the object has been modified; '
+        "please apply your changes to the latest version and try again",
+        {"name": name, "group": kind.group, "kind": kind.plural},
+    )
 
 
 def _check_patch_type(kind: Kind, content_type: str) -> None:
@@ -596,7 +775,7 @@ def _resource_list(kind: Kind) -> dict[str, Any]:
         "kind": "APIResourceList", "apiVersion": "v1", "groupVersion": kind.api_version,
         "resources": [{
             "name": kind.plural, "singularName": kind.kind.lower(), "namespaced": True, "kind": kind.kind,
-            "verbs": ["get", "patch"], "shortNames": list(kind.short_names),
+            "verbs": list(kind.verbs), "shortNames": list(kind.short_names),
         }],
     }
 
@@ -611,22 +790,46 @@ DISCOVERY: dict[str, Any] = {
     "/api": {"kind": "APIVersions", "versions": ["v1"], "serverAddressByClientCIDRs": []},
     "/api/v1": {**_resource_list(NAMESPACES), "resources": [
         {**_resource_list(NAMESPACES)["resources"][0], "namespaced": False, "verbs": ["get"]}]},
-    "/apis": {"kind": "APIGroupList", "apiVersion": "v1", "groups": [_group(DEPLOYMENTS), _group(HTTPROUTES)]},
+    "/apis": {"kind": "APIGroupList", "apiVersion": "v1",
+              "groups": [_group(DEPLOYMENTS), _group(HTTPROUTES), _group(LEASES)]},
     "/apis/apps/v1": _resource_list(DEPLOYMENTS),
     "/apis/gateway.networking.k8s.io/v1": _resource_list(HTTPROUTES),
+    "/apis/coordination.k8s.io/v1": _resource_list(LEASES),
 }
 
 
-def _route(path: str) -> tuple[Kind, str, str] | None:
+def _route(path: str) -> tuple[Kind, str, str | None] | None:
+    """(kind, namespace, name) of a request path; name None for a collection (where a POST creates)."""
     parts = path.strip("/").split("/")
     if len(parts) == 4 and parts[:3] == ["api", "v1", "namespaces"]:
         return NAMESPACES, parts[3], parts[3]  # kubectl asks whether the namespace exists after a 404
-    # /apis/{group}/{version}/namespaces/{namespace}/{plural}/{name}
-    if len(parts) == 7 and parts[0] == "apis" and parts[3] == "namespaces":
+    # /apis/{group}/{version}/namespaces/{namespace}/{plural}[/{name}]
+    if len(parts) in (6, 7) and parts[0] == "apis" and parts[3] == "namespaces":
         kind = KINDS.get((parts[1], parts[2], parts[5]))
         if kind is not None:
-            return kind, parts[4], parts[6]
+            return kind, parts[4], parts[6] if len(parts) == 7 else None
     return None
+
+
+def _serve(
+    api: FakeKubeApiServer, verb: str, target: tuple[Kind, str, str | None], body: bytes, content_type: str, *,
+    dry_run: bool,
+) -> tuple[int, dict[str, Any]]:
+    """(status code, body) of an authorized request for `target` (kind, namespace, name; no name: the collection)."""
+    kind, namespace, name = target
+    if name is None:
+        return 201, api.create(kind, namespace, body)
+    if verb == "update":
+        return api.update(kind, namespace, name, body)
+    if kind is NAMESPACES:
+        if verb != "get" or not any(ns == namespace for _, ns, _ in api._state.objects):
+            raise ApiStatusError(404, "NotFound", f'namespaces "{name}" not found',
+                                 {"name": name, "kind": "namespaces"})
+        return 200, {"kind": "Namespace", "apiVersion": "v1", "metadata": {"name": name}, "status": {"phase": "Active"}}
+    if verb == "get":
+        with api._lock:
+            return 200, copy.deepcopy(api.lookup(kind, namespace, name))
+    return 200, api.patch(kind, namespace, name, content_type, body, dry_run=dry_run)
 
 
 def _handler_for(api: FakeKubeApiServer) -> type[BaseHTTPRequestHandler]:
@@ -662,22 +865,11 @@ def _handler_for(api: FakeKubeApiServer) -> type[BaseHTTPRequestHandler]:
                 if target is None:
                     raise ApiStatusError(404, "NotFound", "the server could not find the requested resource")
                 kind, namespace, name = target
-                if verb not in ("get", "patch"):
+                if verb not in kind.verbs or (name is None) != (verb == "create"):
                     raise ApiStatusError(405, "MethodNotAllowed", f"{verb} is not supported by this test apiserver")
-                api.authorize(user, verb, kind, namespace, name)
-                if kind is NAMESPACES:
-                    if verb != "get" or not any(ns == namespace for _, ns, _ in api._state.objects):
-                        raise ApiStatusError(404, "NotFound", f'namespaces "{name}" not found',
-                                             {"name": name, "kind": "namespaces"})
-                    self._send(200, {"kind": "Namespace", "apiVersion": "v1", "metadata": {"name": name},
-                                     "status": {"phase": "Active"}})
-                    return
-                if verb == "get":
-                    with api._lock:
-                        self._send(200, copy.deepcopy(api.lookup(kind, namespace, name)))
-                    return
+                api.authorize(user, verb, kind, namespace, name or "")
                 dry_run = "All" in parse_qs(url.query).get("dryRun", [])
-                self._send(200, api.patch(kind, namespace, name, content_type or "", body, dry_run=dry_run))
+                self._send(*_serve(api, verb, (kind, namespace, name), body, content_type or "", dry_run=dry_run))
             except ApiStatusError as error:
                 self._send(error.code, error.status())
 

@@ -3,8 +3,8 @@ one, none where it would hold back, and the gain read off the decision's own cur
 
 from __future__ import annotations
 
-from policies.act.gate import ActuationConfig
-from policies.act.replay import ReplayTick, judged_decision, replay_gate
+from policies.act.gate import ActuationConfig, judged_decision
+from policies.act.replay import ReplayTick, replay_gate
 from policies.types import CurvePoint, DataState, Decision
 
 CONFIG = ActuationConfig(dwell_s=10.0, cooldown_s=30.0, max_actions_per_hour=2, max_actions_per_day=8)
