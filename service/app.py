@@ -44,6 +44,7 @@ from service.board import Board
 from service.exporter import ApiConnectionsCollector, MetricsPage, build_registry
 from service.http.actions import create_actions_router, install_auth_errors
 from service.http.api import ApiExtensions, create_api
+from service.http.backtest import create_backtest_router
 from service.http.connection_guard import ConnectionGuard
 from service.http.whatif import create_whatif_router, live_targets_from_board
 from service.logs import fields, get_logger
@@ -275,7 +276,8 @@ def build_sidecar(
         clock=clock,
         stall_after_s=settings.stall_after_intervals * settings.scrape_interval_s,
         version=version,
-        extensions=ApiExtensions(lifespan=lifespan, routers=[whatif, create_actions_router(
+        extensions=ApiExtensions(lifespan=lifespan, routers=[whatif, create_backtest_router(settings),
+                                                             create_actions_router(
             runner,
             actuation.audit if actuation is not None else None,
             clock=clock,

@@ -15,7 +15,6 @@ from dataclasses import dataclass
 import httpx
 
 from policies.act.replay import GateReplay, ReplayTick, replay_gate
-from service.app import advisor_loop, target_auth, target_specs
 from service.backtest.replay import Grid, RangeReplayTransport
 from service.board import Board, BoardEntry
 from service.settings import ActuationSettings, Settings, TargetSettings
@@ -85,6 +84,9 @@ async def run_backtest(
     called after each iteration. Raises BacktestError for a grid over `MAX_TICKS` points."""
     if grid.points > MAX_TICKS:
         raise BacktestError(f"{grid.points} iterations > {MAX_TICKS}: use a coarser step")
+    # Imported here: the composition root also builds the API, whose POST /v1/backtest runs this function.
+    from service.app import advisor_loop, target_auth, target_specs  # noqa: PLC0415
+
     assert target.prometheus_url is not None  # backtest_target checked it
     replay_settings = settings.model_copy(update={
         "targets": [target], "actuation": ActuationSettings(),

@@ -18,8 +18,9 @@ from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
+from sidecar_http import serving
 
-from service.app import advisor_loop, target_specs
+from service.app import advisor_loop, build_sidecar, target_specs
 from service.backtest.replay import Grid
 from service.backtest.run import BacktestError, backtest_target, run_backtest
 from service.board import Board
@@ -58,6 +59,7 @@ class HistoryPrometheus(ThreadingHTTPServer):
         self.names = {query: name for name, query in queries.items()}
         self.requests: dict[str, int] = {}
         self.asked: dict[str, set[str]] = {}
+        self.hold: threading.Event | None = None  # when set to an Event, range queries wait for it
 
     @property
     def url(self) -> str:
@@ -86,6 +88,8 @@ class _Handler(BaseHTTPRequestHandler):
             result = [{"metric": m, "value": [t, v]} for m, v in self.server.series_at(query, t)]
             self._send(200, {"status": "success", "data": {"resultType": "vector", "result": result}})
         elif parts.path == "/api/v1/query_range":
+            if self.server.hold is not None:
+                self.server.hold.wait(30.0)
             start, end, step = float(params["start"]), float(params["end"]), float(params["step"])
             times = [start + i * step for i in range(round((end - start) / step) + 1)]
             by_series: dict[str, dict[str, Any]] = {}
@@ -214,3 +218,59 @@ def test_prometheus_unreachable_is_exit_1_and_bad_times_exit_2(capsys: pytest.Ca
     assert main([*base, "--from", "yesterday"]) == 2
     assert "is not a time" in capsys.readouterr().err
     assert main([*base, "--from", f"{START_S:.0f}", "--to", f"{START_S - 10:.0f}"]) == 2
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# POST /v1/backtest on the running sidecar
+# ---------------------------------------------------------------------------------------------------------------
+
+
+def test_the_api_replays_a_configured_fleet_target_and_refuses_what_it_must(prometheus: HistoryPrometheus) -> None:
+    settings = fleet_settings(prometheus.url)
+    window = {"start_s": GRID.start_s, "end_s": GRID.end_s, "step_s": STEP_S}
+
+    async def scenario() -> None:
+        sidecar = build_sidecar(settings, gpu_source=NoGpuSource())
+        async with serving(sidecar.app) as url, httpx.AsyncClient(base_url=url, timeout=60.0) as client:
+            answer = await client.post("/v1/backtest", json={"target": "fleet", **window})
+            assert answer.status_code == 200, answer.text
+            document = answer.json()
+            assert document["summary"]["iterations"] == POINTS
+            assert document["rows"] is None
+            with_rows = (await client.post("/v1/backtest", json={"target": "fleet", "include_rows": True,
+                                                                 **window})).json()
+            assert len(with_rows["rows"]) == POINTS
+            assert with_rows["summary"] == document["summary"]
+            refused = {
+                "unknown target": {"target": "nope", **window},
+                "end before start": {"target": "fleet", "start_s": GRID.end_s, "end_s": GRID.start_s},
+                "too many iterations": {"target": "fleet", "start_s": 0.0, "end_s": 1e9, "step_s": 1.0},
+                "unknown field": {"target": "fleet", "url": "http://elsewhere", **window},
+            }
+            for what, body in refused.items():
+                response = await client.post("/v1/backtest", json=body)
+                assert response.status_code == 422, (what, response.text)
+            # While the API answers a backtest, the live endpoints keep answering.
+            assert (await client.get("/healthz")).status_code == 200
+
+    asyncio.run(scenario())
+
+
+def test_the_api_runs_one_backtest_at_a_time(prometheus: HistoryPrometheus) -> None:
+    settings = fleet_settings(prometheus.url)
+    hold = prometheus.hold = threading.Event()  # range queries wait until released
+    window = {"target": "fleet", "start_s": GRID.start_s, "end_s": GRID.end_s, "step_s": STEP_S}
+
+    async def scenario() -> None:
+        sidecar = build_sidecar(settings, gpu_source=NoGpuSource())
+        async with serving(sidecar.app) as url, httpx.AsyncClient(base_url=url, timeout=60.0) as client:
+            first = asyncio.create_task(client.post("/v1/backtest", json=window))
+            while not prometheus.requests.get("/api/v1/query_range"):
+                await asyncio.sleep(0.05)
+            second = await client.post("/v1/backtest", json=window)
+            assert second.status_code == 409
+            assert "one at a time" in second.json()["detail"]
+            hold.set()
+            assert (await first).status_code == 200
+
+    asyncio.run(scenario())
