@@ -14,7 +14,7 @@ import json
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
@@ -40,8 +40,9 @@ from policies.types import GpuSnapshot
 from service.actuators.audit import AUDIT_FILE_NAME, AuditLog
 from service.actuators.base import Actuator
 from service.actuators.runner import ActuationRunner, RunnerOptions
+from service.actuators.shadow import ShadowActuator
 from service.board import Board
-from service.exporter import ApiConnectionsCollector, MetricsPage, build_registry
+from service.exporter import ApiConnectionsCollector, MetricsPage, ShadowCollector, build_registry
 from service.http.actions import create_actions_router, install_auth_errors
 from service.http.api import ApiExtensions, create_api
 from service.http.backtest import create_backtest_router
@@ -107,6 +108,7 @@ class Actuation:
     token: str | None
     closers: tuple[Callable[[], Awaitable[None]], ...] = ()
     elector: LeaseElector | None = None
+    actuators: Mapping[str, Actuator] = field(default_factory=dict)  # by target (the shadow ones are scored)
 
 
 MEMORY_FILE_NAME = "acceptance-memory.json"
@@ -319,6 +321,8 @@ def build_actuation(
         )
     closers: tuple[Callable[[], Awaitable[None]], ...] = ()
     client: AsyncClient | None = None
+    if actuators is None and a.mode == "shadow":
+        actuators = _shadow_actuators(settings, board)
     if actuators is None or a.leader_election.enabled:
         client = _kube_client(a)
         closers = (client.close,)
@@ -338,7 +342,7 @@ def build_actuation(
     on_pool_k = {t.target: t.on_pool_k for t in a.targets if t.on_pool_k is not None}
     options = RunnerOptions(
         mode=a.mode,
-        config=a.gate.to_config(dry_run=a.dry_run),
+        config=a.gate.to_config(dry_run=a.dry_run or a.mode == "shadow"),  # shadow sends nothing, ever
         on_pool_k=on_pool_k,
         schedule_max_num_seqs=a.schedule.max_num_seqs,
         schedule_gamma_max=settings.decide.gamma_max,
@@ -355,7 +359,8 @@ def build_actuation(
                      write_endpoints=a.api.write_endpoints,
                      leader_election=None if elector is None else f"{elector.lease_ref} as {elector.identity}"),
     )
-    return Actuation(runner=runner, audit=audit, token=token, closers=closers, elector=elector)
+    return Actuation(runner=runner, audit=audit, token=token, closers=closers, elector=elector,
+                     actuators=dict(actuators))
 
 
 def _kube_client(a: ActuationSettings) -> AsyncClient:
@@ -392,11 +397,21 @@ def _live_collectors(guard: ConnectionGuard, actuation: Actuation | None) -> lis
     """The /metrics families that move without a board write: the API's closed connections, and with leader
     election on, this replica's standing (service/actuators/leader_metrics.py)."""
     live: list[Collector] = [ApiConnectionsCollector(guard.closed)]
+    shadows = {name: a for name, a in (actuation.actuators if actuation is not None else {}).items()
+               if isinstance(a, ShadowActuator)}
+    if shadows:
+        live.append(ShadowCollector(shadows))
     if actuation is not None and actuation.elector is not None:
         from service.actuators.leader_metrics import LeadershipCollector  # noqa: PLC0415
 
         live.append(LeadershipCollector(actuation.elector))
     return live
+
+
+def _shadow_actuators(settings: Settings, board: Board) -> dict[str, Actuator]:
+    """Shadow mode: each target's actions recorded and scored over decide.payback_horizon_s, nothing sent."""
+    return {t.target: ShadowActuator(board, t.target, horizon_s=settings.decide.payback_horizon_s)
+            for t in settings.actuation.targets}
 
 
 def _kube_actuators(a: ActuationSettings, client: AsyncClient) -> dict[str, Actuator]:

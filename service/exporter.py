@@ -23,6 +23,7 @@ from policies.act.deployment import ActuatorError
 from policies.act.gate import SkipReason
 from policies.types import DataState, WhyCode
 from service.actuators.runner import RESULTS, ActuationRunner
+from service.actuators.shadow import ShadowActuator
 from service.board import SCRAPE_ERROR_REASONS, Board, BoardEntry
 from service.http.connection_guard import CLOSE_REASONS
 
@@ -102,6 +103,39 @@ class ApiConnectionsCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         yield from _api_connections(self._closed())
+
+
+class ShadowCollector(Collector):
+    """Shadow mode's scores (policies/act/shadow.py), per target, of the last action evaluated against the load that
+    came: `shadow_predicted_gain_ratio` (S(to) / S(from) when it was taken), `shadow_realised_gain_ratio` (the same
+    ratio's geometric mean over the payback horizon that followed; absent when no ok tick followed) and
+    `shadow_evaluated_actions_total`. Example: predicted 1.40, realised 1.08: it paid, less than promised."""
+
+    def __init__(self, actuators: Mapping[str, ShadowActuator]) -> None:
+        self._actuators = actuators
+
+    def describe(self) -> Iterable[Metric]:
+        return ()
+
+    def collect(self) -> Iterator[Metric]:
+        predicted = _gauge("shadow_predicted_gain_ratio", "Shadow mode: the last evaluated action's predicted gain, "
+                           "S(new) / S(old) when the gate took it.", labels=["target"])
+        realised = _gauge("shadow_realised_gain_ratio", "Shadow mode: the last evaluated action's realised gain, "
+                          "S(new) / S(old) over the payback horizon that followed, priced at the load that came.",
+                          labels=["target"])
+        evaluated = CounterMetricFamily(f"{PREFIX}_shadow_evaluated_actions", "Shadow mode: actions evaluated "
+                                        "against the load that followed them.", labels=["target"])
+        for target, actuator in sorted(self._actuators.items()):
+            ledger = actuator.ledger
+            evaluated.add_metric([target], float(ledger.evaluated))
+            last = ledger.last
+            if last is None:
+                continue
+            if last.action.predicted_gain is not None:
+                predicted.add_metric([target], last.action.predicted_gain)
+            if last.realised_gain is not None:
+                realised.add_metric([target], last.realised_gain)
+        yield from (predicted, realised, evaluated)
 
 
 def build_registry(

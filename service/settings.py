@@ -480,7 +480,7 @@ class CalibrationSettings(_Section):
 # A Kubernetes object name (RFC 1123 DNS subdomain; Deployments and HTTPRoutes use it).
 _K8S_NAME = r"^[a-z0-9]([-a-z0-9.]{0,251}[a-z0-9])?$"
 K8sName = Annotated[str, Field(pattern=_K8S_NAME, description="A Kubernetes object name.")]
-ActuationMode = Literal["recommend-only", "kubernetes", "schedule", "routing"]
+ActuationMode = Literal["recommend-only", "shadow", "kubernetes", "schedule", "routing"]
 
 
 class ActuatedTargetSettings(_Section):
@@ -519,7 +519,9 @@ class ActuatedTargetSettings(_Section):
         problems: list[str] = []
         kube_fields = ("deployment", "container", "speculative_config")
         route_fields = ("route", "on_backend", "off_backend", "on_pool_k")
-        if mode in ("kubernetes", "schedule"):
+        if mode == "shadow":  # nothing is changed, so no object is named
+            extra = [name for name in (*kube_fields, *route_fields) if getattr(self, name) is not None]
+        elif mode in ("kubernetes", "schedule"):
             if not self.deployment:
                 problems.append(f"target {self.target}: mode {mode} needs deployment (the vLLM Deployment's name)")
             extra = [name for name in route_fields if getattr(self, name) is not None]
@@ -708,8 +710,10 @@ class ActuationSettings(_Section):
 
     mode: ActuationMode = Field(
         default="recommend-only",
-        description="recommend-only (publish only), kubernetes (patch the Deployment's --speculative-config), "
-        "schedule (write vLLM's per-batch schedule into the Deployment) or routing (shift HTTPRoute weights).",
+        description="recommend-only (publish only), shadow (run the gate, record each action without sending it "
+        "and score it later against the load that came; needs no Kubernetes access), kubernetes (patch the "
+        "Deployment's --speculative-config), schedule (write vLLM's per-batch schedule into the Deployment) or "
+        "routing (shift HTTPRoute weights).",
     )
     dry_run: bool = Field(
         default=False,
