@@ -1,18 +1,23 @@
 """Real HTTP on 127.0.0.1 for the sidecar's integration tests: run any ASGI app under uvicorn on an ephemeral port,
-and a capture server that replays a vLLM /metrics capture with its speculative counters growing per request.
+a stdlib HTTP server in a thread (a stand-in peer), and a capture server that replays a vLLM /metrics capture with
+its speculative counters growing per request.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import threading
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, MutableMapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, MutableMapping
+from http.server import HTTPServer
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import uvicorn
+
+_Server = TypeVar("_Server", bound=HTTPServer)
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "vllm"
 
@@ -20,6 +25,19 @@ Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
 Send = Callable[[Message], Awaitable[None]]
+
+
+@contextlib.contextmanager
+def served_in_thread(server: _Server) -> Iterator[_Server]:
+    """`server` answering from a daemon thread until the block ends; then shut down, closed and joined."""
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
+    thread.start()
+    try:
+        yield server
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=10)
 
 
 @contextlib.asynccontextmanager

@@ -18,7 +18,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import httpx
 import pytest
-from sidecar_http import serving
+from sidecar_http import served_in_thread, serving
 
 from service.app import advisor_loop, build_sidecar, target_specs
 from service.backtest.replay import Grid
@@ -115,15 +115,8 @@ class _Handler(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def prometheus() -> Iterator[HistoryPrometheus]:
-    server = HistoryPrometheus()
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
+    with served_in_thread(HistoryPrometheus()) as server:
         yield server
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
 
 
 def fleet_settings(url: str) -> Settings:

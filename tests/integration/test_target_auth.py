@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import threading
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import Any
 
 import httpx
 import pytest
-from sidecar_http import serving, wait_for
+from sidecar_http import served_in_thread, serving, wait_for
 
 from service.app import build_sidecar
 from service.settings import SettingsError, load_settings
@@ -71,15 +70,8 @@ class _Handler(BaseHTTPRequestHandler):
 
 @pytest.fixture
 def peer() -> Iterator[GuardedPeer]:
-    server = GuardedPeer()
-    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True)
-    thread.start()
-    try:
+    with served_in_thread(GuardedPeer()) as server:
         yield server
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join(timeout=10)
 
 
 def scrape(url: str, auth: httpx.Auth | None) -> dict[str, Any]:
