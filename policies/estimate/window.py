@@ -293,7 +293,7 @@ def estimate(
     step_time_s = itl_sum / itl_count if itl_sum is not None and itl_count else None
     prompt_tokens_per_s = span.rate(lambda s: s.prompt_tokens)
     evidence_state, reason = _judge(newest, acceptance, span=acceptance_span, config=config, now_s=now_s)
-    return Evidence(
+    return _finite_or_error(Evidence(
         target=target,
         model=newest.model_name,
         at_s=now_s,
@@ -318,7 +318,39 @@ def estimate(
         decode_seqs_per_step=_decode_seqs_per_step(span),
         engines=max(1, newest.engines),
         request_itl=_without_single_token(span, _histogram_change(span, lambda s: s.request_itl)),
-    )
+    ))
+
+
+# Evidence's numbers that readings feed; the required ones fall back to 0.0, the optional ones to None.
+_REQUIRED_NUMBERS = ("batch", "waiting", "step_samples", "window_s")
+_OPTIONAL_NUMBERS = (
+    "kv_cache_usage_ratio", "context_tokens_per_seq", "step_time_s", "generation_tokens_per_s", "prompt_tokens_per_s",
+    "achieved_flops_per_s", "achieved_read_bytes_per_s", "prefill_tokens_per_step", "decode_seqs_per_step",
+)
+_ACCEPTANCE_NUMBERS = ("mean_acceptance_length", "acceptance_rate", "mean_proposed_length", "draft_coverage")
+
+
+def _finite_or_error(evidence: Evidence) -> Evidence:
+    """`evidence` unchanged when every number in it is finite; otherwise in state ERROR, naming the numbers that
+    overflowed (a mean, a rate or a product of huge but finite readings), with them cleared (0 or None) and no
+    acceptance. Nothing is decided on it. Example: two scrapes of 1e308 running requests -> batch = inf -> error
+    "readings overflow: batch"."""
+    bad = [name for name in (*_REQUIRED_NUMBERS, *_OPTIONAL_NUMBERS)
+           if (value := getattr(evidence, name)) is not None and not math.isfinite(value)]
+    acceptance = evidence.acceptance
+    if acceptance is not None and not all(
+        math.isfinite(v) for v in (*(getattr(acceptance, n) for n in _ACCEPTANCE_NUMBERS), *acceptance.per_position)
+    ):
+        bad.append("acceptance")
+    if not bad:
+        return evidence
+    cleared: dict[str, object] = {name: 0.0 if name in _REQUIRED_NUMBERS else None
+                                  for name in bad if name != "acceptance"}
+    if "acceptance" in bad:
+        cleared["acceptance"] = None
+    return replace(evidence, state=DataState.ERROR,
+                   reason=f"readings overflow: {', '.join(bad)} (the engine's numbers are out of any real range)",
+                   **cleared)  # type: ignore[arg-type]
 
 
 def after_failed_scrape(

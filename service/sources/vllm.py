@@ -9,7 +9,10 @@ reading.
 Failure policy (every failure is a `ScrapeError`, nothing else escapes):
 - PARSE: undecodable bytes, a line the parser rejects, or a body that does not end in a newline (a truncated page;
   the exposition format ends every line with one), or garbage with no vLLM line at all.
-- INVALID_VALUE: NaN, Inf or a negative number in a field we use, an unusable `position`/`le` label, a gap in
+- INVALID_VALUE: NaN, Inf or a negative number in a field we use, or one past its plausible range (`MAX_COUNT`
+  for counters, histograms and timestamps, `MAX_ENGINE_FLOPS`, `MAX_REQUESTS_PER_ENGINE`, `MAX_KV_USAGE_RATIO`,
+  `MAX_KV_CAPACITY_TOKENS`: so no sum over engines and no rate downstream can overflow), an unusable
+  `position`/`le` label, a gap in
   positions, more than `MAX_POSITIONS` positions, per-position counts that do not add up to the accepted tokens
   (a vanished position series), duplicate series, a histogram that is not cumulative or whose `_count` is not a
   whole number, differs from its +Inf bucket, or is 0 under a positive `_sum`, and spec-decode counters vLLM's
@@ -51,7 +54,8 @@ _SPEC_VALUES = names.spec_decode_value_names()
 # Every wanted name starts with one of these (e.g. "vllm:"): a C-level startswith rejects the other ~95% of lines.
 _PREFIXES: tuple[str, ...] = tuple(sorted({n.split(":", 1)[0] + ":" if ":" in n else n for n in _WANTED}))
 # What prometheus_client's parser raises on malformed input (it has no exception type of its own).
-_PARSER_ERRORS = (ValueError, IndexError, KeyError, TypeError, AttributeError)
+# OverflowError: an integer literal past 2**1024 (the library keeps integer text as int, and float() of it overflows).
+_PARSER_ERRORS = (ValueError, IndexError, KeyError, TypeError, AttributeError, OverflowError)
 # On a page with none of our lines, validate this much of it to tell garbage (PARSE) from another server's metrics.
 _SNIFF_CHARS = 64 * 1024
 # Unknown spec-decode names quoted in the error message; one renamed family brings a handful of sample names.
@@ -74,6 +78,25 @@ MAX_MODELS_PER_PAGE = 8
 MAX_ENGINES_PER_MODEL = 128
 """The most `engine` label values accepted per model: vLLM's data-parallel engines behind one API server (a node
 holds 8-16 GPUs; wide expert-parallel deployments run one API server per node or a few dozen engines)."""
+
+MAX_COUNT = 1e18
+"""The largest value accepted for a counter, a histogram's sum, count or bucket, or a timestamp: 1e18 tokens is
+a million tokens a second for 30 000 years. Past it a number is a broken exporter or an attack, and sums and rates
+of such numbers overflow to infinity downstream."""
+
+MAX_ENGINE_FLOPS = 1e30
+"""The largest `estimated_flops_per_gpu` / `estimated_read_bytes_per_gpu` counter accepted: 1e18 FLOP/s (a
+thousand times a B200) for 30 000 years."""
+
+MAX_REQUESTS_PER_ENGINE = 1e6
+"""The most running or waiting requests accepted per engine (vLLM's max_num_seqs is at most a few thousand; a queue
+of a million requests is a broken exporter)."""
+
+MAX_KV_USAGE_RATIO = 1.0 + 1e-6
+"""`kv_cache_usage_perc` is a fraction of the KV cache in use (vLLM: "1 means 100 percent usage"), not a percent."""
+
+MAX_KV_CAPACITY_TOKENS = 1e12
+"""The largest KV capacity accepted per engine (tokens): a thousand times a large GPU node's."""
 
 MAX_POSITIONS = 64
 """The most `position` series accepted per model. vLLM creates one per draft token (k of them); real deployments
@@ -253,6 +276,14 @@ def _build_snapshots(index: Mapping[str, list[Sample]], *, taken_at_s: float) ->
     }
 
 
+_GAUGE_LIMITS = {
+    names.NUM_REQUESTS_RUNNING: MAX_REQUESTS_PER_ENGINE,
+    names.NUM_REQUESTS_WAITING: MAX_REQUESTS_PER_ENGINE,
+    names.KV_CACHE_USAGE: MAX_KV_USAGE_RATIO,
+}
+_ENGINE_ROOFLINE_COUNTERS = frozenset({names.ESTIMATED_FLOPS, names.ESTIMATED_READ_BYTES})
+
+
 def _check_cardinality(models: Mapping[str, _ModelSamples]) -> None:
     """Raise TOO_MANY_SERIES past `MAX_MODELS_PER_PAGE` models or `MAX_ENGINES_PER_MODEL` engines of one model."""
     if len(models) > MAX_MODELS_PER_PAGE:
@@ -268,10 +299,17 @@ def _check_cardinality(models: Mapping[str, _ModelSamples]) -> None:
             )
 
 
-def _checked(sample: Sample) -> float:
-    value = float(sample.value)
-    if not math.isfinite(value) or value < 0:
-        raise ScrapeError(ScrapeErrorReason.INVALID_VALUE, f"{sample.name}{sample.labels} = {value}")
+def _checked(sample: Sample, limit: float = MAX_COUNT) -> float:
+    """The sample's value when it is a number in [0, `limit`]; INVALID_VALUE otherwise (module docstring)."""
+    try:
+        value = float(sample.value)
+    except OverflowError:  # an integer literal past 2**1024
+        value = math.inf
+    if not (math.isfinite(value) and 0 <= value <= limit):
+        raise ScrapeError(
+            ScrapeErrorReason.INVALID_VALUE,
+            f"{sample.name}{sample.labels} = {value:g}" + (f" (over {limit:g})" if value > limit else ""),
+        )
     return value
 
 
@@ -374,15 +412,17 @@ class _ModelReader:
 
     def _counter(self, field_name: str) -> float | None:
         samples = self._counter_samples(field_name)
-        return sum(_checked(s) for s in samples) if samples else None
+        limit = MAX_ENGINE_FLOPS if field_name in _ENGINE_ROOFLINE_COUNTERS else MAX_COUNT
+        return sum(_checked(s, limit) for s in samples) if samples else None
 
     def _gauge_by_engine(self, field_name: str) -> dict[str, float]:
         base = self._base(field_name)
         if base is None:
             return {}
+        limit = _GAUGE_LIMITS.get(field_name, MAX_COUNT)
         by_engine: dict[str, float] = defaultdict(float)
         for s in self._samples(base):
-            by_engine[_engine(s)] += _checked(s)
+            by_engine[_engine(s)] += _checked(s, limit)
         return by_engine
 
     def _gauge_total(self, field_name: str) -> float | None:
@@ -471,6 +511,9 @@ class _ModelReader:
                 if blocks is None or block_size is None:
                     return None
                 tokens = blocks * block_size
+            if tokens > MAX_KV_CAPACITY_TOKENS:
+                raise ScrapeError(ScrapeErrorReason.INVALID_VALUE,
+                                  f"{s.name}: a KV capacity of {tokens:g} tokens (over {MAX_KV_CAPACITY_TOKENS:g})")
             capacity[_engine(s)] = tokens
         return capacity
 

@@ -512,21 +512,46 @@ def _detail_of(text: str) -> str:
 
 
 def test_finite_but_absurd_drafts_are_invalid_not_an_acceptance_of_zero() -> None:
-    # 1e308 drafts beside 336000 generated tokens: every verification emits a token, so at most ~336000 drafts.
+    # 1e12 drafts beside 336000 generated tokens: every verification emits a token, so at most ~336000 drafts.
     # Read as it stands, acceptance per position would be ~0 and a k=3 recommendation would flip to off.
     prefix = f"vllm:spec_decode_num_drafts_total{{{LLAMA}}}"
-    detail = _detail_of(replace_line(page(EAGLE), prefix, f"{prefix} 1e308"))
-    assert "drafts 1e+308 > generated tokens 336000" in detail
+    detail = _detail_of(replace_line(page(EAGLE), prefix, f"{prefix} 1e12"))
+    assert "drafts 1e+12 > generated tokens 336000" in detail
 
 
-def test_engines_whose_counters_sum_to_infinity_are_invalid() -> None:
+def test_engines_whose_counters_would_sum_to_infinity_are_refused_by_their_range() -> None:
     # Each engine's 1.5e308 is finite; their sum is not (before: Inf reached the cost model and raised every tick).
+    # No counter past MAX_COUNT (1e18) is read, so no sum over engines can overflow.
     qwen = 'model_name="Qwen/Qwen3-8B"'
     text = page(DP2)
     for engine in ("0", "1"):
         prefix = f'vllm:spec_decode_num_drafts_total{{engine="{engine}",{qwen}}}'
         text = replace_line(text, prefix, f"{prefix} 1.5e308")
-    assert "not finite" in _detail_of(text)
+    assert "over 1e+18" in _detail_of(text)
+
+
+@pytest.mark.parametrize(
+    ("prefix", "value", "bound"),
+    [
+        (f"vllm:num_requests_running{{{LLAMA}}}", "2e6", "over 1e+06"),  # a queue no engine holds
+        (f"vllm:num_requests_waiting{{{LLAMA}}}", "1e308", "over 1e+06"),
+        (f"vllm:kv_cache_usage_perc{{{LLAMA}}}", "1.5", "over 1"),  # a fraction of the cache, not a percent
+        (f"vllm:generation_tokens_total{{{LLAMA}}}", "2e18", "over 1e+18"),
+        (f"vllm:generation_tokens_total{{{LLAMA}}}", "9" * 400, "inf"),  # an integer literal past 2**1024
+    ],
+)
+def test_readings_past_their_plausible_range_are_invalid(prefix: str, value: str, bound: str) -> None:
+    text = replace_line(page(EAGLE), prefix, f"{prefix} {value}")
+    with pytest.raises(ScrapeError) as caught:
+        parse_vllm_metrics(text, taken_at_s=T)
+    assert caught.value.reason is ScrapeErrorReason.INVALID_VALUE
+    assert bound in caught.value.detail
+
+
+def test_a_huge_integer_timestamp_is_a_parse_error_not_an_internal_one() -> None:
+    prefix = f"vllm:num_requests_running{{{LLAMA}}}"
+    assert reason_of(replace_line(page(EAGLE), prefix, f"{prefix} 1.0 {'9' * 400}")) is ScrapeErrorReason.PARSE
+    assert reason_of(f"process_open_fds 1 {'9' * 400}\n") is ScrapeErrorReason.PARSE
 
 
 def _counts_page(drafts: float, draft_tokens: float, per_position: tuple[float, ...]) -> str:
