@@ -227,7 +227,10 @@ class LeaseElector:
                 if await self._write(fast, now_s):
                     return
         current = await self._read()
-        plan = plan_attempt(self._state, current, config=self._config, now_s=now_s, wall_s=wall_s)
+        # The record is observed when the read returns, not when the attempt began: a slow GET must not date a
+        # change earlier than it was seen (client-go's observedTime), or a follower takes over before the expiry.
+        # A write below still counts from `now_s`, the attempt's start: a leader's renewal is dated conservatively.
+        plan = plan_attempt(self._state, current, config=self._config, now_s=self._clock(), wall_s=wall_s)
         self._state = plan.state
         if plan.write is None:
             self._log.debug("leader election: waiting", extra=fields(lease=self.lease_ref, why=plan.why))

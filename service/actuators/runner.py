@@ -13,7 +13,7 @@ with the exact patch, fsync'd before anything is sent, then the "action" record 
 With leader election on (several replicas), a replica acts only while it leads (`Leadership.leading()`, asked
 before each target's step and again right before a patch is sent); otherwise each step is a `not_leader` skip,
 written to the audit log like any other skip (when the holder changes, or once per skip_log_interval_s), and the
-gate's state (the dwell included) is left as it was: a new leader waits out its own dwell.
+gate's dwell is cleared (the cooldown and caps are kept): a new leader waits out its own dwell.
 The gate acts only when the board's evidence is ok too: a decision that advise.py kept ok on remembered acceptance
 over a thin live window (evidence insufficient_data) is good enough to advise, not to restart pods on. Nothing here
 raises into the loop: an actuator that raises or hangs is an `unexpected` / `unreachable` error in the
@@ -307,10 +307,12 @@ class ActuationRunner:
 
     async def _not_leader(self, runtime: _Runtime, now_s: float) -> None:
         """A step while another replica leads (or this one cannot renew): skip `not_leader`, audited when the holder
-        changes or once per skip interval; the object is not read and the gate state is left as it was."""
+        changes or once per skip interval; the object is not read, and of the gate state only the dwell is cleared."""
         assert self._leadership is not None
         plan = ActionPlan(act=False, desired=None, skip=SkipReason.NOT_LEADER, detail=self._leadership.describe())
         runtime.last_plan = plan
+        # The dwell restarts: a replica that leads again must hold the wanted setting for a whole dwell as leader.
+        runtime.state = replace(runtime.state, wanted=None, wanted_since_s=None)
         self.version += 1
         key = f"{SkipReason.NOT_LEADER.value}:{self._leadership.holder or ''}"
         await self._skipped(runtime, plan, now_s, status=self._board.get(runtime.target),

@@ -29,6 +29,15 @@ MAX_POINTS = 10_000
 
 # Grid times are compared to the millisecond the fleet source formats `time` with.
 _GRID_TOLERANCE_S = 0.002
+MIN_STEP_S = 0.01
+"""The finest step a replay takes: five times the grid tolerance, so neighbouring grid times never blur."""
+MAX_GRID_POINTS = 1e9
+"""A grid is refused past this many points before anything counts them (a backtest's own cap is far lower)."""
+MAX_RANGE_BODY_BYTES = 64 * 1024 * 1024
+"""The largest range-query answer read (bytes): a chunk of 10 000 points for ~100 series is ~30 MB of JSON."""
+MAX_REPLAY_POINTS = 20_000_000
+"""The most (series x grid point) values one replay keeps in memory, over all its queries (~2 GB would be a
+fleet of thousands of pods over a week): past it the replay stops with an error rather than exhausting memory."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,12 +50,16 @@ class Grid:
 
     def __post_init__(self) -> None:
         finite = all(math.isfinite(v) for v in (self.start_s, self.end_s, self.step_s))
-        if not finite or self.step_s <= 0 or self.end_s < self.start_s:
-            raise ValueError(f"a grid needs finite start <= end and step > 0, got {self}")
+        if not finite or self.step_s < MIN_STEP_S or self.end_s < self.start_s:
+            raise ValueError(f"a grid needs finite start <= end and a step of at least {MIN_STEP_S:g} s, got {self}")
+        if not (self.end_s - self.start_s) / self.step_s < MAX_GRID_POINTS:
+            raise ValueError(f"a grid of more than {MAX_GRID_POINTS:g} points: use a coarser step")
 
     @property
     def points(self) -> int:
-        return math.floor((self.end_s - self.start_s) / self.step_s + 1e-9) + 1
+        """start, start + step, ... up to end: the last point is kept when it lies within the grid tolerance of
+        end (a step of 0.1 s does not divide a window exactly in binary floating point)."""
+        return math.floor((self.end_s - self.start_s + _GRID_TOLERANCE_S) / self.step_s) + 1
 
     def time(self, index: int) -> float:
         return self.start_s + index * self.step_s
@@ -77,6 +90,8 @@ class RangeReplayTransport(httpx.AsyncBaseTransport):
         self._grid = grid
         self._timeout_s = timeout_s
         self._matrices: dict[str, list[Series]] = {}
+        self._failed: dict[str, httpx.Response] = {}  # a query whose range fetch failed, with the answer it got
+        self._kept_points = 0
         self.range_requests = 0
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
@@ -87,10 +102,14 @@ class RangeReplayTransport(httpx.AsyncBaseTransport):
         index = self._grid.index(float(time)) if time else None
         if index is None:
             return _error(400, "bad_data", f"time {time!r} is not on the replay's grid")
+        failed = self._failed.get(query)
+        if failed is not None:  # answered once for the whole window: every later iteration gets the same answer
+            return httpx.Response(failed.status_code, content=failed.content, headers=failed.headers)
         if query not in self._matrices:
             failed = await self._fetch(query)
             if failed is not None:
-                return failed
+                self._failed[query] = failed
+                return httpx.Response(failed.status_code, content=failed.content, headers=failed.headers)
         return _vector(self._matrices[query], index, self._grid.time(index))
 
     async def _fetch(self, query: str) -> httpx.Response | None:
@@ -100,20 +119,42 @@ class RangeReplayTransport(httpx.AsyncBaseTransport):
         while first < self._grid.points:
             last = min(first + MAX_POINTS, self._grid.points) - 1
             params = {"query": query, "start": f"{self._grid.time(first):.3f}", "end": f"{self._grid.time(last):.3f}",
-                      "step": f"{self._grid.step_s:g}"}
-            self.range_requests += 1
-            response = await self._upstream.get(self._base + RANGE_PATH, params=params, timeout=self._timeout_s,
-                                                auth=self._auth)
-            if not response.is_success:
-                return httpx.Response(response.status_code, content=response.content, headers=response.headers)
-            _merge_matrix(series, response.json(), self._grid)
+                      "step": repr(self._grid.step_s)}
+            status, body, headers = await self._get_capped(params)
+            self.range_requests += 1  # answered ones: a fetch cancelled on its way (a sibling query failed) is not
+            if not 200 <= status < 300:
+                return httpx.Response(status, content=body, headers=headers)
+            try:
+                self._kept_points += _merge_matrix(series, json.loads(body), self._grid)
+            except (ValueError, TypeError, AttributeError) as exc:  # not JSON, or not a matrix answer's shape
+                raise httpx.DecodingError(f"a range query's answer is not a matrix: {exc}") from None
+            if self._kept_points > MAX_REPLAY_POINTS:
+                return _error(413, "too_large", f"the replay's history passed {MAX_REPLAY_POINTS} values: narrow the "
+                                                "window or the selector, or use a coarser step")
             first = last + 1
         self._matrices[query] = list(series.values())
         return None
 
+    async def _get_capped(self, params: Mapping[str, str]) -> tuple[int, bytes, httpx.Headers]:
+        """(status, body, headers) of one range query, its body read up to `MAX_RANGE_BODY_BYTES`."""
+        async with self._upstream.stream("GET", self._base + RANGE_PATH, params=params, timeout=self._timeout_s,
+                                         auth=self._auth) as response:
+            chunks: list[bytes] = []
+            received = 0
+            async for chunk in response.aiter_bytes():
+                received += len(chunk)
+                if received > MAX_RANGE_BODY_BYTES:
+                    return 413, _error(413, "too_large", f"a range query's answer passed {MAX_RANGE_BODY_BYTES} "
+                                                         "bytes").content, httpx.Headers()
+                chunks.append(chunk)
+            return response.status_code, b"".join(chunks), response.headers
 
-def _merge_matrix(into: dict[str, Series], body: Mapping[str, Any], grid: Grid) -> None:
-    """Add a query_range answer's points to `into`, keyed by the series' labels."""
+
+def _merge_matrix(into: dict[str, Series], body: Any, grid: Grid) -> int:
+    """Add a query_range answer's points to `into`, keyed by the series' labels; how many points were added."""
+    if not isinstance(body, Mapping):
+        raise httpx.DecodingError(f"a range query answered {str(body)[:200]}")
+    added = 0
     data = body.get("data") or {}
     if body.get("status") != "success" or data.get("resultType") != "matrix":
         raise httpx.DecodingError(f"a range query answered {str(body)[:200]}")
@@ -124,7 +165,9 @@ def _merge_matrix(into: dict[str, Series], body: Mapping[str, Any], grid: Grid) 
         for t, value in item.get("values") or []:
             i = grid.index(float(t))
             if i is not None:
+                added += i not in points
                 points[i] = str(value)
+    return added
 
 
 def _vector(matrix: list[Series], index: int, t: float) -> httpx.Response:

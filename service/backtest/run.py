@@ -21,7 +21,7 @@ from service.settings import ActuationSettings, Settings, TargetSettings
 from service.sources.gpu import NoGpuSource
 
 MAX_TICKS = 100_000
-"""The most iterations one backtest runs (a week at a 6 s step); a longer range needs a coarser step."""
+"""The most iterations one backtest runs (a week at a 7 s step); a longer range needs a coarser step."""
 
 
 class BacktestError(ValueError):

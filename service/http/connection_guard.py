@@ -2,8 +2,8 @@
 
 uvicorn's HTTP protocols arm no timer when a connection opens, so a client that connects and sends nothing, or
 sends a request head or body a few bytes at a time, holds the connection and its file descriptor for as long as
-it likes (3000 such connections held 2882 descriptors for 30 s and more); uvicorn's `limit_concurrency` answers
-503 only once a request head has arrived, it never refuses a connection. `GuardedH11Protocol` adds both bounds:
+it likes; uvicorn's `limit_concurrency` answers 503 only once a request head has arrived, it never refuses a
+connection. `GuardedH11Protocol` adds both bounds:
 
 - **read timeout.** A request, head and body, must have arrived whole `read_timeout_s` seconds after the server
   starts waiting for it: when the connection opens, or at the first byte of the next request on a kept-alive
@@ -11,9 +11,11 @@ it likes (3000 such connections held 2882 descriptors for 30 s and more); uvicor
   t = 0 and has sent only `GET /healthz HTTP/1.1\\r\\nHost: a\\r\\n` by then is closed at t = 10 s; a what-if body
   of 256 KiB (the largest request the API takes) needs at least 26 KB/s. Between requests, a kept-alive
   connection idles under uvicorn's own `timeout_keep_alive` instead; while the app answers, nothing is timed.
-- **connection cap.** With `max_connections` connections open, a newly accepted one is closed at once, before
-  anything is read from it. At most `max_connections` descriptors are then held by API connections, each for at
-  most `read_timeout_s` unless its client sends whole requests.
+- **connection cap.** With `max_connections` connections open, one kept-alive connection idling between requests
+  is closed to make room (its client reconnects when it next needs to); when none idles, the newly accepted one is
+  closed at once, before anything is read from it. At most `max_connections` descriptors are then held by API
+  connections, and the slots can be held only by clients that keep sending whole requests, each within
+  `read_timeout_s`.
 
 Each close for either reason counts in `ConnectionGuard.closed` (served as
 `specadvisor_api_connections_closed_total{reason}`) and logs a warning, at most one per reason per
@@ -144,6 +146,8 @@ class GuardedH11Protocol(H11Protocol):
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         open_connections = len(self.connections)
+        if open_connections >= self.guard.max_connections and self._evict_an_idle_connection():
+            open_connections -= 1
         if open_connections >= self.guard.max_connections:
             # Not added to the server's connections: nothing is read from it, and it counts against nothing.
             self._refused = True
@@ -172,6 +176,21 @@ class GuardedH11Protocol(H11Protocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._cancel_read_deadline()
         super().connection_lost(exc)
+
+    def _evict_an_idle_connection(self) -> bool:
+        """At the cap, close one kept-alive connection idling between requests (its client reconnects when it next
+        needs to, as after the keep-alive timeout) so that a new client, a probe or Prometheus, gets in: clients
+        that send a request and then sit idle must not hold every slot for the keep-alive time. Counted as
+        over_limit. Whether one was found."""
+        for other in self.connections:
+            if (isinstance(other, GuardedH11Protocol) and other.timeout_keep_alive_task is not None
+                    and other.conn.their_state is h11.IDLE and not other.conn.trailing_data[0]
+                    and not other.transport.is_closing()):
+                self.guard.record_close("over_limit", client=_address(other.transport),
+                                        open_connections=len(self.connections))
+                other.transport.close()
+                return True
+        return False
 
     def _waiting_for_request(self) -> bool:
         """Whether request bytes are due that nothing else times (the class docstring's rule, on h11's state)."""

@@ -27,7 +27,8 @@ MAX_CREDENTIAL_BYTES = 16 * 1024
 
 def read_credential(path: Path) -> str:
     """The stripped content of `path`. Raises ScrapeError(CREDENTIALS) when it is unreadable, empty, larger than
-    `MAX_CREDENTIAL_BYTES`, not UTF-8, or holds a line break inside (it would split the header)."""
+    `MAX_CREDENTIAL_BYTES`, not UTF-8, holds a line break inside (it would split the header) or any character but
+    visible ASCII (the HTTP library would refuse the header and quote it, credential included, in its error)."""
     try:
         with path.open("rb") as handle:
             raw = handle.read(MAX_CREDENTIAL_BYTES + 1)
@@ -45,6 +46,8 @@ def read_credential(path: Path) -> str:
             problem = "empty"
         elif "\n" in value or "\r" in value:
             problem = "more than one line"
+        elif not problem and not all(" " < c <= "~" for c in value):
+            problem = "not printable ASCII (a token is visible characters only, RFC 6750's token68)"
     if problem:
         raise ScrapeError(ScrapeErrorReason.CREDENTIALS, f"{path}: {problem}")
     return value

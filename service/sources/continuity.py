@@ -6,8 +6,8 @@ then on, at zero), so between two pages of the same engine the set of families n
 across a restart, which every counter's `_created` epoch shows (`EngineSnapshot.created_s`) and which resets the
 counters. So, for each model on the page:
 
-    same engine  = no cumulative count present on both pages went down, and the epochs agree:
-                   |created_s - created_s'| <= SAME_EPOCH_S where both are known
+    same engine  = the epochs agree, |created_s - created_s'| <= SAME_EPOCH_S, where both pages carry one;
+                   else (an exporter without `_created`) no cumulative count present on both pages went down
     vanished     = fields present on the last good page and absent now
     refuse       = same engine and vanished is not empty, unless the page has the same families as the
                    ACCEPT_AFTER_PAGES - 1 pages refused before it (the engine's new shape: a cut lands on another
@@ -17,7 +17,8 @@ counters. So, for each model on the page:
 Why a tolerance on the epoch: `created_s` is the earliest `_created` of the families read, so a cut that removes
 the earliest-registered family moves it. vLLM registers its families within a millisecond of each other (the
 0.32 capture: 0.1 ms over 50 `vllm:` families); a restart moves every one by the process's start-up time, seconds
-at least (a model load).
+at least (a model load). Why the epoch alone where there is one: on a data-parallel page a cut between two engines'
+lines of one counter family lowers that family's sum, which is not a restart.
 
 Example: a page with the ITL histogram and generation tokens, then one cut after `vllm:prompt_tokens_total` of the
 same epoch -> refused, naming `generation_tokens, inter_token_latency, ...`. After a restart that turned
@@ -74,8 +75,8 @@ def _cumulative(snapshot: EngineSnapshot) -> dict[str, float]:
 def same_engine(previous: EngineSnapshot, current: EngineSnapshot) -> bool:
     """Whether two pages of one model come from the same engine run (module docstring)."""
     epochs = (previous.created_s, current.created_s)
-    if epochs[0] is not None and epochs[1] is not None and abs(epochs[1] - epochs[0]) > SAME_EPOCH_S:
-        return False
+    if epochs[0] is not None and epochs[1] is not None:
+        return abs(epochs[1] - epochs[0]) <= SAME_EPOCH_S
     before, now = _cumulative(previous), _cumulative(current)
     return all(now[name] >= before[name] for name in before.keys() & now.keys())
 

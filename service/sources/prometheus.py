@@ -475,6 +475,9 @@ class PrometheusFleetSource:
             raise ScrapeError(ScrapeErrorReason.TIMEOUT, f"{url} ({what}): {type(exc).__name__}") from exc
         except (httpx.ConnectError, httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
             raise ScrapeError(ScrapeErrorReason.CONNECT, f"{url}: {exc}") from exc
+        except httpx.LocalProtocolError as exc:  # our own request was refused: its text may quote our headers
+            raise ScrapeError(ScrapeErrorReason.PROTOCOL, f"{url} ({what}): the request could not be sent "
+                              f"({type(exc).__name__})") from exc
         except httpx.HTTPError as exc:
             raise ScrapeError(ScrapeErrorReason.PROTOCOL, f"{url} ({what}): {type(exc).__name__}: {exc}") from exc
         if not response.is_success:

@@ -64,12 +64,11 @@ _UNKNOWN_NAMES_SHOWN = 6
 # invented names.
 _UNKNOWN_NAMES_KEPT = 64
 
-MAX_SAMPLE_LINES = 10_000
-"""The most sample lines of the families we read accepted on one page. One vLLM engine serves ~75 of them (k=3:
-tests/fixtures/vllm/vllm-0.32.0-cpu-ngram-k3-idle.txt) and at most ~140 at `MAX_POSITIONS`, so 10 000 lines cover
-`MAX_ENGINES_PER_MODEL` engines at k ~ 10. prometheus_client's parser costs ~18 us a line on the 2-core test box:
-the cap bounds one parse at ~0.2 s of interpreter time and ~30 MB of samples, where a page of 100 000 repeated
-`num_requests_running` series (6 MB, within the body cap) cost 2 s and ~170 MB and starved the API."""
+MAX_SAMPLE_LINES = 20_000
+"""The most sample lines of the families we read accepted on one page. One vLLM engine serves 71 + k of them (k=3:
+75, tests/fixtures/vllm/vllm-0.32.0-cpu-ngram-k3-idle.txt), so 20 000 lines hold `MAX_ENGINES_PER_MODEL` engines
+at any k up to `MAX_POSITIONS` (128 x 135 = 17 280). prometheus_client's parser costs ~18 us a line on a 2-core
+box: the cap bounds one parse at ~0.4 s of interpreter time, checked before the parser runs."""
 
 MAX_MODELS_PER_PAGE = 8
 """The most served models accepted on one page. vLLM serves one model per server (LoRA adapters share its
@@ -721,6 +720,9 @@ async def fetch_text(
         raise ScrapeError(ScrapeErrorReason.TIMEOUT, f"{url}: {type(exc).__name__}") from exc
     except (httpx.ConnectError, httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
         raise ScrapeError(ScrapeErrorReason.CONNECT, f"{url}: {exc}") from exc
+    except httpx.LocalProtocolError as exc:  # our own request was refused: its text may quote our headers
+        raise ScrapeError(ScrapeErrorReason.PROTOCOL, f"{url}: the request could not be sent ({type(exc).__name__})"
+                          ) from exc
     except httpx.HTTPError as exc:  # RemoteProtocolError, ReadError, DecodingError...: broke mid-answer
         raise ScrapeError(ScrapeErrorReason.PROTOCOL, f"{url}: {type(exc).__name__}: {exc}") from exc
     try:

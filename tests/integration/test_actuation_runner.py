@@ -440,3 +440,47 @@ def test_an_apply_that_sends_nothing_is_a_noop_not_applied(tmp_path: Path) -> No
     (action,) = [r for r in records(audit) if r["kind"] == "action"]
     assert action["result"] == "noop" and "nothing to send" in str(action["detail"])
     assert [r["kind"] for r in records(audit)] == ["action"]  # no started record: nothing was going to be sent
+
+
+class SwitchedLeadership:
+    """A leader election whose outcome the test sets (`lead`)."""
+
+    def __init__(self) -> None:
+        self.lead = True
+
+    @property
+    def holder(self) -> str | None:
+        return "me" if self.lead else "other"
+
+    def leading(self) -> bool:
+        return self.lead
+
+    def describe(self) -> str:
+        return "" if self.lead else "another replica holds the lease"
+
+
+def test_a_replica_that_leads_again_waits_out_a_whole_dwell_as_leader(tmp_path: Path) -> None:
+    fake = FakeActuator()
+    board = Board([("llama", None)], started_at_s=T0)
+    board.publish("llama", evidence=make_evidence("llama", T0), decision=decision(), good_scrape_s=T0)
+    audit = AuditLog(tmp_path / "actions.jsonl")
+    audit.open()
+    leadership = SwitchedLeadership()
+    runner = ActuationRunner(board, {"llama": fake}, audit=audit, leadership=leadership,
+                             options=RunnerOptions(mode="kubernetes", config=CONFIG, skip_interval_s=600))
+
+    async def scenario() -> None:
+        await tick(runner, T0)  # leading: k 3 wanted from T0
+        await tick(runner, T0 + 100)  # 100 s of its 300 s dwell
+        leadership.lead = False
+        await tick(runner, T0 + 200)  # another replica leads for a while
+        await tick(runner, T0 + 5000)
+        leadership.lead = True
+        await tick(runner, T0 + 5005)  # leads again: the wanted k 3 has held since T0, but not as leader
+        assert sent(fake) == []
+        await tick(runner, T0 + 5200)  # 195 s into a fresh dwell
+        assert sent(fake) == []
+        await tick(runner, T0 + 5305)  # 300 s as leader: act
+        assert sent(fake) == [SpeculationSetting(3)]
+
+    asyncio.run(scenario())

@@ -246,3 +246,24 @@ def test_connections_over_the_cap_are_closed_at_once_and_the_api_answers_after()
             assert await scrape_closed_counts(url) == {"read_timeout": 0, "over_limit": refused}
 
     asyncio.run(scenario())
+
+
+def test_at_the_cap_an_idle_kept_alive_connection_makes_room_for_a_probe() -> None:
+    async def scenario() -> None:
+        async with api(api_max_connections=3, api_request_read_timeout_s=300) as served:
+            # Three clients each send one whole request, then keep their connections open and idle.
+            idle = [await served.connect() for _ in range(3)]
+            for reader, writer in idle:
+                writer.write(b"GET /healthz HTTP/1.1\r\nHost: a\r\n\r\n")
+                await writer.drain()
+                status, _ = await read_response(reader)
+                assert status == 200
+            # A probe still gets in: one idle connection is closed to make room, not the probe's.
+            assert await healthz_on_a_fresh_connection(served.url) == 200
+            closed = await asyncio.gather(*(asyncio.wait_for(reader.read(1), DEADLINE_S)
+                                            for reader, _ in idle), return_exceptions=True)
+            assert sum(1 for c in closed if c == b"") >= 1
+            for stream in idle:
+                await close(stream)
+
+    asyncio.run(scenario())

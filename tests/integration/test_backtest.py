@@ -60,6 +60,7 @@ class HistoryPrometheus(ThreadingHTTPServer):
         self.requests: dict[str, int] = {}
         self.asked: dict[str, set[str]] = {}
         self.hold: threading.Event | None = None  # when set to an Event, range queries wait for it
+        self.unavailable = False  # when True, every query answers 503 with Prometheus' error body
 
     @property
     def url(self) -> str:
@@ -81,7 +82,9 @@ class _Handler(BaseHTTPRequestHandler):
         self.server.requests[parts.path] = self.server.requests.get(parts.path, 0) + 1
         query = params.get("query", "")
         self.server.asked.setdefault(parts.path, set()).add(query)
-        if query not in self.server.names:
+        if self.server.unavailable:
+            self._send(503, {"status": "error", "errorType": "unavailable", "error": "TSDB not ready"})
+        elif query not in self.server.names:
             self._send(400, {"status": "error", "errorType": "bad_data", "error": f"unknown query {query!r}"})
         elif parts.path == "/api/v1/query":
             t = float(params["time"])
@@ -265,5 +268,38 @@ def test_the_api_runs_one_backtest_at_a_time(prometheus: HistoryPrometheus) -> N
             assert "one at a time" in second.json()["detail"]
             hold.set()
             assert (await first).status_code == 200
+
+    asyncio.run(scenario())
+
+
+def test_a_failing_range_query_is_asked_once_per_replay_not_once_per_iteration(prometheus: HistoryPrometheus) -> None:
+    settings = fleet_settings(prometheus.url)
+    prometheus.unavailable = True
+
+    async def go() -> Any:
+        async with httpx.AsyncClient() as upstream:
+            return await run_backtest(settings, backtest_target(settings, None), GRID, upstream=upstream)
+
+    result = asyncio.run(go())
+    assert all(row.error is not None and "http_status" in row.error for row in result.rows)
+    # At most one range query per query fleet mode asks (its whole window; one failing cancels its siblings), then
+    # the same answer from memory: not one per iteration (40 here).
+    assert result.range_requests <= prometheus.requests["/api/v1/query_range"] <= len(prometheus.names)
+
+
+@pytest.mark.parametrize(
+    "window",
+    [
+        {"start_s": GRID.start_s, "end_s": GRID.end_s, "step_s": 1e-320},  # (end - start) / step overflows
+        {"start_s": -1e308, "end_s": 1e308, "step_s": 1.0},  # end - start overflows
+    ],
+)
+def test_a_window_no_grid_can_hold_is_a_422_not_a_500(prometheus: HistoryPrometheus, window: dict[str, float]
+                                                      ) -> None:
+    async def scenario() -> None:
+        sidecar = build_sidecar(fleet_settings(prometheus.url), gpu_source=NoGpuSource())
+        async with serving(sidecar.app) as url, httpx.AsyncClient(base_url=url, timeout=10.0) as client:
+            response = await client.post("/v1/backtest", json={"target": "fleet", **window})
+            assert response.status_code == 422, response.text
 
     asyncio.run(scenario())

@@ -114,7 +114,9 @@ def test_basic_auth_sends_the_user_and_the_password_from_its_file(peer: GuardedP
     assert "tiny" in scrape(peer.url, BasicFileAuth("advisor", password))
 
 
-@pytest.mark.parametrize("content", [None, b"", b"  \n", b"two\nlines\n", b"\xff\xfe", b"x" * 20_000])
+@pytest.mark.parametrize(
+    "content", [None, b"", b"  \n", b"two\nlines\n", b"\xff\xfe", b"x" * 20_000, b"SECRET\x0bTOKEN", b"caf\xc3\xa9"]
+)
 def test_an_unusable_credentials_file_fails_the_scrape_naming_the_path_only(
     peer: GuardedPeer, tmp_path: Path, content: bytes | None
 ) -> None:

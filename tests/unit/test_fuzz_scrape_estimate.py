@@ -57,8 +57,8 @@ DP2 = "synthetic-ngram-k5-dp2.txt"
 T = 1_800_000_000.0
 MAX_FLOAT = 1.7976931348623157e308
 
-# Reproducible in CI: the same examples on every run, nothing stored between runs. filter_too_much: the oracles
-# reject the examples that hit a known bug (assume), which can be many in a row on some pages.
+# Reproducible in CI: the same examples on every run, nothing stored between runs. filter_too_much: some strategies
+# reject many drawn examples in a row (assume) on some pages.
 FUZZ = settings(
     max_examples=300,
     deadline=None,
@@ -116,8 +116,7 @@ def snapshot_problems(snapshot: EngineSnapshot) -> list[str]:
 
 
 def parse_checked(text: str) -> dict[str, EngineSnapshot] | ScrapeError:
-    """Parse `text`; fail the test on anything but sane snapshots or a ScrapeError (known bugs are rejected as
-    examples, see the module docstring)."""
+    """Parse `text`; fail the test on anything but sane snapshots or a ScrapeError."""
     try:
         snapshots = parse_vllm_metrics(text, taken_at_s=T)
     except ScrapeError as error:

@@ -63,3 +63,16 @@ def test_the_judged_decision_takes_the_evidence_state_only_when_the_decision_is_
     stale = decision(0.0, 0, DataState.STALE)
     assert judged_decision(stale, DataState.OK) is stale
     assert judged_decision(None, DataState.OK) is None
+
+
+def test_a_grid_keeps_its_last_point_and_refuses_what_cannot_be_counted() -> None:
+    from service.backtest.replay import Grid  # noqa: PLC0415  (service code: the replay's grid)
+
+    assert Grid(start_s=0.0, end_s=1.0, step_s=0.1).points == 11  # 1.0 / 0.1 is 9.999... in binary
+    assert Grid(start_s=0.0, end_s=0.7, step_s=0.7).points == 2
+    for start, end, step in ((0.0, 10.0, 1e-320), (-1e308, 1e308, 1.0), (0.0, 10.0, 0.001), (5.0, 1.0, 1.0)):
+        try:
+            Grid(start_s=start, end_s=end, step_s=step)
+        except ValueError:
+            continue
+        raise AssertionError((start, end, step))

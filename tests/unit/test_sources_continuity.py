@@ -92,3 +92,30 @@ def test_cuts_at_different_lines_keep_being_refused() -> None:
     detector.check({"tiny": FULL})
     outcomes = [detector.check({"tiny": page}) for page in (CUT, other, CUT, other, CUT, other)]
     assert all(o is not None for o in outcomes)
+
+
+def two_engines(text: str) -> str:
+    """The capture as a data-parallel server's page: every engine="0" sample line followed by an engine="1" copy."""
+    out: list[str] = []
+    for line in text.split("\n"):
+        out.append(line)
+        if 'engine="0"' in line and not line.startswith("#"):
+            out.append(line.replace('engine="0"', 'engine="1"'))
+    return "\n".join(out)
+
+
+def test_a_data_parallel_page_cut_between_two_engines_lines_is_refused() -> None:
+    # The cut falls after engine 0's prompt_tokens line: that family's sum drops to engine 0's alone, which is not a
+    # restart (the epoch is the same), and the ITL and generation families are gone.
+    dp2 = two_engines(CAPTURE)
+    whole = parse_vllm_metrics(dp2, taken_at_s=T)["tiny"]
+    lines = dp2.split("\n")
+    engine_0 = next(i for i, line in enumerate(lines) if line.startswith('vllm:prompt_tokens_total{engine="0"'))
+    cut = parse_vllm_metrics("\n".join(lines[: engine_0 + 1]) + "\n", taken_at_s=T + 5)["tiny"]
+    assert whole.engines == cut.engines == 2
+    assert cut.prompt_tokens is not None and whole.prompt_tokens is not None
+    assert cut.prompt_tokens < whole.prompt_tokens  # one engine's count, not both
+    detector = CutDetector()
+    assert detector.check({"tiny": whole}) is None
+    refused = detector.check({"tiny": cut})
+    assert refused is not None and "inter_token_latency" in refused[1]
