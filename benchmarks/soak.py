@@ -6,7 +6,7 @@ Prints figures; asserts nothing (the exit status is 0 whatever the verdicts, 1 w
 
 Two processes, started the way users start them: `spec-advisor simulate` (the simulated vLLM server, its own process
 so the sidecar's memory is the sidecar's alone) on `benchmarks/soak_1k_rps.yaml` (about 1000 requests/s arriving:
-900 -> 1100 -> 900 every 10 simulated minutes, a few hundred running), with simulated time running `--time-scale`
+900 -> 1100 -> 900 every 10 simulated minutes, 500 to 900 running), with simulated time running `--time-scale`
 times faster than the wall clock; and `spec-advisor serve --config FILE` scraping it (and its dcgm-exporter page)
 every `--interval-s` seconds of WALL time, its normal interval. The simulator advances lazily on each request, so
 this script asks it for `/sim/state` every half second: no scrape of the sidecar has to wait for the simulator to
@@ -19,12 +19,16 @@ timestamp, `specadvisor_loop_iterations_total`, the scrape errors and the decisi
 fresh connection each time (as a kubelet probes), timed.
 
 At the end: a table per tenth of the simulated run, and one verdict line per series. RSS and fds: a least-squares
-line over the samples of the second half of the run (the first half holds the warm-up: windows, the calibration's
-history, allocator arenas filling), its slope per simulated hour (and per wall hour at this interval), and the
-rise it fits across that half compared with the samples' own noise: "flat" when the fitted rise is at most
-max(2 x the residuals' standard deviation, a floor of 1 MiB / 1 fd), "RISING" otherwise. Scrape lag: the largest
-`last_good_scrape_age_seconds` seen and the longest gap between successive good scrapes, against the interval;
-iterations: finished loop iterations against wall time / interval.
+line over the samples of the second half of the run (the first half holds the warm-up), its slope per simulated
+hour (and per wall hour at this interval), and the rise it fits across that half, also per sidecar iteration,
+compared with the samples' own noise: "flat" when the fitted rise is at most max(2 x the residuals' standard
+deviation, a floor of 1 MiB / 1 fd), "RISING" otherwise; a rise within that noise whose slope is still more than two
+standard errors above zero is flagged as a steady rise to settle with a longer run. The sidecar's warm-up runs on
+the WALL clock: the calibration keeps up to 64 points at least 20 s apart (policies/model/calibrate.py), about 21
+minutes to fill, so at x20 the whole run is inside it, and only a lower --time-scale (1: an hour) shows the steady
+state. Scrape lag: the largest `last_good_scrape_age_seconds` seen and the longest gap between successive good
+scrapes, against the interval ("OK" up to 2 intervals); iterations: finished loop iterations against wall time /
+interval. The host's load average is sampled too: on a busy box the lag and /healthz latency are the box's.
 
 Both subprocesses are stopped (SIGTERM, then SIGKILL after 10 s) on every exit: the end of the run, a failure,
 Ctrl-C or SIGTERM; they also get SIGTERM if this process dies (PR_SET_PDEATHSIG), and the simulator stops by itself
