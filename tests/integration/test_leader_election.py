@@ -24,6 +24,7 @@ import httpx
 from actuation_fakes import make_evidence
 from kube_apiserver import DEPLOYMENTS, LEASES, FakeKubeApiServer, patches
 from sidecar_http import FIXTURES, CaptureServer, serving, wait_for
+from test_actuation_end_to_end import advisor_settings
 
 from policies.act.deployment import ApplyResult, DeploymentObservation, SpeculationSetting
 from policies.act.gate import ActuationConfig
@@ -37,7 +38,6 @@ from service.actuators.leader import LeaseElector, LeaseName
 from service.actuators.runner import ActuationRunner, RunnerOptions
 from service.app import build_sidecar
 from service.board import Board
-from service.settings import load_settings
 from service.sources.gpu import NoGpuSource
 
 NS = "llm-serving"
@@ -364,24 +364,6 @@ def test_a_leader_that_loses_the_lease_mid_pass_does_not_send_its_patch(tmp_path
 # ----------------------------------------------------------------------------------------------------------------
 
 
-def sidecar_settings(capture_url: str, api_url: str, token_file: Path, state: Path) -> Any:
-    return load_settings(overrides={
-        "targets": [{"name": "llama", "url": capture_url, "hardware": "h100-sxm", "drafter": {"method": "eagle"}}],
-        "scrape_interval_s": 0.1,
-        "scrape_timeout_s": 0.1,
-        "estimator": {"window_s": 0.4, "stale_after_s": 1.0},
-        "decide": {"dwell_s": 0},
-        "gpu": {"telemetry": "none"},
-        "actuation": {
-            "mode": "kubernetes", "dry_run": False, "gate": {"dwell_s": 0.3, "cooldown_s": 0},
-            "state_dir": str(state), "api": {"write_endpoints": False},
-            "kubernetes": {"api_url": api_url, "token_file": str(token_file), "namespace": NS},
-            "targets": [{"target": "llama", "deployment": NAME}],
-            "leader_election": {"enabled": True, **RELEASE_ONLY},
-        },
-    })
-
-
 def metric(text: str, name: str) -> float:
     (line,) = [line for line in text.splitlines() if line.startswith(name + " ")]
     return float(line.split()[1])
@@ -396,7 +378,9 @@ def test_two_sidecars_one_actor_and_a_clean_shutdown_hands_over(tmp_path: Path) 
             for name in ("a", "b"):
                 token_file = tmp_path / f"token-{name}"
                 token_file.write_text(f"token-{name}", encoding="utf-8")
-                settings = sidecar_settings(capture_url, api.url, token_file, tmp_path / name)
+                settings = advisor_settings(capture_url, api.url, token_file, tmp_path / name,
+                                            api={"write_endpoints": False},
+                                            leader_election={"enabled": True, **RELEASE_ONLY})
                 sidecar = build_sidecar(settings, gpu_source=NoGpuSource(), environ={"POD_NAME": f"advisor-{name}"})
                 stacks[name] = contextlib.AsyncExitStack()
                 urls[name] = await stacks[name].enter_async_context(serving(sidecar.app))
