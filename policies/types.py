@@ -54,20 +54,30 @@ class HistogramReading:
 
 @dataclass(frozen=True, slots=True)
 class SpecDecodeCounters:
-    """vLLM's four `spec_decode_*` counter families at one instant, summed over engines.
+    """An engine's speculative-decoding counters at one instant, summed over engines (vLLM's four `spec_decode_*`
+    families, or what another engine's adapter derives: service/sources/).
 
-    `accepted_per_position[i]` counts verifications in which at least i+1 drafts were accepted; its length is the
-    deployed k (vLLM creates every position series at start-up).
+    `drafts` counts verifications that carried a draft, `draft_tokens` the tokens proposed, `accepted_tokens` those
+    accepted. `accepted_per_position[i]` counts verifications in which at least i+1 drafts were accepted; its length
+    is the deployed k (vLLM creates every position series at start-up). Engines without per-position counters
+    (SGLang, TensorRT-LLM, llama.cpp) leave it empty and give the deployed k as `declared_k` (>= 1): only the mean
+    accepted length is then measured.
     """
 
     drafts: float
     draft_tokens: float
     accepted_tokens: float
     accepted_per_position: tuple[float, ...]
+    declared_k: int = 0
 
     @property
     def deployed_k(self) -> int:
-        return len(self.accepted_per_position)
+        return len(self.accepted_per_position) or self.declared_k
+
+    @property
+    def positions_measured(self) -> bool:
+        """Whether the acceptance per position is counted (vLLM) rather than only its sum (other engines)."""
+        return bool(self.accepted_per_position)
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +153,10 @@ class AcceptanceEvidence:
     a match (n-gram, suffix) leaves the rest of the steps plain: 58% of sequence-steps carried a draft for an
     untied tiny model on vLLM 0.32 CPU, so its tokens per sequence-step were 1 + 0.58 x 1.54, not E[L] = 2.54.
     1.0 when the ITL count is not exported.
+    `positions_measured` False: the engine counts only the accepted total (SGLang, TensorRT-LLM, llama.cpp), so
+    `per_position` is the i.i.d. profile alpha^i whose sum is the measured mean accepted drafts (exact at the
+    deployed k only; policies/model/acceptance.py bounds the other gammas without it) and `per_position_low/high`
+    the same fit to the mean's interval.
     """
 
     per_position: tuple[float, ...]
@@ -157,6 +171,7 @@ class AcceptanceEvidence:
     window_s: float
     cold_start: bool = False
     draft_coverage: float = 1.0
+    positions_measured: bool = True
 
 
 @dataclass(frozen=True, slots=True)

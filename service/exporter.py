@@ -273,7 +273,8 @@ def _cost_model(statuses: Iterable[BoardEntry]) -> Iterator[Metric]:
 def _acceptance(statuses: Iterable[BoardEntry]) -> Iterator[Metric]:
     per_position = _gauge(
         "acceptance_per_position_ratio",
-        "P(at least position+1 drafts accepted) per verification over the window; position is 0-based as in vLLM.",
+        "P(at least position+1 drafts accepted) per verification over the window; position is 0-based as in vLLM. "
+        "Only where the engine counts each position (vLLM); other engines give the mean length alone.",
         labels=(*_TARGET_LABELS, "position"),
     )
     mean_length = _gauge(
@@ -285,8 +286,9 @@ def _acceptance(statuses: Iterable[BoardEntry]) -> Iterator[Metric]:
         if acceptance is None:
             continue
         ids = _ids(status)
-        for position, value in enumerate(acceptance.per_position):
-            per_position.add_metric([*ids, str(position)], value)
+        if acceptance.positions_measured:  # otherwise a fit to the mean, not a measurement
+            for position, value in enumerate(acceptance.per_position):
+                per_position.add_metric([*ids, str(position)], value)
         mean_length.add_metric(ids, acceptance.mean_acceptance_length)
         rate.add_metric(ids, acceptance.acceptance_rate)
     yield from (per_position, mean_length, rate)

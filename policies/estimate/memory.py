@@ -91,6 +91,7 @@ class RememberedAcceptance:
     measured_at_s: float
     cold_start: bool = False
     draft_coverage: float = 1.0  # share of sequence-steps that drafted (AcceptanceEvidence.draft_coverage)
+    positions_measured: bool = True  # False: an i.i.d. fit to the mean (AcceptanceEvidence.positions_measured)
 
     @property
     def k(self) -> int:
@@ -194,6 +195,7 @@ def remember(
         measured_at_s=evidence.at_s,
         cold_start=acceptance.cold_start,
         draft_coverage=acceptance.draft_coverage,
+        positions_measured=acceptance.positions_measured,
     )
     return memory.with_entry(entry)
 
@@ -249,6 +251,7 @@ def recall(entry: RememberedAcceptance, *, config: MemoryConfig, now_s: float) -
         window_s=age_s,
         cold_start=entry.cold_start,
         draft_coverage=entry.draft_coverage,
+        positions_measured=entry.positions_measured,
     )
     return Recall(entry=entry, age_s=age_s, effective_drafts=n_eff, usable=True, acceptance=aged)
 

@@ -43,6 +43,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from policies import iid
 from policies.estimate.intervals import wilson_interval
 from policies.types import (
     AcceptanceEvidence,
@@ -150,7 +151,7 @@ def _server_break(previous: EngineSnapshot, current: EngineSnapshot) -> str | No
 
 
 def _speculation_break(previous: EngineSnapshot, current: EngineSnapshot) -> str | None:
-    """Speculation turned on or off, or its deployed k changed (None: neither)."""
+    """Speculation turned on or off, its deployed k changed, or its counters changed shape (None: none)."""
     if (previous.spec is None) != (current.spec is None):
         return "speculation turned " + ("on" if current.spec is not None else "off")
     if (
@@ -159,6 +160,12 @@ def _speculation_break(previous: EngineSnapshot, current: EngineSnapshot) -> str
         and previous.spec.deployed_k != current.spec.deployed_k
     ):
         return f"deployed k changed {previous.spec.deployed_k} -> {current.spec.deployed_k}"
+    if (
+        previous.spec is not None
+        and current.spec is not None
+        and previous.spec.positions_measured != current.spec.positions_measured
+    ):
+        return "the engine's acceptance counters changed shape (per position <-> total only)"
     return None
 
 
@@ -513,13 +520,18 @@ def _acceptance(span: _Span, *, z: float) -> AcceptanceEvidence | None:
         return None
     draft_tokens = delta(lambda s: s.spec.draft_tokens if s.spec else None)
     accepted = delta(lambda s: s.spec.accepted_tokens if s.spec else None)
-    counts = [min(delta(_position_reader(i)), drafts) for i in range(k)]
-    repaired = _non_increasing(counts)
-    bounds = [wilson_interval(count, drafts, z=z) for count in repaired]
+    if end.positions_measured:
+        counts = [min(delta(_position_reader(i)), drafts) for i in range(k)]
+        repaired = _non_increasing(counts)
+        bounds = [wilson_interval(count, drafts, z=z) for count in repaired]
+        point = tuple(count / drafts for count in repaired)
+        low, high = tuple(lo for lo, _ in bounds), tuple(hi for _, hi in bounds)
+    else:
+        point, low, high = _iid_profile(accepted, drafts, k=k, z=z)
     return AcceptanceEvidence(
-        per_position=tuple(count / drafts for count in repaired),
-        per_position_low=tuple(low for low, _ in bounds),
-        per_position_high=tuple(high for _, high in bounds),
+        per_position=point,
+        per_position_low=low,
+        per_position_high=high,
         drafts=drafts,
         draft_tokens=draft_tokens,
         accepted_tokens=accepted,
@@ -530,7 +542,29 @@ def _acceptance(span: _Span, *, z: float) -> AcceptanceEvidence | None:
         window_s=span.elapsed_s or 0.0,
         cold_start=span.base is None,
         draft_coverage=_coverage(drafts, span.delta(_itl_count)),
+        positions_measured=end.positions_measured,
     )
+
+
+_Profile = tuple[float, ...]
+
+
+def _iid_profile(accepted: float, drafts: float, *, k: int, z: float) -> tuple[_Profile, _Profile, _Profile]:
+    """Per-position acceptance for an engine that counts only the accepted total: the i.i.d. profile alpha^i
+    (i = 1..k) whose sum is the measured mean accepted drafts m = Δaccepted / Δdrafts, clipped to [0, k], and the
+    same fit to m's interval. The interval treats each verification as one trial of the share m / k accepted
+    (Wilson at `z` on m / k with Δdrafts trials): drafts within one verification are not independent, so the
+    drafts, not the draft tokens, are the trials. Example: 1,540 accepted over 1,000 drafts at k 3 -> m 1.54,
+    alpha 0.7018 (0.7018 + 0.4925 + 0.3457 = 1.54), profile (0.702, 0.493, 0.346).
+    """
+    mean = min(max(accepted / drafts, 0.0), float(k))
+    share_low, share_high = wilson_interval(mean / k * drafts, drafts, z=z)
+
+    def profile(mean_drafts: float) -> _Profile:
+        alpha = iid.iid_rate_for_mean_length(1.0 + min(max(mean_drafts, 0.0), float(k)), k)
+        return iid.iid_positions(alpha, k)
+
+    return profile(mean), profile(share_low * k), profile(share_high * k)
 
 
 def _coverage(drafts: float, sequence_steps: float | None) -> float:

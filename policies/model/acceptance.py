@@ -27,6 +27,13 @@ in [0, 1). Measured up to k: sum_{i=k+1..gamma} r_i / E[L](gamma); from a prior:
 bonus token is certain). Example: r = (0.78, 0.58, 0.43) measured at k=3, gamma 5 with r_4 = 0.287, r_5 = 0.191
 -> E[L] = 3.268, share = 0.478 / 3.268 = 0.146: 15% of the predicted tokens per step are extrapolated.
 The speedup is proportional to E[L], so the same share of the predicted speedup rests on the extrapolation.
+
+Engines that count only the accepted total (SGLang, TensorRT-LLM, llama.cpp: `positions_measured` False) measure
+E[L](k) = 1 + m alone, m the mean accepted drafts. The estimator states the i.i.d. profile with that sum as the
+point; gamma = k is exact, gamma > k extrapolates as above, and gamma < k is flagged extrapolated with a band that
+holds for every drafter: a non-increasing r_1..r_k in [0, 1] summing to m has gamma m / k <= r_1 + ... + r_gamma
+<= min(gamma, m). Example: m 1.54 exactly at k 3 (alpha 0.702), gamma 1 -> E[L] 1.70 in [1.51, 2.0]; its share resting
+on the assumption is (1.70 - 1.51) / 1.70 = 11%.
 """
 
 from __future__ import annotations
@@ -187,23 +194,44 @@ def acceptance_curve(
         r_low = _iid(alpha * PRIOR_LOW_FACTOR, gamma_max)
         r_high = _iid(1.0 - (1.0 - alpha) * PRIOR_LOW_FACTOR, gamma_max)
     coverage, proposed = _draft_yield(acceptance if measured else None)
+    sums_only = acceptance is not None and measured and not acceptance.positions_measured
     points: list[AcceptancePoint] = []
     for gamma in range(gamma_max + 1):
         value = _covered(expected_length(r, gamma), coverage)
         unmeasured = coverage * sum(r[k:gamma]) if measured else value - 1.0
+        # Extrapolated low/high could cross the point in pathological inputs; the band must contain it.
+        band_low = min(_covered(expected_length(r_low, gamma), coverage), value)
+        band_high = max(_covered(expected_length(r_high, gamma), coverage), value)
+        extrapolated = gamma > k if measured else gamma > 0
+        if sums_only and 0 < gamma < k:
+            band_low, band_high = _shorter_than_measured(gamma, k, sum(r_low[:k]), sum(r_high[:k]), coverage, value)
+            unmeasured = value - _covered(1.0 + gamma * sum(r[:k]) / k, coverage)
+            extrapolated = True
         points.append(
             AcceptancePoint(
                 gamma=gamma,
                 expected_length=value,
-                # Extrapolated low/high could cross the point in pathological inputs; the band must contain it.
-                expected_length_low=min(_covered(expected_length(r_low, gamma), coverage), value),
-                expected_length_high=max(_covered(expected_length(r_high, gamma), coverage), value),
-                extrapolated=gamma > k if measured else gamma > 0,
+                expected_length_low=band_low,
+                expected_length_high=band_high,
+                extrapolated=extrapolated,
                 extrapolated_share=max(0.0, unmeasured) / value,
                 verified_tokens=1.0 + coverage * proposed(gamma),
             )
         )
     return tuple(points)
+
+
+def _shorter_than_measured(
+    gamma: int, k: int, mean_low: float, mean_high: float, coverage: float, value: float
+) -> tuple[float, float]:
+    """The band of E[L](gamma), 0 < gamma < k, when only the mean accepted drafts m at k is measured (module
+    docstring): any non-increasing r_1..r_k in [0, 1] summing to m gives gamma m / k <= r_1 + ... + r_gamma <=
+    min(gamma, m) (flat profile, then all-or-nothing), so with m in [mean_low, mean_high] the band is
+    1 + gamma mean_low / k .. 1 + min(gamma, mean_high), whatever the drafter's profile. Widened to hold `value`.
+    Example: m in [1.4, 1.7] at k 3, gamma 1 -> [1.467, 2.0]."""
+    low = _covered(1.0 + gamma * mean_low / k, coverage)
+    high = _covered(1.0 + min(float(gamma), mean_high), coverage)
+    return min(low, value), max(high, value)
 
 
 def _covered(length: float, coverage: float) -> float:

@@ -42,6 +42,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
+from policies import iid
 from policies.model.acceptance import AcceptancePoint, acceptance_curve
 from policies.model.calibrate import CalibrationConfig, prior_covariance, split_observed
 from policies.model.costmodel import ModelContext, curve_for
@@ -280,18 +281,9 @@ def _drafter(inp: WhatIfInput, model: ModelProfile) -> DrafterProfile:
 # ------------------------------------------------------------------------------------------------------------
 
 
-def mean_length_iid(alpha: float, k: int) -> float:
-    """E[L] at k drafts for i.i.d. acceptance alpha: 1 + alpha + ... + alpha^k = (1 - alpha^(k+1)) / (1 - alpha).
-
-    alpha in [0, 1], k >= 0. Example: alpha 0.8, k 3 -> 1 + 0.8 + 0.64 + 0.512 = 2.952.
-    """
-    return sum(alpha**i for i in range(k + 1))
-
-
 def iid_rate_for_mean_length(mean_length: float, k: int) -> float:
-    """The i.i.d. alpha in [0, 1] whose mean accepted length at k drafts is `mean_length` (in [1, k + 1], k >= 1).
-
-    Bisection to 1e-12 (E[L] is increasing in alpha). Raises WhatIfInputError outside the ranges.
+    """The i.i.d. alpha in [0, 1] whose mean accepted length at k drafts is `mean_length` (in [1, k + 1], k >= 1):
+    `policies.iid.iid_rate_for_mean_length`, raising WhatIfInputError naming the input outside the ranges.
     Example: mean_length 2.952, k 3 -> 0.8 (1 + 0.8 + 0.64 + 0.512 = 2.952).
     """
     if k < 1:
@@ -302,14 +294,7 @@ def iid_rate_for_mean_length(mean_length: float, k: int) -> float:
             f"must be in [1, {k + 1}] at k={k} (1 + accepted drafts, at most all k plus the bonus token), "
             f"got {mean_length}",
         )
-    low, high = 0.0, 1.0
-    while high - low > 1e-12:
-        middle = 0.5 * (low + high)
-        if mean_length_iid(middle, k) < mean_length:
-            low = middle
-        else:
-            high = middle
-    return 0.5 * (low + high)
+    return iid.iid_rate_for_mean_length(mean_length, k)
 
 
 def acceptance_positions(spec: AcceptanceSpec, *, gamma_max: int) -> tuple[float, ...]:
@@ -337,7 +322,7 @@ def acceptance_positions(spec: AcceptanceSpec, *, gamma_max: int) -> tuple[float
         alpha = spec.iid_rate
         if not (math.isfinite(alpha) and 0.0 <= alpha <= 1.0):
             raise WhatIfInputError("acceptance.iid_rate", f"must be in [0, 1], got {alpha}")
-        return tuple(alpha**i for i in range(1, max(gamma_max, 1) + 1))
+        return iid.iid_positions(alpha, max(gamma_max, 1))
     assert spec.mean_acceptance_length is not None
     if spec.measured_at_k is None:
         raise WhatIfInputError(
@@ -346,7 +331,7 @@ def acceptance_positions(spec: AcceptanceSpec, *, gamma_max: int) -> tuple[float
     if not 1 <= spec.measured_at_k <= GAMMA_LIMIT:
         raise WhatIfInputError("acceptance.measured_at_k", f"must be 1..{GAMMA_LIMIT}, got {spec.measured_at_k}")
     alpha = iid_rate_for_mean_length(spec.mean_acceptance_length, spec.measured_at_k)
-    return tuple(alpha**i for i in range(1, spec.measured_at_k + 1))
+    return iid.iid_positions(alpha, spec.measured_at_k)
 
 
 def _checked_positions(values: Sequence[float]) -> tuple[float, ...]:

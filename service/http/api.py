@@ -135,7 +135,14 @@ class RecommendationsOut(BaseModel):
 class AcceptanceOut(BaseModel):
     per_position: list[float] = Field(
         description="r_i = P(at least i drafts accepted) for i = 1..deployed k, ratios 0..1, non-increasing "
-        "(vLLM per-position accepted counts / drafts over the window)."
+        "(vLLM per-position accepted counts / drafts over the window; where positions_measured is false, the "
+        "i.i.d. profile alpha^i whose sum is the measured mean accepted drafts)."
+    )
+    positions_measured: bool = Field(
+        default=True,
+        description="True where the engine counts acceptance per position (vLLM); false where it counts only the "
+        "accepted total (SGLang, TensorRT-LLM, llama.cpp): per_position is then a fit, exact only in its sum, and "
+        "every gamma but the deployed k is priced as an extrapolation.",
     )
     per_position_low: list[float] = Field(
         description="Low end of each position's Wilson confidence interval (95% by default, estimator.z), 0..1."
@@ -506,6 +513,7 @@ def _acceptance(acceptance: AcceptanceEvidence) -> AcceptanceOut:
         drafts=acceptance.drafts,
         mean_proposed_length=acceptance.mean_proposed_length,
         draft_coverage=acceptance.draft_coverage,
+        positions_measured=acceptance.positions_measured,
         cold_start=acceptance.cold_start,
     )
 

@@ -132,6 +132,7 @@ def encode(memories: Mapping[str, AcceptanceMemory], *, now_s: float) -> dict[st
                     "measured_at_s": e.measured_at_s,
                     "cold_start": e.cold_start,
                     "draft_coverage": e.draft_coverage,
+                    "positions_measured": e.positions_measured,
                 }
                 for e in memory.entries
             ]
@@ -175,6 +176,10 @@ def _entry(raw: Any, *, where: str) -> RememberedAcceptance:
     cold = raw.get("cold_start", False)
     if not isinstance(cold, bool):
         raise MemoryFormatError(f"{where}.cold_start must be true or false")
+    # Files written before the field existed hold vLLM's counted positions.
+    measured = raw.get("positions_measured", True)
+    if not isinstance(measured, bool):
+        raise MemoryFormatError(f"{where}.positions_measured must be true or false")
     return RememberedAcceptance(
         model=model,
         per_position=positions,
@@ -186,6 +191,7 @@ def _entry(raw: Any, *, where: str) -> RememberedAcceptance:
         measured_at_s=_number(raw.get("measured_at_s"), where=f"{where}.measured_at_s", minimum=0.0),
         cold_start=cold,
         draft_coverage=_coverage(raw.get("draft_coverage", 1.0), where=f"{where}.draft_coverage"),
+        positions_measured=measured,
     )
 
 

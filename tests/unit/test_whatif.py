@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 
+from policies.iid import mean_length_iid
 from policies.model.acceptance import acceptance_curve
 from policies.model.catalog import MODEL_ENTRIES
 from policies.model.costmodel import ModelContext, curve_for
@@ -24,7 +25,6 @@ from policies.offline.whatif import (
     build_context,
     evaluate_whatif,
     iid_rate_for_mean_length,
-    mean_length_iid,
     resolve_model,
     whatif_schedule_plan,
 )
