@@ -68,7 +68,7 @@ from service.sources.dcgm import DcgmSource
 from service.sources.gpu import SOURCE_ABSENT, NoGpuSource
 from service.sources.nvml import NvmlSource
 from service.sources.prometheus import MAX_CONCURRENT_QUERIES, FleetSelection, PrometheusFleetSource
-from service.sources.vllm import VllmScraper
+from service.sources.scraper import EngineScraper
 from service.stores.memory import MemoryStore
 
 if TYPE_CHECKING:  # recommend-only never imports the Kubernetes client library
@@ -458,9 +458,9 @@ def _scraper(target: TargetSettings, settings: Settings, client: httpx.AsyncClie
             max_body_bytes=settings.max_body_bytes,
             auth=target_auth(target),
         )
-    return VllmScraper(
+    return EngineScraper(
         client, target.metrics_url, timeout_s=settings.scrape_timeout_s, max_body_bytes=settings.max_body_bytes,
-        auth=target_auth(target),
+        auth=target_auth(target), engine=target.engine,
     )
 
 

@@ -38,6 +38,7 @@ from service.board import INTERNAL_ERROR_REASON, Board, Pricing
 from service.logs import fields, get_logger
 from service.sources.errors import ScrapeError, ScrapeErrorReason
 from service.sources.gpu import ERROR_UNEXPECTED, SOURCE_ABSENT, gpu_error_reason
+from service.sources.llamacpp import UNNAMED_MODEL
 from service.stores.memory import LoadResult
 
 # Distinct GPU-source exceptions remembered so each is logged (with its traceback) once, not every interval;
@@ -48,7 +49,7 @@ _T = TypeVar("_T")
 
 
 class Scraper(Protocol):
-    """One inference server's /metrics reader (VllmScraper). Raises only `ScrapeError`."""
+    """One inference server's /metrics reader (EngineScraper). Raises only `ScrapeError`."""
 
     async def scrape(self, now_s: float) -> dict[str, EngineSnapshot]: ...
 
@@ -495,6 +496,8 @@ def _profiles(context: ModelContext) -> dict[str, str]:
 
 def _pick_model(snapshots: Mapping[str, EngineSnapshot], wanted: str | None) -> EngineSnapshot:
     served = ", ".join(sorted(snapshots)) or "none"
+    if set(snapshots) == {UNNAMED_MODEL}:  # llama.cpp names no model: the target's setting names it
+        return replace(snapshots[UNNAMED_MODEL], model_name=wanted or UNNAMED_MODEL)
     if wanted is not None:
         snapshot = snapshots.get(wanted)
         if snapshot is None:
@@ -503,7 +506,7 @@ def _pick_model(snapshots: Mapping[str, EngineSnapshot], wanted: str | None) -> 
     if len(snapshots) == 1:
         return next(iter(snapshots.values()))
     if not snapshots:
-        raise ScrapeError(ScrapeErrorReason.MODEL_MISSING, "the page carries no vLLM engine series")
+        raise ScrapeError(ScrapeErrorReason.MODEL_MISSING, "the page carries no engine series of a model")
     raise ScrapeError(
         ScrapeErrorReason.MODEL_MISSING, f"the server serves several models ({served}); set the target's model"
     )

@@ -25,6 +25,7 @@ from policies.estimate.window import EstimatorConfig
 from policies.model.calibrate import CalibrationConfig
 from policies.model.objectives import ObjectiveConfig
 from policies.types import DraftMethod
+from service.sources.engines import EngineKind
 
 # Each policy default is declared once, in its policy config; a setting states its bounds, unit and why.
 _ESTIMATOR, _DECIDE, _CALIBRATION = EstimatorConfig(), DecideConfig(), CalibrationConfig()
@@ -152,6 +153,13 @@ class TargetSettings(_Section):
         description="Fleet mode: the range of rate(). 60 s holds 4 samples at Prometheus' common 15 s scrape "
         "interval (rate() needs 2; 4 rides out one missed scrape). Keep it >= 4x Prometheus' scrape interval.",
     )
+    engine: EngineKind = Field(
+        default=EngineKind.AUTO,
+        description="Pod mode: the inference engine serving url: auto (told from the page's metric names), vllm, "
+        "sglang (--enable-metrics), trtllm (url ending in /prometheus/metrics; return_perf_metrics and "
+        "enable_iter_perf_stats on) or llamacpp (--metrics). A page of another engine is then a scrape error "
+        "(mixed_engines). Fleet mode reads vLLM's series only.",
+    )
     model: str | None = Field(
         default=None,
         description="vLLM model_name label to advise on. Pod mode: optional when the server serves exactly one "
@@ -217,6 +225,8 @@ class TargetSettings(_Section):
             raise ValueError("set exactly one of url (scrape the pod) and prometheus_url (fleet mode)")
         if self.prometheus_url is not None and not self.model:
             raise ValueError("fleet mode (prometheus_url) needs model: the vLLM model_name to read")
+        if self.prometheus_url is not None and self.engine not in (EngineKind.AUTO, EngineKind.VLLM):
+            raise ValueError(f"fleet mode (prometheus_url) reads vLLM's series only, not engine {self.engine.value}")
         if self.url is not None:
             # Compared with the defaults, not "was it given": a dumped-and-reloaded pod target carries them.
             defaults = type(self).model_fields

@@ -47,7 +47,7 @@ from service.profile import (
 )
 from service.settings import SettingsError, TargetSettings
 from service.sources.errors import ScrapeError, ScrapeErrorReason
-from service.sources.vllm import VllmScraper
+from service.sources.scraper import EngineScraper
 
 EXIT_SERVER = 1
 EXIT_USAGE = 2
@@ -163,7 +163,7 @@ class _HttpEngine:
         self._base_url = base_url
         self._model = model
         self._max_tokens = max_tokens
-        self._scraper = VllmScraper(client, f"{base_url}/metrics", timeout_s=_HTTP_TIMEOUT_S)
+        self._scraper = EngineScraper(client, f"{base_url}/metrics", timeout_s=_HTTP_TIMEOUT_S)
 
     async def scrape(self, now_s: float) -> EngineSnapshot:
         snapshots = await self._scraper.scrape(now_s)

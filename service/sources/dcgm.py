@@ -17,7 +17,7 @@ from prometheus_client.samples import Sample
 
 from policies.types import GpuSnapshot
 from service.sources.errors import ScrapeError, ScrapeErrorReason
-from service.sources.vllm import fetch_text
+from service.sources.page import fetch_text
 
 SOURCE_DCGM = "dcgm"
 

@@ -29,7 +29,9 @@ class ScrapeErrorReason(StrEnum):
     PARSE = "parse"  # not Prometheus text: undecodable bytes, a malformed or truncated line
     INVALID_VALUE = "invalid_value"  # NaN, Inf or negative where a count or ratio is expected; bad label values
     MISSING_FAMILY = "missing_family"  # a required series, or part of a family we need, is absent
-    MODEL_MISSING = "model_missing"  # a well-formed page that carries no vLLM engine series at all
+    MODEL_MISSING = "model_missing"  # the engine's page carries no series of a served model at all
+    UNKNOWN_ENGINE = "unknown_engine"  # a well-formed page with no series of an engine read (sources/engines.py)
+    MIXED_ENGINES = "mixed_engines"  # series of several engines on one page, or not of the target's set engine
 
 
 class ScrapeError(Exception):

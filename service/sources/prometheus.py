@@ -289,7 +289,7 @@ class FleetSelection:
 
 
 class PrometheusFleetSource:
-    """Reads one model's replicas from Prometheus; `scrape(now_s)` has `VllmScraper.scrape`'s shape and contract
+    """Reads one model's replicas from Prometheus; `scrape(now_s)` has `EngineScraper.scrape`'s shape and contract
     (returns {model: EngineSnapshot}, raises only `ScrapeError`). Holds the synthetic counters between scrapes,
     so one instance serves one target. The HTTP client is injected (one pool per process).
     """

@@ -9,10 +9,10 @@ reading.
 Failure policy (every failure is a `ScrapeError`, nothing else escapes):
 - PARSE: undecodable bytes, a line the parser rejects, or a body that does not end in a newline (a truncated page;
   the exposition format ends every line with one), or garbage with no vLLM line at all.
-- INVALID_VALUE: NaN, Inf or a negative number in a field we use, or one past its plausible range (`MAX_COUNT`
-  for counters, histograms and timestamps, `MAX_ENGINE_FLOPS`, `MAX_REQUESTS_PER_ENGINE`, `MAX_KV_USAGE_RATIO`,
-  `MAX_KV_CAPACITY_TOKENS`: so no sum over engines and no rate downstream can overflow), an unusable
-  `position`/`le` label, a gap in
+- INVALID_VALUE: NaN, Inf or a negative number in a field we use, or one past its plausible range
+  (`exposition.MAX_COUNT` for counters, histograms and timestamps, `MAX_ENGINE_FLOPS`, `MAX_REQUESTS_PER_ENGINE`,
+  `MAX_KV_USAGE_RATIO`, `MAX_KV_CAPACITY_TOKENS`: so no sum over engines and no rate downstream can overflow), an
+  unusable `position`/`le` label, a gap in
   positions, more than `MAX_POSITIONS` positions, per-position counts that do not add up to the accepted tokens
   (a vanished position series), duplicate series, a histogram that is not cumulative or whose `_count` is not a
   whole number, differs from its +Inf bucket, or is 0 under a positive `_sum`, and spec-decode counters vLLM's
@@ -32,20 +32,17 @@ Failure policy (every failure is a `ScrapeError`, nothing else escapes):
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import math
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import NoReturn
 
-import httpx
-from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
 from policies.types import EngineSnapshot, HistogramReading, SpecDecodeCounters
-from service.sources import continuity, names
+from service.sources import exposition, names
 from service.sources.errors import ScrapeError, ScrapeErrorReason
 
 _WANTED = names.wanted_sample_names()
@@ -53,22 +50,13 @@ _KNOWN_SPEC = names.known_spec_decode_sample_names()
 _SPEC_VALUES = names.spec_decode_value_names()
 # Every wanted name starts with one of these (e.g. "vllm:"): a C-level startswith rejects the other ~95% of lines.
 _PREFIXES: tuple[str, ...] = tuple(sorted({n.split(":", 1)[0] + ":" if ":" in n else n for n in _WANTED}))
-# What prometheus_client's parser raises on malformed input (it has no exception type of its own).
-# OverflowError: an integer literal past 2**1024 (the library keeps integer text as int, and float() of it overflows).
-_PARSER_ERRORS = (ValueError, IndexError, KeyError, TypeError, AttributeError, OverflowError)
-# On a page with none of our lines, validate this much of it to tell garbage (PARSE) from another server's metrics.
-_SNIFF_CHARS = 64 * 1024
 # Unknown spec-decode names quoted in the error message; one renamed family brings a handful of sample names.
 _UNKNOWN_NAMES_SHOWN = 6
 # Distinct unknown spec-decode names remembered per page: enough to name a renamed family, bounded against a page of
 # invented names.
 _UNKNOWN_NAMES_KEPT = 64
 
-MAX_SAMPLE_LINES = 20_000
-"""The most sample lines of the families we read accepted on one page. One vLLM engine serves 71 + k of them (k=3:
-75, tests/fixtures/vllm/vllm-0.32.0-cpu-ngram-k3-idle.txt), so 20 000 lines hold `MAX_ENGINES_PER_MODEL` engines
-at any k up to `MAX_POSITIONS` (128 x 135 = 17 280). prometheus_client's parser costs ~18 us a line on a 2-core
-box: the cap bounds one parse at ~0.4 s of interpreter time, checked before the parser runs."""
+MAX_SAMPLE_LINES = exposition.MAX_SAMPLE_LINES  # the one cap every adapter applies
 
 MAX_MODELS_PER_PAGE = 8
 """The most served models accepted on one page. vLLM serves one model per server (LoRA adapters share its
@@ -77,11 +65,6 @@ MAX_MODELS_PER_PAGE = 8
 MAX_ENGINES_PER_MODEL = 128
 """The most `engine` label values accepted per model: vLLM's data-parallel engines behind one API server (a node
 holds 8-16 GPUs; wide expert-parallel deployments run one API server per node or a few dozen engines)."""
-
-MAX_COUNT = 1e18
-"""The largest value accepted for a counter, a histogram's sum, count or bucket, or a timestamp: 1e18 tokens is
-a million tokens a second for 30 000 years. Past it a number is a broken exporter or an attack, and sums and rates
-of such numbers overflow to infinity downstream."""
 
 MAX_ENGINE_FLOPS = 1e30
 """The largest `estimated_flops_per_gpu` / `estimated_read_bytes_per_gpu` counter accepted: 1e18 FLOP/s (a
@@ -103,14 +86,6 @@ run k <= ~10 (n-gram, EAGLE, MTP), the decision evaluates gamma <= 32 (settings 
 twice anything usable. Each position becomes an exported series (`acceptance_per_position_ratio`) and a slot in
 the estimator's state: a page claiming 20000 positions is a bug or an attack, not a deployment to advise."""
 
-# |accepted - sum(per_pos)| allowed per engine. vLLM increments both in the same stats update of one process and
-# the page is rendered from one process at one instant, so they agree exactly; the counts are integers, so any
-# real disagreement (a position series gone missing) is at least 1 token. 0.5 absorbs float formatting of the
-# integers (e.g. an exporter printing "1.415e+03"), and the relative part covers float sums of huge counters.
-_SUM_ABS_TOLERANCE = 0.5
-_SUM_REL_TOLERANCE = 1e-9
-
-
 def parse_vllm_metrics(text: str, *, taken_at_s: float) -> dict[str, EngineSnapshot]:
     """Parse one vLLM `/metrics` page into snapshots keyed by `model_name`.
 
@@ -122,7 +97,7 @@ def parse_vllm_metrics(text: str, *, taken_at_s: float) -> dict[str, EngineSnaps
     lines, unknown_spec = _select_lines(text)
     if not lines and not unknown_spec:
         _raise_no_vllm_lines(text)
-    index = _index_samples(_parse_lines(lines)) if lines else {}
+    index = exposition.index_samples(exposition.parse_lines(lines)) if lines else {}
     if unknown_spec and _SPEC_VALUES.isdisjoint(index):
         _raise_unknown_spec_names(unknown_spec)
     return _build_snapshots(index, taken_at_s=taken_at_s)
@@ -173,37 +148,10 @@ def _raise_unknown_spec_names(unknown: set[str]) -> NoReturn:
     )
 
 
-def _parse_lines(lines: list[str]) -> list[Sample]:
-    try:
-        return [s for family in text_string_to_metric_families("\n".join(lines) + "\n") for s in family.samples]
-    except _PARSER_ERRORS as exc:
-        raise ScrapeError(ScrapeErrorReason.PARSE, f"malformed metric line: {exc}") from exc
-
-
 def _raise_no_vllm_lines(text: str) -> NoReturn:
     """Tell a page that is not Prometheus text (PARSE) from a well-formed page of another server (MODEL_MISSING)."""
-    head = text[:_SNIFF_CHARS]
-    if len(text) > _SNIFF_CHARS:
-        head = head[: head.rfind("\n") + 1]
-    try:
-        for _ in text_string_to_metric_families(head):
-            pass
-    except _PARSER_ERRORS as exc:
-        raise ScrapeError(ScrapeErrorReason.PARSE, f"not Prometheus text: {exc}") from exc
+    exposition.raise_unless_prometheus_text(text)
     raise ScrapeError(ScrapeErrorReason.MODEL_MISSING, "no vLLM engine series on the page")
-
-
-def _index_samples(samples: Iterable[Sample]) -> dict[str, list[Sample]]:
-    index: dict[str, list[Sample]] = defaultdict(list)
-    seen: set[tuple[str, frozenset[tuple[str, str]]]] = set()
-    for s in samples:
-        key = (s.name, frozenset(s.labels.items()))
-        if key in seen:
-            # Summing over engines would count it twice.
-            raise ScrapeError(ScrapeErrorReason.INVALID_VALUE, f"duplicate series {s.name}{s.labels}")
-        seen.add(key)
-        index[s.name].append(s)
-    return index
 
 
 # ------------------------------------------------------------------------------------------------------------
@@ -298,20 +246,6 @@ def _check_cardinality(models: Mapping[str, _ModelSamples]) -> None:
             )
 
 
-def _checked(sample: Sample, limit: float = MAX_COUNT) -> float:
-    """The sample's value when it is a number in [0, `limit`]; INVALID_VALUE otherwise (module docstring)."""
-    try:
-        value = float(sample.value)
-    except OverflowError:  # an integer literal past 2**1024
-        value = math.inf
-    if not (math.isfinite(value) and 0 <= value <= limit):
-        raise ScrapeError(
-            ScrapeErrorReason.INVALID_VALUE,
-            f"{sample.name}{sample.labels} = {value:g}" + (f" (over {limit:g})" if value > limit else ""),
-        )
-    return value
-
-
 def _engine(sample: Sample) -> str:
     return sample.labels.get(names.ENGINE_LABEL, "")
 
@@ -396,7 +330,7 @@ class _ModelReader:
 
     def _note_created(self, base: str) -> None:
         for s in self._samples(base + names.CREATED_SUFFIX):
-            created = _checked(s)
+            created = exposition.checked(s)
             engine = _engine(s)
             self._created_by_engine[engine] = min(created, self._created_by_engine.get(engine, math.inf))
 
@@ -411,17 +345,17 @@ class _ModelReader:
 
     def _counter(self, field_name: str) -> float | None:
         samples = self._counter_samples(field_name)
-        limit = MAX_ENGINE_FLOPS if field_name in _ENGINE_ROOFLINE_COUNTERS else MAX_COUNT
-        return sum(_checked(s, limit) for s in samples) if samples else None
+        limit = MAX_ENGINE_FLOPS if field_name in _ENGINE_ROOFLINE_COUNTERS else exposition.MAX_COUNT
+        return sum(exposition.checked(s, limit) for s in samples) if samples else None
 
     def _gauge_by_engine(self, field_name: str) -> dict[str, float]:
         base = self._base(field_name)
         if base is None:
             return {}
-        limit = _GAUGE_LIMITS.get(field_name, MAX_COUNT)
+        limit = _GAUGE_LIMITS.get(field_name, exposition.MAX_COUNT)
         by_engine: dict[str, float] = defaultdict(float)
         for s in self._samples(base):
-            by_engine[_engine(s)] += _checked(s, limit)
+            by_engine[_engine(s)] += exposition.checked(s, limit)
         return by_engine
 
     def _gauge_total(self, field_name: str) -> float | None:
@@ -444,9 +378,9 @@ class _ModelReader:
         per_position = self._per_position(per_position_samples)
         self._check_positions_add_up(present[names.SPEC_ACCEPTED_TOKENS], per_position_samples)
         return SpecDecodeCounters(
-            drafts=sum(_checked(s) for s in present[names.SPEC_DRAFTS]),
-            draft_tokens=sum(_checked(s) for s in present[names.SPEC_DRAFT_TOKENS]),
-            accepted_tokens=sum(_checked(s) for s in present[names.SPEC_ACCEPTED_TOKENS]),
+            drafts=sum(exposition.checked(s) for s in present[names.SPEC_DRAFTS]),
+            draft_tokens=sum(exposition.checked(s) for s in present[names.SPEC_DRAFT_TOKENS]),
+            accepted_tokens=sum(exposition.checked(s) for s in present[names.SPEC_ACCEPTED_TOKENS]),
             accepted_per_position=per_position,
         )
 
@@ -462,7 +396,7 @@ class _ModelReader:
                     ScrapeErrorReason.INVALID_VALUE,
                     f"model {self._model!r}: spec_decode position {position} >= MAX_POSITIONS ({MAX_POSITIONS})",
                 )
-            totals[position] += _checked(s)
+            totals[position] += exposition.checked(s)
         # A hole would shift every later position; a vanished trailing one is caught by the sum check.
         if sorted(totals) != list(range(len(totals))):
             raise ScrapeError(
@@ -478,13 +412,14 @@ class _ModelReader:
         """
         by_engine: dict[str, float] = defaultdict(float)
         for s in accepted:
-            by_engine[_engine(s)] += _checked(s)
+            by_engine[_engine(s)] += exposition.checked(s)
         summed: dict[str, float] = defaultdict(float)
         for s in per_position:
-            summed[_engine(s)] += _checked(s)
+            summed[_engine(s)] += exposition.checked(s)
         for engine in sorted(by_engine.keys() | summed.keys()):
             total, positions = by_engine.get(engine, 0.0), summed.get(engine, 0.0)
-            if not math.isclose(total, positions, rel_tol=_SUM_REL_TOLERANCE, abs_tol=_SUM_ABS_TOLERANCE):
+            if not math.isclose(total, positions, rel_tol=exposition.SUM_REL_TOLERANCE,
+                                abs_tol=exposition.SUM_ABS_TOLERANCE):
                 raise ScrapeError(
                     ScrapeErrorReason.INVALID_VALUE,
                     f"model {self._model!r} engine {engine!r}: accepted tokens {total:g} != sum over positions "
@@ -541,23 +476,7 @@ class _ModelReader:
                 ScrapeErrorReason.MISSING_FAMILY, f"histogram {base} for {self._model!r} lacks _sum or _count"
             )
         self._note_created(base)
-        by_le: dict[float, float] = defaultdict(float)
-        for s in buckets:
-            by_le[_le(s)] += _checked(s)
-        cumulative = tuple(sorted(by_le.items()))
-        if cumulative and not math.isinf(cumulative[-1][0]):
-            raise ScrapeError(ScrapeErrorReason.INVALID_VALUE, f"histogram {base} has no +Inf bucket")
-        if any(later[1] < earlier[1] for earlier, later in itertools.pairwise(cumulative)):
-            raise ScrapeError(ScrapeErrorReason.INVALID_VALUE, f"histogram {base} buckets are not cumulative")
-        total = sum(_checked(s) for s in sums)
-        count = _observations(base, sum(_checked(s) for s in counts), total=total)
-        if cumulative and not math.isclose(cumulative[-1][1], count, rel_tol=_SUM_REL_TOLERANCE,
-                                           abs_tol=_SUM_ABS_TOLERANCE):
-            raise ScrapeError(
-                ScrapeErrorReason.INVALID_VALUE,
-                f"histogram {base}: _count {count:g} != +Inf bucket {cumulative[-1][1]:g}",
-            )
-        return HistogramReading(sum=total, count=count, buckets=cumulative)
+        return exposition.histogram_reading(base, sums, counts, buckets)
 
 
 # Slack for counters that vLLM updates in different stats records of one engine step (drafts vs generated tokens):
@@ -577,24 +496,20 @@ def _check_spec_counts(
     problem = ""
     if not all(math.isfinite(t) for t in totals):
         problem = "a spec_decode sum over engines is not finite"
-    elif spec.accepted_tokens > _with_tolerance(spec.draft_tokens):
+    elif spec.accepted_tokens > exposition.with_tolerance(spec.draft_tokens):
         problem = f"accepted tokens {spec.accepted_tokens:g} > draft tokens {spec.draft_tokens:g}"
-    elif k and spec.draft_tokens > _with_tolerance(k * spec.drafts):
+    elif k and spec.draft_tokens > exposition.with_tolerance(k * spec.drafts):
         problem = f"draft tokens {spec.draft_tokens:g} > k={k} x drafts {spec.drafts:g}"
-    elif k and spec.accepted_per_position[0] > _with_tolerance(spec.drafts):
+    elif k and spec.accepted_per_position[0] > exposition.with_tolerance(spec.drafts):
         problem = f"position 0 accepted {spec.accepted_per_position[0]:g} > drafts {spec.drafts:g}"
-    elif any(b > _with_tolerance(a) for a, b in itertools.pairwise(spec.accepted_per_position)):
+    elif any(b > exposition.with_tolerance(a) for a, b in itertools.pairwise(spec.accepted_per_position)):
         problem = f"per-position accepted counts rise with the position: {spec.accepted_per_position}"
     elif generation_tokens is not None and spec.drafts > (
-        _with_tolerance(generation_tokens) + _STEP_SLACK_PER_ENGINE * engines
+        exposition.with_tolerance(generation_tokens) + _STEP_SLACK_PER_ENGINE * engines
     ):
         problem = f"drafts {spec.drafts:g} > generated tokens {generation_tokens:g}"
     if problem:
         raise ScrapeError(ScrapeErrorReason.INVALID_VALUE, f"model {model!r}: {problem}")
-
-
-def _with_tolerance(value: float) -> float:
-    return value * (1.0 + _SUM_REL_TOLERANCE) + _SUM_ABS_TOLERANCE
 
 
 def _at_most_one(generation_tokens: HistogramReading | None) -> float | None:
@@ -605,34 +520,10 @@ def _at_most_one(generation_tokens: HistogramReading | None) -> float | None:
     return next((count for le, count in generation_tokens.buckets if le == 1.0), None)
 
 
-def _observations(base: str, count: float, *, total: float) -> float:
-    """A histogram's `_count` as the whole number of observations it is (float formatting of an integer is
-    tolerated: 1.415e+03 is 1415). Raises INVALID_VALUE for a fraction of an observation, or a sum with none: a
-    `_count` of 5e-324 under a positive `_sum` would make the mean step time infinite.
-    Example: 1415.0000001 -> 1415.0; 0.5 -> invalid; 5e-324 with _sum 12.0 -> invalid."""
-    whole = float(round(count))
-    if not math.isclose(count, whole, rel_tol=_SUM_REL_TOLERANCE, abs_tol=_SUM_ABS_TOLERANCE / 1000.0):
-        raise ScrapeError(ScrapeErrorReason.INVALID_VALUE, f"histogram {base}: _count {count!r} is not a whole number")
-    if whole == 0.0 and total > 0.0:
-        raise ScrapeError(ScrapeErrorReason.INVALID_VALUE, f"histogram {base}: _sum {total:g} with no observations")
-    return whole
-
-
 def _int_label(label: str | None) -> int | None:
     if label is None or not (label.isascii() and label.isdigit()):
         return None
     return int(label)
-
-
-def _le(sample: Sample) -> float:
-    label = sample.labels.get("le", "")
-    try:
-        bound = float(label)
-    except ValueError:
-        bound = math.nan
-    if math.isnan(bound):
-        raise ScrapeError(ScrapeErrorReason.INVALID_VALUE, f"{sample.name} has le={label!r}")
-    return bound
 
 
 def _label_number(sample: Sample, label: str) -> float | None:
@@ -647,111 +538,3 @@ def _label_number(sample: Sample, label: str) -> float | None:
     if not math.isfinite(value) or value < 0:
         raise ScrapeError(ScrapeErrorReason.INVALID_VALUE, f"{sample.name} has {label}={raw!r}")
     return value
-
-
-# ------------------------------------------------------------------------------------------------------------
-# HTTP
-# ------------------------------------------------------------------------------------------------------------
-
-
-class VllmScraper:
-    """GETs one vLLM `/metrics` URL and parses it. The HTTP client is injected (one pool per process).
-
-    `timeout_s` bounds the whole exchange, not only each socket read: a server that drips bytes cannot hold the
-    loop. The body is streamed and abandoned past `max_body_bytes` (counted after content decoding, so a gzip bomb
-    is stopped too).
-    """
-
-    def __init__(
-        self,
-        client: httpx.AsyncClient,
-        url: str,
-        *,
-        timeout_s: float = 5.0,
-        max_body_bytes: int = 8 * 1024 * 1024,
-        auth: httpx.Auth | None = None,
-    ) -> None:
-        self._client = client
-        self._auth = auth
-        self._url = url
-        self._timeout_s = timeout_s
-        self._max_body_bytes = max_body_bytes
-        # A later page of the same engine that lost families was cut at a line boundary.
-        self._cuts = continuity.CutDetector()
-
-    async def scrape(self, now_s: float) -> dict[str, EngineSnapshot]:
-        """One GET + parse; `now_s` becomes `taken_at_s` of every snapshot. Raises `ScrapeError` only: besides the
-        parser's reasons, MISSING_FAMILY when the same engine served families on its last good page that this
-        page lacks (a body cut at a line boundary: service/sources/continuity.py)."""
-        body = await fetch_text(self._client, self._url, timeout_s=self._timeout_s, max_body_bytes=self._max_body_bytes,
-                                auth=self._auth)
-        if len(body) < PARSE_IN_THREAD_CHARS:
-            snapshots = parse_vllm_metrics(body, taken_at_s=now_s)
-        else:
-            # A data-parallel server's page (4-8 engines: 150-280 KB) takes 10-20 ms to parse; in a worker thread
-            # the interpreter still switches to the API's requests every few ms instead of stalling them.
-            snapshots = await asyncio.to_thread(parse_vllm_metrics, body, taken_at_s=now_s)
-        cut = self._cuts.check(snapshots)
-        if cut is not None:
-            model, vanished = cut
-            raise ScrapeError(
-                ScrapeErrorReason.MISSING_FAMILY,
-                f"model {model!r}: {', '.join(vanished)} were on the engine's last page and are gone from this one "
-                "with no restart (a page cut at a line boundary?)",
-            )
-        return snapshots
-
-
-# A single-engine vLLM page is ~50 KB and parses in ~1.5 ms: cheaper inline than a thread hand-off.
-PARSE_IN_THREAD_CHARS = 128 * 1024
-
-
-async def fetch_text(
-    client: httpx.AsyncClient, url: str, *, timeout_s: float, max_body_bytes: int, auth: httpx.Auth | None = None
-) -> str:
-    """GET a Prometheus text page as str with `auth`'s credentials (None: none), mapping every transport failure
-    to a `ScrapeError`."""
-    try:
-        async with asyncio.timeout(timeout_s):
-            body = await _read_capped(client, url, timeout_s=timeout_s, max_body_bytes=max_body_bytes, auth=auth)
-    except TimeoutError as exc:  # asyncio.timeout's overall deadline
-        raise ScrapeError(ScrapeErrorReason.TIMEOUT, f"{url}: no complete answer within {timeout_s} s") from exc
-    except httpx.TimeoutException as exc:
-        raise ScrapeError(ScrapeErrorReason.TIMEOUT, f"{url}: {type(exc).__name__}") from exc
-    except (httpx.ConnectError, httpx.UnsupportedProtocol, httpx.InvalidURL) as exc:
-        raise ScrapeError(ScrapeErrorReason.CONNECT, f"{url}: {exc}") from exc
-    except httpx.LocalProtocolError as exc:  # our own request was refused: its text may quote our headers
-        raise ScrapeError(ScrapeErrorReason.PROTOCOL, f"{url}: the request could not be sent ({type(exc).__name__})"
-                          ) from exc
-    except httpx.HTTPError as exc:  # RemoteProtocolError, ReadError, DecodingError...: broke mid-answer
-        raise ScrapeError(ScrapeErrorReason.PROTOCOL, f"{url}: {type(exc).__name__}: {exc}") from exc
-    try:
-        return body.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise ScrapeError(ScrapeErrorReason.PARSE, f"{url}: body is not UTF-8: {exc}") from exc
-
-
-async def _read_capped(
-    client: httpx.AsyncClient, url: str, *, timeout_s: float, max_body_bytes: int, auth: httpx.Auth | None
-) -> bytes:
-    # Plain text exposition: the parser does not read OpenMetrics.
-    headers = {"Accept": "text/plain;version=0.0.4;q=1.0, */*;q=0.1"}
-    # auth None: no credentials besides a URL's userinfo (httpx sends that as basic auth).
-    async with client.stream("GET", url, headers=headers, timeout=timeout_s, auth=auth) as response:
-        if not response.is_success:
-            raise ScrapeError(
-                ScrapeErrorReason.HTTP_STATUS, f"{url}: HTTP {response.status_code} {response.reason_phrase}"
-            )
-        declared = response.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > max_body_bytes:
-            raise ScrapeError(
-                ScrapeErrorReason.BODY_TOO_LARGE, f"{url}: Content-Length {declared} > {max_body_bytes} bytes"
-            )
-        chunks: list[bytes] = []
-        received = 0
-        async for chunk in response.aiter_bytes():
-            received += len(chunk)
-            if received > max_body_bytes:
-                raise ScrapeError(ScrapeErrorReason.BODY_TOO_LARGE, f"{url}: body exceeds {max_body_bytes} bytes")
-            chunks.append(chunk)
-    return b"".join(chunks)

@@ -108,7 +108,7 @@ def answer_for(fault: str, n: int, *, since_switch: int) -> Answer:
         "drafts_1e308": lambda: page(n, edit=set_value(DRAFTS, "1e308")),
         # accepted tokens (207600 x n, = the sum over positions) above the draft tokens proposed
         "accepted_gt_drafted": lambda: page(n, edit=set_value(DRAFT_TOKENS, str(207_600 * n - 1000))),
-        "no_vllm_series": lambda: "\n".join(OTHER_SERVER) + "\n",
+        "no_engine_series": lambda: "\n".join(OTHER_SERVER) + "\n",
         "renamed_spec_families": lambda: page(
             n, edit=lambda line: line.replace("vllm:spec_decode_num_", "vllm:spec_decode_v2_num_")),
         # a new engine: counters from (near) zero again, every _created an hour later
@@ -264,7 +264,7 @@ FAULTS: list[tuple[str, str, str]] = [
     ("negative", "invalid_value", "-3"),
     ("drafts_1e308", "invalid_value", "= 1e+308 (over 1e+18)"),
     ("accepted_gt_drafted", "invalid_value", "> draft tokens"),
-    ("no_vllm_series", "model_missing", ""),
+    ("no_engine_series", "unknown_engine", "its metric prefixes"),
     ("renamed_spec_families", "missing_family", "vllm:spec_decode_v2_num_drafts_total"),
 ]
 

@@ -20,7 +20,7 @@ from service.bench.spec import load_bench_scenario
 from service.loop import AdvisorLoop, LoopConfig, LoopWiring, TargetSpec
 from service.sim.world import World
 from service.sources.gpu import NoGpuSource
-from service.sources.vllm import VllmScraper
+from service.sources.scraper import EngineScraper
 from service.stores.memory import MemoryStore
 
 SCENARIO = Path(__file__).resolve().parents[1] / "fixtures" / "scenarios" / "memory-load-drop.yaml"
@@ -58,7 +58,8 @@ async def drive(memory_path: Path) -> tuple[list[Step], float]:
         spec = TargetSpec(
             name=target.name,
             model=target.model,
-            scraper=VllmScraper(client, target.metrics_url, timeout_s=interval, max_body_bytes=settings.max_body_bytes),
+            scraper=EngineScraper(client, target.metrics_url, timeout_s=interval,
+                                  max_body_bytes=settings.max_body_bytes),
             resolve_context=context_resolver(target, fallback_hardware=settings.fallback_hardware),
         )
         loop = AdvisorLoop(

@@ -1,4 +1,4 @@
-"""VllmScraper and DcgmSource against a real HTTP server on 127.0.0.1 (ephemeral port, one thread per request).
+"""EngineScraper and DcgmSource against a real HTTP server on 127.0.0.1 (ephemeral port, one thread per request).
 
 Each route plays one way a `/metrics` peer can fail. Timeouts are kept short (fractions of a second) and the slow
 routes are released at teardown, so no test waits on a sleeping server.
@@ -22,7 +22,7 @@ import pytest
 from policies.types import EngineSnapshot, GpuSnapshot
 from service.sources.dcgm import DcgmSource
 from service.sources.errors import ScrapeError, ScrapeErrorReason
-from service.sources.vllm import PARSE_IN_THREAD_CHARS, VllmScraper
+from service.sources.scraper import PARSE_IN_THREAD_CHARS, EngineScraper
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 CAPTURE = (FIXTURES / "vllm" / "vllm-0.32.0-cpu-ngram-k3-after-30-requests.txt").read_bytes()
@@ -204,7 +204,7 @@ def peer() -> Iterator[Peer]:
 def scrape(url: str, **options: Any) -> dict[str, EngineSnapshot]:
     async def go() -> dict[str, EngineSnapshot]:
         async with httpx.AsyncClient() as client:
-            return await VllmScraper(client, url, **options).scrape(T)
+            return await EngineScraper(client, url, **options).scrape(T)
 
     return asyncio.run(go())
 
@@ -285,7 +285,7 @@ def test_body_cut_mid_line_is_a_parse_error(peer: Peer) -> None:
 def test_a_page_cut_at_a_line_boundary_after_a_whole_one_is_a_missing_family(peer: Peer) -> None:
     async def go() -> tuple[dict[str, EngineSnapshot], ScrapeError]:
         async with httpx.AsyncClient() as client:
-            scraper = VllmScraper(client, f"{peer.base_url}/whole-then-cut")
+            scraper = EngineScraper(client, f"{peer.base_url}/whole-then-cut")
             whole = await scraper.scrape(T)
             with pytest.raises(ScrapeError) as caught:
                 await scraper.scrape(T + 5)

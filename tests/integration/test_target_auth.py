@@ -23,7 +23,7 @@ from service.sources.auth import BasicFileAuth, BearerFileAuth
 from service.sources.errors import ScrapeError, ScrapeErrorReason
 from service.sources.gpu import NoGpuSource
 from service.sources.prometheus import FleetSelection, PrometheusFleetSource
-from service.sources.vllm import VllmScraper
+from service.sources.scraper import EngineScraper
 
 CAPTURE = (Path(__file__).resolve().parents[1] / "fixtures" / "vllm"
            / "vllm-0.32.0-cpu-ngram-k3-after-30-requests.txt").read_bytes()
@@ -77,7 +77,7 @@ def peer() -> Iterator[GuardedPeer]:
 def scrape(url: str, auth: httpx.Auth | None) -> dict[str, Any]:
     async def go() -> dict[str, Any]:
         async with httpx.AsyncClient() as client:
-            return dict(await VllmScraper(client, f"{url}/metrics", auth=auth).scrape(T))
+            return dict(await EngineScraper(client, f"{url}/metrics", auth=auth).scrape(T))
 
     return asyncio.run(go())
 

@@ -9,7 +9,7 @@ import httpx
 import pytest
 
 from service.sources.errors import ScrapeError, ScrapeErrorReason, without_userinfo
-from service.sources.vllm import fetch_text
+from service.sources.page import fetch_text
 
 URL = "http://scraper:hunter2@vllm.internal:8000/metrics"
 
