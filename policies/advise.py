@@ -25,6 +25,7 @@ from policies.model.calibrate import (
     update,
 )
 from policies.model.costmodel import ModelContext, operating_point_with
+from policies.model.drafter_semantics import allowed_curve, prefix_stable
 from policies.model.objectives import ObjectiveConfig, Workload, choose_objective, objective_curve, workload_from
 from policies.model.roofline import CostScales
 from policies.model.uncertainty import banded
@@ -180,7 +181,8 @@ def _price(
     # The curve reaches the deployed k even past gamma_max: the running setting's predicted speedup must be
     # published (the "speculation costs throughput" alert reads it), though decide never picks above gamma_max.
     acceptance = acceptance_curve(
-        measured, method=ctx.drafter.method, gamma_max=max(config.decide.gamma_max, evidence.deployed_k)
+        measured, method=ctx.drafter.method, gamma_max=max(config.decide.gamma_max, evidence.deployed_k),
+        prefix_stable=prefix_stable(ctx.drafter.method),
     )
     workload = workload_from(evidence, context_tokens=point.context_tokens, prefill_tokens=point.prefill_tokens)
     curve, chosen, why = objective_curve(ctx, acceptance, workload, config=config.objective, scales=fit.scales)
@@ -191,6 +193,7 @@ def _price(
             lambda scales: objective_curve(ctx, acceptance, workload, config=config.objective, scales=scales)[0],
             fit.scales, fit.covariance, error_ratio=_form_error(fit), base=curve, reference_gamma=running,
         )
+    curve = allowed_curve(curve, ctx.drafter.allowed_k, running=evidence.deployed_k if evidence.speculation_on else 0)
     return _Priced(
         curve=curve, ctx=ctx, scales=fit.scales, workload=workload, objective=chosen.value, why=why,
         split_note=_split_note((*calibration.anchors, *calibration.points), evidence),
@@ -211,7 +214,10 @@ def _probe(
         return None
     gamma_max = config.decide.gamma_max
     prior = acceptance_curve(None, method=priced.ctx.drafter.method, gamma_max=gamma_max)
-    prior_curve = objective_curve(priced.ctx, prior, priced.workload, config=config.objective, scales=priced.scales)[0]
+    prior_curve = allowed_curve(
+        objective_curve(priced.ctx, prior, priced.workload, config=config.objective, scales=priced.scales)[0],
+        priced.ctx.drafter.allowed_k, running=0,
+    )
     known = recalled if recalled is not None and recalled.usable else None
     star = best_point(prior_curve, gamma_max)
     remembered = Remembered(

@@ -14,7 +14,7 @@ import json
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import metadata
 from typing import TYPE_CHECKING, Any
 
@@ -525,6 +525,8 @@ def context_resolver(target: TargetSettings, *, fallback_hardware: str) -> Conte
                 f"model '{model_name}' is not in the catalog; set the target's model_profile or model_config_path"
             )
         drafter = drafter_for(target.drafter.method, model, draft_model=draft_model)
+        if target.drafter.allowed_k:
+            drafter = replace(drafter, allowed_k=tuple(sorted(set(target.drafter.allowed_k))))
         return ModelContext(hardware=hardware, model=model, drafter=drafter, tensor_parallel=target.tensor_parallel)
 
     return resolve

@@ -71,6 +71,13 @@ class DrafterSettings(_Section):
         description="Catalog name of the draft model; required for method draft_model (its cost is its own roofline).",
     )
 
+    allowed_k: list[Annotated[int, Field(ge=1, le=64)]] | None = Field(
+        default=None,
+        description="The numbers of draft tokens this deployment may run, when the drafter restricts them (an MTP "
+        "module with n_predict > 1 needs a multiple of it; a DSpark or DFlash drafter its block size). The curve and "
+        "the advice then offer only these k, off and the running k. Default: any k from 1 to decide.gamma_max.",
+    )
+
     @model_validator(mode="after")
     def _draft_model_needs_profile(self) -> Self:
         if self.method == DraftMethod.DRAFT_MODEL and not self.draft_model_profile:

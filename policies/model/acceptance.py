@@ -152,6 +152,7 @@ def acceptance_curve(
     *,
     method: DraftMethod,
     gamma_max: int,
+    prefix_stable: bool = True,
 ) -> tuple[AcceptancePoint, ...]:
     """E[L](gamma) with its band for gamma = 0..gamma_max, from the measurement or the method's prior.
 
@@ -163,6 +164,10 @@ def acceptance_curve(
 
     Example: per_position (0.8, 0.6, 0.4), gamma_max 4 -> E[L] 1, 1.8, 2.4, 2.8 (exact) and, at gamma 4,
     c_3 = 0.4 / 0.6, r_4 = 0.4 x 0.9 x 0.667 = 0.24 -> 3.04 (extrapolated).
+
+    `prefix_stable` False (a drafter whose shorter draft is not a longer one's prefix,
+    policies/model/drafter_semantics.py): every 0 < gamma < k is flagged extrapolated and wholly unmeasured
+    (`extrapolated_share` (E[L] - 1) / E[L]); the point still reads the k-run's positions.
 
     Drafts that do not come every step, nor k tokens long (a measurement's `draft_coverage` c < 1 and
     `mean_proposed_length` m < k: n-gram and suffix drafters propose only where they find a match): per
@@ -207,6 +212,8 @@ def acceptance_curve(
             band_low, band_high = _shorter_than_measured(gamma, k, sum(r_low[:k]), sum(r_high[:k]), coverage, value)
             unmeasured = value - _covered(1.0 + gamma * sum(r[:k]) / k, coverage)
             extrapolated = True
+        elif measured and not prefix_stable and 0 < gamma < k:
+            unmeasured, extrapolated = value - 1.0, True  # a shorter run drafts other tokens
         points.append(
             AcceptancePoint(
                 gamma=gamma,

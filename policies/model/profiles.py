@@ -304,6 +304,8 @@ class DrafterProfile:
     kv_lora_rank: int = 0
     rope_head_dim: int = 0
     v_head_dim: int = 0
+    # The k the deployment may run (policies/model/drafter_semantics.py); empty: any k >= 1.
+    allowed_k: tuple[int, ...] = ()
 
     @property
     def attention(self) -> AttentionShape:

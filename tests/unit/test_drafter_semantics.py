@@ -1,0 +1,46 @@
+"""Drafter semantics: which k a deployment may run, and where a shorter draft is not the prefix of a longer one
+(policies/model/drafter_semantics.py), through the curve advise_target publishes."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from costmodel_builders import make_acceptance, make_context, make_evidence
+
+from policies.advise import AdvisorConfig, AdvisorState, advise_target
+from policies.decide.rule import DecideConfig
+from policies.model.acceptance import acceptance_curve
+from policies.model.drafter_semantics import allowed_curve, prefix_stable
+from policies.types import CurvePoint, DataState, DraftMethod
+
+NOW = 1_800_000_000.0
+CONFIG = AdvisorConfig(decide=DecideConfig(gamma_max=6, dwell_s=0.0))
+
+
+def test_allowed_k_keeps_off_the_running_k_and_the_listed_ones() -> None:
+    curve = tuple(CurvePoint(g, 1.0 + g / 10, 1.0, 2.0, 1.0 + g, 0.01) for g in range(7))
+    assert [p.gamma for p in allowed_curve(curve, (2, 4), running=3)] == [0, 2, 3, 4]
+    assert allowed_curve(curve, (), running=3) == curve
+
+
+def test_a_restricted_drafter_is_only_ever_offered_its_allowed_k() -> None:
+    ctx = make_context(method=DraftMethod.EAGLE3)
+    ctx = replace(ctx, drafter=replace(ctx.drafter, allowed_k=(4,)))
+    evidence = make_evidence(deployed_k=4, acceptance=make_acceptance((0.8, 0.64, 0.51, 0.41)), batch=2.0)
+    decision = advise_target(evidence, ctx, CONFIG, AdvisorState(), NOW).decision
+    assert decision.state is DataState.OK
+    assert [p.gamma for p in decision.curve] == [0, 4]
+    assert decision.num_speculative_tokens in (0, 4)
+
+
+def test_suffix_drafts_below_k_are_extrapolated_where_ngram_ones_are_read() -> None:
+    acceptance = make_acceptance((0.8, 0.6, 0.45))
+    assert prefix_stable(DraftMethod.NGRAM) and not prefix_stable(DraftMethod.SUFFIX)
+    read = acceptance_curve(acceptance, method=DraftMethod.NGRAM, gamma_max=3, prefix_stable=True)
+    guessed = acceptance_curve(acceptance, method=DraftMethod.SUFFIX, gamma_max=3, prefix_stable=False)
+    assert not read[1].extrapolated and not read[2].extrapolated
+    assert guessed[1].extrapolated and guessed[2].extrapolated and not guessed[3].extrapolated
+    # Same point (the k-run's positions), but nothing of it is measured for the shorter configuration.
+    assert guessed[2].expected_length == pytest.approx(read[2].expected_length)
+    assert guessed[2].extrapolated_share == pytest.approx((read[2].expected_length - 1) / read[2].expected_length)
