@@ -148,6 +148,7 @@ def target_specs(
             or context_resolver(t, fallback_hardware=settings.fallback_hardware),
             profile=loaded.get(t.name),
             profile_max_age_s=settings.calibration.profile_max_age_s,
+            controller=t.speculation_controller,
         )
         for t in settings.targets
     ]

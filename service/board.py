@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
+from policies.decide.audit import ControllerAudit
 from policies.model.calibrate import CalibrationFit
 from policies.model.costmodel import ModelContext
 from policies.types import Decision, Evidence
@@ -58,6 +59,8 @@ class BoardEntry:
     # other reader of this target prices with too (/v1/schedule, the schedule actuator). None until first fitted.
     calibration: CalibrationFit | None = None
     scrape_errors: Mapping[str, int] = field(default_factory=lambda: _EMPTY_COUNTS)
+    # The engine's own speculation controller judged against the best static k (policies/decide/audit.py).
+    audit: ControllerAudit | None = None
 
 
 @dataclass(slots=True)
@@ -97,6 +100,7 @@ class Pricing:
     profiles: Mapping[str, str] | None = None
     context: ModelContext | None = None
     calibration: CalibrationFit | None = None
+    audit: ControllerAudit | None = None
 
 
 class Board:
@@ -158,6 +162,7 @@ class Board:
             profiles=status.profiles if profiles is None else MappingProxyType(dict(profiles)),
             context=status.context if pricing.context is None else pricing.context,
             calibration=status.calibration if pricing.calibration is None else pricing.calibration,
+            audit=status.audit if pricing.audit is None else pricing.audit,
         )
         self._version += 1
 

@@ -21,6 +21,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from policies.act.deployment import ActuatorError
 from policies.act.gate import SkipReason
+from policies.decide.audit import AuditVerdict
 from policies.types import DataState, WhyCode
 from service.actuators.runner import RESULTS, ActuationRunner
 from service.actuators.shadow import ShadowActuator
@@ -50,6 +51,7 @@ class BoardCollector(Collector):
         yield from _cost_model(statuses)
         yield from _acceptance(statuses)
         yield from _engine(statuses)
+        yield from _controller_audit(statuses)
         yield from _gpu(statuses)
         yield from _freshness(statuses)
         yield from _gpu_errors(self._board)
@@ -292,6 +294,33 @@ def _acceptance(statuses: Iterable[BoardEntry]) -> Iterator[Metric]:
         mean_length.add_metric(ids, acceptance.mean_acceptance_length)
         rate.add_metric(ids, acceptance.acceptance_rate)
     yield from (per_position, mean_length, rate)
+
+
+def _controller_audit(statuses: Iterable[BoardEntry]) -> Iterator[Metric]:
+    labels = (*_TARGET_LABELS, "controller")
+    gain = _gauge(
+        "engine_controller_gain_ratio",
+        "Best static k's predicted service over the engine's own speculation controller's (policies/decide/audit.py); "
+        "> 1: a static k would serve more.",
+        labels=labels,
+    )
+    gain_low = _gauge("engine_controller_gain_low_ratio", "Low end of the gain's 90% band.", labels=labels)
+    worse = _gauge(
+        "engine_controller_worse",
+        "1 when a static k is measurably better than the engine's speculation controller (the gain's low end clears "
+        "1 + the audit's min_gain), 0 when not; absent without a controller or a verdict.",
+        labels=labels,
+    )
+    for status in statuses:
+        audit = status.audit
+        if audit is None or audit.verdict not in (AuditVerdict.WORSE, AuditVerdict.NOT_WORSE):
+            continue
+        ids = [*_ids(status), audit.controller]
+        if audit.gain_ratio is not None and audit.gain_low_ratio is not None:
+            gain.add_metric(ids, audit.gain_ratio)
+            gain_low.add_metric(ids, audit.gain_low_ratio)
+        worse.add_metric(ids, 1.0 if audit.verdict is AuditVerdict.WORSE else 0.0)
+    yield from (gain, gain_low, worse)
 
 
 def _engine(statuses: Iterable[BoardEntry]) -> Iterator[Metric]:

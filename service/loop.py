@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol, TypeVar
 
 from policies.advise import AdvisorConfig, AdvisorState, advise_target
+from policies.decide.audit import SpeculationController, audit_controller, with_mixed_note
 from policies.decide.rule import held
 from policies.estimate.memory import AcceptanceMemory
 from policies.estimate.window import EstimatorConfig, EstimatorState, after_failed_scrape, estimate, observe
@@ -107,6 +108,7 @@ class TargetSpec:
     resolve_context: ContextResolver
     profile: LoadedProfile | None = None
     profile_max_age_s: float = 30 * 24 * 3600.0
+    controller: SpeculationController = SpeculationController.NONE  # the engine's own, as declared
 
 
 @dataclass(slots=True)
@@ -333,6 +335,8 @@ class AdvisorLoop:
                 profiles=_profiles(context) if context is not None else None,
                 context=context,
                 calibration=advice.calibration,
+                audit=audit_controller(evidence, decision, context, controller=runtime.spec.controller,
+                                       gamma_max=self._advisor_config.decide.gamma_max),
             ),
         )
         self._board.timings.observe("publish", self._timer() - started)
@@ -358,7 +362,7 @@ class AdvisorLoop:
                 last_good_s=runtime.last_good_scrape_s, now_s=now_s, config=self._estimator_config,
             )
         self._board.timings.observe("estimate", self._timer() - started)
-        return evidence
+        return with_mixed_note(evidence, runtime.spec.controller)
 
     def _context_for(
         self, runtime: _LoopTarget, evidence: Evidence, gpu: GpuSnapshot, now_s: float

@@ -20,6 +20,7 @@ from pydantic_settings import BaseSettings, InitSettingsSource, PydanticBaseSett
 from pydantic_settings import SettingsError as SourceParseError
 
 from policies.act.gate import ActuationConfig
+from policies.decide.audit import SpeculationController
 from policies.decide.rule import DecideConfig
 from policies.estimate.window import EstimatorConfig
 from policies.model.calibrate import CalibrationConfig
@@ -166,6 +167,14 @@ class TargetSettings(_Section):
         "sglang (--enable-metrics), trtllm (url ending in /prometheus/metrics; return_perf_metrics and "
         "enable_iter_perf_stats on) or llamacpp (--metrics). A page of another engine is then a scrape error "
         "(mixed_engines). Fleet mode reads vLLM's series only.",
+    )
+    speculation_controller: SpeculationController = Field(
+        default=SpeculationController.NONE,
+        description="The engine's own speculation controller, when it runs one: adaptive_verification (vLLM "
+        "enable_adaptive_verification), dynamic_sd (vLLM num_speculative_tokens_per_batch_size) or "
+        "draft_len_schedule (TensorRT-LLM). /v1/audit then judges it against the best static k; engines do not "
+        "export these settings, so they are declared here (with none, a drafter drafting short is reported as "
+        "suspected_dynamic).",
     )
     model: str | None = Field(
         default=None,

@@ -349,12 +349,23 @@ def build() -> Json:
         axis=Axis("percentunit", minimum=0), threshold_line=(0.25, "orange"),
     ), w=12, h=7)
 
+    layout.add(timeseries(
+        "Engine controller vs best static k",
+        "Where the engine chooses its draft length itself (vLLM adaptive verification or Dynamic SD, TensorRT-LLM's "
+        "draft_len_schedule, or suspected): the best static k's predicted service over the controller's, with the "
+        "low end of its 90% band. Above the dashed line a static k serves more; SpecAdvisorEngineControllerWorse "
+        "fires while the low end clears 1.03 for 30 minutes. GET /v1/audit says which k and what to do.",
+        [q(f"specadvisor_engine_controller_gain_ratio{{{T}}}", "gain {{target}} ({{controller}})"),
+         q(f"specadvisor_engine_controller_gain_low_ratio{{{T}}}", "low {{target}} ({{controller}})")],
+        axis=Axis("suffix:x"), threshold_line=(1.0, "orange"),
+    ), w=12, h=7)
+
     layout.row("Advisor health")
     layout.add(timeseries(
         "Scrape errors by reason (per second)",
         "Failed scrapes of the engine's /metrics by reason (timeout, connect, protocol, http_status, credentials, "
-        "body_too_large, too_many_series, parse, invalid_value, missing_family, model_missing; internal = a bug "
-        "of ours).",
+        "body_too_large, too_many_series, parse, invalid_value, missing_family, model_missing, unknown_engine, "
+        "mixed_engines; internal = a bug of ours).",
         [q(f"sum by (target, reason) (rate(specadvisor_scrape_errors_total{{{T}}}[$__rate_interval]))",
            "{{target}} {{reason}}")],
         axis=Axis(minimum=0),

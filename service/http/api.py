@@ -34,6 +34,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from policies.types import AcceptanceEvidence, CurvePoint, DataState, GpuSnapshot, Why, WhyCode
 from service.board import Board, BoardEntry
 from service.exporter import MetricsPage
+from service.http.audit import ControllerAuditsOut, audits_body
 
 JSON_MEDIA_TYPE = "application/json"
 
@@ -342,6 +343,15 @@ def create_api(
     async def evidence(target: TargetQuery = None) -> Response:
         """What was measured per target: acceptance, batch, step time, GPU, freshness."""
         return Response(content=bodies.evidence(selected(target)), media_type=JSON_MEDIA_TYPE)
+
+    @app.get(
+        "/v1/audit", response_model=ControllerAuditsOut,
+        responses={404: {"model": ErrorBody}, 422: {"model": ErrorBody}},
+    )
+    async def audit(target: TargetQuery = None) -> ControllerAuditsOut:
+        """The engine's own speculation controller (vLLM adaptive verification or Dynamic SD, TensorRT-LLM's
+        draft_len_schedule) judged against the best static k, with what to do when it is worse."""
+        return audits_body(selected(target))
 
     @app.get("/healthz", response_model=HealthOut, responses={503: {"model": HealthOut}})
     async def healthz() -> Response:

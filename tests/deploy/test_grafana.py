@@ -33,6 +33,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from policies.act.deployment import ApplyResult, DeploymentObservation, SpeculationSetting
 from policies.act.gate import ActuationConfig
+from policies.decide.audit import SpeculationController, audit_controller
 from policies.types import (
     AcceptanceEvidence,
     CurvePoint,
@@ -227,7 +228,9 @@ def _populated_board() -> Board:
     )
     board = Board([("llama", None)], started_at_s=NOW_S - 100)
     board.publish("llama", evidence=evidence, decision=decision, good_scrape_s=NOW_S - 10,
-                  pricing=Pricing(engine_activity={"tensor_active": 0.4, "dram_active": 0.7}))
+                  pricing=Pricing(engine_activity={"tensor_active": 0.4, "dram_active": 0.7},
+                                  audit=audit_controller(evidence, decision, None,
+                                                         controller=SpeculationController.DYNAMIC_SD, gamma_max=8)))
     board.record_error("llama", "timeout", "slow")
     board.timings.observe("scrape", 0.01)
     board.finish_iteration(NOW_S)
@@ -304,6 +307,9 @@ def test_the_inventory_is_the_real_one(sidecar_metrics: dict[str, set[str]], vll
     # The calibration alert's and panel's series, rendered from the board's decision.
     assert sidecar_metrics["specadvisor_calibration_relative_error_ratio"] >= {"target", "model"}
     assert sidecar_metrics["specadvisor_objective_info"] >= {"target", "model", "objective"}
+    # The engine-controller audit's families (a Dynamic SD target whose controller runs the best static k).
+    assert sidecar_metrics["specadvisor_engine_controller_worse"] >= {"target", "model", "controller"}
+    assert sidecar_metrics["specadvisor_engine_controller_gain_ratio"] >= {"target", "model", "controller"}
     # The auto-toggle's families, from a real ActuationRunner.
     assert sidecar_metrics["specadvisor_actions_total"] >= {"target", "mode", "result"}
     assert sidecar_metrics["specadvisor_actions_skipped_total"] >= {"target", "reason"}

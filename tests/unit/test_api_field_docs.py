@@ -1,4 +1,4 @@
-"""Every field of every wire model (service/http/api.py, whatif.py, actions.py) carries a description, and the
+"""Every field of every wire model (service/http/api.py, whatif.py, actions.py, audit.py) carries a description, and the
 OpenAPI schema the app serves at /openapi.json (and /docs) shows it to operators."""
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ from pydantic import BaseModel
 
 import service.http.actions as actions_module
 import service.http.api as api_module
+import service.http.audit as audit_module
 import service.http.whatif as whatif_module
 from policies.act.gate import ActuationConfig
 from service.actuators.audit import AuditLog
@@ -22,7 +23,7 @@ from service.http.actions import create_actions_router
 from service.http.api import ApiExtensions, create_api
 from service.http.whatif import create_whatif_router
 
-MODULES: tuple[ModuleType, ...] = (api_module, whatif_module, actions_module)
+MODULES: tuple[ModuleType, ...] = (api_module, whatif_module, actions_module, audit_module)
 
 
 def wire_models() -> dict[str, type[BaseModel]]:
