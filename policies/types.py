@@ -60,8 +60,8 @@ class SpecDecodeCounters:
     `drafts` counts verifications that carried a draft, `draft_tokens` the tokens proposed, `accepted_tokens` those
     accepted. `accepted_per_position[i]` counts verifications in which at least i+1 drafts were accepted; its length
     is the deployed k (vLLM creates every position series at start-up). Engines without per-position counters
-    (SGLang, TensorRT-LLM, llama.cpp) leave it empty and give the deployed k as `declared_k` (>= 1): only the mean
-    accepted length is then measured.
+    (SGLang) leave it empty and give the deployed k as `declared_k` (>= 1): only the mean accepted length is then
+    measured.
     """
 
     drafts: float
@@ -153,7 +153,7 @@ class AcceptanceEvidence:
     a match (n-gram, suffix) leaves the rest of the steps plain: 58% of sequence-steps carried a draft for an
     untied tiny model on vLLM 0.32 CPU, so its tokens per sequence-step were 1 + 0.58 x 1.54, not E[L] = 2.54.
     1.0 when the ITL count is not exported.
-    `positions_measured` False: the engine counts only the accepted total (SGLang, TensorRT-LLM, llama.cpp), so
+    `positions_measured` False: the engine counts only the accepted total (SGLang), so
     `per_position` is the i.i.d. profile alpha^i whose sum is the measured mean accepted drafts (exact at the
     deployed k only; policies/model/acceptance.py bounds the other gammas without it) and `per_position_low/high`
     the same fit to the mean's interval.

@@ -276,7 +276,7 @@ def _acceptance(statuses: Iterable[BoardEntry]) -> Iterator[Metric]:
     per_position = _gauge(
         "acceptance_per_position_ratio",
         "P(at least position+1 drafts accepted) per verification over the window; position is 0-based as in vLLM. "
-        "Only where the engine counts each position (vLLM); other engines give the mean length alone.",
+        "Only where the engine counts each position (vLLM, TensorRT-LLM, llama.cpp; SGLang gives the mean alone).",
         labels=(*_TARGET_LABELS, "position"),
     )
     mean_length = _gauge(

@@ -28,7 +28,7 @@ bonus token is certain). Example: r = (0.78, 0.58, 0.43) measured at k=3, gamma 
 -> E[L] = 3.268, share = 0.478 / 3.268 = 0.146: 15% of the predicted tokens per step are extrapolated.
 The speedup is proportional to E[L], so the same share of the predicted speedup rests on the extrapolation.
 
-Engines that count only the accepted total (SGLang, TensorRT-LLM, llama.cpp: `positions_measured` False) measure
+Engines that count only the accepted total (SGLang: `positions_measured` False) measure
 E[L](k) = 1 + m alone, m the mean accepted drafts. The estimator states the i.i.d. profile with that sum as the
 point; gamma = k is exact, gamma > k extrapolates as above, and gamma < k is flagged extrapolated with a band that
 holds for every drafter: a non-increasing r_1..r_k in [0, 1] summing to m has gamma m / k <= r_1 + ... + r_gamma

@@ -141,8 +141,8 @@ class AcceptanceOut(BaseModel):
     )
     positions_measured: bool = Field(
         default=True,
-        description="True where the engine counts acceptance per position (vLLM); false where it counts only the "
-        "accepted total (SGLang, TensorRT-LLM, llama.cpp): per_position is then a fit, exact only in its sum, and "
+        description="True where the engine counts acceptance per position (vLLM, TensorRT-LLM, llama.cpp); false "
+        "where it counts only the accepted total (SGLang): per_position is then a fit, exact only in its sum, and "
         "every gamma but the deployed k is priced as an extrapolation.",
     )
     per_position_low: list[float] = Field(
