@@ -47,6 +47,7 @@ from service.http.actions import create_actions_router, install_auth_errors
 from service.http.api import ApiExtensions, create_api
 from service.http.backtest import create_backtest_router
 from service.http.connection_guard import ConnectionGuard
+from service.http.routes import create_routes_router
 from service.http.whatif import create_whatif_router, live_targets_from_board
 from service.logs import fields, get_logger
 from service.loop import (
@@ -280,6 +281,7 @@ def build_sidecar(
         stall_after_s=settings.stall_after_intervals * settings.scrape_interval_s,
         version=version,
         extensions=ApiExtensions(lifespan=lifespan, routers=[whatif, create_backtest_router(settings),
+                                                             create_routes_router(board, _routes(settings)),
                                                              create_actions_router(
             runner,
             actuation.audit if actuation is not None else None,
@@ -445,6 +447,11 @@ async def _close_actuation(actuation: Actuation) -> None:
         with contextlib.suppress(Exception):  # shutting down: a failed close must not mask the real exit
             await close()
     actuation.audit.close()
+
+
+def _routes(settings: Settings) -> dict[str, str]:
+    """Target name -> the route its settings name (targets without one are left out of /v1/routes)."""
+    return {t.name: t.route for t in settings.targets if t.route is not None}
 
 
 def _scraper(target: TargetSettings, settings: Settings, client: httpx.AsyncClient) -> Scraper:

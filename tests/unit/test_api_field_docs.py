@@ -13,6 +13,7 @@ from pydantic import BaseModel
 import service.http.actions as actions_module
 import service.http.api as api_module
 import service.http.audit as audit_module
+import service.http.routes as routes_module
 import service.http.whatif as whatif_module
 from policies.act.gate import ActuationConfig
 from service.actuators.audit import AuditLog
@@ -21,9 +22,10 @@ from service.board import Board
 from service.exporter import MetricsPage
 from service.http.actions import create_actions_router
 from service.http.api import ApiExtensions, create_api
+from service.http.routes import create_routes_router
 from service.http.whatif import create_whatif_router
 
-MODULES: tuple[ModuleType, ...] = (api_module, whatif_module, actions_module, audit_module)
+MODULES: tuple[ModuleType, ...] = (api_module, whatif_module, actions_module, audit_module, routes_module)
 
 
 def wire_models() -> dict[str, type[BaseModel]]:
@@ -64,7 +66,8 @@ def full_app(tmp_path: Path) -> Any:
         board, {}, audit=AuditLog(tmp_path / "actions.jsonl"),
         options=RunnerOptions(mode="kubernetes", config=ActuationConfig()),
     )
-    routers = [create_whatif_router(), create_actions_router(runner, None, clock=lambda: 0.0, token="t")]
+    routers = [create_whatif_router(), create_actions_router(runner, None, clock=lambda: 0.0, token="t"),
+               create_routes_router(board, {"a": "code"})]
     return create_api(
         board, metrics=MetricsPage(board, clock=lambda: 0.0, version="t"), clock=lambda: 0.0, stall_after_s=15.0,
         version="t", extensions=ApiExtensions(routers=routers),
