@@ -158,6 +158,9 @@ def _speculation_break(previous: EngineSnapshot, current: EngineSnapshot) -> str
         previous.spec is not None
         and current.spec is not None
         and previous.spec.deployed_k != current.spec.deployed_k
+        # Totals-only counters (SGLang) run on across a k change (its adaptive tiers change k batch by batch):
+        # the window's mean is then mixed over the tiers and priced at the newest k.
+        and (previous.spec.positions_measured or current.spec.positions_measured)
     ):
         return f"deployed k changed {previous.spec.deployed_k} -> {current.spec.deployed_k}"
     if (

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from dataclasses import replace
 
 import httpx
 
@@ -11,6 +12,7 @@ from service.sources import continuity
 from service.sources.engines import EngineKind, parse_engine_page
 from service.sources.errors import ScrapeError, ScrapeErrorReason
 from service.sources.page import fetch_text
+from service.sources.sglang import K_NOT_SHOWN
 
 # A single-engine vLLM page is ~50 KB and parses in ~1.5 ms: cheaper inline than a thread hand-off.
 PARSE_IN_THREAD_CHARS = 128 * 1024
@@ -43,6 +45,8 @@ class EngineScraper:
         self._engine = engine
         # A later page of the same engine that lost families was cut at a line boundary.
         self._cuts = continuity.CutDetector()
+        # The k each model's pages last showed (SGLang's adaptive tiers hide it at a tier of 0 draft steps).
+        self._shown_k: dict[str, int] = {}
 
     async def scrape(self, now_s: float) -> dict[str, EngineSnapshot]:
         """One GET + parse; `now_s` becomes `taken_at_s` of every snapshot. Raises `ScrapeError` only: besides the
@@ -56,6 +60,7 @@ class EngineScraper:
             # A data-parallel server's page (4-8 engines: 150-280 KB) takes 10-20 ms to parse; in a worker thread
             # the interpreter still switches to the API's requests every few ms instead of stalling them.
             snapshots = await asyncio.to_thread(parse_engine_page, body, taken_at_s=now_s, engine=self._engine)
+        snapshots = {model: self._with_k(snapshot) for model, snapshot in snapshots.items()}
         cut = self._cuts.check(snapshots)
         if cut is not None:
             model, vanished = cut
@@ -65,3 +70,21 @@ class EngineScraper:
                 "with no restart (a page cut at a line boundary?)",
             )
         return snapshots
+
+    def _with_k(self, snapshot: EngineSnapshot) -> EngineSnapshot:
+        """`snapshot` with a k its page did not show taken from the model's last page that did (sglang.py
+        `K_NOT_SHOWN`); MISSING_FAMILY when none has."""
+        spec = snapshot.spec
+        if spec is None or spec.positions_measured:
+            return snapshot
+        if spec.declared_k != K_NOT_SHOWN:
+            self._shown_k[snapshot.model_name] = spec.declared_k
+            return snapshot
+        k = self._shown_k.get(snapshot.model_name)
+        if k is None:
+            raise ScrapeError(
+                ScrapeErrorReason.MISSING_FAMILY,
+                f"model {snapshot.model_name!r}: SGLang's adaptive speculation is at a tier of 0 draft steps and no "
+                "page has shown its k yet (sglang:spec_num_steps)",
+            )
+        return replace(snapshot, spec=replace(spec, declared_k=k, draft_tokens=spec.drafts * k))

@@ -27,6 +27,10 @@ fitted, policies/model/acceptance.py), no iteration-tokens histogram (no sequenc
 mix), no `_created` epochs. `sglang:spec_accept_length` / `spec_accept_rate` are gauges over the last 40 decode
 batches (`--decode-log-interval`), stale when idle: not read, the counters above supersede them.
 
+Adaptive speculation (`--speculative-adaptive`, SGLang 0.5.13+) makes `spec_num_steps` the tier of the last batch:
+a tier of 0 draft steps still counts verify steps but hides k (`K_NOT_SHOWN`; the scraper takes the model's last
+shown k), and `draft tokens` is then verify steps x the current tier's slots, an approximation across tiers.
+
 Scheduler gauges come from every attention-TP rank when `--enable-metrics-for-all-schedulers` is set: each
 `dp_rank` is read once (its lowest tp/pp rank), and `engines` counts the dp ranks.
 
@@ -80,6 +84,8 @@ position, as for vLLM (service/sources/vllm.py MAX_POSITIONS)."""
 MAX_KV_TOKENS = 1e12
 """The largest KV pool accepted per dp rank (tokens): a thousand times a large GPU node's."""
 NAMING = "sglang"
+K_NOT_SHOWN = 0
+"""`declared_k` of a page that speculates without showing k (an adaptive tier of 0 steps): never leaves the scraper."""
 
 
 def parse_sglang_metrics(text: str, *, taken_at_s: float) -> dict[str, EngineSnapshot]:
@@ -192,7 +198,10 @@ def _counters(samples: list[Sample]) -> dict[str, float]:
 
 def _spec(model: str, gauges: Mapping[str, float], counters: Mapping[str, float]) -> SpecDecodeCounters | None:
     """The verify counters as drafts / accepted / draft tokens at k = spec_num_steps (module docstring); None when
-    speculation is off (k 0, or neither gauge)."""
+    speculation is off (k 0 and no verify step ever counted, or neither gauge). Under SGLang's adaptive speculation
+    (`--speculative-adaptive`, 0.5.13+) `spec_num_steps` is the tier of the last batch, 0 at a tier that does not
+    draft: with verify steps counted the page is then speculating with k not shown (`K_NOT_SHOWN`), which the
+    scraper resolves from the engine's last page that showed it."""
     steps = gauges.get(SPEC_STEPS)
     if steps is None:
         if gauges.get(ACCEPT_LENGTH, 0.0) > 0:
@@ -205,12 +214,13 @@ def _spec(model: str, gauges: Mapping[str, float], counters: Mapping[str, float]
     if steps != math.floor(steps) or steps > MAX_K:
         raise ScrapeError(ScrapeErrorReason.INVALID_VALUE, f"model {model!r}: {SPEC_STEPS} = {steps:g}")
     k = int(steps)
-    if k == 0:
-        return None
     verify = counters.get(VERIFY_CALLS, 0.0)  # created at the first finished speculative request
+    if k == 0 and verify == 0:
+        return None
     generated, requests = counters.get(GENERATED, 0.0), counters.get(REQUESTS, 0.0)
     accepted = generated - requests - verify
-    if accepted < -exposition.SUM_ABS_TOLERANCE or accepted > exposition.with_tolerance(k * verify):
+    bound = k if k > 0 else MAX_K  # k not shown: only the engine's own limit bounds the accepted drafts
+    if accepted < -exposition.SUM_ABS_TOLERANCE or accepted > exposition.with_tolerance(bound * verify):
         raise ScrapeError(
             ScrapeErrorReason.INVALID_VALUE,
             f"model {model!r}: {generated:g} generated tokens cannot come from {requests:g} requests and {verify:g} "
@@ -221,9 +231,9 @@ def _spec(model: str, gauges: Mapping[str, float], counters: Mapping[str, float]
     return SpecDecodeCounters(
         drafts=verify,
         draft_tokens=verify * per_verify,
-        accepted_tokens=min(max(accepted, 0.0), k * verify),
+        accepted_tokens=min(max(accepted, 0.0), bound * verify),
         accepted_per_position=(),
-        declared_k=k,
+        declared_k=k if k > 0 else K_NOT_SHOWN,
     )
 
 

@@ -4,6 +4,8 @@ and the curve is exact at the deployed k and bounded, flagged as extrapolated, b
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from policies.estimate.window import EstimatorConfig, EstimatorState, estimate, observe
@@ -86,3 +88,18 @@ def test_counted_positions_are_read_exactly_below_k() -> None:
     )
     point = acceptance_curve(measured, method=DraftMethod.EAGLE, gamma_max=3)[1]
     assert point.expected_length == pytest.approx(1.8) and not point.extrapolated
+
+
+def test_a_k_change_of_totals_only_counters_keeps_the_window() -> None:
+    # SGLang's adaptive tiers change k batch by batch; its counters run on, so the window is not restarted.
+    state = EstimatorState()
+    first = sglang_like(0.0, 1000.0, 1500.0)
+    second = sglang_like(60.0, 2000.0, 2800.0)
+    assert second.spec is not None
+    second = replace(second, spec=replace(second.spec, declared_k=5))
+    for snapshot in (first, second):
+        state = observe(state, snapshot, CONFIG)
+    evidence = estimate(state, target="t", config=CONFIG, now_s=60.0)
+    assert evidence.deployed_k == 5 and evidence.acceptance is not None
+    assert evidence.acceptance.drafts == 1000 and not evidence.acceptance.cold_start
+    assert evidence.acceptance.mean_acceptance_length == pytest.approx(1 + 1300 / 1000)

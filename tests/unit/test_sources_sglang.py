@@ -3,12 +3,15 @@ fixture's values (its header states them)."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
+import httpx
 import pytest
 
 from service.sources.errors import ScrapeError, ScrapeErrorReason
-from service.sources.sglang import parse_sglang_metrics
+from service.sources.scraper import EngineScraper
+from service.sources.sglang import K_NOT_SHOWN, parse_sglang_metrics
 
 PAGE = (Path(__file__).parents[1] / "fixtures" / "sglang" / "sglang-0.5.23-eagle-k3.txt").read_text()
 MODEL = "meta-llama/Llama-3.1-8B-Instruct"
@@ -53,8 +56,9 @@ def page(*, steps: str | None = "3.0", verify: str | None = "100.0", generated: 
     return "\n".join(lines) + "\n" + extra
 
 
-def test_speculation_off_is_k_zero_or_no_gauges() -> None:
-    assert one(page(steps="0.0", accept_length="0.0")).spec is None  # type: ignore[attr-defined]
+def test_speculation_off_is_k_zero_with_no_verify_step_or_no_gauges() -> None:
+    assert one(page(steps="0.0", verify=None, accept_length="0.0")).spec is None  # type: ignore[attr-defined]
+    assert one(page(steps=None, verify=None, accept_length="0.0")).spec is None  # type: ignore[attr-defined]
 
 
 def test_before_the_first_finished_request_the_counts_are_zero_not_off() -> None:
@@ -103,3 +107,32 @@ def test_every_tp_rank_exporting_is_read_once_per_dp_rank() -> None:
     snapshot = one("\n".join(lines) + "\n")
     assert snapshot.num_requests_running == 5.0 + 6.0  # type: ignore[attr-defined]
     assert snapshot.engines == 2  # type: ignore[attr-defined]
+
+
+def test_an_adaptive_tier_of_zero_steps_is_speculating_with_k_not_shown() -> None:
+    spec = one(page(steps="0.0")).spec  # type: ignore[attr-defined]
+    assert spec is not None and spec.declared_k == K_NOT_SHOWN and spec.drafts == 100
+    assert spec.accepted_tokens == 400 - 50 - 100
+
+
+def test_the_scraper_takes_a_hidden_k_from_the_last_page_that_showed_it() -> None:
+    pages = iter([page(steps="0.0"), page(steps="3.0"), page(steps="0.0", verify="120.0", generated="500.0")])
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, text=next(pages))
+
+    async def scrape_three() -> list[object]:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+            scraper = EngineScraper(client, "http://sglang:30000/metrics")
+            results: list[object] = []
+            for t in (1.0, 2.0, 3.0):
+                try:
+                    results.append((await scraper.scrape(t))["m"].spec)
+                except ScrapeError as exc:
+                    results.append(exc.reason)
+            return results
+
+    first, second, third = asyncio.run(scrape_three())
+    assert first is ScrapeErrorReason.MISSING_FAMILY  # no page has shown k yet
+    assert second.deployed_k == 3  # type: ignore[attr-defined]
+    assert third.deployed_k == 3 and third.draft_tokens == 120 * 3  # type: ignore[attr-defined]
