@@ -29,6 +29,11 @@ Engine formats (what each engine accepts, as documented):
   `--speculative-config`, `num_speculative_tokens_per_batch_size` is a list of `[start_bs, end_bs, K]` with
   inclusive ranges, used while the concurrency is within [start_bs, end_bs]; `num_speculative_tokens` is the
   maximum K. The doc's examples run with `VLLM_USE_V2_MODEL_RUNNER=0`.
+- SGLang adaptive speculation (`--speculative-adaptive --speculative-adaptive-config FILE`, SGLang 0.5.13+,
+  python/sglang/srt/speculative/adaptive_spec_params.py): a JSON object whose integer-string keys are batch-size
+  lower bounds (a batch, padded up to the next CUDA-graph size, uses the largest key at or below it), each tier
+  listing `candidate_steps`; with one candidate per tier the table is fixed. Only the step count varies (topk 1).
+  A tier of 0 steps came with SGLang PR #23994 (0.5.23).
 - TensorRT-LLM (`DecodingBaseConfig` in tensorrt_llm/llmapi/llm_args.py; PRs NVIDIA/TensorRT-LLM#8194, #8703,
   #10860): `draft_len_schedule` maps an upper batch-size bound to a draft length, {4: 4, 8: 2, 32: 1} = batch 1-4
   -> 4, 5-8 -> 2, 9-32 -> 1, above the largest key -> 0 (speculation off). The validator requires the smallest
@@ -286,6 +291,21 @@ def vllm_speculative_config(schedule: BatchSchedule, *, method: DraftMethod) -> 
         "num_speculative_tokens": schedule.max_gamma,
         "num_speculative_tokens_per_batch_size": vllm_bands(schedule),
     }
+
+
+def sglang_adaptive_config(schedule: BatchSchedule) -> dict[str, object] | None:
+    """SGLang's `--speculative-adaptive-config` JSON for the bands (SGLang 0.5.13+, `adaptive_spec_params.py`), or
+    None when no band drafts. Its top-level keys are batch-size lower bounds, a batch using the largest key at or
+    below its size (padded up to the next CUDA-graph size first); one candidate per tier makes the table fixed.
+    The server then needs `--speculative-adaptive`, topk 1 and `--speculative-num-steps` equal to one of the steps
+    (the largest). A tier of 0 steps needs SGLang PR #23994 (in 0.5.23, not 0.5.13).
+
+    Example: bands (1-8: 4), (9-64: 2), (65-256: 0) -> {"1": {"candidate_steps": [4]}, "9": {"candidate_steps":
+    [2]}, "65": {"candidate_steps": [0]}}.
+    """
+    if not schedule.speculation_useful:
+        return None
+    return {str(band.lo): {"candidate_steps": [band.gamma]} for band in schedule.bands}
 
 
 def trtllm_schedule(plan: ScheduleInputs, schedule: BatchSchedule | None = None) -> TrtllmSchedule | None:

@@ -35,6 +35,7 @@ from policies.offline.schedule import (
     ScheduleInputs,
     inputs_from_evidence,
     schedule_for,
+    sglang_adaptive_config,
     trtllm_schedule,
     vllm_speculative_config,
 )
@@ -344,6 +345,15 @@ class VllmScheduleOut(BaseModel):
     notes: list[str] = Field(description="Caveats in words: what to add before applying it, or why to turn it off.")
 
 
+class SglangScheduleOut(BaseModel):
+    adaptive_config: dict[str, Any] | None = Field(
+        description="SGLang's --speculative-adaptive-config JSON (batch-size lower bound -> candidate_steps); null = "
+        "turn speculation off."
+    )
+    cli: str | None = Field(description="The server flags that load it; null = turn speculation off.")
+    notes: list[str] = Field(description="What to check before applying it, or why to turn speculation off.")
+
+
 class TrtllmScheduleOut(BaseModel):
     speculative_config: dict[str, Any] | None = Field(
         description="Fields of TensorRT-LLM's speculative_config (DecodingBaseConfig); null = cannot express / off."
@@ -379,6 +389,9 @@ class ScheduleOut(BaseModel):
     vllm: VllmScheduleOut | None = Field(description=f"The schedule as vLLM Dynamic SD configuration; {_NO_SCHEDULE}.")
     trtllm: TrtllmScheduleOut | None = Field(
         description=f"The schedule as TensorRT-LLM configuration; {_NO_SCHEDULE}."
+    )
+    sglang: SglangScheduleOut | None = Field(
+        default=None, description=f"The schedule as SGLang adaptive-speculation configuration; {_NO_SCHEDULE}."
     )
 
 
@@ -418,7 +431,24 @@ def schedule_out(
         ],
         vllm=_vllm_out(schedule, method),
         trtllm=_trtllm_out(plan, schedule),
+        sglang=_sglang_out(schedule),
     )
+
+
+def _sglang_out(schedule: BatchSchedule) -> SglangScheduleOut:
+    config = sglang_adaptive_config(schedule)
+    if config is None:
+        return SglangScheduleOut(adaptive_config=None, cli=None,
+                                 notes=["no batch size gains from drafting: run without --speculative-algorithm"])
+    notes = [
+        "save adaptive_config as a JSON file; keep --speculative-algorithm and the draft model you deploy",
+        "SGLang pads a batch up to its next CUDA-graph size before choosing a tier: boundaries move up to it",
+    ]
+    if any(band.gamma == 0 for band in schedule.bands):
+        notes.append("tiers of 0 steps need SGLang 0.5.23 or later (PR #23994)")
+    cli = (f"--speculative-adaptive --speculative-adaptive-config adaptive.json --speculative-eagle-topk 1 "
+           f"--speculative-num-steps {schedule.max_gamma}")
+    return SglangScheduleOut(adaptive_config=config, cli=cli, notes=notes)
 
 
 def _vllm_out(schedule: BatchSchedule, method: DraftMethod) -> VllmScheduleOut:
@@ -484,6 +514,9 @@ def schedule_text(out: ScheduleOut) -> str:
     for engine, cli, body, notes in (
         ("vLLM", out.vllm.cli if out.vllm else None, None, out.vllm.notes if out.vllm else []),
         ("TensorRT-LLM", None, out.trtllm.yaml if out.trtllm else None, out.trtllm.notes if out.trtllm else []),
+        ("SGLang", out.sglang.cli if out.sglang else None,
+         json.dumps(out.sglang.adaptive_config) if out.sglang and out.sglang.adaptive_config else None,
+         out.sglang.notes if out.sglang else []),
     ):
         lines.append("")
         lines.append(f"{engine}:")

@@ -324,6 +324,10 @@ def test_schedule_for_a_live_target_is_ready_to_paste() -> None:
             k: ({int(key): value for key, value in v.items()} if isinstance(v, dict) else v)
             for k, v in trt["speculative_config"].items()
         }}
+        # SGLang: one tier per band, keyed by its lower bound, the server flags naming the deepest K.
+        sglang = out["sglang"]
+        assert sglang["adaptive_config"] == {str(lo): {"candidate_steps": [k]} for lo, _, k in expected}
+        assert sglang["cli"].endswith(f"--speculative-num-steps {max(k for _, _, k in expected)}")
 
     run_api(check)
 

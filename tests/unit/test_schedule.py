@@ -21,6 +21,7 @@ from policies.offline.schedule import (
     best_choice,
     inputs_from_evidence,
     schedule_for,
+    sglang_adaptive_config,
     trtllm_schedule,
     vllm_bands,
     vllm_speculative_config,
@@ -225,3 +226,23 @@ def test_the_schedule_and_the_recommendation_price_the_running_batch_alike() -> 
     )
     for decided, scheduled in zip(advice.decision.curve, priced, strict=True):
         assert scheduled.speedup == pytest.approx(decided.speedup, rel=1e-9), decided.gamma
+
+
+def sglang_tier(config: dict[str, object], batch: int) -> int:
+    """SGLang's routing (adaptive_spec_params.py `_route`, CUDA-graph padding aside): the largest key <= batch."""
+    key = max(int(k) for k in config if int(k) <= batch)
+    tier = config[str(key)]
+    assert isinstance(tier, dict)
+    [steps] = tier["candidate_steps"]
+    return int(steps)
+
+
+def test_sglang_adaptive_config_reads_back_as_the_same_k_per_batch() -> None:
+    plan = make_plan(max_num_seqs=256)
+    schedule = synthetic(plan, [(1, 8, 4), (9, 64, 2), (65, 100, 0), (101, 200, 1), (201, 256, 0)])
+    config = sglang_adaptive_config(schedule)
+    assert config == {"1": {"candidate_steps": [4]}, "9": {"candidate_steps": [2]}, "65": {"candidate_steps": [0]},
+                      "101": {"candidate_steps": [1]}, "201": {"candidate_steps": [0]}}
+    for batch in range(1, 257):
+        assert sglang_tier(config, batch) == k_at(schedule, batch)
+    assert sglang_adaptive_config(schedule_for(make_plan(positions=(0.0,)))) is None
