@@ -182,7 +182,7 @@ def _price(
     # published (the "speculation costs throughput" alert reads it), though decide never picks above gamma_max.
     acceptance = acceptance_curve(
         measured, method=ctx.drafter.method, gamma_max=max(config.decide.gamma_max, evidence.deployed_k),
-        prefix_stable=prefix_stable(ctx.drafter.method),
+        prefix_stable=prefix_stable(ctx.drafter.method, ctx.drafter.prefix_stable),
     )
     workload = workload_from(evidence, context_tokens=point.context_tokens, prefill_tokens=point.prefill_tokens)
     curve, chosen, why = objective_curve(ctx, acceptance, workload, config=config.objective, scales=fit.scales)

@@ -535,6 +535,8 @@ def context_resolver(target: TargetSettings, *, fallback_hardware: str) -> Conte
         drafter = drafter_for(target.drafter.method, model, draft_model=draft_model)
         if target.drafter.allowed_k:
             drafter = replace(drafter, allowed_k=tuple(sorted(set(target.drafter.allowed_k))))
+        if target.drafter.prefix_stable is not None:
+            drafter = replace(drafter, prefix_stable=target.drafter.prefix_stable)
         return ModelContext(hardware=hardware, model=model, drafter=drafter, tensor_parallel=target.tensor_parallel)
 
     return resolve

@@ -72,6 +72,13 @@ class DrafterSettings(_Section):
         description="Catalog name of the draft model; required for method draft_model (its cost is its own roofline).",
     )
 
+    prefix_stable: bool | None = Field(
+        default=None,
+        description="Whether a shorter draft of this drafter is the prefix of a longer one, so that k' < k can be "
+        "read off the k-run's per-position counters. Default: the method's (policies/model/drafter_semantics.py: "
+        "false for suffix); set false for a drafter whose first positions change with k (a multi-layer MTP module "
+        "reported 83.4% first-position acceptance at k=1 and 76.2% at k=8, a block drafter).",
+    )
     allowed_k: list[Annotated[int, Field(ge=1, le=64)]] | None = Field(
         default=None,
         description="The numbers of draft tokens this deployment may run, when the drafter restricts them (an MTP "

@@ -306,6 +306,8 @@ class DrafterProfile:
     v_head_dim: int = 0
     # The k the deployment may run (policies/model/drafter_semantics.py); empty: any k >= 1.
     allowed_k: tuple[int, ...] = ()
+    # Whether a shorter draft is a longer one's prefix; None: the method's (drafter_semantics.PREFIX_STABLE).
+    prefix_stable: bool | None = None
 
     @property
     def attention(self) -> AttentionShape:

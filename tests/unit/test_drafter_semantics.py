@@ -44,3 +44,14 @@ def test_suffix_drafts_below_k_are_extrapolated_where_ngram_ones_are_read() -> N
     # Same point (the k-run's positions), but nothing of it is measured for the shorter configuration.
     assert guessed[2].expected_length == pytest.approx(read[2].expected_length)
     assert guessed[2].extrapolated_share == pytest.approx((read[2].expected_length - 1) / read[2].expected_length)
+
+
+def test_a_deployment_can_declare_its_drafter_not_prefix_stable() -> None:
+    ctx = make_context(method=DraftMethod.MTP)
+    evidence = make_evidence(deployed_k=3, acceptance=make_acceptance((0.8, 0.6, 0.45)), batch=2.0)
+    read = advise_target(evidence, ctx, CONFIG, AdvisorState(), NOW).decision
+    declared = replace(ctx, drafter=replace(ctx.drafter, prefix_stable=False))
+    guessed = advise_target(evidence, declared, CONFIG, AdvisorState(), NOW).decision
+    assert not any(p.extrapolated for p in read.curve if p.gamma <= 3)
+    assert all(p.extrapolated for p in guessed.curve if 0 < p.gamma < 3)
+    assert prefix_stable(DraftMethod.MTP) and not prefix_stable(DraftMethod.MTP, False)
