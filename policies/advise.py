@@ -25,7 +25,7 @@ from policies.model.calibrate import (
     update,
 )
 from policies.model.costmodel import ModelContext, operating_point_with
-from policies.model.drafter_semantics import allowed_curve, prefix_stable
+from policies.model.drafter_semantics import allowed_curve, drafts_full_length, prefix_stable
 from policies.model.objectives import ObjectiveConfig, Workload, choose_objective, objective_curve, workload_from
 from policies.model.roofline import CostScales
 from policies.model.uncertainty import banded
@@ -183,6 +183,7 @@ def _price(
     acceptance = acceptance_curve(
         measured, method=ctx.drafter.method, gamma_max=max(config.decide.gamma_max, evidence.deployed_k),
         prefix_stable=prefix_stable(ctx.drafter.method, ctx.drafter.prefix_stable),
+        full_length=drafts_full_length(ctx.drafter.method),
     )
     workload = workload_from(evidence, context_tokens=point.context_tokens, prefill_tokens=point.prefill_tokens)
     curve, chosen, why = objective_curve(ctx, acceptance, workload, config=config.objective, scales=fit.scales)

@@ -69,6 +69,10 @@ class SpecDecodeCounters:
     accepted_tokens: float
     accepted_per_position: tuple[float, ...]
     declared_k: int = 0
+    # Drafts that proposed at least i+1 tokens, where the engine counts them (TensorRT-LLM's drafted-per-position
+    # counters); empty where it does not. With them the acceptance among drafts that reached a position is
+    # measurable even where a schedule or controller shortened drafts.
+    drafted_per_position: tuple[float, ...] = ()
 
     @property
     def deployed_k(self) -> int:
@@ -172,6 +176,13 @@ class AcceptanceEvidence:
     cold_start: bool = False
     draft_coverage: float = 1.0
     positions_measured: bool = True
+    # Where the engine counts drafts per position: r_{i+1} among the drafts that reached position i,
+    # Δaccepted[i] / Δdrafted[i], with Wilson bounds. Acceptance stops at the first rejection and does not depend on
+    # how far a draft was scheduled to run, so this is the profile of full-length drafts even where a
+    # draft_len_schedule or controller cut some short (per_position then understates the deep positions).
+    per_position_given_drafted: tuple[float, ...] = ()
+    per_position_given_drafted_low: tuple[float, ...] = ()
+    per_position_given_drafted_high: tuple[float, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -44,12 +44,11 @@ from enum import StrEnum
 
 from policies.decide.value import point_at
 from policies.model.costmodel import ModelContext
+from policies.model.drafter_semantics import drafts_full_length
 from policies.model.roofline import kv_bytes_per_token_per_gpu
-from policies.types import CurvePoint, DataState, Decision, DraftMethod, Evidence
+from policies.types import CurvePoint, DataState, Decision, Evidence
 
 SUSPECT_SHARE = 0.9
-# Drafters that propose all k tokens every step unless the engine's controller cuts them.
-_FULL_LENGTH_DRAFTERS = frozenset({DraftMethod.EAGLE, DraftMethod.EAGLE3, DraftMethod.MTP, DraftMethod.DRAFT_MODEL})
 
 
 class SpeculationController(StrEnum):
@@ -145,7 +144,7 @@ def audit_controller(
     m = acceptance.mean_proposed_length if acceptance is not None else None
     c = acceptance.draft_coverage if acceptance is not None else None
     kind, declared = controller.value, controller is not SpeculationController.NONE
-    if (not declared and m is not None and context is not None and context.drafter.method in _FULL_LENGTH_DRAFTERS
+    if (not declared and m is not None and context is not None and drafts_full_length(context.drafter.method)
             and k >= 1 and m < SUSPECT_SHARE * k):
         kind = "suspected_dynamic"
     observable = controller is not SpeculationController.ADAPTIVE_VERIFICATION

@@ -191,6 +191,8 @@ def _counters(snapshot: EngineSnapshot) -> dict[str, float]:
         values["accepted_tokens"] = snapshot.spec.accepted_tokens
         for position, count in enumerate(snapshot.spec.accepted_per_position):
             values[f"accepted_per_position[{position}]"] = count
+        for position, count in enumerate(snapshot.spec.drafted_per_position):
+            values[f"drafted_per_position[{position}]"] = count
     scalars = {
         "generation_tokens": snapshot.generation_tokens,
         "prompt_tokens": snapshot.prompt_tokens,
@@ -531,6 +533,7 @@ def _acceptance(span: _Span, *, z: float) -> AcceptanceEvidence | None:
         low, high = tuple(lo for lo, _ in bounds), tuple(hi for _, hi in bounds)
     else:
         point, low, high = _iid_profile(accepted, drafts, k=k, z=z)
+    given, given_low, given_high = _given_drafted(span, k=k, z=z) if len(end.drafted_per_position) == k else ((),) * 3
     return AcceptanceEvidence(
         per_position=point,
         per_position_low=low,
@@ -546,7 +549,46 @@ def _acceptance(span: _Span, *, z: float) -> AcceptanceEvidence | None:
         cold_start=span.base is None,
         draft_coverage=_coverage(drafts, span.delta(_itl_count)),
         positions_measured=end.positions_measured,
+        per_position_given_drafted=given,
+        per_position_given_drafted_low=given_low,
+        per_position_given_drafted_high=given_high,
     )
+
+
+def _given_drafted(span: _Span, *, k: int, z: float) -> tuple[_Profile, _Profile, _Profile]:
+    """r_{i+1} among drafts that reached position i: Δaccepted[i] / Δdrafted[i] (types.AcceptanceEvidence), made
+    non-increasing by pooling adjacent violators weighted by their drafts, with Wilson bounds on each position's own
+    drafts; a position no draft reached in the window takes the one before it (nothing says it differs).
+    Example: drafted (200, 200, 100), accepted (160, 110, 30) -> (0.80, 0.55, 0.30)."""
+    def reader(name: str, position: int) -> Callable[[EngineSnapshot], float | None]:
+        def read(snapshot: EngineSnapshot) -> float | None:
+            if snapshot.spec is None:
+                return None
+            counts = snapshot.spec.drafted_per_position if name == "drafted" else snapshot.spec.accepted_per_position
+            return counts[position] if position < len(counts) else None
+        return read
+
+    trials = [max(span.delta(reader("drafted", i)) or 0.0, 0.0) for i in range(k)]
+    successes = [min(max(span.delta(reader("accepted", i)) or 0.0, 0.0), n) for i, n in enumerate(trials)]
+    ratios: list[float] = []
+    for n, s in zip(trials, successes, strict=True):
+        ratios.append(s / n if n > 0 else (ratios[-1] if ratios else 1.0))
+    pooled = _non_increasing_weighted(ratios, [max(n, 1e-9) for n in trials])
+    bounds = [wilson_interval(p * n, n, z=z) if n > 0 else (0.0, 1.0) for p, n in zip(pooled, trials, strict=True)]
+    return tuple(pooled), tuple(lo for lo, _ in bounds), tuple(hi for _, hi in bounds)
+
+
+def _non_increasing_weighted(values: list[float], weights: list[float]) -> list[float]:
+    """Pool adjacent violators with weights: the weighted least-squares non-increasing fit.
+    Example: values (0.5, 0.6), weights (1, 3) -> both 0.575."""
+    blocks: list[tuple[float, float, int]] = []  # (weighted sum, weight, length)
+    for value, weight in zip(values, weights, strict=True):
+        total, mass, length = value * weight, weight, 1
+        while blocks and blocks[-1][0] / blocks[-1][1] < total / mass:
+            previous_total, previous_mass, previous_length = blocks.pop()
+            total, mass, length = total + previous_total, mass + previous_mass, length + previous_length
+        blocks.append((total, mass, length))
+    return [total / mass for total, mass, length in blocks for _ in range(length)]
 
 
 _Profile = tuple[float, ...]

@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from policies.types import AcceptanceEvidence, DraftMethod
 
@@ -153,6 +153,7 @@ def acceptance_curve(
     method: DraftMethod,
     gamma_max: int,
     prefix_stable: bool = True,
+    full_length: bool = False,
 ) -> tuple[AcceptancePoint, ...]:
     """E[L](gamma) with its band for gamma = 0..gamma_max, from the measurement or the method's prior.
 
@@ -164,6 +165,10 @@ def acceptance_curve(
 
     Example: per_position (0.8, 0.6, 0.4), gamma_max 4 -> E[L] 1, 1.8, 2.4, 2.8 (exact) and, at gamma 4,
     c_3 = 0.4 / 0.6, r_4 = 0.4 x 0.9 x 0.667 = 0.24 -> 3.04 (extrapolated).
+
+    `full_length` (a model head or draft model, policies/model/drafter_semantics.py) with drafts counted per
+    position (`per_position_given_drafted`, TensorRT-LLM): priced from the acceptance among drafts that reached each
+    position, each draft proposing all k, since a static k drafts all k where a schedule cut some short.
 
     `prefix_stable` False (a drafter whose shorter draft is not a longer one's prefix,
     policies/model/drafter_semantics.py): every 0 < gamma < k is flagged extrapolated and wholly unmeasured
@@ -181,6 +186,8 @@ def acceptance_curve(
     """
     if gamma_max < 0:
         raise ValueError(f"gamma_max must be >= 0, got {gamma_max}")
+    if full_length and acceptance is not None:
+        acceptance = _full_length_profile(acceptance)
     measured = acceptance is not None and len(acceptance.per_position) > 0
     if acceptance is not None and measured:
         k = len(acceptance.per_position)
@@ -226,6 +233,21 @@ def acceptance_curve(
             )
         )
     return tuple(points)
+
+
+def _full_length_profile(acceptance: AcceptanceEvidence) -> AcceptanceEvidence:
+    """For a drafter that drafts all k tokens unless the engine cuts it (`full_length`): where the engine counts
+    drafts per position, the profile among drafts that reached each position (what a static k would see), each
+    draft proposing all k. Example: per_position (0.8, 0.55, 0.15) under a schedule that drafted position 2 half
+    as often, given-drafted (0.8, 0.55, 0.30) -> priced with (0.8, 0.55, 0.30), k tokens proposed."""
+    given = acceptance.per_position_given_drafted
+    k = len(acceptance.per_position)
+    if len(given) != k or k == 0:
+        return acceptance
+    return replace(
+        acceptance, per_position=given, per_position_low=acceptance.per_position_given_drafted_low,
+        per_position_high=acceptance.per_position_given_drafted_high, mean_proposed_length=float(k),
+    )
 
 
 def _shorter_than_measured(

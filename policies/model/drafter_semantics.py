@@ -46,6 +46,17 @@ PREFIX_STABLE: Mapping[DraftMethod, bool] = MappingProxyType({
 })
 
 
+FULL_LENGTH: frozenset[DraftMethod] = frozenset({DraftMethod.EAGLE, DraftMethod.EAGLE3, DraftMethod.MTP,
+                                                  DraftMethod.DRAFT_MODEL})
+"""Drafters that propose all k tokens every step unless the engine's own controller or schedule cuts them short
+(model heads and draft models); n-gram and suffix drafts end where the match does."""
+
+
+def drafts_full_length(method: DraftMethod) -> bool:
+    """Whether a draft of `method` runs to k unless the engine cuts it (`FULL_LENGTH`)."""
+    return method in FULL_LENGTH
+
+
 def prefix_stable(method: DraftMethod, declared: bool | None = None) -> bool:
     """Whether a shorter draft of `method` is the prefix of a longer one (module docstring); `declared` (the
     deployment's own statement) wins. Example: (MTP, None) -> True; (MTP, False) -> False."""

@@ -16,6 +16,9 @@ multiprocess mode, which writes no `_created` samples).
                        accepted, i.e. that accepted at least i+1 tokens (acceptance stops at the first rejection)
     accepted           the sum over positions (the same per-request source as the drafts; the iteration-stats
                        totals `trtllm_spec_decode_num_*_tokens_total` come from another path and are not mixed in)
+    drafted per pos.   trtllm_spec_decode_drafted_tokens_total{token_position="i"}: drafts that reached position i;
+                       where a draft_len_schedule cut drafts short, accepted[i] / drafted[i] is the acceptance a
+                       static k would see (policies/model/acceptance.py `full_length`)
     k                  `spec_num_tokens` of trtllm_speculative_config_info (max_draft_len), else the positions seen
 
 Example (tests/fixtures/trtllm/): drafted (17 600, 17 600, 17 600), accepted (13 728, 10 841, 8 334) at k 3 ->
@@ -157,5 +160,6 @@ def _spec(model: str, index: dict[str, list[Sample]]) -> SpecDecodeCounters | No
     if problem:
         raise ScrapeError(ScrapeErrorReason.INVALID_VALUE, f"model {model!r}: {problem}")
     return SpecDecodeCounters(
-        drafts=drafts, draft_tokens=sum(drafted), accepted_tokens=sum(accepted), accepted_per_position=per_position
+        drafts=drafts, draft_tokens=sum(drafted), accepted_tokens=sum(accepted), accepted_per_position=per_position,
+        drafted_per_position=drafted + (0.0,) * (length - len(drafted)),
     )

@@ -21,6 +21,7 @@ def test_the_fixture_reads_per_position_from_the_request_counters() -> None:
     assert snapshot.spec.drafts == 17600  # drafted at position 0
     assert snapshot.spec.draft_tokens == 3 * 17600
     assert snapshot.spec.accepted_per_position == (13728, 10841, 8334)
+    assert snapshot.spec.drafted_per_position == (17600, 17600, 17600)
     assert snapshot.spec.accepted_tokens == 13728 + 10841 + 8334
     assert snapshot.num_requests_running == 12 and snapshot.num_requests_waiting == 0
     assert snapshot.kv_cache_usage_ratio == pytest.approx(0.4121)
