@@ -52,13 +52,19 @@ def select_lines(text: str, wanted: frozenset[str], *, engine: str) -> list[str]
         name = line.partition("{")[0].split(None, 1)
         if name and name[0] in wanted:
             kept.append(line)
-            if len(kept) > MAX_SAMPLE_LINES:
-                raise ScrapeError(
-                    ScrapeErrorReason.TOO_MANY_SERIES,
-                    f"more than MAX_SAMPLE_LINES ({MAX_SAMPLE_LINES}) series of the {engine} families read "
-                    f"(last: {name[0]})",
-                )
+            check_line_cap(len(kept), engine=engine, name=name[0])
     return kept
+
+
+def check_line_cap(kept: int, *, engine: str, name: str) -> None:
+    """Raise TOO_MANY_SERIES once more than `MAX_SAMPLE_LINES` lines of the families read were kept (`name`: the
+    last one's metric name)."""
+    if kept > MAX_SAMPLE_LINES:
+        raise ScrapeError(
+            ScrapeErrorReason.TOO_MANY_SERIES,
+            f"more than MAX_SAMPLE_LINES ({MAX_SAMPLE_LINES}) series of the {engine} families read (last: {name}); "
+            "a real engine serves ~75 per engine",
+        )
 
 
 def parse_lines(lines: list[str]) -> list[Sample]:
@@ -205,3 +211,23 @@ def nested_counts_problem(
     if k and not math.isclose(sum(per_position), accepted, rel_tol=rel_tol, abs_tol=SUM_ABS_TOLERANCE):
         return f"accepted tokens {accepted:g} != sum over positions {sum(per_position):g}"
     return ""
+
+
+MAX_MODELS_PER_PAGE = 8
+"""The most served models accepted on one page: an engine serves one model per server (LoRA adapters share its
+name); each model becomes a label value on every exported series, so a page naming thousands is refused."""
+
+
+def samples_by_model(samples: Iterable[Sample], *, label: str, engine: str) -> dict[str, list[Sample]]:
+    """`samples` grouped by their `label` (the served model). INVALID_VALUE for a sample without it,
+    TOO_MANY_SERIES past `MAX_MODELS_PER_PAGE` models."""
+    groups: dict[str, list[Sample]] = defaultdict(list)
+    for s in samples:
+        model = s.labels.get(label)
+        if model is None:
+            raise ScrapeError(ScrapeErrorReason.INVALID_VALUE, f"{s.name} has no {label} label")
+        groups[model].append(s)
+        if len(groups) > MAX_MODELS_PER_PAGE:
+            raise ScrapeError(ScrapeErrorReason.TOO_MANY_SERIES,
+                              f"more than MAX_MODELS_PER_PAGE ({MAX_MODELS_PER_PAGE}) models on one {engine} page")
+    return groups

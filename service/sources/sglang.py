@@ -45,7 +45,6 @@ Failure policy, beyond the shared reading's (service/sources/exposition.py):
 from __future__ import annotations
 
 import math
-from collections import defaultdict
 from collections.abc import Iterable, Mapping
 
 from prometheus_client.samples import Sample
@@ -94,12 +93,7 @@ def parse_sglang_metrics(text: str, *, taken_at_s: float) -> dict[str, EngineSna
         raise ScrapeError(ScrapeErrorReason.PARSE, "body does not end with a newline (truncated page)")
     samples = exposition.parse_lines(exposition.select_lines(text, WANTED, engine="SGLang"))
     exposition.index_samples(samples)  # duplicate series are refused
-    by_model: dict[str, list[Sample]] = defaultdict(list)
-    for s in samples:
-        model = s.labels.get(MODEL_LABEL)
-        if model is None:
-            raise ScrapeError(ScrapeErrorReason.INVALID_VALUE, f"{s.name} has no {MODEL_LABEL} label")
-        by_model[model].append(s)
+    by_model = exposition.samples_by_model(samples, label=MODEL_LABEL, engine="SGLang")
     models = {m: group for m, group in by_model.items() if any(s.name in (RUNNING, WAITING) for s in group)}
     if not models:
         raise ScrapeError(ScrapeErrorReason.MODEL_MISSING, "no SGLang scheduler series (num_running_reqs) on the page")

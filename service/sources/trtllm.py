@@ -79,12 +79,11 @@ def parse_trtllm_metrics(text: str, *, taken_at_s: float) -> dict[str, EngineSna
         raise ScrapeError(ScrapeErrorReason.PARSE, "body does not end with a newline (truncated page)")
     samples = exposition.parse_lines(exposition.select_lines(text, WANTED, engine="TensorRT-LLM"))
     exposition.index_samples(samples)  # duplicate series are refused
-    by_model: dict[str, dict[str, list[Sample]]] = defaultdict(lambda: defaultdict(list))
-    for s in samples:
-        model = s.labels.get(MODEL_LABEL)
-        if model is None:
-            raise ScrapeError(ScrapeErrorReason.INVALID_VALUE, f"{s.name} has no {MODEL_LABEL} label")
-        by_model[model][s.name].append(s)
+    by_model: dict[str, dict[str, list[Sample]]] = {}
+    for model, group in exposition.samples_by_model(samples, label=MODEL_LABEL, engine="TensorRT-LLM").items():
+        by_model[model] = defaultdict(list)
+        for s in group:
+            by_model[model][s.name].append(s)
     models = {m: index for m, index in by_model.items() if index.get(RUNNING)}
     if not models:
         raise ScrapeError(ScrapeErrorReason.MODEL_MISSING, f"no {RUNNING} series on the TensorRT-LLM page")

@@ -58,9 +58,7 @@ _UNKNOWN_NAMES_KEPT = 64
 
 MAX_SAMPLE_LINES = exposition.MAX_SAMPLE_LINES  # the one cap every adapter applies
 
-MAX_MODELS_PER_PAGE = 8
-"""The most served models accepted on one page. vLLM serves one model per server (LoRA adapters share its
-`model_name`); each model becomes a label value on every exported series, so a page naming thousands is refused."""
+MAX_MODELS_PER_PAGE = exposition.MAX_MODELS_PER_PAGE  # as every adapter
 
 MAX_ENGINES_PER_MODEL = 128
 """The most `engine` label values accepted per model: vLLM's data-parallel engines behind one API server (a node
@@ -125,12 +123,7 @@ def _select_lines(text: str) -> tuple[list[str], set[str]]:
                 continue
             if name[0] in _WANTED:
                 kept.append(line)
-                if len(kept) > MAX_SAMPLE_LINES:
-                    raise ScrapeError(
-                        ScrapeErrorReason.TOO_MANY_SERIES,
-                        f"more than MAX_SAMPLE_LINES ({MAX_SAMPLE_LINES}) series of the vLLM families read "
-                        f"(last: {name[0]}); a real engine serves ~75",
-                    )
+                exposition.check_line_cap(len(kept), engine="vLLM", name=name[0])
             elif (name[0].startswith(names.SPEC_DECODE_PREFIX) and name[0] not in _KNOWN_SPEC
                   and len(unknown_spec) < _UNKNOWN_NAMES_KEPT):
                 unknown_spec.add(name[0])

@@ -68,3 +68,14 @@ def test_a_prefix_inside_a_label_value_or_comment_does_not_count() -> None:
     # Only sample lines starting with the prefix tell the engine.
     page = '# HELP x mentions vllm:num_requests_running\nx{note="sglang:spec"} 1\n'
     assert engines_on(page) == []
+
+
+@pytest.mark.parametrize(
+    "line",
+    ['sglang:num_running_reqs{{model_name="m{i}",tp_rank="0"}} 1.0',
+     'trtllm_num_requests_running{{engine_type="pytorch",model_name="m{i}",pid="1"}} 1.0'],
+)
+def test_a_page_naming_many_models_is_refused(line: str) -> None:
+    page = "".join(line.format(i=i) + "\n" for i in range(9))
+    why, detail = reason(page)
+    assert why is ScrapeErrorReason.TOO_MANY_SERIES and "MAX_MODELS_PER_PAGE" in detail
