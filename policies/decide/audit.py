@@ -33,7 +33,9 @@ has no room, so it is a suspicion, not a finding).
 
 Actions, when worse: best static off -> `unload_drafter` (K = 0 still runs the drafter's prefill, 5-22% of TPOT
 in vLLM issue #49548; restarting without it frees its weights for KV: tokens = drafter weight bytes / the target's
-KV bytes per token, both per GPU); best static 0 < g* < K_max -> `cap_k` at g*.
+KV bytes per token, both per GPU); best static 0 < g* < K_max -> `cap_k` at g*; g* > K_max -> `set_k` at g* (a
+restart with more draft tokens); g* = K_max, which the curve prices as what runs only where the controller's
+cuts are measurable (TensorRT-LLM), -> `static_k`.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from policies.decide.value import point_at
 from policies.model.costmodel import ModelContext
 from policies.model.drafter_semantics import drafts_full_length
 from policies.model.roofline import kv_bytes_per_token_per_gpu
-from policies.types import CurvePoint, DataState, Decision, Evidence
+from policies.types import CurvePoint, DataState, Decision, DraftMethod, Evidence
 
 SUSPECT_SHARE = 0.9
 
@@ -144,8 +146,9 @@ def audit_controller(
     m = acceptance.mean_proposed_length if acceptance is not None else None
     c = acceptance.draft_coverage if acceptance is not None else None
     kind, declared = controller.value, controller is not SpeculationController.NONE
+    # A draft model is left out: llama.cpp's stops early on its own confidence (--spec-draft-p-min).
     if (not declared and m is not None and context is not None and drafts_full_length(context.drafter.method)
-            and k >= 1 and m < SUSPECT_SHARE * k):
+            and context.drafter.method is not DraftMethod.DRAFT_MODEL and k >= 1 and m < SUSPECT_SHARE * k):
         kind = "suspected_dynamic"
     observable = controller is not SpeculationController.ADAPTIVE_VERIFICATION
     base = ControllerAudit(
@@ -194,7 +197,10 @@ def _actions(best: CurvePoint, deployed_k: int, context: ModelContext | None) ->
         return (AuditAction("unload_drafter", kv_tokens_freed=_kv_tokens_freed(context)),)
     if best.gamma < deployed_k:
         return (AuditAction("cap_k", gamma=best.gamma),)
-    return ()
+    if best.gamma > deployed_k:
+        return (AuditAction("set_k", gamma=best.gamma),)
+    # The deployed k run statically (its own point is the controller's): turn the controller off at k.
+    return (AuditAction("static_k", gamma=best.gamma),)
 
 
 def _kv_tokens_freed(context: ModelContext | None) -> float | None:

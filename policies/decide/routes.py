@@ -14,7 +14,8 @@ serve, the targets of one route are summed into one view and the route is placed
 
 Example: route "code" with two targets, 800 and 200 tokens/s, both recommended on at S 1.9 and 1.7 -> share_on
 1.0, S 1.86, spec_on; route "chat" with one target recommended off at 300 tokens/s -> spec_off.
-`relative_acceptance` is the route's accepted drafts per draft over the whole fleet's (1.0 = the fleet's mean).
+`relative_acceptance` is the route's accepted drafts per draft over that of all the routed targets given (1.0 = their
+mean; targets without a route are not given).
 """
 
 from __future__ import annotations

@@ -512,8 +512,8 @@ def _acceptance_span(window: _Span, config: EstimatorConfig) -> _Span:
 
 def _acceptance(span: _Span, *, z: float) -> AcceptanceEvidence | None:
     end = span.newest.spec
-    if end is None:
-        return None
+    if end is None or end.deployed_k < 1:
+        return None  # (a k of 0 comes from no adapter; without positions nothing could be fitted)
     k = end.deployed_k  # `_span` guarantees the base, if any, has the same k
 
     def delta(read: Callable[[EngineSnapshot], float | None]) -> float:
@@ -533,7 +533,9 @@ def _acceptance(span: _Span, *, z: float) -> AcceptanceEvidence | None:
         low, high = tuple(lo for lo, _ in bounds), tuple(hi for _, hi in bounds)
     else:
         point, low, high = _iid_profile(accepted, drafts, k=k, z=z)
-    given, given_low, given_high = _given_drafted(span, k=k, z=z) if len(end.drafted_per_position) == k else ((),) * 3
+    base = span.base.spec if span.base is not None else None
+    counted = len(end.drafted_per_position) == k and (base is None or len(base.drafted_per_position) == k)
+    given, given_low, given_high = _given_drafted(span, k=k, z=z) if counted else ((),) * 3
     return AcceptanceEvidence(
         per_position=point,
         per_position_low=low,
@@ -541,7 +543,8 @@ def _acceptance(span: _Span, *, z: float) -> AcceptanceEvidence | None:
         drafts=drafts,
         draft_tokens=draft_tokens,
         accepted_tokens=accepted,
-        mean_acceptance_length=1.0 + accepted / drafts,
+        # Totals-only counters run on across k changes (SGLang's adaptive tiers): the mean is bounded by the newest k.
+        mean_acceptance_length=1.0 + (accepted / drafts if end.positions_measured else min(accepted / drafts, k)),
         # accepted <= draft_tokens by construction; clip so scrape skew cannot report more than 100 %.
         acceptance_rate=min(1.0, accepted / draft_tokens) if draft_tokens > 0 else 0.0,
         mean_proposed_length=draft_tokens / drafts,

@@ -167,8 +167,9 @@ def acceptance_curve(
     c_3 = 0.4 / 0.6, r_4 = 0.4 x 0.9 x 0.667 = 0.24 -> 3.04 (extrapolated).
 
     `full_length` (a model head or draft model, policies/model/drafter_semantics.py) with drafts counted per
-    position (`per_position_given_drafted`, TensorRT-LLM): priced from the acceptance among drafts that reached each
-    position, each draft proposing all k, since a static k drafts all k where a schedule cut some short.
+    position (`per_position_given_drafted`, TensorRT-LLM): every gamma but the deployed k is priced from the
+    acceptance among drafts that reached each position, each draft proposing all k, since a static k drafts all k
+    where a schedule cut some short; the deployed k keeps the measured profile (what runs, schedule included).
 
     `prefix_stable` False (a drafter whose shorter draft is not a longer one's prefix,
     policies/model/drafter_semantics.py): every 0 < gamma < k is flagged extrapolated and wholly unmeasured
@@ -186,8 +187,14 @@ def acceptance_curve(
     """
     if gamma_max < 0:
         raise ValueError(f"gamma_max must be >= 0, got {gamma_max}")
-    if full_length and acceptance is not None:
-        acceptance = _full_length_profile(acceptance)
+    static = _full_length_profile(acceptance) if full_length and acceptance is not None else acceptance
+    if static is not acceptance:
+        # Every gamma priced as a static k, but the deployed k as it runs (the schedule cutting drafts): the point the
+        # decision keeps or leaves, and what an audit of the engine's schedule compares against.
+        runs = acceptance_curve(acceptance, method=method, gamma_max=gamma_max, prefix_stable=prefix_stable)
+        k = len(acceptance.per_position) if acceptance is not None else 0
+        as_static = acceptance_curve(static, method=method, gamma_max=gamma_max, prefix_stable=prefix_stable)
+        return tuple(runs[p.gamma] if p.gamma == k else p for p in as_static)
     measured = acceptance is not None and len(acceptance.per_position) > 0
     if acceptance is not None and measured:
         k = len(acceptance.per_position)
@@ -242,7 +249,7 @@ def _full_length_profile(acceptance: AcceptanceEvidence) -> AcceptanceEvidence:
     as often, given-drafted (0.8, 0.55, 0.30) -> priced with (0.8, 0.55, 0.30), k tokens proposed."""
     given = acceptance.per_position_given_drafted
     k = len(acceptance.per_position)
-    if len(given) != k or k == 0:
+    if len(given) != k or k == 0 or given == acceptance.per_position:
         return acceptance
     return replace(
         acceptance, per_position=given, per_position_low=acceptance.per_position_given_drafted_low,

@@ -12,9 +12,10 @@ from service.board import BoardEntry
 
 
 class ControllerActionOut(BaseModel):
-    code: str = Field(description="unload_drafter (restart without speculation: the drafter runs even at K=0) or "
-                      "cap_k (run at most `gamma` draft tokens).")
-    gamma: int = Field(description="cap_k: the k to cap at; 0 otherwise.")
+    code: str = Field(description="unload_drafter (restart without speculation: the drafter runs even at K=0), "
+                      "cap_k (run at most `gamma` draft tokens), set_k (restart with `gamma`, above the deployed "
+                      "k) or static_k (turn the engine's controller off and run `gamma` always).")
+    gamma: int = Field(description="cap_k, set_k, static_k: the k to run; 0 for unload_drafter.")
     kv_tokens_freed: float | None = Field(
         description="unload_drafter: KV-cache tokens per replica the drafter's weights would hold; null when unknown."
     )

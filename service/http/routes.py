@@ -27,7 +27,7 @@ class RouteOut(BaseModel):
         description="1 + accepted / drafts summed over its targets (tokens per verification); null when none measured."
     )
     relative_acceptance: float | None = Field(
-        description="Its accepted drafts per draft over the fleet's (1.0 = the fleet's mean)."
+        description="Its accepted drafts per draft over that of all routed targets (1.0 = their mean)."
     )
     drafts: float = Field(description="Drafts its acceptance rests on (a count).")
     reason: str = Field(description="The numbers behind the pool, for people.")

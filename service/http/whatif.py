@@ -442,7 +442,8 @@ def _sglang_out(schedule: BatchSchedule) -> SglangScheduleOut:
                                  notes=["no batch size gains from drafting: run without --speculative-algorithm"])
     notes = [
         "save adaptive_config as a JSON file; keep --speculative-algorithm and the draft model you deploy",
-        "SGLang pads a batch up to its next CUDA-graph size before choosing a tier: boundaries move up to it",
+        "SGLang pads a batch up to its next CUDA-graph size before choosing a tier: a batch just below a tier's key "
+        "may already run that tier",
     ]
     if any(band.gamma == 0 for band in schedule.bands):
         notes.append("tiers of 0 steps need SGLang 0.5.23 or later (PR #23994)")

@@ -13,8 +13,8 @@ key is `UNNAMED_MODEL` and the target's `model` setting names it (service/loop.p
     per position       llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="i"}: verifications that
                        accepted at least i+1 drafts, one series per position up to `--spec-draft-n-max` (k)
 
-Example (tests/fixtures/llamacpp/): 33 drafts, 156 draft tokens, 123 accepted, positions (30, 27, 27, 27, 3, 3,
-3, 3) at k 8 -> E[L] = 1 + 123 / 33 = 4.73, r_1 = 30 / 33 = 0.91.
+Example (tests/fixtures/llamacpp/llamacpp-b10434-ngram-simple-k4.txt, a real capture): 40 drafts, 154 draft
+tokens, 94 accepted, positions (28, 24, 22, 20) at k 4 -> E[L] = 1 + 94 / 40 = 3.35, r_1 = 28 / 40 = 0.70.
 
 Caveats the adapter lives with:
 - Values are C++ doubles printed with 6 significant digits ("%g"): a counter past 1e6 loses precision

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import math
 from dataclasses import replace
 
 import httpx
@@ -45,8 +46,10 @@ class EngineScraper:
         self._engine = engine
         # A later page of the same engine that lost families was cut at a line boundary.
         self._cuts = continuity.CutDetector()
-        # The k each model's pages last showed (SGLang's adaptive tiers hide it at a tier of 0 draft steps).
+        # Per model of a totals-only engine (SGLang): the k its pages last showed (adaptive tiers hide it at a tier
+        # of 0 draft steps), and the running total of draft tokens with the verify steps it counts up to.
         self._shown_k: dict[str, int] = {}
+        self._draft_totals: dict[str, tuple[float, float]] = {}
 
     async def scrape(self, now_s: float) -> dict[str, EngineSnapshot]:
         """One GET + parse; `now_s` becomes `taken_at_s` of every snapshot. Raises `ScrapeError` only: besides the
@@ -72,19 +75,26 @@ class EngineScraper:
         return snapshots
 
     def _with_k(self, snapshot: EngineSnapshot) -> EngineSnapshot:
-        """`snapshot` with a k its page did not show taken from the model's last page that did (sglang.py
-        `K_NOT_SHOWN`); MISSING_FAMILY when none has."""
+        """A totals-only snapshot (SGLang) with the k its page did not show taken from the model's last page that
+        did (sglang.py `K_NOT_SHOWN`; MISSING_FAMILY when none has), and its draft tokens as a running total: each
+        page adds its new verify steps x its own draft tokens per verify step, so adaptive tiers never lower it (a
+        restart, verify steps going down, starts the total again from the page).
+        Example: 100 verify steps at k 3 (300), then 150 at a tier of k 1 -> 300 + 50 x 1 = 350, not 150."""
         spec = snapshot.spec
         if spec is None or spec.positions_measured:
             return snapshot
+        model = snapshot.model_name
         if spec.declared_k != K_NOT_SHOWN:
-            self._shown_k[snapshot.model_name] = spec.declared_k
-            return snapshot
-        k = self._shown_k.get(snapshot.model_name)
+            self._shown_k[model] = spec.declared_k
+        k = self._shown_k.get(model)
         if k is None:
             raise ScrapeError(
                 ScrapeErrorReason.MISSING_FAMILY,
-                f"model {snapshot.model_name!r}: SGLang's adaptive speculation is at a tier of 0 draft steps and no "
-                "page has shown its k yet (sglang:spec_num_steps)",
+                f"model {model!r}: SGLang's adaptive speculation is at a tier of 0 draft steps and no page has "
+                "shown its k yet (sglang:spec_num_steps)",
             )
-        return replace(snapshot, spec=replace(spec, declared_k=k, draft_tokens=spec.drafts * k))
+        per_verify = spec.draft_tokens / spec.drafts if spec.drafts > 0 and spec.draft_tokens > 0 else float(k)
+        counted, total = self._draft_totals.get(model, (math.inf, 0.0))
+        total = spec.draft_tokens if spec.drafts < counted else total + (spec.drafts - counted) * per_verify
+        self._draft_totals[model] = (spec.drafts, total)
+        return replace(snapshot, spec=replace(spec, declared_k=k, draft_tokens=total))

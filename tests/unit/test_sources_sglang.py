@@ -37,7 +37,7 @@ def test_the_fixture_reads_as_verify_steps_and_accepted_drafts() -> None:
     # ITL: 490.29 s over 88500 tokens at (88912 - 412) / 32771 = 2.7006 tokens per request-step -> 32770.6 steps
     assert snapshot.inter_token_latency is not None
     assert snapshot.inter_token_latency.sum == pytest.approx(490.29)
-    assert snapshot.inter_token_latency.count == pytest.approx(88500 / (88500 / 32771), rel=1e-9)
+    assert snapshot.inter_token_latency.count == pytest.approx(32771, rel=1e-9)  # 88500 x 32771 / 88500
 
 
 def page(*, steps: str | None = "3.0", verify: str | None = "100.0", generated: str = "400.0",
@@ -84,7 +84,7 @@ def test_an_old_sglang_with_speculation_on_but_no_verify_counter_is_a_missing_fa
 @pytest.mark.parametrize(
     ("generated", "requests", "verify"),
     [("100.0", "50.0", "100.0"),  # fewer tokens than one per request plus one per verify step
-     ("1000.0", "0.0", "100.0")],  # 900 accepted > k=3 x 100 verify steps
+     ("10000.0", "0.0", "100.0")],  # 9900 accepted > MAX_K (64) x 100 verify steps
 )
 def test_counts_sglang_cannot_produce_are_invalid(generated: str, requests: str, verify: str) -> None:
     with pytest.raises(ScrapeError) as caught:
@@ -136,3 +136,23 @@ def test_the_scraper_takes_a_hidden_k_from_the_last_page_that_showed_it() -> Non
     assert first is ScrapeErrorReason.MISSING_FAMILY  # no page has shown k yet
     assert second.deployed_k == 3  # type: ignore[attr-defined]
     assert third.deployed_k == 3 and third.draft_tokens == 120 * 3  # type: ignore[attr-defined]
+
+
+def test_a_tier_change_never_lowers_the_draft_tokens_nor_refuses_the_page() -> None:
+    # k 3 for 100 verify steps (2.5 accepted per step so far), then a tier of k 1 for 50 more: the lifetime mean
+    # exceeds the new k, which is not an invalid page, and the draft tokens run on: 300 + 50 x 1 = 350.
+    pages = iter([page(steps="3.0", verify="100.0", generated="400.0", requests="50.0"),
+                  page(steps="1.0", verify="150.0", generated="500.0", requests="55.0")])
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, text=next(pages))
+
+    async def scrape_two() -> list[object]:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(answer)) as client:
+            scraper = EngineScraper(client, "http://sglang:30000/metrics")
+            return [(await scraper.scrape(t))["m"].spec for t in (1.0, 2.0)]
+
+    first, second = asyncio.run(scrape_two())
+    assert first.draft_tokens == 300 and first.deployed_k == 3  # type: ignore[attr-defined]
+    assert second.deployed_k == 1 and second.draft_tokens == 350  # type: ignore[attr-defined]
+    assert second.accepted_tokens == 500 - 55 - 150  # type: ignore[attr-defined]

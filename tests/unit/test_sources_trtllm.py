@@ -80,3 +80,28 @@ def test_a_non_numeric_k_is_invalid() -> None:
     with pytest.raises(ScrapeError) as caught:
         parse_trtllm_metrics(page(config(k="many")), taken_at_s=1.0)
     assert caught.value.reason is ScrapeErrorReason.INVALID_VALUE
+
+
+def test_a_position_accepted_more_often_than_drafted_is_invalid() -> None:
+    counters = "".join(
+        f'trtllm_spec_decode_drafted_tokens_total{{{L},token_position="{i}"}} {v}\n' for i, v in enumerate((10, 10, 2))
+    ) + "".join(
+        f'trtllm_spec_decode_accepted_tokens_total{{{L},token_position="{i}"}} {v}\n' for i, v in enumerate((9, 6, 5))
+    )
+    with pytest.raises(ScrapeError) as caught:
+        parse_trtllm_metrics(page(config(k="3") + counters), taken_at_s=1.0)
+    assert caught.value.reason is ScrapeErrorReason.INVALID_VALUE
+
+
+def test_a_gone_process_series_is_not_added_to_the_live_one() -> None:
+    # Two pids (a restarted worker's leftover mmap file): KV pool 20000 x 64 per process, running 12 and 3.
+    text = "".join(
+        f'trtllm_num_requests_running{{{L},pid="{pid}"}} {running}\n'
+        f'trtllm_num_requests_waiting{{{L},pid="{pid}"}} 0.0\n'
+        f'trtllm_kv_cache_max_blocks{{{L},pid="{pid}"}} 20000.0\n'
+        f'trtllm_kv_cache_tokens_per_block{{{L},pid="{pid}"}} 64.0\n'
+        for pid, running in (("11", 12.0), ("12", 3.0))
+    )
+    snapshot = parse_trtllm_metrics(text, taken_at_s=1.0)["m"]
+    assert snapshot.kv_cache_capacity_tokens == 20000 * 64
+    assert snapshot.num_requests_running == 12
