@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
+from policies.decide.audit import MethodOption
 from policies.decide.change_cost import inflight_work_s, queued_work_s
 from policies.decide.horizon import HorizonState, HorizonTick, horizon_curve, queue_cost_s
 from policies.decide.horizon import cost_scale as plan_cost_scale
@@ -27,9 +28,10 @@ from policies.model.calibrate import (
 from policies.model.costmodel import ModelContext, operating_point_with
 from policies.model.drafter_semantics import allowed_curve, drafts_full_length, prefix_stable
 from policies.model.objectives import ObjectiveConfig, Workload, choose_objective, objective_curve, workload_from
+from policies.model.profiles import drafter_for
 from policies.model.roofline import CostScales
 from policies.model.uncertainty import banded
-from policies.types import AcceptanceEvidence, CurvePoint, DataState, Decision, Evidence, Why, WhyCode
+from policies.types import AcceptanceEvidence, CurvePoint, DataState, Decision, DraftMethod, Evidence, Why, WhyCode
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +201,28 @@ def _price(
         curve=curve, ctx=ctx, scales=fit.scales, workload=workload, objective=chosen.value, why=why,
         split_note=_split_note((*calibration.anchors, *calibration.points), evidence),
     )
+
+
+def method_options(
+    evidence: Evidence, ctx: ModelContext, advice: Advice, config: AdvisorConfig
+) -> tuple[MethodOption, ...]:
+    """Every other drafting method (not draft_model: it needs the draft model's own profile) priced at this tick's
+    operating point from its prior acceptance (policies/model/acceptance.py METHOD_PRIORS) with the target's
+    calibrated scales, as `_price` prices the deployed one: its best gamma in 1..gamma_max and that point's speedup
+    and band. Empty before the first calibration fit. What policies/decide/audit.py weighs a method switch with."""
+    fit = advice.calibration
+    if fit is None:
+        return ()
+    options: list[MethodOption] = []
+    for method in DraftMethod:
+        if method in (ctx.drafter.method, DraftMethod.DRAFT_MODEL):
+            continue
+        other = replace(ctx, drafter=drafter_for(method, ctx.model))
+        priced = _price(evidence, None, other, fit, advice.state.calibration, config)
+        best = best_point(priced.curve, config.decide.gamma_max)
+        if best is not None:
+            options.append(MethodOption(method.value, best.gamma, best.speedup, best.speedup_low, best.speedup_high))
+    return tuple(options)
 
 
 def _probe(

@@ -19,8 +19,15 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol, TypeVar
 
-from policies.advise import AdvisorConfig, AdvisorState, advise_target
-from policies.decide.audit import SpeculationController, audit_controller, with_mixed_note
+from policies.advise import Advice, AdvisorConfig, AdvisorState, advise_target, method_options
+from policies.decide.audit import (
+    AuditConfig,
+    ControllerAudit,
+    MethodOption,
+    SpeculationController,
+    audit_controller,
+    with_mixed_note,
+)
 from policies.decide.rule import held
 from policies.estimate.memory import AcceptanceMemory
 from policies.estimate.window import EstimatorConfig, EstimatorState, after_failed_scrape, estimate, observe
@@ -335,11 +342,23 @@ class AdvisorLoop:
                 profiles=_profiles(context) if context is not None else None,
                 context=context,
                 calibration=advice.calibration,
-                audit=audit_controller(evidence, decision, context, controller=runtime.spec.controller,
-                                       gamma_max=self._advisor_config.decide.gamma_max),
+                audit=self._audit(runtime, evidence, decision, context, advice),
             ),
         )
         self._board.timings.observe("publish", self._timer() - started)
+
+    def _audit(
+        self, runtime: _LoopTarget, evidence: Evidence, decision: Decision, context: ModelContext | None, advice: Advice
+    ) -> ControllerAudit:
+        """The engine controller's audit, with the other drafting methods priced from their priors where a
+        controller is declared and the evidence is ok (policies/advise.py `method_options`)."""
+        controller = runtime.spec.controller
+        alternatives: tuple[MethodOption, ...] = ()
+        if controller is not SpeculationController.NONE and evidence.state is DataState.OK and context is not None:
+            alternatives = method_options(evidence, context, advice, self._advisor_config)
+        config = AuditConfig(gamma_max=self._advisor_config.decide.gamma_max)
+        return audit_controller(evidence, decision, context, controller=controller, config=config,
+                                alternatives=alternatives)
 
     def _estimate(
         self,

@@ -35,7 +35,9 @@ Actions, when worse: best static off -> `unload_drafter` (K = 0 still runs the d
 in vLLM issue #49548; restarting without it frees its weights for KV: tokens = drafter weight bytes / the target's
 KV bytes per token, both per GPU); best static 0 < g* < K_max -> `cap_k` at g*; g* > K_max -> `set_k` at g* (a
 restart with more draft tokens); g* = K_max, which the curve prices as what runs only where the controller's
-cuts are measurable (TensorRT-LLM), -> `static_k`.
+cuts are measurable (TensorRT-LLM), -> `static_k`. Whatever the verdict, another drafting method priced from its
+prior acceptance at this operating point (`alternatives`) whose band's low end clears max(S(g*), S(run)) by min_gain
+-> `switch_method` (to that method at its best gamma): a prior must win even at its pessimistic end.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ class AuditVerdict(StrEnum):
 
 @dataclass(frozen=True, slots=True)
 class AuditConfig:
+    gamma_max: int = 8  # the deepest static k considered (decide's gamma_max)
     z: float = 1.645  # two-sided 90% band on the gain
     min_gain: float = 0.03  # the least gain (share of service) a static choice must surely bring to call it worse
 
@@ -83,6 +86,20 @@ class AuditAction:
     code: str
     gamma: int = 0
     kv_tokens_freed: float | None = None
+    method: str = ""  # switch_method: the drafting method to switch to
+
+
+@dataclass(frozen=True, slots=True)
+class MethodOption:
+    """Another drafting method priced at this operating point from its prior acceptance (policies/model/
+    acceptance.py METHOD_PRIORS) with the target's calibrated costs: its best gamma and that point's speedup and
+    90% band over plain decoding."""
+
+    method: str
+    gamma: int
+    speedup: float
+    speedup_low: float
+    speedup_high: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,6 +127,7 @@ class ControllerAudit:
     gain_high_ratio: float | None = None
     calibration_error_ratio: float | None = None
     actions: tuple[AuditAction, ...] = ()
+    alternatives: tuple[MethodOption, ...] = ()
 
 
 _MIXED: dict[SpeculationController, str] = {
@@ -137,10 +155,11 @@ def audit_controller(
     context: ModelContext | None,
     *,
     controller: SpeculationController,
-    gamma_max: int,
     config: AuditConfig = AuditConfig(),
+    alternatives: tuple[MethodOption, ...] = (),
 ) -> ControllerAudit:
-    """The audit of `evidence.target`'s controller from this tick's evidence and decision (module docstring)."""
+    """The audit of `evidence.target`'s controller from this tick's evidence and decision (module docstring);
+    `alternatives` are other methods priced from their priors (policies/advise.py `method_options`)."""
     acceptance = evidence.acceptance
     k = evidence.deployed_k if evidence.speculation_on else 0
     m = acceptance.mean_proposed_length if acceptance is not None else None
@@ -156,11 +175,12 @@ def audit_controller(
         verdict=AuditVerdict.UNKNOWN, reason="", deployed_k=k, drafted_per_draft=m, draft_share=c,
         verified_per_step=1.0 + c * m if (observable and m is not None and c is not None) else None,
         budget_observable=observable, calibration_error_ratio=decision.calibration_error_ratio,
+        alternatives=tuple(sorted(alternatives, key=lambda o: -o.speedup)),
     )
     if kind == SpeculationController.NONE.value:
         return _with(base, AuditVerdict.NO_CONTROLLER, "no engine controller declared or suspected")
     running = point_at(decision.curve, k)
-    best = _best_static(decision.curve, gamma_max)
+    best = _best_static(decision.curve, config.gamma_max)
     if evidence.state is not DataState.OK or decision.state is not DataState.OK or running is None or best is None:
         return _with(base, AuditVerdict.UNKNOWN, f"nothing to compare: evidence {evidence.state.value}, "
                      f"{'no priced running point' if running is None else 'no static option priced'}")
@@ -180,6 +200,8 @@ def _judged(
     low, high = gain / spread, gain * spread
     verdict = AuditVerdict.WORSE if low > 1.0 + config.min_gain else AuditVerdict.NOT_WORSE
     actions = _actions(best, base.deployed_k, context) if verdict is AuditVerdict.WORSE else ()
+    switch = _switch(base.alternatives, max(best.speedup, running.speedup), config)
+    actions = (*actions, switch) if switch is not None else actions
     caveat = (" (under adaptive verification trimmed slots count as rejections: static options are priced low)"
               if not base.budget_observable else "")
     setting = "off" if best.gamma == 0 else f"k={best.gamma}"
@@ -201,6 +223,16 @@ def _actions(best: CurvePoint, deployed_k: int, context: ModelContext | None) ->
         return (AuditAction("set_k", gamma=best.gamma),)
     # The deployed k run statically (its own point is the controller's): turn the controller off at k.
     return (AuditAction("static_k", gamma=best.gamma),)
+
+
+def _switch(alternatives: tuple[MethodOption, ...], reference: float, config: AuditConfig) -> AuditAction | None:
+    """`switch_method` to the alternative whose band's low end clears the best the deployed method can do (or
+    what runs) by min_gain, if any: priced from a prior, it must win even at its pessimistic end."""
+    sure = [o for o in alternatives if o.speedup_low > reference * (1.0 + config.min_gain)]
+    if not sure:
+        return None
+    pick = max(sure, key=lambda o: o.speedup_low)
+    return AuditAction("switch_method", gamma=pick.gamma, method=pick.method)
 
 
 def _kv_tokens_freed(context: ModelContext | None) -> float | None:

@@ -14,11 +14,21 @@ from service.board import BoardEntry
 class ControllerActionOut(BaseModel):
     code: str = Field(description="unload_drafter (restart without speculation: the drafter runs even at K=0), "
                       "cap_k (run at most `gamma` draft tokens), set_k (restart with `gamma`, above the deployed "
-                      "k) or static_k (turn the engine's controller off and run `gamma` always).")
-    gamma: int = Field(description="cap_k, set_k, static_k: the k to run; 0 for unload_drafter.")
+                      "k), static_k (turn the engine's controller off and run `gamma` always) or switch_method "
+                      "(another drafting method, priced from its prior, wins even at its band's low end).")
+    gamma: int = Field(description="cap_k, set_k, static_k, switch_method: the k to run; 0 for unload_drafter.")
+    method: str = Field(description="switch_method: the drafting method to switch to; empty otherwise.")
     kv_tokens_freed: float | None = Field(
         description="unload_drafter: KV-cache tokens per replica the drafter's weights would hold; null when unknown."
     )
+
+
+class MethodAlternativeOut(BaseModel):
+    method: str = Field(description="A drafting method (ngram, suffix, eagle, eagle3, mtp).")
+    gamma: int = Field(description="Its best k at this operating point.")
+    speedup: float = Field(description="Its predicted speedup there over plain decoding, from its prior acceptance.")
+    speedup_low: float = Field(description="Low end of the 90% band (the prior's acceptance band).")
+    speedup_high: float = Field(description="High end of the 90% band.")
 
 
 class ControllerAuditOut(BaseModel):
@@ -53,6 +63,10 @@ class ControllerAuditOut(BaseModel):
         description="The cost model's calibration error on this engine's steps (median |predicted / observed - 1|)."
     )
     actions: list[ControllerActionOut] = Field(description="What to do when worse: what the engine cannot do itself.")
+    alternatives: list[MethodAlternativeOut] = Field(
+        description="Other drafting methods priced at this operating point from their prior acceptance (best first); "
+        "empty without a declared controller."
+    )
 
 
 class ControllerAuditsOut(BaseModel):
@@ -78,6 +92,9 @@ def _one(entry: BoardEntry) -> ControllerAuditOut:
         engine_speedup=audit.engine_speedup, best_gamma=audit.best_gamma, best_speedup=audit.best_speedup,
         gain_ratio=audit.gain_ratio, gain_low_ratio=audit.gain_low_ratio, gain_high_ratio=audit.gain_high_ratio,
         calibration_error_ratio=audit.calibration_error_ratio,
-        actions=[ControllerActionOut(code=a.code, gamma=a.gamma, kv_tokens_freed=a.kv_tokens_freed)
+        actions=[ControllerActionOut(code=a.code, gamma=a.gamma, kv_tokens_freed=a.kv_tokens_freed, method=a.method)
                  for a in audit.actions],
+        alternatives=[MethodAlternativeOut(method=o.method, gamma=o.gamma, speedup=o.speedup,
+                                           speedup_low=o.speedup_low, speedup_high=o.speedup_high)
+                      for o in audit.alternatives],
     )

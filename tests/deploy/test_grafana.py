@@ -230,7 +230,7 @@ def _populated_board() -> Board:
     board.publish("llama", evidence=evidence, decision=decision, good_scrape_s=NOW_S - 10,
                   pricing=Pricing(engine_activity={"tensor_active": 0.4, "dram_active": 0.7},
                                   audit=audit_controller(evidence, decision, None,
-                                                         controller=SpeculationController.DYNAMIC_SD, gamma_max=8)))
+                                                         controller=SpeculationController.DYNAMIC_SD)))
     board.record_error("llama", "timeout", "slow")
     board.timings.observe("scrape", 0.01)
     board.finish_iteration(NOW_S)

@@ -36,6 +36,9 @@ def test_a_declared_controller_is_audited_against_the_best_static_k() -> None:
                 assert audit["gain_low_ratio"] <= audit["gain_ratio"] <= audit["gain_high_ratio"]
                 assert audit["best_speedup"] / audit["engine_speedup"] == audit["gain_ratio"]
                 assert 0 < audit["draft_share"] <= 1 and audit["verified_per_step"] is not None
+                # The other methods (eagle deployed; draft_model needs its own profile), priced from their priors.
+                assert {o["method"] for o in audit["alternatives"]} == {"ngram", "suffix", "eagle3", "mtp"}
+                assert all(o["speedup_low"] <= o["speedup"] <= o["speedup_high"] for o in audit["alternatives"])
                 assert (await client.get("/v1/audit", params={"target": "nope"})).status_code == 404
                 page = (await client.get("/metrics")).text
                 worse = [s for f in text_string_to_metric_families(page) for s in f.samples

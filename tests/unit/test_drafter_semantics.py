@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 from costmodel_builders import make_acceptance, make_context, make_evidence
 
-from policies.advise import AdvisorConfig, AdvisorState, advise_target
+from policies.advise import AdvisorConfig, AdvisorState, advise_target, method_options
 from policies.decide.rule import DecideConfig
 from policies.model.acceptance import acceptance_curve
 from policies.model.drafter_semantics import allowed_curve, prefix_stable
@@ -55,3 +55,17 @@ def test_a_deployment_can_declare_its_drafter_not_prefix_stable() -> None:
     assert not any(p.extrapolated for p in read.curve if p.gamma <= 3)
     assert all(p.extrapolated for p in guessed.curve if 0 < p.gamma < 3)
     assert prefix_stable(DraftMethod.MTP) and not prefix_stable(DraftMethod.MTP, False)
+
+
+def test_other_methods_are_priced_from_their_priors_at_the_same_point() -> None:
+    ctx = make_context(method=DraftMethod.NGRAM)
+    evidence = make_evidence(deployed_k=3, acceptance=make_acceptance((0.5, 0.3, 0.15)), batch=1.0)
+    advice = advise_target(evidence, ctx, CONFIG, AdvisorState(), NOW)
+    options = {o.method: o for o in method_options(evidence, ctx, advice, CONFIG)}
+    # Not the deployed method, not draft_model (it needs its own model's profile).
+    assert set(options) == {"suffix", "eagle", "eagle3", "mtp"}
+    for option in options.values():
+        assert 1 <= option.gamma <= 6 and option.speedup_low <= option.speedup <= option.speedup_high
+    # At batch 1 a memory-bound step verifies extra tokens nearly free, so the method accepting more wins:
+    # EAGLE-3's prior alpha 0.76 over suffix decoding's 0.40.
+    assert options["eagle3"].speedup > options["suffix"].speedup
