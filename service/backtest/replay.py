@@ -22,6 +22,9 @@ from typing import Any
 
 import httpx
 
+from service.sources.errors import ScrapeError
+from service.sources.page import read_capped
+
 QUERY_PATH = "/api/v1/query"
 RANGE_PATH = "/api/v1/query_range"
 MAX_POINTS = 10_000
@@ -139,15 +142,12 @@ class RangeReplayTransport(httpx.AsyncBaseTransport):
         """(status, body, headers) of one range query, its body read up to `MAX_RANGE_BODY_BYTES`."""
         async with self._upstream.stream("GET", self._base + RANGE_PATH, params=params, timeout=self._timeout_s,
                                          auth=self._auth) as response:
-            chunks: list[bytes] = []
-            received = 0
-            async for chunk in response.aiter_bytes():
-                received += len(chunk)
-                if received > MAX_RANGE_BODY_BYTES:
-                    return 413, _error(413, "too_large", f"a range query's answer passed {MAX_RANGE_BODY_BYTES} "
-                                                         "bytes").content, httpx.Headers()
-                chunks.append(chunk)
-            return response.status_code, b"".join(chunks), response.headers
+            try:
+                body = await read_capped(response, max_body_bytes=MAX_RANGE_BODY_BYTES, url=self._base + RANGE_PATH)
+            except ScrapeError:
+                return 413, _error(413, "too_large", f"a range query's answer passed {MAX_RANGE_BODY_BYTES} "
+                                                     "bytes").content, httpx.Headers()
+            return response.status_code, body, response.headers
 
 
 def _merge_matrix(into: dict[str, Series], body: Any, grid: Grid) -> int:

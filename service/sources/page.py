@@ -46,16 +46,21 @@ async def _read_capped(
             raise ScrapeError(
                 ScrapeErrorReason.HTTP_STATUS, f"{url}: HTTP {response.status_code} {response.reason_phrase}"
             )
-        declared = response.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > max_body_bytes:
-            raise ScrapeError(
-                ScrapeErrorReason.BODY_TOO_LARGE, f"{url}: Content-Length {declared} > {max_body_bytes} bytes"
-            )
-        chunks: list[bytes] = []
-        received = 0
-        async for chunk in response.aiter_bytes():
-            received += len(chunk)
-            if received > max_body_bytes:
-                raise ScrapeError(ScrapeErrorReason.BODY_TOO_LARGE, f"{url}: body exceeds {max_body_bytes} bytes")
-            chunks.append(chunk)
+        return await read_capped(response, max_body_bytes=max_body_bytes, url=url)
+
+
+async def read_capped(response: httpx.Response, *, max_body_bytes: int, url: str) -> bytes:
+    """A streamed response's body, abandoned with BODY_TOO_LARGE once its declared Content-Length or the bytes read
+    (after content decoding, so a gzip bomb is stopped too) pass `max_body_bytes`. `url` names it in the error."""
+    declared = response.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > max_body_bytes:
+        raise ScrapeError(ScrapeErrorReason.BODY_TOO_LARGE,
+                          f"{url}: Content-Length {declared} > {max_body_bytes} bytes")
+    chunks: list[bytes] = []
+    received = 0
+    async for chunk in response.aiter_bytes():
+        received += len(chunk)
+        if received > max_body_bytes:
+            raise ScrapeError(ScrapeErrorReason.BODY_TOO_LARGE, f"{url}: body exceeds {max_body_bytes} bytes")
+        chunks.append(chunk)
     return b"".join(chunks)

@@ -52,6 +52,7 @@ import httpx
 from policies.types import EngineSnapshot, HistogramReading, SpecDecodeCounters
 from service.sources import names
 from service.sources.errors import ScrapeError, ScrapeErrorReason
+from service.sources.page import read_capped
 from service.sources.vllm import MAX_POSITIONS
 
 NAMING = "prometheus-fleet"
@@ -491,21 +492,7 @@ class PrometheusFleetSource:
         return body
 
     async def _read_capped(self, response: httpx.Response) -> bytes:
-        declared = response.headers.get("content-length", "")
-        if declared.isdigit() and int(declared) > self._max_body_bytes:
-            raise ScrapeError(
-                ScrapeErrorReason.BODY_TOO_LARGE, f"{self._url}: Content-Length {declared} > {self._max_body_bytes}"
-            )
-        chunks: list[bytes] = []
-        received = 0
-        async for chunk in response.aiter_bytes():
-            received += len(chunk)
-            if received > self._max_body_bytes:
-                raise ScrapeError(
-                    ScrapeErrorReason.BODY_TOO_LARGE, f"{self._url}: answer exceeds {self._max_body_bytes} bytes"
-                )
-            chunks.append(chunk)
-        return b"".join(chunks)
+        return await read_capped(response, max_body_bytes=self._max_body_bytes, url=self._url)
 
 
 def _raise_first_scrape_error(failures: ExceptionGroup[Exception]) -> NoReturn:
