@@ -563,16 +563,8 @@ def _given_drafted(span: _Span, *, k: int, z: float) -> tuple[_Profile, _Profile
     non-increasing by pooling adjacent violators weighted by their drafts, with Wilson bounds on each position's own
     drafts; a position no draft reached in the window takes the one before it (nothing says it differs).
     Example: drafted (200, 200, 100), accepted (160, 110, 30) -> (0.80, 0.55, 0.30)."""
-    def reader(name: str, position: int) -> Callable[[EngineSnapshot], float | None]:
-        def read(snapshot: EngineSnapshot) -> float | None:
-            if snapshot.spec is None:
-                return None
-            counts = snapshot.spec.drafted_per_position if name == "drafted" else snapshot.spec.accepted_per_position
-            return counts[position] if position < len(counts) else None
-        return read
-
-    trials = [max(span.delta(reader("drafted", i)) or 0.0, 0.0) for i in range(k)]
-    successes = [min(max(span.delta(reader("accepted", i)) or 0.0, 0.0), n) for i, n in enumerate(trials)]
+    trials = [max(span.delta(_drafted_reader(i)) or 0.0, 0.0) for i in range(k)]
+    successes = [min(max(span.delta(_position_reader(i)) or 0.0, 0.0), n) for i, n in enumerate(trials)]
     ratios: list[float] = []
     for n, s in zip(trials, successes, strict=True):
         ratios.append(s / n if n > 0 else (ratios[-1] if ratios else 1.0))
@@ -631,19 +623,19 @@ def _position_reader(position: int) -> Callable[[EngineSnapshot], float | None]:
     return read
 
 
+def _drafted_reader(position: int) -> Callable[[EngineSnapshot], float | None]:
+    def read(snapshot: EngineSnapshot) -> float | None:
+        return snapshot.spec.drafted_per_position[position] if snapshot.spec is not None else None
+
+    return read
+
+
 def _non_increasing(values: list[float]) -> list[float]:
     """Pool adjacent violators: the least-squares non-increasing fit with equal weights.
 
     (515, 470, 480) -> (515, 475, 475): the violating pair is pooled to its mean, the sum is preserved.
     """
-    blocks: list[tuple[float, int]] = []  # (sum, length) of each pooled run
-    for value in values:
-        total, length = value, 1
-        while blocks and blocks[-1][0] / blocks[-1][1] < total / length:
-            previous_total, previous_length = blocks.pop()
-            total, length = total + previous_total, length + previous_length
-        blocks.append((total, length))
-    return [total / length for total, length in blocks for _ in range(length)]
+    return _non_increasing_weighted(values, [1.0] * len(values))
 
 
 def _itl(snapshot: EngineSnapshot) -> HistogramReading | None:

@@ -47,7 +47,6 @@ PREFIXES: Mapping[EngineKind, str] = MappingProxyType(
     }
 )
 
-_Parser = Callable[[str], dict[str, EngineSnapshot]]
 _PARSERS: Mapping[EngineKind, Callable[..., dict[str, EngineSnapshot]]] = MappingProxyType(
     {
         EngineKind.VLLM: vllm.parse_vllm_metrics,
@@ -73,6 +72,27 @@ def parse_engine_page(
 ) -> dict[str, EngineSnapshot]:
     """Snapshots keyed by served model from one page, read by its engine's adapter (module docstring).
     Raises `ScrapeError` only: the adapter's reasons, MIXED_ENGINES or UNKNOWN_ENGINE."""
+    kind = page_engine(text, engine)
+    return _PARSERS[kind](text, taken_at_s=taken_at_s)
+
+
+class PageReader:
+    """Reads one server's pages in turn (`parse_engine_page`), keeping what an engine's pages must be read with
+    across pages: SGLang's adaptive tiers (sglang.py `TierMemory`). One per scrape target."""
+
+    def __init__(self, engine: EngineKind = EngineKind.AUTO) -> None:
+        self._engine = engine
+        self._sglang = sglang.TierMemory()
+
+    def read(self, text: str, *, taken_at_s: float) -> dict[str, EngineSnapshot]:
+        """This page's snapshots (`parse_engine_page`'s contract, and MISSING_FAMILY from `TierMemory`)."""
+        kind = page_engine(text, self._engine)
+        snapshots = _PARSERS[kind](text, taken_at_s=taken_at_s)
+        return self._sglang.resolve(snapshots) if kind is EngineKind.SGLANG else snapshots
+
+
+def page_engine(text: str, engine: EngineKind = EngineKind.AUTO) -> EngineKind:
+    """The engine whose adapter reads `text` (module docstring); MIXED_ENGINES, UNKNOWN_ENGINE or PARSE."""
     found = engines_on(text)
     if len(found) > 1 or (found and engine is not EngineKind.AUTO and found != [engine]):
         shown = ", ".join(kind.value for kind in found)
@@ -81,7 +101,7 @@ def parse_engine_page(
     kind = found[0] if found else engine
     if kind is EngineKind.AUTO:
         _raise_unknown(text)
-    return _PARSERS[kind](text, taken_at_s=taken_at_s)
+    return kind
 
 
 def _raise_unknown(text: str) -> None:

@@ -3,17 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import math
-from dataclasses import replace
 
 import httpx
 
 from policies.types import EngineSnapshot
 from service.sources import continuity
-from service.sources.engines import EngineKind, parse_engine_page
+from service.sources.engines import EngineKind, PageReader
 from service.sources.errors import ScrapeError, ScrapeErrorReason
 from service.sources.page import fetch_text
-from service.sources.sglang import K_NOT_SHOWN
 
 # A single-engine vLLM page is ~50 KB and parses in ~1.5 ms: cheaper inline than a thread hand-off.
 PARSE_IN_THREAD_CHARS = 128 * 1024
@@ -43,13 +40,9 @@ class EngineScraper:
         self._url = url
         self._timeout_s = timeout_s
         self._max_body_bytes = max_body_bytes
-        self._engine = engine
+        self._reader = PageReader(engine)
         # A later page of the same engine that lost families was cut at a line boundary.
         self._cuts = continuity.CutDetector()
-        # Per model of a totals-only engine (SGLang): the k its pages last showed (adaptive tiers hide it at a tier
-        # of 0 draft steps), and the running total of draft tokens with the verify steps it counts up to.
-        self._shown_k: dict[str, int] = {}
-        self._draft_totals: dict[str, tuple[float, float]] = {}
 
     async def scrape(self, now_s: float) -> dict[str, EngineSnapshot]:
         """One GET + parse; `now_s` becomes `taken_at_s` of every snapshot. Raises `ScrapeError` only: besides the
@@ -58,12 +51,11 @@ class EngineScraper:
         body = await fetch_text(self._client, self._url, timeout_s=self._timeout_s, max_body_bytes=self._max_body_bytes,
                                 auth=self._auth)
         if len(body) < PARSE_IN_THREAD_CHARS:
-            snapshots = parse_engine_page(body, taken_at_s=now_s, engine=self._engine)
+            snapshots = self._reader.read(body, taken_at_s=now_s)
         else:
             # A data-parallel server's page (4-8 engines: 150-280 KB) takes 10-20 ms to parse; in a worker thread
             # the interpreter still switches to the API's requests every few ms instead of stalling them.
-            snapshots = await asyncio.to_thread(parse_engine_page, body, taken_at_s=now_s, engine=self._engine)
-        snapshots = {model: self._with_k(snapshot) for model, snapshot in snapshots.items()}
+            snapshots = await asyncio.to_thread(self._reader.read, body, taken_at_s=now_s)
         cut = self._cuts.check(snapshots)
         if cut is not None:
             model, vanished = cut
@@ -73,28 +65,3 @@ class EngineScraper:
                 "with no restart (a page cut at a line boundary?)",
             )
         return snapshots
-
-    def _with_k(self, snapshot: EngineSnapshot) -> EngineSnapshot:
-        """A totals-only snapshot (SGLang) with the k its page did not show taken from the model's last page that
-        did (sglang.py `K_NOT_SHOWN`; MISSING_FAMILY when none has), and its draft tokens as a running total: each
-        page adds its new verify steps x its own draft tokens per verify step, so adaptive tiers never lower it (a
-        restart, verify steps going down, starts the total again from the page).
-        Example: 100 verify steps at k 3 (300), then 150 at a tier of k 1 -> 300 + 50 x 1 = 350, not 150."""
-        spec = snapshot.spec
-        if spec is None or spec.positions_measured:
-            return snapshot
-        model = snapshot.model_name
-        if spec.declared_k != K_NOT_SHOWN:
-            self._shown_k[model] = spec.declared_k
-        k = self._shown_k.get(model)
-        if k is None:
-            raise ScrapeError(
-                ScrapeErrorReason.MISSING_FAMILY,
-                f"model {model!r}: SGLang's adaptive speculation is at a tier of 0 draft steps and no page has "
-                "shown its k yet (sglang:spec_num_steps)",
-            )
-        per_verify = spec.draft_tokens / spec.drafts if spec.drafts > 0 and spec.draft_tokens > 0 else float(k)
-        counted, total = self._draft_totals.get(model, (math.inf, 0.0))
-        total = spec.draft_tokens if spec.drafts < counted else total + (spec.drafts - counted) * per_verify
-        self._draft_totals[model] = (spec.drafts, total)
-        return replace(snapshot, spec=replace(spec, declared_k=k, draft_tokens=total))

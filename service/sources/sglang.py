@@ -28,9 +28,9 @@ mix), no `_created` epochs. `sglang:spec_accept_length` / `spec_accept_rate` are
 batches (`--decode-log-interval`), stale when idle: not read, the counters above supersede them.
 
 Adaptive speculation (`--speculative-adaptive`, SGLang 0.5.13+) makes `spec_num_steps` the tier of the last batch:
-a tier of 0 draft steps still counts verify steps but hides k (`K_NOT_SHOWN`; the scraper takes the model's last
-shown k). Its draft tokens, verify steps x the tier's slots on each page, are kept as a running total by the scraper
-(each page adds its new verify steps x its tier's slots), so a tier change never lowers them.
+a tier of 0 draft steps still counts verify steps but hides k (`K_NOT_SHOWN`; `TierMemory` takes the model's last
+shown k). Its draft tokens, verify steps x the tier's slots on each page, are kept as a running total
+by `TierMemory` (each page adds its new verify steps x its tier's slots), so a tier change never lowers them.
 
 Scheduler gauges come from every attention-TP rank when `--enable-metrics-for-all-schedulers` is set: each
 `dp_rank` is read once (its lowest tp/pp rank), and `engines` counts the dp ranks.
@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
+from dataclasses import replace
 
 from prometheus_client.samples import Sample
 
@@ -85,7 +86,7 @@ MAX_KV_TOKENS = 1e12
 """The largest KV pool accepted per dp rank (tokens): a thousand times a large GPU node's."""
 NAMING = "sglang"
 K_NOT_SHOWN = 0
-"""`declared_k` of a page that speculates without showing k (an adaptive tier of 0 steps): never leaves the scraper."""
+"""`declared_k` of a page that speculates without showing k (an adaptive tier of 0 steps): `TierMemory` replaces it."""
 
 
 def parse_sglang_metrics(text: str, *, taken_at_s: float) -> dict[str, EngineSnapshot]:
@@ -195,8 +196,8 @@ def _spec(model: str, gauges: Mapping[str, float], counters: Mapping[str, float]
     """The verify counters as drafts / accepted / draft tokens at k = spec_num_steps (module docstring); None when
     speculation is off (k 0 and no verify step ever counted, or neither gauge). Under SGLang's adaptive speculation
     (`--speculative-adaptive`, 0.5.13+) `spec_num_steps` is the tier of the last batch, 0 at a tier that does not
-    draft: with verify steps counted the page is then speculating with k not shown (`K_NOT_SHOWN`), which the
-    scraper resolves from the engine's last page that showed it."""
+    draft: with verify steps counted the page is then speculating with k not shown (`K_NOT_SHOWN`), which
+    `TierMemory` resolves from the engine's last page that showed it."""
     steps = gauges.get(SPEC_STEPS)
     if steps is None:
         if gauges.get(ACCEPT_LENGTH, 0.0) > 0:
@@ -249,3 +250,41 @@ def _steps_itl(
         return reading
     tokens_per_step = (counters.get(GENERATED, 0.0) - counters.get(REQUESTS, 0.0)) / spec.drafts
     return HistogramReading(sum=reading.sum, count=reading.count / max(tokens_per_step, 1.0))
+
+
+class TierMemory:
+    """What reading one SGLang server's pages in turn must remember under adaptive speculation (module docstring):
+    per model, the k its pages last showed and the running total of draft tokens with the verify steps it counts
+    up to."""
+
+    def __init__(self) -> None:
+        self._shown_k: dict[str, int] = {}
+        self._draft_totals: dict[str, tuple[float, float]] = {}
+
+    def resolve(self, snapshots: dict[str, EngineSnapshot]) -> dict[str, EngineSnapshot]:
+        """Each snapshot with a k its page did not show (`K_NOT_SHOWN`) taken from the model's last page that did
+        (MISSING_FAMILY when none has), and its draft tokens as a running total: each page adds its new verify
+        steps x its own draft tokens per verify step, so adaptive tiers never lower it (a restart, verify steps
+        going down, starts the total again from the page).
+        Example: 100 verify steps at k 3 (300), then 150 at a tier of k 1 -> 300 + 50 x 1 = 350, not 150."""
+        return {model: self._resolved(snapshot) for model, snapshot in snapshots.items()}
+
+    def _resolved(self, snapshot: EngineSnapshot) -> EngineSnapshot:
+        spec = snapshot.spec
+        if spec is None or spec.positions_measured:
+            return snapshot
+        model = snapshot.model_name
+        if spec.declared_k != K_NOT_SHOWN:
+            self._shown_k[model] = spec.declared_k
+        k = self._shown_k.get(model)
+        if k is None:
+            raise ScrapeError(
+                ScrapeErrorReason.MISSING_FAMILY,
+                f"model {model!r}: SGLang's adaptive speculation is at a tier of 0 draft steps and no page has "
+                "shown its k yet (sglang:spec_num_steps)",
+            )
+        per_verify = spec.draft_tokens / spec.drafts if spec.drafts > 0 and spec.draft_tokens > 0 else float(k)
+        counted, total = self._draft_totals.get(model, (math.inf, 0.0))
+        total = spec.draft_tokens if spec.drafts < counted else total + (spec.drafts - counted) * per_verify
+        self._draft_totals[model] = (spec.drafts, total)
+        return replace(snapshot, spec=replace(spec, declared_k=k, draft_tokens=total))
