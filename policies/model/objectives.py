@@ -48,7 +48,15 @@ Three objectives, chosen per tick from the evidence:
   delivers nothing. Example:
   SLO 8 ms, off at 11 ms: share(0) = max(0.01, Phi(ln(8/11) / 0.1) = Phi(-3.18) = 0.0007) = 0.01; gamma 2 at
   5.3 ms (Phi(4.12) = 0.99998) and gamma 3 at 4.7 ms (Phi(5.32) = 1.0): S(2) = 99.998, S(3) = 100.0, so decide's
-  minimum-change rule keeps whichever runs. Chunked prefill stretches every
+  minimum-change rule keeps whichever runs.
+  An SLO that no option meets (every share at the floor: an overload whose queue holds every option's batch at
+  the cap, or a target past what the hardware can do) ranks nothing: each option's goodput under it is the floor
+  times its throughput, and decide, which counts a gain by the tokens it moves across the SLO, would see 1% of
+  each option's difference and keep any setting, however much throughput it costs. The tokens are still
+  delivered, late, so the options are then ranked as without an SLO (capacity or latency, as the queue says) and
+  the reason says so. Example: SLO 45 ms, batch 256 with a queue, off at 62 ms per token and k=3 at 96 ms (both
+  shares 1%): ranked by throughput, S(3) = 0.65, and off is worth its restart.
+  Chunked prefill stretches every
   step by 1 / (1 - rho), rho = the share of the current step spent on prompt tokens, priced by the model as
   1 - T(B, k, P = 0) / T(B, k, P) at the deployed k, whose steps the prefill per step P was measured over
   (policies/model/costmodel.py: prompt load is a rate, the same for every gamma); the ITL above uses the stretched
@@ -294,7 +302,20 @@ def objective_curve(
                 slo_share=share(point.step_time_s * stretch / max(acc.expected_length, 1.0)) if slo else None,
             )
         )
+    if slo and _slo_unmet(points, config):
+        # No option meets the SLO beyond the floor's share: goodput under it ranks nothing (module docstring).
+        curve, fallback, regime = objective_curve(
+            ctx, acceptance, workload, config=replace(config, itl_slo_s=None), scales=scales
+        )
+        slo_ms = (config.itl_slo_s or 0.0) * 1e3
+        return curve, fallback, f"ITL SLO {slo_ms:.0f} ms met by no option, ranked by tokens/s instead; {regime}"
     return tuple(points), objective, why
+
+
+def _slo_unmet(points: Sequence[CurvePoint], config: ObjectiveConfig) -> bool:
+    """Every option's share meeting the SLO is at the floor (within rounding): the SLO cannot rank them."""
+    ceiling = config.slo_share_floor * (1.0 + 1e-6)
+    return all(p.slo_share is not None and p.slo_share <= ceiling for p in points)
 
 
 def open_loop_batch(

@@ -127,6 +127,8 @@ class Objective:
     kind: ObjectiveKind
     itl_slo_s: float | None = None
     floor_tokens_per_s: float = 0.0
+    # Why the scenario is graded on another objective than the one it states ("" when it is not).
+    note: str = ""
 
     def score(self, m: Metrics) -> float:
         errors = m.error_tokens_per_s

@@ -128,7 +128,9 @@ def _summary(results: Sequence[ScenarioResult]) -> list[str]:
         if vs_best is None or vs_static is None:
             lines.append(f"{r.name}: no ratio ({r.error or 'best known or static headline is 0'})")
             continue
-        kind = r.objective.kind if r.objective is not None else "-"
+        kind: str = r.objective.kind if r.objective is not None else "-"
+        if r.objective is not None and r.objective.note:
+            kind = f"{kind}: {r.objective.note}"
         lines.append(f"{r.name}: advisor/best known {vs_best:.3f}, advisor/best static {vs_static:.3f} "
                      f"({kind}; wall {r.wall_s:.1f} s, {r.duration_s:.0f} simulated s)")
         if worst is None or vs_best < worst[0]:

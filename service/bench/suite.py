@@ -84,11 +84,29 @@ def best_of(runs: Sequence[RunResult], objective: Objective) -> RunResult:
     return min(close, key=_itl_or_inf)
 
 
+# Under an ITL SLO, a best static SLO goodput below this share of the best static goodput means no setting meets it.
+SLO_UNMET_SHARE = 0.01
+
+
 def scenario_objective(bench: BenchScenario, statics: Sequence[RunResult]) -> Objective:
-    """The scenario's objective; for latency, its floor is `latency_floor_ratio` x the best static goodput."""
+    """The scenario's objective; for latency, its floor is `latency_floor_ratio` x the best static goodput.
+
+    An ITL SLO that no static setting meets (the best SLO goodput under `SLO_UNMET_SHARE` of the best goodput: an
+    overload in which every setting's ITL is past it) grades nothing: every headline is ~0 and every ratio 0 / 0.
+    The scenario is then graded on throughput, as the advisor ranks its options then
+    (policies/model/objectives.py), and `Objective.note` says so. Example: SLO 45 ms, best static SLO goodput 0
+    of 2056 tokens/s -> throughput, "ITL SLO 45 ms met by no static setting (best 0 of 2056 tokens/s)".
+    """
     section = bench.bench
     kind = section.objective_kind
-    floor = section.latency_floor_ratio * max(r.metrics.goodput_tokens_per_s for r in statics)
+    best_goodput = max(r.metrics.goodput_tokens_per_s for r in statics)
+    floor = section.latency_floor_ratio * best_goodput
+    if kind == "slo_goodput" and section.itl_slo_s is not None:
+        best_slo = max(r.metrics.slo_goodput_tokens_per_s or 0.0 for r in statics)
+        if best_slo < SLO_UNMET_SHARE * best_goodput:
+            note = (f"ITL SLO {section.itl_slo_s * 1e3:.0f} ms met by no static setting (best {best_slo:.0f} of "
+                    f"{best_goodput:.0f} tokens/s): graded on throughput")
+            return Objective("throughput", itl_slo_s=section.itl_slo_s, note=note)
     return Objective(kind, itl_slo_s=section.itl_slo_s, floor_tokens_per_s=floor if kind == "latency" else 0.0)
 
 

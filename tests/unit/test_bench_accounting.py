@@ -16,7 +16,9 @@ from service.bench.accounting import (
     request_ttft_s,
     summarize,
 )
+from service.bench.runner import RunResult
 from service.bench.spec import load_bench_scenario
+from service.bench.suite import scenario_objective
 from service.sim.scenario import ScenarioError, default_scenario
 from service.sim.world import Completion, World
 
@@ -208,3 +210,23 @@ def test_a_restart_counts_the_tokens_its_dropped_requests_asked_for() -> None:
     m = summarize(world.drain_completions(), duration_s=60.0, itl_slo_s=None,
                   error_tokens=world.lifetime.lost_tokens)
     assert m.error_tokens_per_s == pytest.approx(world.lifetime.lost_tokens / 60.0)
+
+
+def _run(goodput: float, slo_goodput: float) -> RunResult:
+    metrics = Metrics(goodput, 0.05, 0.05, 0.06, 0.2, 0.5, slo_goodput, completed_requests=100, in_flight_requests=0)
+    return RunResult(policy="static", metrics=metrics, config_changes=0, lost_requests=0, ticks=())
+
+
+def test_an_slo_no_static_setting_meets_is_graded_on_throughput(tmp_path: Path) -> None:
+    data = _bench_data()
+    data["bench"] = {"objective": "slo_goodput", "itl_slo_s": 0.045}
+    bench = load_bench_scenario(_write(tmp_path, data))
+    # Every static run misses the SLO: every headline would be 0 and every ratio 0 / 0.
+    unmet = scenario_objective(bench, [_run(2056.0, 0.0), _run(1541.0, 3.0)])
+    assert unmet.kind == "throughput"
+    assert "45 ms met by no static setting" in unmet.note
+    assert unmet.score(_run(1839.0, 0.0).metrics) == pytest.approx(1839.0)
+    # One static run meets it for a fair share: the SLO grades, as the scenario says.
+    met = scenario_objective(bench, [_run(2056.0, 900.0), _run(1541.0, 3.0)])
+    assert met.kind == "slo_goodput" and met.note == ""
+    assert met.score(_run(1839.0, 700.0).metrics) == pytest.approx(700.0)

@@ -202,6 +202,23 @@ def test_goodput_under_an_itl_slo_while_capacity_bound_counts_throughput() -> No
     assert loose[3].speedup == pytest.approx(plain[3].speedup)
 
 
+def test_an_slo_no_option_meets_ranks_by_throughput_and_says_so() -> None:
+    ctx = make_context()
+    # A queue and every option's ITL far past a 1 us SLO: every share sits at the 1% floor, so goodput under the
+    # SLO is 1% of each option's throughput and would rank nothing; the options are ranked by tokens/s instead.
+    workload = Workload(256.0, 50.0, 512.0, kv_usage_ratio=0.62, deployed_k=3)
+    plain = curve_for(ctx, ACCEPTANCE, Shape(batch=256.0, context_tokens=512.0))[0]
+    curve, objective, why = objective_curve(ctx, ACCEPTANCE, workload, config=ObjectiveConfig(itl_slo_s=1e-6))
+    assert objective is Objective.CAPACITY
+    assert "met by no option" in why and "capacity-bound" in why
+    assert all(p.slo_share is None for p in curve)
+    assert [p.speedup for p in curve] == pytest.approx([p.speedup for p in plain])
+    # One option past the floor: the SLO ranks again, by the shares.
+    plain_itl = plain[0].step_time_s
+    _, ranked, _ = objective_curve(ctx, ACCEPTANCE, workload, config=ObjectiveConfig(itl_slo_s=plain_itl))
+    assert ranked is Objective.GOODPUT_SLO
+
+
 def test_workload_from_evidence() -> None:
     evidence = make_evidence(batch=256.0, waiting=50.0, kv_cache_usage_ratio=0.62)
     workload = workload_from(evidence, context_tokens=700.0, prefill_tokens=120.0)
