@@ -532,7 +532,8 @@ def context_resolver(target: TargetSettings, *, fallback_hardware: str) -> Conte
             raise ContextUnavailableError(
                 f"model '{model_name}' is not in the catalog; set the target's model_profile or model_config_path"
             )
-        drafter = drafter_for(target.drafter.method, model, draft_model=draft_model)
+        drafter = drafter_for(target.drafter.method, model, draft_model=draft_model,
+                              draft_tensor_parallel=target.drafter.tensor_parallel or 0)
         if target.drafter.allowed_k:
             drafter = replace(drafter, allowed_k=tuple(sorted(set(target.drafter.allowed_k))))
         if target.drafter.prefix_stable is not None:

@@ -86,10 +86,18 @@ class DrafterSettings(_Section):
         "the advice then offer only these k, off and the running k. Default: any k from 1 to decide.gamma_max.",
     )
 
+    tensor_parallel: int | None = Field(
+        default=None, ge=1, le=64,
+        description="Only for method draft_model: the GPUs the draft model runs on (vLLM's "
+        "speculative_config.draft_tensor_parallel_size, 1 or the target's). Default: the target's tensor_parallel.",
+    )
+
     @model_validator(mode="after")
     def _draft_model_needs_profile(self) -> Self:
         if self.method == DraftMethod.DRAFT_MODEL and not self.draft_model_profile:
             raise ValueError("drafter.method 'draft_model' needs drafter.draft_model_profile (a catalog name)")
+        if self.tensor_parallel is not None and self.method != DraftMethod.DRAFT_MODEL:
+            raise ValueError(f"drafter.tensor_parallel applies to method draft_model only, not {self.method.value}")
         return self
 
 
@@ -278,6 +286,10 @@ class TargetSettings(_Section):
             raise ValueError(f"model_config_path '{self.model_config_path}' is not a readable file")
         if self.profile is not None and not self.profile.is_file():
             raise ValueError(f"profile '{self.profile}' is not a readable file")
+        draft_tp = self.drafter.tensor_parallel
+        if draft_tp is not None and draft_tp > self.tensor_parallel:
+            raise ValueError(f"drafter.tensor_parallel ({draft_tp}) exceeds the target's tensor_parallel "
+                             f"({self.tensor_parallel})")
         return self
 
     @property

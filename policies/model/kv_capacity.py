@@ -4,9 +4,11 @@ vLLM sizes its KV cache once at start: it may use `gpu_memory_utilization` of th
 vLLM EngineArgs), holds the weights, and gives what is left to KV blocks. A batch of B sequences at mean context
 ctx with gamma draft tokens each needs, per GPU (tp = tensor-parallel degree):
 
-    weights_bytes = (P_dense x dtype_bytes + P_experts x expert_dtype_bytes
-                     + [gamma >= 1] P_drafter x drafter_dtype_bytes) / tp
+    weights_bytes = (P_dense x dtype_bytes + P_experts x expert_dtype_bytes) / tp
+                    + [gamma >= 1] P_drafter x drafter_dtype_bytes / tp_d
     kv_per_seq    = kv_target(ctx + gamma) + [gamma >= 1] kv_drafter(ctx)              bytes
+                    (tp_d: the drafter's own degree, the target's unless a draft model runs on fewer GPUs; then
+                    the first GPU holds its whole share, and that GPU is the one that fills first)
                     kv_target(n) = kv_elements(tp) x kv_dtype_bytes x n   (GQA: 2 x layers x max(kv_heads / tp, 1)
                     x head_dim; MLA: layers x (latent + rope), whole on every GPU: policies/model/profiles.py)
                     (speculation reserves KV slots for its gamma draft tokens in every running sequence; a draft
@@ -72,10 +74,11 @@ def memory_fit(
     drafting = gamma > 0  # off is a server without the drafter loaded
     experts = model.routed_expert_params
     target_bytes = (model.params - experts) * model.dtype_bytes + experts * model.expert_bytes_per_param
-    weights = (target_bytes + (drafter.params * drafter.dtype_bytes if drafting else 0.0)) / tp
+    draft_tp = float(drafter.degree(ctx.tensor_parallel))
+    weights = target_bytes / tp + (drafter.params * drafter.dtype_bytes / draft_tp if drafting else 0.0)
     target_per_token = kv_bytes_per_token_per_gpu(model.attention, model.kv_dtype_bytes, tp)
     drafter_per_token = (
-        kv_bytes_per_token_per_gpu(drafter.attention, drafter.kv_dtype_bytes, tp)
+        kv_bytes_per_token_per_gpu(drafter.attention, drafter.kv_dtype_bytes, draft_tp)
         if drafting and drafter.layers > 0
         else 0.0
     )

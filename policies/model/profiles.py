@@ -288,6 +288,9 @@ class DrafterProfile:
     `params`: weights a draft step streams (EAGLE/MTP head incl. the lm_head it evaluates; a draft model's whole
     weights); 0 for host-side n-gram/suffix lookup. `layers`, `num_heads`, `num_kv_heads`, `head_dim`: the
     drafter's own attention (its KV cache); `host_time_per_request_s`: CPU time per request per step (n-gram).
+    `tensor_parallel`: the degree its passes run at, 0 = the target's (a head always does; a draft model may run
+    on one GPU: vLLM's `draft_tensor_parallel_size`). `sliding_window` / `sliding_layers`: a draft model's layers
+    that attend to at most that many cached tokens (its KV reads are bounded there, as the target's are).
     """
 
     method: DraftMethod
@@ -308,6 +311,23 @@ class DrafterProfile:
     allowed_k: tuple[int, ...] = ()
     # Whether a shorter draft is a longer one's prefix; None: the method's (drafter_semantics.PREFIX_STABLE).
     prefix_stable: bool | None = None
+    tensor_parallel: int = 0
+    sliding_window: int = 0
+    sliding_layers: int = 0
+
+    def degree(self, target_tp: int) -> int:
+        """The tensor-parallel degree the drafter's passes run at: its own, or the target's `target_tp` when 0."""
+        return self.tensor_parallel if self.tensor_parallel > 0 else target_tp
+
+    def attended_context(self, context_tokens: float) -> float:
+        """The context one draft token attends to, averaged over the drafter's layers (tokens), bounded by its
+        sliding layers' window: (full x ctx + sliding x min(ctx, W)) / layers. Example: a 24-layer draft model
+        whose 12 sliding layers see 4096 tokens, at ctx 32768 -> (12 x 32768 + 12 x 4096) / 24 = 18432."""
+        if self.sliding_window <= 0 or self.sliding_layers <= 0 or self.layers <= 0:
+            return context_tokens
+        sliding = min(self.sliding_layers, self.layers)
+        full = self.layers - sliding
+        return (full * context_tokens + sliding * min(context_tokens, float(self.sliding_window))) / self.layers
 
     @property
     def attention(self) -> AttentionShape:
@@ -506,6 +526,7 @@ def drafter_for(
     target: ModelProfile,
     *,
     draft_model: ModelProfile | None = None,
+    draft_tensor_parallel: int = 0,
 ) -> DrafterProfile:
     """The default drafter of `method` for `target`: the sizes a head or lookup of that kind has.
 
@@ -514,12 +535,17 @@ def drafter_for(
       fc 2h -> h fusing embedding and hidden state, and the target's full lm_head (vocab x hidden), read per step.
     - eagle3: the same layer, an fc 3h -> h fusing three hidden states, and a 32000-entry draft vocabulary.
     - mtp: one decoder layer + fc 2h -> h + the target's lm_head (DeepSeek-V3-style MTP module).
-    - draft_model: the separate model `draft_model` (required), all of its weights per step, its own KV cache.
-    Raises ValueError for draft_model without `draft_model`.
+    - draft_model: the separate model `draft_model` (required), all of its weights per step, its own KV cache
+      (over its sliding window where its layers slide), at `draft_tensor_parallel` GPUs (0: the target's degree).
+    Raises ValueError for draft_model without `draft_model`, and for a `draft_tensor_parallel` on another method
+    (a head or lookup runs where the target does).
 
     Example: eagle3 for Llama-3.1-8B: layer 218.1M + fc 3 x 4096 x 4096 = 50.3M + lm_head 32000 x 4096 = 131.1M
     -> params ~ 3.995e8 (0.8 GB of bf16 streamed per draft step).
     """
+    if draft_tensor_parallel < 0 or (draft_tensor_parallel and method != DraftMethod.DRAFT_MODEL):
+        raise ValueError(f"a drafter's own tensor_parallel applies to method draft_model only (>= 1), got "
+                         f"{draft_tensor_parallel} for {method.value}")
     h = target.hidden
     layer = (
         h * target.num_heads * target.head_dim * 2
@@ -567,6 +593,9 @@ def drafter_for(
         rope_head_dim=draft_model.rope_head_dim,
         v_head_dim=draft_model.v_head_dim,
         source=f"draft model {draft_model.name} ({draft_model.source})",
+        tensor_parallel=draft_tensor_parallel,
+        sliding_window=draft_model.sliding_window,
+        sliding_layers=draft_model.sliding_layers,
     )
 
 

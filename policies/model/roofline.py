@@ -67,8 +67,9 @@ decode batch sizes.
 
 Drafting (what a speculative step adds besides verifying more tokens), for gamma >= 1 drafts:
     ngram / suffix : host_time_per_request x B                                  (one host lookup per step)
-    eagle/eagle3/mtp/draft_model: gamma x (draft_step_fixed_s + roofline of the drafter at B tokens:
-                     drafter weights + its own KV cache at ctx)
+    eagle/eagle3/mtp/draft_model: gamma x (draft_step_fixed_s + its all-reduces + roofline of the drafter at B
+                     tokens: drafter weights + its own KV cache at its attended ctx), per GPU of the drafter's own
+                     tensor-parallel degree (`_draft_pass`)
     plus           : spec_step_overhead_s + spec_per_request_overhead_s x B   (rejection sampling, bookkeeping)
 The per-request speculative term is host/sampler bookkeeping only (see policies/model/profiles.py for why it is not
 the 84 us/request of vLLM Dynamic SD at K=0); `dynamic_sd_k0_overhead_s` prices that code path separately.
@@ -459,18 +460,34 @@ def target_step_time(
 
 
 def _draft_pass(
-    hardware: HardwareProfile, drafter: DrafterProfile, *, batch: float, context_tokens: float, tp: float
-) -> tuple[float, float, float, float]:
-    """(bytes moved, flops, memory_s, compute_s) of ONE draft pass at `batch` tokens, unscaled. A head of one or
-    two layers is one kernel chain whose weights, KV and math are blended by one smooth max."""
-    weight_bytes = drafter.params * drafter.dtype_bytes / tp
+    hardware: HardwareProfile, drafter: DrafterProfile, *, batch: float, context_tokens: float, tp: int
+) -> tuple[float, float, float, float, float]:
+    """(bytes moved, flops, memory_s, compute_s, allreduce_s) of ONE draft pass at `batch` tokens, unscaled, per
+    GPU of the drafter's own degree tp_d = `drafter.degree(tp)` (`tp` the target's). A head of one or two layers
+    is one kernel chain whose weights, KV and math are blended by one smooth max. KV is read over the drafter's
+    attended context (its sliding layers' window). At tp_d > 1 each drafter layer all-reduces twice, as the
+    target's do: 2 x layers x (latency + 2 (tp_d - 1) / tp_d x batch x hidden x 2 bytes / link); at tp_d = 1 the
+    pass runs on one GPU whole (weights / 1), the other GPUs waiting.
+
+    Example: a 1B draft model (16 layers, hidden 2048, 1.0e9 streamed params, bf16) on H100s at batch 8: tp_d 1 ->
+    2.0 GB / 2.85 TB/s = 0.70 ms, no all-reduce; tp_d 4 -> 0.18 ms + 32 x (8 us + 1.5 x 32 KB / 450 GB/s) = 0.44 ms
+    (KV left out of the example).
+    """
+    degree = float(drafter.degree(tp))
+    weight_bytes = drafter.params * drafter.dtype_bytes / degree
     shape = drafter.attention
-    kv_bytes = kv_bytes_per_token_per_gpu(shape, drafter.kv_dtype_bytes, tp) * batch * context_tokens
-    attention_flops = shape.decode_flops_per_pair * batch * context_tokens
-    flops = (2.0 * drafter.params * batch + attention_flops) / tp
+    attended = drafter.attended_context(context_tokens)
+    kv_bytes = kv_bytes_per_token_per_gpu(shape, drafter.kv_dtype_bytes, degree) * batch * attended
+    attention_flops = shape.decode_flops_per_pair * batch * attended
+    flops = (2.0 * drafter.params * batch + attention_flops) / degree
     memory_s = (weight_bytes + kv_bytes) / (hardware.mem_bandwidth_bytes_per_s * hardware.bandwidth_efficiency)
     compute_s = flops / (hardware.flops_for_dtype(drafter.dtype_bytes) * hardware.flops_efficiency)
-    return weight_bytes + kv_bytes, flops, memory_s, compute_s
+    allreduce_s = 0.0
+    if degree > 1.0:
+        message = batch * drafter.hidden * ACTIVATION_BYTES
+        ring = 2.0 * (degree - 1.0) / degree * message / hardware.interconnect_bytes_per_s
+        allreduce_s = 2.0 * drafter.layers * (hardware.allreduce_latency_s + ring)
+    return weight_bytes + kv_bytes, flops, memory_s, compute_s, allreduce_s
 
 
 def drafting_time(
@@ -502,13 +519,13 @@ def drafting_time(
         per_request += drafter.host_time_per_request_s * batch
         overhead = hardware.spec_step_overhead_s + scales.per_request * per_request
         return StepTime(0.0, 0.0, 0.0, 0.0, 0.0, scales.overhead * overhead, 0.0)
-    moved, flops, memory_s, compute_s = _draft_pass(
-        hardware, drafter, batch=batch, context_tokens=shape.context_tokens, tp=float(tensor_parallel)
+    moved, flops, memory_s, compute_s, allreduce_s = _draft_pass(
+        hardware, drafter, batch=batch, context_tokens=shape.context_tokens, tp=tensor_parallel
     )
     memory_s *= scales.memory
     compute_s *= scales.compute
-    weight_bytes = drafter.params * drafter.dtype_bytes / float(tensor_parallel)
-    fixed = hardware.spec_step_overhead_s + scales.draft * gamma * hardware.draft_step_fixed_s
+    weight_bytes = drafter.params * drafter.dtype_bytes / float(drafter.degree(tensor_parallel))
+    fixed = hardware.spec_step_overhead_s + scales.draft * gamma * (hardware.draft_step_fixed_s + allreduce_s)
     return StepTime(
         weight_bytes=gamma * weight_bytes,
         kv_bytes=gamma * (moved - weight_bytes),
@@ -541,7 +558,7 @@ def step_components(
     if draft_passes < 0:
         raise ValueError(f"draft_passes must be >= 0, got {draft_passes}")
     prefill_ctx = _check_prefill(shape)
-    tp, batch = float(tensor_parallel), shape.batch
+    batch = shape.batch
     parts = _target_parts(hardware, model, shape, prefill_context_tokens=prefill_ctx, tensor_parallel=tensor_parallel)
     fixed = step_fixed_s(hardware, model)
     per_request = hardware.per_request_step_s * batch
@@ -553,10 +570,10 @@ def step_components(
         if drafter.method in HOST_DRAFT_METHODS or drafter.params <= 0:
             per_request += drafter.host_time_per_request_s * batch
         else:
-            draft_fixed = draft_passes * hardware.draft_step_fixed_s
-            _, _, draft_memory, draft_compute = _draft_pass(
-                hardware, drafter, batch=batch, context_tokens=shape.context_tokens, tp=tp
+            _, _, draft_memory, draft_compute, draft_allreduce = _draft_pass(
+                hardware, drafter, batch=batch, context_tokens=shape.context_tokens, tp=tensor_parallel
             )
+            draft_fixed = draft_passes * (hardware.draft_step_fixed_s + draft_allreduce)
             passes = draft_passes
     return StepComponents(
         fixed_s=fixed,

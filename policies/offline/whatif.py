@@ -124,6 +124,7 @@ class WhatIfInput:
     prefill_tokens_per_step: float = 0.0
     gpu_memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION
     tree_tokens: int | None = None
+    draft_tensor_parallel: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,11 +269,16 @@ def _drafter(inp: WhatIfInput, model: ModelProfile) -> DrafterProfile:
         if inp.draft_model is None:
             raise WhatIfInputError("drafter.draft_model", "method draft_model needs a draft model (name or config)")
         draft = resolve_model(inp.draft_model, field="drafter.draft_model")
-        return drafter_for(inp.drafter_method, model, draft_model=draft)
-    if inp.draft_model is not None:
-        raise WhatIfInputError(
-            "drafter.draft_model", f"only used with method draft_model, not {inp.drafter_method.value}"
-        )
+        degree = inp.draft_tensor_parallel
+        if degree is not None and not 1 <= degree <= inp.tensor_parallel:
+            raise WhatIfInputError(
+                "drafter.tensor_parallel", f"must be 1..tensor_parallel ({inp.tensor_parallel}), got {degree}"
+            )
+        return drafter_for(inp.drafter_method, model, draft_model=draft, draft_tensor_parallel=degree or 0)
+    for name, value in (("drafter.draft_model", inp.draft_model), ("drafter.tensor_parallel",
+                                                                    inp.draft_tensor_parallel)):
+        if value is not None:
+            raise WhatIfInputError(name, f"only used with method draft_model, not {inp.drafter_method.value}")
     return drafter_for(inp.drafter_method, model)
 
 

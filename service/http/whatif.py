@@ -85,6 +85,11 @@ class DrafterIn(_Strict):
         description="A tree drafter's draft tokens per sequence per step (SGLang --speculative-num-draft-tokens "
         "minus 1); gammas are then the tree's depth. None: a chain of gamma drafts.",
     )
+    tensor_parallel: int | None = Field(
+        default=None, ge=1, le=64, strict=True,
+        description="Only for method draft_model: the GPUs the draft model runs on (vLLM draft_tensor_parallel_size, "
+        "1 or the target's tensor_parallel). None: the target's degree.",
+    )
 
 
 class AcceptanceIn(_Strict):
@@ -184,6 +189,7 @@ class WhatIfRequest(_Strict):
             prefill_tokens_per_step=self.prefill_tokens_per_step,
             gpu_memory_utilization=self.gpu_memory_utilization,
             tree_tokens=self.drafter.tree_tokens,
+            draft_tensor_parallel=self.drafter.tensor_parallel,
         )
 
 

@@ -297,3 +297,17 @@ def test_every_setting_an_operator_can_write_says_what_it_is() -> None:
     assert len(leaves) > 70  # the walk reaches into every section (targets, decide, actuation.gate, ...)
     undescribed = [path for path, description in leaves if not description]
     assert undescribed == [], f"settings without a description: {undescribed}"
+
+
+def test_a_draft_model_on_fewer_gpus_reaches_the_cost_model_and_other_drafters_refuse_it() -> None:
+    target = {**ONE_TARGET[0], "model_profile": "llama-3.1-70b", "tensor_parallel": 4,
+              "drafter": {"method": "draft_model", "draft_model_profile": "llama-3.2-1b", "tensor_parallel": 1}}
+    [loaded] = load_settings(overrides={"targets": [target]}).targets
+    ctx = context_resolver(loaded, fallback_hardware="h100-sxm")("x", GpuSnapshot(taken_at_s=0.0, source="absent"))
+    assert ctx.drafter.degree(ctx.tensor_parallel) == 1
+    more = {**target, "drafter": {**target["drafter"], "tensor_parallel": 8}}  # type: ignore[dict-item]
+    with pytest.raises(SettingsError, match="exceeds the target's tensor_parallel"):
+        load_settings(overrides={"targets": [more]})
+    head = {**target, "drafter": {"method": "eagle3", "tensor_parallel": 1}}
+    with pytest.raises(SettingsError, match="draft_model only"):
+        load_settings(overrides={"targets": [head]})
