@@ -287,9 +287,9 @@ class TargetSettings(_Section):
         if self.profile is not None and not self.profile.is_file():
             raise ValueError(f"profile '{self.profile}' is not a readable file")
         draft_tp = self.drafter.tensor_parallel
-        if draft_tp is not None and draft_tp > self.tensor_parallel:
-            raise ValueError(f"drafter.tensor_parallel ({draft_tp}) exceeds the target's tensor_parallel "
-                             f"({self.tensor_parallel})")
+        if draft_tp is not None and draft_tp not in (1, self.tensor_parallel):
+            raise ValueError(f"drafter.tensor_parallel must be 1 or the target's tensor_parallel "
+                             f"({self.tensor_parallel}), got {draft_tp}")
         return self
 
     @property

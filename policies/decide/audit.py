@@ -236,14 +236,16 @@ def _switch(alternatives: tuple[MethodOption, ...], reference: float, config: Au
 
 
 def _kv_tokens_freed(context: ModelContext | None) -> float | None:
-    """Tokens of KV cache the drafter's weights would hold (per GPU: weights / TP over the target's KV bytes per
-    token per GPU). Example: an EAGLE-3 head of 4.0e8 bf16 params (0.8 GB) beside Llama-3.1-8B (128 KiB a token):
-    ~6 100 tokens."""
+    """Tokens of KV cache the drafter's weights would hold on the GPU that holds most of them (weights over the
+    drafter's own tensor-parallel degree, over the target's KV bytes per token per GPU). Example: an EAGLE-3 head
+    of 4.0e8 bf16 params (0.8 GB) beside Llama-3.1-8B (128 KiB a token): ~6 100 tokens; a 1B draft model on one
+    of 4 GPUs frees its whole 2.5 GB there, not a quarter of it."""
     if context is None or context.drafter.params <= 0:
         return None
     tp = float(context.tensor_parallel)
     per_token = kv_bytes_per_token_per_gpu(context.model.attention, context.model.kv_dtype_bytes, tp)
-    return context.drafter.params * context.drafter.dtype_bytes / tp / per_token if per_token > 0 else None
+    degree = float(context.drafter.degree(context.tensor_parallel))
+    return context.drafter.params * context.drafter.dtype_bytes / degree / per_token if per_token > 0 else None
 
 
 def _with(base: ControllerAudit, verdict: AuditVerdict, reason: str) -> ControllerAudit:

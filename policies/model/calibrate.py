@@ -370,12 +370,13 @@ def _components(ctx: ModelContext, point: StepObservation) -> StepComponents:
 # ------------------------------------------------------------------------------------------------------------
 
 # (fixed, per_request, per_token, memory, kv_memory, attention, allreduce, prefill, draft_fixed, draft_memory,
-#  draft_compute, passes, gemm_row_s, gemm_tokens + gemm_pad, gemm_fill, prefill_gemm, prompt rows): `memory` is
-#  the weights' streaming, `kv_memory` and `attention` the attention kernels' bytes and math, `prefill_gemm` the
-#  prompt tokens' linear layers (priced at the elasticity of all the step's rows: decode + `prompt rows`)
+#  draft_compute, passes, gemm_row_s, gemm_tokens + gemm_pad, gemm_fill, prefill_gemm, prompt rows,
+#  draft_allreduce): `memory` is the weights' streaming, `kv_memory` and `attention` the attention kernels' bytes and
+#  math, `prefill_gemm` the prompt tokens' linear layers (priced at the elasticity of all the step's rows: decode +
+#  `prompt rows`), `draft_allreduce` one draft pass's TP comms
 _Terms = tuple[
     float, float, float, float, float, float, float, float, float, float, float, float, float, float, float,
-    float, float,
+    float, float, float,
 ]
 # (memory, compute, overhead, per_request, per_token, draft, fill, gemm_slope): seven scales and beta
 _Scales8 = tuple[float, float, float, float, float, float, float, float]
@@ -389,7 +390,7 @@ def _terms(comp: StepComponents) -> _Terms:
         comp.fixed_s, comp.per_request_s, comp.per_token_s, comp.memory_s, comp.kv_memory_s, comp.attention_s,
         comp.allreduce_s, comp.prefill_s, comp.draft_fixed_s, comp.draft_memory_s, comp.draft_compute_s,
         float(comp.draft_passes), comp.gemm_row_s, comp.gemm_tokens + comp.gemm_pad, comp.gemm_fill,
-        comp.prefill_gemm_s, comp.prefill_tokens,
+        comp.prefill_gemm_s, comp.prefill_tokens, comp.draft_allreduce_s,
     )
 
 
@@ -437,7 +438,7 @@ def _price(t: _Terms, scales: _Scales8) -> tuple[float, _Scales8]:
     s = (a^p + b^p)^(1/p) splits by shares: d s / d log a = s a^p / (a^p + b^p), and b takes the rest."""
     ms, cs, ov, pr, pt, dr, fs, beta = scales
     (fixed, per_request, per_token, memory, kv_memory, attention, allreduce, prefill, draft_fixed, draft_memory,
-     draft_compute, passes, row_s, rows_free, fill, prefill_gemm, prompt_rows) = t
+     draft_compute, passes, row_s, rows_free, fill, prefill_gemm, prompt_rows, draft_allreduce) = t
     gemm, gemm_fill_slope, gemm_beta_slope = _gemm(row_s, rows_free, fill * fs, beta)
     prefill_beta = prefill_fill = 0.0
     if prefill_gemm > 0.0:
@@ -447,8 +448,9 @@ def _price(t: _Terms, scales: _Scales8) -> tuple[float, _Scales8]:
         prefill_beta = cs * prefill_gemm * factor * size_log
         prefill_fill = -cs * prefill_gemm * factor * beta * fill_share
     forward, forward_memory_share = _blend(ms * (memory + kv_memory), cs * (gemm + attention))
-    draft, draft_memory_share = _blend(ms * draft_memory, cs * draft_compute) if passes > 0 else (0.0, 0.0)
-    draft *= dr * passes
+    roof, draft_memory_share = _blend(ms * draft_memory, cs * draft_compute) if passes > 0 else (0.0, 0.0)
+    roof *= dr * passes  # the draft passes' roofline, split by memory_share; their comms scale with draft alone
+    draft = roof + (dr * passes * draft_allreduce if passes > 0 else 0.0)
     requests = ov * pr * per_request
     tokens = ov * pt * per_token
     overhead = ov * fixed + requests + tokens
@@ -460,8 +462,8 @@ def _price(t: _Terms, scales: _Scales8) -> tuple[float, _Scales8]:
     # d log T / d (log fill, beta): through the linear layers' share of the forward's compute side.
     gemm_part = forward_compute * gemm / (gemm + attention) * inv if gemm + attention > 0 else 0.0
     return math.log(total), (
-        (forward * forward_memory_share + draft * draft_memory_share) * inv,
-        (forward_compute + prefill_s + draft * (1.0 - draft_memory_share)) * inv,
+        (forward * forward_memory_share + roof * draft_memory_share) * inv,
+        (forward_compute + prefill_s + roof * (1.0 - draft_memory_share)) * inv,
         (overhead + launches) * inv,
         requests * inv,
         tokens * inv,

@@ -76,6 +76,10 @@ class ModelContext:
     def __post_init__(self) -> None:
         if self.tensor_parallel < 1:
             raise ValueError(f"tensor_parallel must be >= 1, got {self.tensor_parallel}")
+        draft = self.drafter.tensor_parallel
+        if draft < 0 or draft > self.tensor_parallel:
+            raise ValueError(f"the drafter's tensor_parallel must be 0 (the target's) to {self.tensor_parallel}, "
+                             f"got {draft}")
 
 
 @dataclass(frozen=True, slots=True)

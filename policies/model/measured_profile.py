@@ -10,21 +10,21 @@ sidecar (`serve`, a target's `profile`) and `whatif --profile` fit the cost mode
 File (JSON, `FORMAT`):
     {"format": "spec-advisor-profile/1", "created_at_s": 1.8e9,
      "identity": {"hardware": "h100-sxm", "model_profile": "llama-3.1-8b", "tensor_parallel": 1,
-                  "drafter_method": "eagle3", "drafter_params": 2.5e8, "engine": "vllm", "engine_version": "0.32.0",
-                  "served_model": "m"},
+                  "drafter_method": "eagle3", "drafter_params": 2.5e8, "drafter_tensor_parallel": 1,
+                  "engine": "vllm", "engine_version": "0.32.0", "served_model": "m"},
      "points": [{"concurrency": 8, "deployed_k": 3, "batch": 7.6, "tokens_per_seq": 4.0, "draft_passes": 3,
                  "context_tokens": 412.0, "prefill_tokens": 31.0, "step_s": 0.0123, "step_samples": 2411,
                  "mean_accepted_length": 2.6}, ...],
      "complete": true}
 
 Identity: a profile prices only the deployment it measured. The cost model's inputs (hardware, model profile,
-tensor-parallel degree, drafter method, and the drafter's size in parameters: another draft model or EAGLE head
-is another deployment) must match the target's or the what-if's, or the profile is refused with the field that
-differs. The engine and its version (vLLM's /version) are recorded; `profile --append` refuses to mix versions,
-but the sidecar cannot see a running engine's version in /metrics, so after an engine upgrade measure again (the
-engine's overheads are what the fit learns). A profile older than the operator's limit is refused, never
-silently used. An incomplete profile (the server died mid-plan) is usable for the levels it holds and says so.
-A file with more than 1000 points is refused (`merged` refuses to grow one past that).
+tensor-parallel degree, drafter method, the drafter's size in parameters: another draft model or EAGLE head is
+another deployment, and the GPUs a drafter with weights runs on) must match the target's or the what-if's, or the
+profile is refused with the field that differs. The engine and its version (vLLM's /version) are recorded; `profile
+--append` refuses to mix versions, but the sidecar cannot see a running engine's version in /metrics, so after an
+engine upgrade measure again (the engine's overheads are what the fit learns). A profile older than the operator's
+limit is refused, never silently used. An incomplete profile (the server died mid-plan) is usable for the levels it
+holds and says so. A file with more than 1000 points is refused (`merged` refuses to grow one past that).
 """
 
 from __future__ import annotations
@@ -45,7 +45,8 @@ from policies.model.calibrate import (
 from policies.model.costmodel import ModelContext
 
 FORMAT = "spec-advisor-profile/1"
-IDENTITY_FIELDS = ("hardware", "model_profile", "tensor_parallel", "drafter_method", "drafter_params")
+IDENTITY_FIELDS = ("hardware", "model_profile", "tensor_parallel", "drafter_method", "drafter_params",
+                   "drafter_tensor_parallel")
 _PARAMS_TOLERANCE = 0.01  # drafter sizes within 1% are the same drafter (profiles round differently)
 MAX_PROFILE_POINTS = 1000
 _MAX_POINTS = MAX_PROFILE_POINTS
@@ -66,6 +67,7 @@ class ProfileIdentity:
     tensor_parallel: int
     drafter_method: str
     drafter_params: float | None = None  # the drafter's weights (0 for n-gram/suffix); None: not recorded
+    drafter_tensor_parallel: int | None = None  # the GPUs a drafter with weights runs on; None: not recorded
     engine: str = "vllm"
     engine_version: str = ""
     served_model: str = ""
@@ -142,11 +144,19 @@ def _fields(identity: ProfileIdentity) -> dict[str, object]:
 def identity_of(ctx: ModelContext) -> dict[str, object]:
     """The cost-model fields (`IDENTITY_FIELDS`) a context prices with: what a profile must have measured.
     Example: llama-3.1-8b on h100-sxm, TP 1, EAGLE-3 -> {"hardware": "h100-sxm", "model_profile": "llama-3.1-8b",
-    "tensor_parallel": 1, "drafter_method": "eagle3", "drafter_params": 2.5e8 (the head's weights)}."""
+    "tensor_parallel": 1, "drafter_method": "eagle3", "drafter_params": 2.5e8 (the head's weights),
+    "drafter_tensor_parallel": 1}."""
     return {
         "hardware": ctx.hardware.name, "model_profile": ctx.model.name, "tensor_parallel": ctx.tensor_parallel,
         "drafter_method": str(ctx.drafter.method), "drafter_params": float(ctx.drafter.params),
+        "drafter_tensor_parallel": drafter_degree(ctx),
     }
+
+
+def drafter_degree(ctx: ModelContext) -> int | None:
+    """The GPUs the drafter's passes run on (`DrafterProfile.degree`), or None for a drafter without weights
+    (n-gram, suffix: no passes to place). Example: a 1B draft model on one of 4 GPUs -> 1; an EAGLE head -> 4."""
+    return ctx.drafter.degree(ctx.tensor_parallel) if ctx.drafter.params > 0 else None
 
 
 def check_identity(profile: MeasuredProfile, wanted: Mapping[str, object], *, what: str) -> None:
@@ -220,6 +230,8 @@ def parse_profile(data: object) -> MeasuredProfile:
         drafter_method=_text(identity_data, "drafter_method", "identity."),
         drafter_params=None if identity_data.get("drafter_params") is None else _number(
             identity_data, "drafter_params", low=0.0, high=1e13, path="identity."),
+        drafter_tensor_parallel=None if identity_data.get("drafter_tensor_parallel") is None else _integer(
+            identity_data, "drafter_tensor_parallel", low=1, high=64, path="identity."),
         engine=_optional_text(identity_data, "engine", "vllm", "identity."),
         engine_version=_optional_text(identity_data, "engine_version", "", "identity."),
         served_model=_optional_text(identity_data, "served_model", "", "identity."),

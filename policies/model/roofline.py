@@ -67,9 +67,10 @@ decode batch sizes.
 
 Drafting (what a speculative step adds besides verifying more tokens), for gamma >= 1 drafts:
     ngram / suffix : host_time_per_request x B                                  (one host lookup per step)
-    eagle/eagle3/mtp/draft_model: gamma x (draft_step_fixed_s + its all-reduces + roofline of the drafter at B
-                     tokens: drafter weights + its own KV cache at its attended ctx), per GPU of the drafter's own
-                     tensor-parallel degree (`_draft_pass`)
+    eagle/eagle3/mtp/draft_model: gamma x (draft_step_fixed_s + roofline of the drafter at B tokens: drafter
+                     weights + its own KV cache at its attended ctx + its all-reduces), per GPU of the drafter's
+                     own tensor-parallel degree (`_draft_pass`; a head runs at the target's, so at TP > 1 each of
+                     its layers all-reduces twice too)
     plus           : spec_step_overhead_s + spec_per_request_overhead_s x B   (rejection sampling, bookkeeping)
 The per-request speculative term is host/sampler bookkeeping only (see policies/model/profiles.py for why it is not
 the 84 us/request of vLLM Dynamic SD at K=0); `dynamic_sd_k0_overhead_s` prices that code path separately.
@@ -255,7 +256,8 @@ class StepComponents:
     and math; `prefill_s`: the prompt tokens' math, added outside the smooth maxes (module docstring), of which
     `prefill_gemm_s` is linear layers, priced at the elasticity of the step's whole rows G(`gemm_tokens` +
     `prefill_tokens`);
-    `draft_memory_s`/`draft_compute_s`: ONE draft pass, run `draft_passes` times; `allreduce_s`: TP comms.
+    `draft_memory_s`/`draft_compute_s`/`draft_allreduce_s`: ONE draft pass (its roofline sides and its TP comms),
+    run `draft_passes` times; `allreduce_s`: the target's TP comms.
     """
 
     fixed_s: float
@@ -268,6 +270,7 @@ class StepComponents:
     draft_fixed_s: float = 0.0
     draft_memory_s: float = 0.0
     draft_compute_s: float = 0.0
+    draft_allreduce_s: float = 0.0
     draft_passes: int = 0
     gemm_row_s: float = 0.0
     gemm_tokens: float = 0.0
@@ -300,7 +303,7 @@ class StepComponents:
     def total_s(self, scales: CostScales | None = None) -> float:
         """overhead x (fixed + per_request x per-request + per_token x per-token + draft x draft_fixed)
         + roofline x (smooth_max(memory x (M + K), compute x (C + A)) + compute x prefill
-        + allreduce + draft x passes x smooth_max(memory x M_d, compute x C_d)),
+        + allreduce + draft x passes x (smooth_max(memory x M_d, compute x C_d) + allreduce_d)),
         C = compute_s - gemm_s(unit scales) + gemm_s(scales).
 
         Example: fixed 1.5 ms, per-request 0.02 ms, per-token 0.02 ms, M 5.3 ms, C 0.025 ms, no KV, no draft, unit
@@ -313,7 +316,9 @@ class StepComponents:
             compute_s += self.gemm_s(s) - self.gemm_s()
         forward = smooth_max(s.memory * (self.memory_s + self.kv_memory_s), s.compute * (compute_s + self.attention_s))
         target = forward + s.compute * self.prefill_at(s) + self.allreduce_s
-        draft = self.draft_passes * smooth_max(s.memory * self.draft_memory_s, s.compute * self.draft_compute_s)
+        draft = self.draft_passes * (
+            smooth_max(s.memory * self.draft_memory_s, s.compute * self.draft_compute_s) + self.draft_allreduce_s
+        )
         return overhead + s.draft * s.overhead * self.draft_fixed_s + s.roofline * (target + s.draft * draft)
 
 
@@ -525,7 +530,7 @@ def drafting_time(
     memory_s *= scales.memory
     compute_s *= scales.compute
     weight_bytes = drafter.params * drafter.dtype_bytes / float(drafter.degree(tensor_parallel))
-    fixed = hardware.spec_step_overhead_s + scales.draft * gamma * (hardware.draft_step_fixed_s + allreduce_s)
+    fixed = hardware.spec_step_overhead_s + scales.draft * gamma * hardware.draft_step_fixed_s
     return StepTime(
         weight_bytes=gamma * weight_bytes,
         kv_bytes=gamma * (moved - weight_bytes),
@@ -533,7 +538,7 @@ def drafting_time(
         memory_s=gamma * memory_s,
         compute_s=gamma * compute_s,
         overhead_s=scales.overhead * (fixed + scales.per_request * per_request),
-        physics_s=scales.roofline * scales.draft * gamma * smooth_max(memory_s, compute_s),
+        physics_s=scales.roofline * scales.draft * gamma * (smooth_max(memory_s, compute_s) + allreduce_s),
     )
 
 
@@ -562,7 +567,7 @@ def step_components(
     parts = _target_parts(hardware, model, shape, prefill_context_tokens=prefill_ctx, tensor_parallel=tensor_parallel)
     fixed = step_fixed_s(hardware, model)
     per_request = hardware.per_request_step_s * batch
-    draft_memory = draft_compute = draft_fixed = 0.0
+    draft_memory = draft_compute = draft_fixed = draft_allreduce = 0.0
     passes = 0
     if draft_passes > 0:
         fixed += hardware.spec_step_overhead_s
@@ -573,7 +578,7 @@ def step_components(
             _, _, draft_memory, draft_compute, draft_allreduce = _draft_pass(
                 hardware, drafter, batch=batch, context_tokens=shape.context_tokens, tp=tensor_parallel
             )
-            draft_fixed = draft_passes * (hardware.draft_step_fixed_s + draft_allreduce)
+            draft_fixed = draft_passes * hardware.draft_step_fixed_s
             passes = draft_passes
     return StepComponents(
         fixed_s=fixed,
@@ -587,6 +592,7 @@ def step_components(
         draft_fixed_s=draft_fixed,
         draft_memory_s=draft_memory,
         draft_compute_s=draft_compute,
+        draft_allreduce_s=draft_allreduce,
         draft_passes=passes,
         gemm_row_s=parts.gemm_row_s,
         gemm_tokens=parts.gemm_tokens,

@@ -270,9 +270,9 @@ def _drafter(inp: WhatIfInput, model: ModelProfile) -> DrafterProfile:
             raise WhatIfInputError("drafter.draft_model", "method draft_model needs a draft model (name or config)")
         draft = resolve_model(inp.draft_model, field="drafter.draft_model")
         degree = inp.draft_tensor_parallel
-        if degree is not None and not 1 <= degree <= inp.tensor_parallel:
+        if degree is not None and degree not in (1, inp.tensor_parallel):
             raise WhatIfInputError(
-                "drafter.tensor_parallel", f"must be 1..tensor_parallel ({inp.tensor_parallel}), got {degree}"
+                "drafter.tensor_parallel", f"must be 1 or tensor_parallel ({inp.tensor_parallel}), got {degree}"
             )
         return drafter_for(inp.drafter_method, model, draft_model=draft, draft_tensor_parallel=degree or 0)
     for name, value in (("drafter.draft_model", inp.draft_model), ("drafter.tensor_parallel",

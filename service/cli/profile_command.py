@@ -28,7 +28,14 @@ import httpx
 from pydantic import ValidationError
 
 from policies.model.costmodel import ModelContext
-from policies.model.measured_profile import MAX_PROFILE_POINTS, MeasuredProfile, ProfileError, ProfileIdentity, merged
+from policies.model.measured_profile import (
+    MAX_PROFILE_POINTS,
+    MeasuredProfile,
+    ProfileError,
+    ProfileIdentity,
+    drafter_degree,
+    merged,
+)
 from policies.types import EngineSnapshot, GpuSnapshot
 from service.app import context_resolver
 from service.loadgen import ClosedLoop, run_closed_loop
@@ -226,7 +233,8 @@ async def _run(
             return EXIT_SERVER
         identity = ProfileIdentity(
             hardware=ctx.hardware.name, model_profile=ctx.model.name, tensor_parallel=ctx.tensor_parallel,
-            drafter_method=str(ctx.drafter.method), drafter_params=float(ctx.drafter.params), engine="vllm",
+            drafter_method=str(ctx.drafter.method), drafter_params=float(ctx.drafter.params),
+            drafter_tensor_parallel=drafter_degree(ctx), engine="vllm",
             engine_version=version, served_model=model,
         )
         if previous is not None:

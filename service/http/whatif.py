@@ -86,7 +86,7 @@ class DrafterIn(_Strict):
         "minus 1); gammas are then the tree's depth. None: a chain of gamma drafts.",
     )
     tensor_parallel: int | None = Field(
-        default=None, ge=1, le=64, strict=True,
+        default=None, ge=1, le=MAX_TENSOR_PARALLEL, strict=True,
         description="Only for method draft_model: the GPUs the draft model runs on (vLLM draft_tensor_parallel_size, "
         "1 or the target's tensor_parallel). None: the target's degree.",
     )

@@ -132,6 +132,21 @@ def test_another_draft_model_is_another_deployment() -> None:
         check_identity(profile, bigger, what="the target")
 
 
+def test_a_draft_model_on_other_gpus_is_another_deployment() -> None:
+    measured = _document()
+    measured["identity"] = {**measured["identity"], "drafter_method": "draft_model", "drafter_params": 1.1e9,
+                            "drafter_tensor_parallel": 4}
+    profile = parse_profile(measured)
+    assert profile.identity.drafter_tensor_parallel == 4
+    same = {**identity_of(_tiny_cpu()), "drafter_method": "draft_model", "drafter_params": 1.1e9,
+            "drafter_tensor_parallel": 4}
+    check_identity(profile, same, what="the target")
+    with pytest.raises(ProfileError, match="drafter_tensor_parallel 4, but the target uses 1"):
+        check_identity(profile, {**same, "drafter_tensor_parallel": 1}, what="the target")
+    # An n-gram drafter has no passes to place: nothing to compare.
+    assert identity_of(_tiny_cpu())["drafter_tensor_parallel"] is None
+
+
 def test_a_profile_without_the_drafter_size_is_not_checked_on_it() -> None:
     profile = parse_profile(_document())  # written before the size was recorded
     assert profile.identity.drafter_params is None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 from statistics import NormalDist
 
@@ -18,11 +19,12 @@ from policies.model.objectives import (
     held_batch,
     objective_curve,
     open_loop_batch,
+    slo_rank_weight,
     slo_share,
     workload_from,
 )
 from policies.model.roofline import Shape
-from policies.types import DraftMethod
+from policies.types import CurvePoint, DraftMethod
 
 ACCEPTANCE = acceptance_curve(make_evidence().acceptance, method=DraftMethod.EAGLE3, gamma_max=4)
 
@@ -217,6 +219,37 @@ def test_an_slo_no_option_meets_ranks_by_throughput_and_says_so() -> None:
     plain_itl = plain[0].step_time_s
     _, ranked, _ = objective_curve(ctx, ACCEPTANCE, workload, config=ObjectiveConfig(itl_slo_s=plain_itl))
     assert ranked is Objective.GOODPUT_SLO
+    # Latency-bound (no queue): the options are then ranked by each sequence's speed at the batch, the plain curve.
+    light = Workload(32.0, 0.0, 512.0, kv_usage_ratio=0.1, deployed_k=3)
+    by_speed, latency, _ = objective_curve(ctx, ACCEPTANCE, light, config=ObjectiveConfig(itl_slo_s=1e-6))
+    at_32 = curve_for(ctx, ACCEPTANCE, Shape(batch=32.0, context_tokens=512.0))[0]
+    assert latency is Objective.LATENCY
+    assert [p.speedup for p in by_speed] == pytest.approx([p.speedup for p in at_32])
+
+
+def test_the_slo_ranks_in_proportion_to_the_share_it_can_tell_apart() -> None:
+    config = ObjectiveConfig(itl_slo_s=0.05)  # floor 1%: the SLO ranks alone from a best share of 5%
+
+    def shares(*values: float) -> list[CurvePoint]:
+        return [CurvePoint(g, 1.0, 1.0, 1.0, 1.0, 0.01, slo_share=v) for g, v in enumerate(values)]
+
+    assert slo_rank_weight(shares(0.01, 0.01, 0.01), config) == 0.0
+    assert slo_rank_weight(shares(0.01, 0.03, 0.02), config) == pytest.approx(0.5)
+    assert slo_rank_weight(shares(0.01, 0.2), config) == 1.0
+    # Swept across the edge where plain decoding, the best option here, starts to meet the SLO for more than the
+    # floor (its ITL x exp(0.1 x z(1%)) = 0.79 x its ITL), the curve moves by small steps: at no SLO does the
+    # ranking flip from tokens/s to SLO goodput. A 0.2% change of the SLO moves a point by up to ~3% here (the
+    # shares' own steepness, 10% spread) and by under 0.5% where the ranking leaves tokens/s.
+    ctx = make_context()
+    workload = Workload(256.0, 50.0, 512.0, kv_usage_ratio=0.62, deployed_k=3)
+    plain = curve_for(ctx, ACCEPTANCE, Shape(batch=256.0, context_tokens=512.0))[0]
+    edge = plain[0].step_time_s * math.exp(0.10 * NormalDist().inv_cdf(0.01))
+    swept = [objective_curve(ctx, ACCEPTANCE, workload, config=ObjectiveConfig(itl_slo_s=edge * (0.99 + 0.002 * i)))
+             for i in range(26)]
+    assert swept[0][1] is Objective.CAPACITY and swept[-1][1] is Objective.GOODPUT_SLO
+    for (before, was, _), (after, now, _) in itertools.pairwise(swept):
+        step = max(abs(math.log(b.speedup / a.speedup)) for a, b in zip(before, after, strict=True))
+        assert step < (0.005 if was is not now else 0.04)
 
 
 def test_workload_from_evidence() -> None:

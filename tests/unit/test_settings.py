@@ -305,8 +305,8 @@ def test_a_draft_model_on_fewer_gpus_reaches_the_cost_model_and_other_drafters_r
     [loaded] = load_settings(overrides={"targets": [target]}).targets
     ctx = context_resolver(loaded, fallback_hardware="h100-sxm")("x", GpuSnapshot(taken_at_s=0.0, source="absent"))
     assert ctx.drafter.degree(ctx.tensor_parallel) == 1
-    more = {**target, "drafter": {**target["drafter"], "tensor_parallel": 8}}  # type: ignore[dict-item]
-    with pytest.raises(SettingsError, match="exceeds the target's tensor_parallel"):
+    more = {**target, "drafter": {**target["drafter"], "tensor_parallel": 2}}  # type: ignore[dict-item]
+    with pytest.raises(SettingsError, match="must be 1 or the target's tensor_parallel"):
         load_settings(overrides={"targets": [more]})
     head = {**target, "drafter": {"method": "eagle3", "tensor_parallel": 1}}
     with pytest.raises(SettingsError, match="draft_model only"):
