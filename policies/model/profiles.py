@@ -234,11 +234,8 @@ class ModelProfile:
         Example: gpt-oss-20b (12 of 24 layers slide over 128 tokens) at ctx 4096 -> (12 x 4096 + 12 x 128) / 24
         = 2112.
         """
-        if self.sliding_window <= 0 or self.sliding_layers <= 0 or self.layers <= 0:
-            return context_tokens
-        sliding = min(self.sliding_layers, self.layers)
-        full = self.layers - sliding
-        return (full * context_tokens + sliding * min(context_tokens, float(self.sliding_window))) / self.layers
+        return attended_context(context_tokens, layers=self.layers, window=self.sliding_window,
+                                sliding_layers=self.sliding_layers)
 
     @property
     def is_moe(self) -> bool:
@@ -323,11 +320,8 @@ class DrafterProfile:
         """The context one draft token attends to, averaged over the drafter's layers (tokens), bounded by its
         sliding layers' window: (full x ctx + sliding x min(ctx, W)) / layers. Example: a 24-layer draft model
         whose 12 sliding layers see 4096 tokens, at ctx 32768 -> (12 x 32768 + 12 x 4096) / 24 = 18432."""
-        if self.sliding_window <= 0 or self.sliding_layers <= 0 or self.layers <= 0:
-            return context_tokens
-        sliding = min(self.sliding_layers, self.layers)
-        full = self.layers - sliding
-        return (full * context_tokens + sliding * min(context_tokens, float(self.sliding_window))) / self.layers
+        return attended_context(context_tokens, layers=self.layers, window=self.sliding_window,
+                                sliding_layers=self.sliding_layers)
 
     @property
     def attention(self) -> AttentionShape:
@@ -336,6 +330,16 @@ class DrafterProfile:
             layers=self.layers, num_heads=self.num_heads, num_kv_heads=self.num_kv_heads, head_dim=self.head_dim,
             kv_lora_rank=self.kv_lora_rank, rope_head_dim=self.rope_head_dim, v_head_dim=self.v_head_dim,
         )
+
+
+def attended_context(context_tokens: float, *, layers: int, window: int, sliding_layers: int) -> float:
+    """The context one token attends to, averaged over `layers` (tokens), of which `sliding_layers` attend to at
+    most `window` cached tokens: (full x ctx + sliding x min(ctx, W)) / layers; ctx when no layer slides.
+    Example: 12 of 24 layers sliding over 128 tokens at ctx 4096 -> (12 x 4096 + 12 x 128) / 24 = 2112."""
+    if window <= 0 or sliding_layers <= 0 or layers <= 0:
+        return context_tokens
+    sliding = min(sliding_layers, layers)
+    return ((layers - sliding) * context_tokens + sliding * min(context_tokens, float(window))) / layers
 
 
 # ----------------------------------------------------------------------------------------------------------------
