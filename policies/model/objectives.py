@@ -48,20 +48,12 @@ Three objectives, chosen per tick from the evidence:
   delivers nothing. Example:
   SLO 8 ms, off at 11 ms: share(0) = max(0.01, Phi(ln(8/11) / 0.1) = Phi(-3.18) = 0.0007) = 0.01; gamma 2 at
   5.3 ms (Phi(4.12) = 0.99998) and gamma 3 at 4.7 ms (Phi(5.32) = 1.0): S(2) = 99.998, S(3) = 100.0, so decide's
-  minimum-change rule keeps whichever runs.
-  An SLO that no option meets (every share at the floor: an overload whose queue holds every option's batch at
-  the cap, or a target past what the hardware can do) ranks nothing: each option's goodput under it is the floor
-  times its throughput, and decide, which counts a gain by the tokens it moves across the SLO, would see 1% of
-  each option's difference and keep any setting, however much throughput it costs. The tokens are still
-  delivered, late, so the options are then ranked as without an SLO (capacity or latency, as the queue says) and
-  the reason says so. Between that and an SLO that ranks, the two are blended so that no tick flips the ranking:
-      lambda = clip((m - floor) / ((SLO_RANK_FACTOR - 1) floor), 0, 1)      m = the best option's share
-      S = lambda S_slo + (1 - lambda) S_without,  slo_share = lambda share + (1 - lambda)   (every band end too)
-  SLO_RANK_FACTOR = 5: the SLO ranks alone once some option meets it for five times the share that meets any SLO
-  (5% at the 1% floor), a share the per-request ITL histogram tells from the floor within a window (30 requests).
-  Example: SLO 45 ms, batch 256 with a queue, off at 62 ms per token and k=3 at 96 ms (both shares 1%, lambda 0):
-  ranked by throughput, S(3) = 0.65, and off is worth its restart; were off's share 3%, lambda = 0.5.
-  Chunked prefill stretches every
+  minimum-change rule keeps whichever runs. When every option's share sits at the floor (an overload that holds
+  every option's ITL past the SLO) no change can gain tokens meeting it, and a restart's dropped requests still
+  count: the options keep their floor shares (whichever runs stays) and the reason says that no option meets
+  the SLO. (Ranking them by tokens/s instead was tried: it restarted an overloaded server late, dropping its
+  queue, and it let the overload's ticks outweigh the light load after it in the plan, keeping a setting that
+  met the SLO for a third as many requests; docs/bench.md.) Chunked prefill stretches every
   step by 1 / (1 - rho), rho = the share of the current step spent on prompt tokens, priced by the model as
   1 - T(B, k, P = 0) / T(B, k, P) at the deployed k, whose steps the prefill per step P was measured over
   (policies/model/costmodel.py: prompt load is a rate, the same for every gamma); the ITL above uses the stretched
@@ -307,47 +299,15 @@ def objective_curve(
                 slo_share=share(point.step_time_s * stretch / max(acc.expected_length, 1.0)) if slo else None,
             )
         )
-    weight = slo_rank_weight(points, config) if slo else 1.0
-    if weight >= 1.0:
-        return tuple(points), objective, why
-    # Few or no requests meet the SLO under any option: goodput under it ranks little (module docstring).
-    curve, fallback, regime = objective_curve(
-        ctx, acceptance, workload, config=replace(config, itl_slo_s=None), scales=scales
-    )
-    slo_text = f"ITL SLO {(config.itl_slo_s or 0.0) * 1e3:.4g} ms"
-    if weight <= 0.0:
-        return curve, fallback, f"{slo_text} met by no option, ranked by tokens/s instead; {regime}"
-    blended = tuple(_blend_points(p, q, weight) for p, q in zip(points, curve, strict=True))
-    return blended, objective, f"{why}; {slo_text} met by few: ranked {weight:.0%} by it, the rest by tokens/s"
+    if slo and _slo_unmet(points, config):
+        why += "; no option meets it (every share at the floor): no change can gain tokens meeting it"
+    return tuple(points), objective, why
 
 
-# The best option's share meeting the SLO at which the SLO alone ranks the options, in multiples of the floor.
-SLO_RANK_FACTOR = 5.0
-
-
-def slo_rank_weight(points: Sequence[CurvePoint], config: ObjectiveConfig) -> float:
-    """lambda in [0, 1]: how much the SLO ranks the options (module docstring), from the best option's share m
-    meeting it: (m - floor) / (SLO_RANK_FACTOR x floor - floor), clipped. Example: floor 1%: m 1% -> 0 (nobody
-    meets it), 3% -> 0.5, 5% or more -> 1."""
-    shares = [p.slo_share for p in points if p.slo_share is not None and math.isfinite(p.slo_share)]
-    if not shares:
-        return 1.0
-    floor = config.slo_share_floor
-    span = (SLO_RANK_FACTOR - 1.0) * floor
-    return min(1.0, max(0.0, (max(shares) - floor) / span))
-
-
-def _blend_points(slo: CurvePoint, plain: CurvePoint, weight: float) -> CurvePoint:
-    """`weight` x the SLO point + (1 - weight) x the same option ranked without the SLO: speedups and band ends
-    alike, and the share decide weighs a gain by (policies/decide/value.py) moving from the SLO's to 1."""
-    def mix(a: float, b: float) -> float:
-        return weight * a + (1.0 - weight) * b
-
-    share = slo.slo_share if slo.slo_share is not None else 1.0
-    return replace(
-        slo, speedup=mix(slo.speedup, plain.speedup), speedup_low=mix(slo.speedup_low, plain.speedup_low),
-        speedup_high=mix(slo.speedup_high, plain.speedup_high), slo_share=mix(share, 1.0),
-    )
+def _slo_unmet(points: Sequence[CurvePoint], config: ObjectiveConfig) -> bool:
+    """Every option's share meeting the SLO is at the floor (within rounding): the SLO cannot be met at this load."""
+    ceiling = config.slo_share_floor * (1.0 + 1e-6)
+    return all(p.slo_share is not None and p.slo_share <= ceiling for p in points)
 
 
 def open_loop_batch(
