@@ -225,8 +225,9 @@ async def _phase(server: VllmServer, sidecar: RunningSidecar, *, concurrency: in
     """Hold `concurrency` requests in flight until the sidecar shows a window that lies wholly inside the phase."""
     phase_start_s = time.time()
     # The window must slide wholly into the phase: window_s plus the base scrape before it, plus slow scrapes
-    # when 32 requests load these 2 cores.
-    duration_s = SIDECAR.window_s + 12 * SIDECAR.scrape_interval_s
+    # when 32 requests load these 2 cores (seen: two scrapes timing out in one high phase, whose window then
+    # still reached back before the phase when a 48 s phase ended).
+    duration_s = SIDECAR.window_s + 20 * SIDECAR.scrape_interval_s
     if concurrency == 1:
         work = run_for(server.base_url, model=server.model, concurrency=1, duration_s=duration_s,
                        max_tokens=PHASE_MAX_TOKENS)
