@@ -93,9 +93,10 @@ def scenario_objective(bench: BenchScenario, statics: Sequence[RunResult]) -> Ob
 
     An ITL SLO that no static setting meets (the best SLO goodput under `SLO_UNMET_SHARE` of the best goodput: an
     overload in which every setting's ITL is past it) grades nothing: every headline is ~0 and every ratio 0 / 0.
-    The scenario is then graded on throughput, as the advisor ranks its options then
-    (policies/model/objectives.py), and `Objective.note` says so. Example: SLO 45 ms, best static SLO goodput 0
-    of 2056 tokens/s -> throughput, "ITL SLO 45 ms met by no static setting (best 0 of 2056 tokens/s)".
+    The scenario is then graded on throughput (the tokens the clients got, late), and `Objective.note` says so;
+    the advisor itself keeps the SLO's ranking there (policies/model/objectives.py). Example: SLO 45 ms, best
+    static SLO goodput 0 of 2056 tokens/s -> throughput, "ITL SLO 45 ms met by no static setting (best 0 of 2056
+    tokens/s)".
     """
     section = bench.bench
     kind = section.objective_kind
