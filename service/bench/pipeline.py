@@ -107,13 +107,16 @@ def bench_advisor_settings(bench: BenchScenario, *, extra: Mapping[str, Any] | N
     `extra` laid over the scenario's own advisor settings. Raises SettingsError."""
     section = bench.bench
     advisor = section.advisor
+    drafter: dict[str, Any] = {"method": advisor.drafter_method or bench.scenario.drafter.method,
+                               "draft_model_profile": advisor.draft_model_profile}
+    if advisor.draft_tensor_parallel is not None:
+        drafter["tensor_parallel"] = advisor.draft_tensor_parallel
     target = {
         "hardware": advisor.hardware,
         "model_profile": advisor.model_profile,
         "model_config_path": advisor.model_config_path,
         "tensor_parallel": advisor.tensor_parallel,
-        "drafter": {"method": advisor.drafter_method or bench.scenario.drafter.method,
-                    "draft_model_profile": advisor.draft_model_profile},
+        "drafter": drafter,
     }
     return advisor_settings(
         model_name=bench.scenario.model_name,

@@ -27,7 +27,7 @@ class _Section(BaseModel):
 # Sidecar settings the benchmark sets itself; a scenario that sets them would be silently overridden.
 RESERVED_SETTINGS = ("targets", "gpu", "scrape_interval_s", "scrape_timeout_s")
 RESERVED_SETTINGS_HINT = ("the target's fields are bench.advisor's own: hardware, model_profile, model_config_path, "
-                          "tensor_parallel, drafter_method, draft_model_profile; the tick is "
+                          "tensor_parallel, drafter_method, draft_model_profile, draft_tensor_parallel; the tick is "
                           "bench.decision_interval_s; the SLO is bench.itl_slo_s")
 
 
@@ -50,6 +50,10 @@ class AdvisorSection(_Section):
     drafter_method: str | None = Field(default=None, description="Advisor drafter method; None = the world's.")
     draft_model_profile: str | None = Field(
         default=None, description="Catalog name of the draft model (drafter method draft_model only)."
+    )
+    draft_tensor_parallel: int | None = Field(
+        default=None, ge=1, le=64, description="GPUs the draft model runs on, as the advisor is told (drafter "
+        "method draft_model only: vLLM's draft_tensor_parallel_size, 1 or tensor_parallel); None = tensor_parallel.",
     )
     settings: dict[str, Any] = Field(
         default_factory=dict,

@@ -94,6 +94,11 @@ def add_profile_command(commands: Any) -> None:
     )
     profile.add_argument("--draft-model-profile", help="with --drafter-method draft_model: the drafter's catalog name")
     profile.add_argument("--tensor-parallel", type=int, default=1, help="the server's --tensor-parallel-size")
+    profile.add_argument(
+        "--draft-tensor-parallel", type=int,
+        help="with --drafter-method draft_model: the GPUs the draft model runs on (speculative_config's "
+        "draft_tensor_parallel_size: 1 or --tensor-parallel; default --tensor-parallel)",
+    )
     profile.add_argument("--model", help="served model name (default: the only one /v1/models lists)")
     profile.add_argument(
         "--concurrency", default="1,2,4,8,16,32", metavar="C1,C2,...",
@@ -141,9 +146,11 @@ def _plan(args: argparse.Namespace) -> ProfilePlan:
 
 
 def _context(args: argparse.Namespace) -> ModelContext:
-    drafter: dict[str, str] = {"method": args.drafter_method}
+    drafter: dict[str, str | int] = {"method": args.drafter_method}
     if args.draft_model_profile:
         drafter["draft_model_profile"] = args.draft_model_profile
+    if args.draft_tensor_parallel is not None:
+        drafter["tensor_parallel"] = args.draft_tensor_parallel
     try:
         target = TargetSettings.model_validate({
             "name": "profile", "url": args.url, "hardware": args.hardware, "model_profile": args.model_profile,
@@ -152,7 +159,8 @@ def _context(args: argparse.Namespace) -> ModelContext:
         resolve = context_resolver(target, fallback_hardware=args.hardware)
         return resolve(args.model or "", GpuSnapshot(taken_at_s=0.0, source="absent"))
     except ValidationError as exc:
-        problems = "; ".join(f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors())
+        problems = "; ".join(": ".join([*(".".join(str(p) for p in e["loc"]) for _ in e["loc"][:1]), e["msg"]])
+                             for e in exc.errors())
         raise ProfileCommandError(problems) from None
     except SettingsError as exc:
         raise ProfileCommandError(str(exc)) from None

@@ -135,6 +135,7 @@ def test_profile_refuses_usage_errors_before_touching_a_server(tmp_path: Path) -
         (("--concurrency", "1,600"), "1..512"),
         (("--level-s", "0.1"), "level 1..600"),
         (("--max-tokens", "0"), "--max-tokens must be 1..4096"),
+        (("--draft-tensor-parallel", "1"), "drafter.tensor_parallel applies to method draft_model only"),
     )
     for extra, message in cases:
         answer = cli("profile", "--url", url, "--out", str(out), *PROFILE_ARGS, *extra)

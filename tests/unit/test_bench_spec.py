@@ -33,6 +33,33 @@ def test_tensor_parallel_reaches_the_advisor(tmp_path: Path) -> None:
     assert target.model_profile == "llama-3.1-70b"
 
 
+def _draft_model_advisor(tmp_path: Path, advisor: dict[str, Any]) -> Path:
+    data = yaml.safe_load((SCENARIOS / "bench" / "draft-model.yaml").read_text(encoding="utf-8"))
+    data["bench"]["advisor"] = {**data["bench"]["advisor"], "tensor_parallel": 4, "model_profile": "llama-3.1-70b",
+                                **advisor}
+    path = tmp_path / "scenario.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    return path
+
+
+def test_the_draft_models_own_tensor_parallel_reaches_the_advisor(tmp_path: Path) -> None:
+    [target] = bench_advisor_settings(load_bench_scenario(_draft_model_advisor(tmp_path, {}))).targets
+    assert target.drafter.tensor_parallel is None  # unset: the target's 4, as vLLM does
+    bench = load_bench_scenario(_draft_model_advisor(tmp_path, {"draft_tensor_parallel": 1}))
+    [target] = bench_advisor_settings(bench).targets
+    assert (target.tensor_parallel, target.drafter.tensor_parallel) == (4, 1)
+
+
+def test_a_draft_tensor_parallel_vllm_would_refuse_is_a_file_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = _draft_model_advisor(tmp_path, {"draft_tensor_parallel": 3})
+    assert main(["bench", str(path), "--no-plots", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}: invalid bench.advisor" in err
+    assert "drafter.tensor_parallel must be 1 or the target's tensor_parallel (4), got 3" in err
+
+
 @pytest.mark.parametrize(
     ("settings", "field"),
     [
