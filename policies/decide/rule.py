@@ -10,14 +10,22 @@ delivered token (policies/decide/value.py); C is what one change destroys in sec
 among those with g >= margin
 (ties: the smaller gamma, off first); when none has V > 0, what runs stays. A turn-off goes to gamma* (the best
 point speedup among measured gammas) instead when S(gamma*) >= 1: as much expected service, and the acceptance stays
-measured. The candidate is published once some change has been worth making for
+measured. A turn-on goes to the gamma with the greatest trial value (policies/decide/value.py `trial_value`):
+
+    V_try(gamma) = T x mu + (H - T) x E[max(g, -C / (H - T))] - C        g ~ N(mu = S - 1, sigma = band / 3.29)
+
+Running a gamma measures every position up to it within T (the dwell), and a gamma that proves worse than off is
+left at one more change's cost, so its downside is bounded and a wide band is no reason to stop short (gammas
+measured and one past them, every gamma when none is). The band's low end decides whether to turn on at all.
+The candidate is published once some change has been worth making for
 
     wait = C / r, clipped to [confirm_s, dwell_s]      r = this window's expected gain of the candidate
 
 (the service forgone by waiting has then paid for the switch: the break-even rule, which unclipped loses at most
 twice what hindsight would on a condition of any length). r is the gain at the points' own speedups, not at the
 band's end: the band decides whether a change is worth making at all, while what waiting forgoes each second is the
-gain expected (`value.expected_gain`). The candidate is published once the wait has passed, once it has kept its
+gain expected (`value.expected_gain`; a turn-on's at its point speedup, extrapolated or not: the way back bounds
+what it risks). The candidate is published once the wait has passed, once it has kept its
 side for confirm_s (more speculation, or less: fewer drafts or off; one outlying window cannot publish a change),
 and never within dwell_s of the last published change. What is published is the candidate of that tick: near the
 optimum, neighbouring gammas alternate within noise. Hysteresis comes from the pessimistic band on both sides (to
@@ -38,7 +46,9 @@ Worked example (H 600 s, C 22.6 s, margin 0.02, confirm 30 s, dwell 120 s): runn
 priced at 1.48 with gain_sd 0.01: g = (1.48 x 0.984 - 1.40) / 1.40 = 4.0%, V = 23.9 - 22.6 = +1.3 s, r = 0.08 /
 1.40 = 5.7%, wait 22.6 / 0.057 = 396 s -> 120 s. Running gamma 8 at S 0.70 at moderate load, gamma 2 at 1.30
 (gain_sd 0.05): g = 71%, r = 86%, wait 26 s -> 30 s. Off, S(3) = 1.42 [1.31..1.55], C 0: g = 31%, V > 0, wait 30 s
-(the confirm).
+(the confirm). Off with nothing measured, S(1) = 1.39 [1.11..1.64], S(3) = 1.64 [1.04..2.31], C 20 s: gamma 1
+pays at its low end (+11% x 600 = 66 s > 20 s), so speculation goes on; V_try(1) = 214 s, V_try(3) = 367 s: it
+goes on at gamma 3, after 20 / 0.64 = 31 s.
 
 Probe (value of information): while off on a remembered profile, `probe.probe_for` may ask to switch on to
 measure again; it is the candidate when the rule would stay off, published at once when the last change (or the
@@ -56,7 +66,7 @@ from dataclasses import dataclass, replace
 
 from policies.decide.change_cost import change_cost_of, inflight_work_s
 from policies.decide.summary import summarize
-from policies.decide.value import Key, Valued, best_on, expected_gain, point_at, value_options
+from policies.decide.value import Key, Valued, best_on, expected_gain, point_at, trial_value, value_options
 from policies.model.costmodel import step_batch
 from policies.types import CurvePoint, DataState, Decision, Evidence, Why, WhyCode
 
@@ -311,24 +321,76 @@ def _why_stays(choice: Valued | None, config: DecideConfig, *, cost_s: float) ->
 
 def _change(tick: _Tick, current: Key, choice: Valued, prices: _Prices, *, note: str) -> _Candidate:
     """The valued change as the candidate, with its wait: C today over the expected gain now (waiting forgoes the
-    gain expected at this window's rate: the rent is paid now, whatever the plan forecasts)."""
+    gain expected at this window's rate: the rent is paid now, whatever the plan forecasts). A turn-on goes to
+    the gamma with the greatest trial value (`_trial`), its rent that gamma's expected gain."""
     config = tick.config
-    now_gain = expected_gain(tick.curve, current, choice.key)
+    trial = _trial(tick, prices, choice.key) if not current[0] and choice.key[0] else None
+    key = trial[0] if trial is not None else choice.key
+    now_gain = _trial_rent(tick.curve, key) if trial is not None else expected_gain(tick.curve, current, key)
     rent = choice.gain if now_gain is None else now_gain
     wait = wait_s(cost_s=prices.today_s, gain=rent, confirm_s=config.confirm_s, dwell_s=config.dwell_s)
     worth = _worth(choice, config, prices.cost_s, from_on=current[0])
-    text = note + f"; {worth}, wait {wait:.0f}s (cost today {prices.today_s:.1f}s / gain "
+    text = note + f"; {worth}"
+    whys = [_why(WhyCode.GAIN, to_gamma=choice.key[1], gain=choice.gain, cost_s=prices.cost_s, wait_s=wait)]
+    if trial is not None and key != choice.key:
+        point = point_at(prices.curve, key[1])
+        text += (f"; {_describe(key)}{f' {_fmt_point(point)}' if point is not None else ''} is worth more to try: "
+                 f"{trial[1]:.0f}s over {config.payback_horizon_s:.0f}s against {trial[2]:.0f}s (it runs "
+                 f"{_trial_s(config):.0f}s, measures every position up to gamma {key[1]}, and a worse gamma is left "
+                 f"at one more change's cost)")
+        whys.append(_why(WhyCode.TRIAL, gamma=key[1], value_s=trial[1], against_s=trial[2]))
+    text += f", wait {wait:.0f}s (cost today {prices.today_s:.1f}s / gain "
     text += f"expected now {rent:+.1%}, in {config.confirm_s:.0f}..{config.dwell_s:.0f}s)"
     side = _side(choice.key, current)  # the option valued: a turn-off kept measuring is still a turn-off
-    key, kept = _keep_measuring(choice.key, prices.curve, prices.options)
-    to_gamma = choice.key[1]  # an off key is (False, 0)
-    whys = [_why(WhyCode.GAIN, to_gamma=to_gamma, gain=choice.gain, cost_s=prices.cost_s, wait_s=wait)]
+    key, kept = _keep_measuring(key, prices.curve, prices.options)
     if math.isinf(choice.gain):
-        whys.append(_why(WhyCode.OFF_CURVE, to_gamma=to_gamma))
+        whys.append(_why(WhyCode.OFF_CURVE, to_gamma=choice.key[1]))
     if kept:
         point = point_at(prices.curve, key[1])
         whys.append(_why(WhyCode.KEPT_MEASURING, gamma=key[1], speedup=point.speedup if point else math.nan))
     return _Candidate(key=key, wait_s=wait, side=side, text=text + kept, why=tuple(whys))
+
+
+def _trial_s(config: DecideConfig) -> float:
+    # A published change runs at least a dwell (and a window, to be measured) before it can be undone.
+    return max(config.dwell_s, config.probe_min_s)
+
+
+def _trial(tick: _Tick, prices: _Prices, choice: Key) -> tuple[Key, float, float] | None:
+    """Where a turn-on that pays goes: the on option with the greatest trial value (value.trial_value: the move
+    measures its positions, and a worse gamma is left at one change's cost), among the gammas whose acceptance is
+    measured and one past the largest of them (every gamma when none is). Returns (that key, its V_try, the V_try
+    of `choice`, the option the band's low end chose), or None when either cannot be priced. Ties: the smaller
+    gamma."""
+    config = tick.config
+    on = [key for key in prices.options if key[0] and point_at(prices.curve, key[1]) is not None]
+    measured = [key[1] for key in on if not _extrapolated(prices.curve, key)]
+    reach = max(measured) + 1 if measured else config.gamma_max
+    values: dict[Key, float] = {}
+    for key in [*(k for k in on if k[1] <= reach), choice]:
+        value = trial_value(prices.curve, key, horizon_s=config.payback_horizon_s, cost_s=prices.cost_s,
+                            trial_s=_trial_s(config))
+        if value is not None:
+            values.setdefault(key, value)
+    if choice not in values:
+        return None
+    best = max(sorted(values), key=lambda key: values[key])  # max keeps the first of equals: the smaller gamma
+    return best, values[best], values[choice]
+
+
+def _extrapolated(curve: Sequence[CurvePoint], key: Key) -> bool:
+    point = point_at(curve, key[1])
+    return point is None or point.extrapolated
+
+
+def _trial_rent(curve: Sequence[CurvePoint], key: Key) -> float | None:
+    """A trial's expected gain now over off, at the point's own speedup (x the SLO share): the revert bounds its
+    downside, so waiting forgoes the expected gain, not the band's low end."""
+    point, off = point_at(curve, key[1]), point_at(curve, 0)
+    if point is None or not math.isfinite(point.speedup):
+        return None
+    share = off.slo_share if off is not None and off.slo_share is not None and off.slo_share >= 0 else 1.0
+    return (point.speedup - 1.0) * share
 
 
 def _side(option: Key, current: Key) -> int:

@@ -120,6 +120,48 @@ def value_options(
     return out
 
 
+def trial_value(
+    curve: Sequence[CurvePoint], option: Key, *, horizon_s: float, cost_s: float, trial_s: float
+) -> float | None:
+    """V_try (s): the value over `horizon_s` of turning on at `option` from off when the move itself measures the
+    option and a worse one is left again at one more change's cost:
+
+        V_try = T x mu + (H - T) x E[max(g, -C / (H - T))] - C        g ~ N(mu, sigma)
+
+    mu = S(gamma) - 1 (per delivered token, x the SLO share while off); sigma = (S_high - S_low) / (2 x 1.645), the
+    90% band read as a normal; T = `trial_s`, the least time a published change runs (decide's dwell); C =
+    `cost_s`. E[max(g, a)] = a + (mu - a) Phi(d) + sigma phi(d), d = (mu - a) / sigma. The floor a is the way back:
+    after T the positions up to gamma are measured, and a gamma worse than off by more than C / (H - T) is left.
+    None when the curve has no finite point for the option or off. Example: S(3) = 1.64 [1.04..2.31], H 600 s,
+    T 120 s, C 33 s: mu 0.64, sigma 0.386, a -0.069, d 1.84, E 0.645 -> V_try = 76.8 + 309.6 - 33 = 353 s;
+    S(1) = 1.39 [1.11..1.64] (sigma 0.161): V_try = 46.8 + 187.2 - 33 = 201 s.
+    """
+    point, off = point_at(curve, option[1]), point_at(curve, 0)
+    if not option[0] or point is None:
+        return None
+    bounds = (point.speedup, point.speedup_low, point.speedup_high)
+    if not all(math.isfinite(x) for x in bounds) or horizon_s <= 0:
+        return None
+    share = _share(off)
+    mu = (point.speedup - 1.0) * share
+    sigma = max(0.0, point.speedup_high - point.speedup_low) * share / (2.0 * Z_90)
+    trial = min(max(trial_s, 0.0), horizon_s)
+    rest = horizon_s - trial
+    tail = rest * _expected_max(mu, sigma, -cost_s / rest) if rest > 0 else 0.0
+    value = trial * mu + tail - cost_s
+    return value if math.isfinite(value) else None
+
+
+def _expected_max(mu: float, sigma: float, floor: float) -> float:
+    """E[max(X, floor)] for X ~ N(mu, sigma^2) (sigma >= 0). Example: mu 0, sigma 1, floor 0 -> 0.399."""
+    if sigma <= 0:
+        return max(mu, floor)
+    d = (mu - floor) / sigma
+    cdf = 0.5 * (1.0 + math.erf(d / math.sqrt(2.0)))
+    pdf = math.exp(-0.5 * d * d) / math.sqrt(2.0 * math.pi)
+    return floor + (mu - floor) * cdf + sigma * pdf
+
+
 def best_on(curve: Sequence[CurvePoint], options: Sequence[Key]) -> CurvePoint | None:
     """gamma*: the point with the best point speedup among the on options (ties: the smaller gamma; non-finite
     speedups skipped), or None. Example: S(1) 1.00 [0.98..1.02], S(2) 0.97 [0.90..1.05] -> the gamma 1 point."""

@@ -21,7 +21,8 @@ from policies.decide.rule import (
     reachable_gamma_limit,
     wait_s,
 )
-from policies.types import CurvePoint, DataState, Decision, Evidence
+from policies.decide.value import trial_value
+from policies.types import CurvePoint, DataState, Decision, Evidence, WhyCode
 
 # margin 2%, confirm 30 s, dwell 120 s; change_cost_s 0 (an engine that adapts per batch): every wait is 30 s.
 CFG = DecideConfig(margin=0.02, dwell_s=120.0, confirm_s=30.0, gamma_max=8)
@@ -594,3 +595,58 @@ def test_a_turn_off_goes_to_the_best_gamma_when_it_is_expected_to_do_as_well_as_
     assert d.num_speculative_tokens == 3
     d, s = tick(s, T0 + 81.0, even, ON3, COST)
     assert (d.enabled, d.num_speculative_tokens) == (True, 1)
+
+
+# ---- turning on from off: where to (value.trial_value)
+
+# Nothing measured yet (a drafter loaded but never run): every gamma is the prior's guess. The band's low end
+# picks gamma 1 (S_low 1.11 ties gamma 2 and is the smaller); gamma 3 is expected 1.64.
+UNMEASURED = make_curve(
+    (1.11, 1.39, 1.64), (1.11, 1.58, 2.05), (1.04, 1.64, 2.31), (0.96, 1.62, 2.46), extrapolated_above=0
+)
+
+
+def test_a_turn_on_goes_to_the_gamma_worth_most_to_try() -> None:
+    # C = 20 s, H 600 s, T = the dwell, 120 s: floor a = -20 / 480. By hand (sigma = (high - low) / 3.2897):
+    # gamma 1: mu 0.39, sigma 0.161, E[max] 0.3902 -> 46.8 + 187.3 - 20 = 214 s;
+    # gamma 3: mu 0.64, sigma 0.386, d 1.766, E[max] 0.6460 -> 76.8 + 310.1 - 20 = 367 s;
+    # gamma 2: 328.7 s; gamma 4: 359.2 s. Gamma 3 is the candidate; the wait is C over its expected gain, 20 / 0.64.
+    d, s = tick(DecideState(), T0, UNMEASURED, config=COST)
+    assert (s.pending_enabled, s.pending_gamma) == (True, 3)
+    assert "on, gamma 1 S(1)=1.39 [1.11..1.64] extrapolated gains +11.0% at its band's low end" in d.reason
+    assert "on, gamma 3 S(3)=1.64 [1.04..2.31] extrapolated is worth more to try: 367s over 600s against 214s" \
+        in d.reason
+    assert "wait 31s (cost today 20.0s / gain expected now +64.0%" in d.reason
+    trial = d.named(WhyCode.TRIAL)
+    assert trial is not None and trial.number("gamma") == 3
+    d, s = tick(s, T0 + 31.0, UNMEASURED, config=COST)
+    assert d.enabled is False
+    d, s = tick(s, T0 + 32.0, UNMEASURED, config=COST)
+    assert (d.enabled, d.num_speculative_tokens) == (True, 3)
+
+
+def test_a_turn_on_still_needs_a_gain_sure_at_its_band_low_end() -> None:
+    # Gamma 3 is worth trying in expectation (1.40 [0.95..1.85]), but no gamma's low end clears the margin: off stays.
+    hopeful = make_curve((0.97, 1.10, 1.25), (0.96, 1.25, 1.55), (0.95, 1.40, 1.85), extrapolated_above=0)
+    s = DecideState()
+    for i in range(4):
+        d, s = tick(s, T0 + 60.0 * i, hopeful, config=COST)
+        assert (d.enabled, s.pending_enabled) == (False, None), i
+
+
+def test_a_turn_on_tries_no_further_than_one_gamma_past_the_remembered_positions() -> None:
+    # Remembered positions up to 2; gamma 4 would be worth most to try on its wide band (1.80 [1.00..2.60]), but
+    # only gamma 3 lies one past what was measured. Gamma 3 (1.50 [1.20..1.80]) beats gamma 2 (1.35 +-0.05).
+    curve = make_curve(1.20, 1.35, (1.20, 1.50, 1.80), (1.00, 1.80, 2.60), extrapolated_above=2)
+    _, s = tick(DecideState(), T0, curve, config=COST)
+    assert (s.pending_enabled, s.pending_gamma) == (True, 3)
+
+
+def test_a_trial_risks_its_first_dwell_and_one_change_back_not_the_horizon() -> None:
+    # S(2) = 0.50 for sure: T mu = 120 x -0.5 = -60 s, then the way back: 480 x (-20 / 480) = -20 s, less C 20 s.
+    sure_loss = make_curve(1.10, (0.50, 0.50, 0.50))
+    assert trial_value(sure_loss, (True, 2), horizon_s=600.0, cost_s=20.0, trial_s=120.0) == pytest.approx(-100.0)
+    # Under an SLO the gain counts the tokens that move across it: off's share 0.5 halves mu and sigma.
+    shared = (replace(sure_loss[0], slo_share=0.5), *sure_loss[1:])
+    assert trial_value(shared, (True, 1), horizon_s=600.0, cost_s=0.0, trial_s=120.0) == pytest.approx(30.0, abs=0.1)
+    assert trial_value(sure_loss, (False, 0), horizon_s=600.0, cost_s=20.0, trial_s=120.0) is None
