@@ -14,9 +14,10 @@ measured. A turn-on goes to the gamma with the greatest trial value (policies/de
 
     V_try(gamma) = T x mu + (H - T) x E[max(g, -C / (H - T))] - C        g ~ N(mu = S - 1, sigma = band / 3.29)
 
-Running a gamma measures every position up to it within T (the dwell), and a gamma that proves worse than off is
-left at one more change's cost, so its downside is bounded and a wide band is no reason to stop short (gammas
-measured and one past them, every gamma when none is). The band's low end decides whether to turn on at all.
+Running a gamma measures its acceptance within T (max(dwell_s, probe_min_s)), and a gamma that proves worse than
+off can be left at one more change's cost, so its downside is bounded and a wide band is no reason to stop short
+(among the gammas measured and the next the curve offers past them; every gamma when none is). The band's low end
+decides whether to turn on at all.
 The candidate is published once some change has been worth making for
 
     wait = C / r, clipped to [confirm_s, dwell_s]      r = this window's expected gain of the candidate
@@ -326,19 +327,23 @@ def _change(tick: _Tick, current: Key, choice: Valued, prices: _Prices, *, note:
     config = tick.config
     trial = _trial(tick, prices, choice.key) if not current[0] and choice.key[0] else None
     key = trial[0] if trial is not None else choice.key
-    now_gain = _trial_rent(tick.curve, key) if trial is not None else expected_gain(tick.curve, current, key)
+    now_gain = expected_gain(tick.curve, current, key, trial=trial is not None)
     rent = choice.gain if now_gain is None else now_gain
     wait = wait_s(cost_s=prices.today_s, gain=rent, confirm_s=config.confirm_s, dwell_s=config.dwell_s)
     worth = _worth(choice, config, prices.cost_s, from_on=current[0])
     text = note + f"; {worth}"
-    whys = [_why(WhyCode.GAIN, to_gamma=choice.key[1], gain=choice.gain, cost_s=prices.cost_s, wait_s=wait)]
-    if trial is not None and key != choice.key:
+    moved = trial is not None and key != choice.key
+    # The gain named is the published option's: the band's low end where it chose, the trial's expectation where
+    # the trial moved it.
+    gain = rent if moved else choice.gain
+    whys = [_why(WhyCode.GAIN, to_gamma=key[1], gain=gain, cost_s=prices.cost_s, wait_s=wait)]
+    if trial is not None and moved:
         point = point_at(prices.curve, key[1])
         text += (f"; {_describe(key)}{f' {_fmt_point(point)}' if point is not None else ''} is worth more to try: "
-                 f"{trial[1]:.0f}s over {config.payback_horizon_s:.0f}s against {trial[2]:.0f}s (it runs "
-                 f"{_trial_s(config):.0f}s, measures every position up to gamma {key[1]}, and a worse gamma is left "
-                 f"at one more change's cost)")
-        whys.append(_why(WhyCode.TRIAL, gamma=key[1], value_s=trial[1], against_s=trial[2]))
+                 f"{trial[1]:.0f}s over {config.payback_horizon_s:.0f}s against {trial[2]:.0f}s (it runs at least "
+                 f"{_trial_s(config):.0f}s, which measures its acceptance, and a worse setting can be left at one "
+                 f"more change's cost)")
+        whys.append(_why(WhyCode.TRIAL, gamma=key[1], value_s=trial[1], against_s=trial[2], expected=rent))
     text += f", wait {wait:.0f}s (cost today {prices.today_s:.1f}s / gain "
     text += f"expected now {rent:+.1%}, in {config.confirm_s:.0f}..{config.dwell_s:.0f}s)"
     side = _side(choice.key, current)  # the option valued: a turn-off kept measuring is still a turn-off
@@ -357,40 +362,33 @@ def _trial_s(config: DecideConfig) -> float:
 
 
 def _trial(tick: _Tick, prices: _Prices, choice: Key) -> tuple[Key, float, float] | None:
-    """Where a turn-on that pays goes: the on option with the greatest trial value (value.trial_value: the move
-    measures its positions, and a worse gamma is left at one change's cost), among the gammas whose acceptance is
-    measured and one past the largest of them (every gamma when none is). Returns (that key, its V_try, the V_try
-    of `choice`, the option the band's low end chose), or None when either cannot be priced. Ties: the smaller
-    gamma."""
+    """Where a turn-on that pays goes: the on option with the greatest trial value (value.trial_value: running it
+    measures its acceptance, and a worse setting can be left at one change's cost), among the gammas whose
+    acceptance is measured and the next one the curve offers past them (every gamma when none is). Returns (that
+    key, its V_try, the V_try of `choice`, the option the band's low end chose), or None when either cannot be
+    priced. Ties: the smaller gamma."""
     config = tick.config
-    on = [key for key in prices.options if key[0] and point_at(prices.curve, key[1]) is not None]
+    on = sorted(key for key in prices.options if key[0] and point_at(prices.curve, key[1]) is not None)
     measured = [key[1] for key in on if not _extrapolated(prices.curve, key)]
-    reach = max(measured) + 1 if measured else config.gamma_max
+    past = [key[1] for key in on if measured and key[1] > max(measured)]
+    reach = (past[0] if past else max(measured)) if measured else config.gamma_max
     values: dict[Key, float] = {}
-    for key in [*(k for k in on if k[1] <= reach), choice]:
+    for key in on:
         value = trial_value(prices.curve, key, horizon_s=config.payback_horizon_s, cost_s=prices.cost_s,
                             trial_s=_trial_s(config))
-        if value is not None:
-            values.setdefault(key, value)
-    if choice not in values:
+        if value is not None and key[1] <= reach:
+            values[key] = value
+    against = trial_value(prices.curve, choice, horizon_s=config.payback_horizon_s, cost_s=prices.cost_s,
+                          trial_s=_trial_s(config))
+    if not values or against is None:
         return None
-    best = max(sorted(values), key=lambda key: values[key])  # max keeps the first of equals: the smaller gamma
-    return best, values[best], values[choice]
+    best = max(values, key=lambda key: values[key])  # `on` is sorted; max keeps the first of equals
+    return best, values[best], against
 
 
 def _extrapolated(curve: Sequence[CurvePoint], key: Key) -> bool:
     point = point_at(curve, key[1])
     return point is None or point.extrapolated
-
-
-def _trial_rent(curve: Sequence[CurvePoint], key: Key) -> float | None:
-    """A trial's expected gain now over off, at the point's own speedup (x the SLO share): the revert bounds its
-    downside, so waiting forgoes the expected gain, not the band's low end."""
-    point, off = point_at(curve, key[1]), point_at(curve, 0)
-    if point is None or not math.isfinite(point.speedup):
-        return None
-    share = off.slo_share if off is not None and off.slo_share is not None and off.slo_share >= 0 else 1.0
-    return (point.speedup - 1.0) * share
 
 
 def _side(option: Key, current: Key) -> int:

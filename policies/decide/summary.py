@@ -57,6 +57,8 @@ def _changed(decision: Decision, setting: str) -> str:
     before = _setting(int(changed.number("from_gamma", 0.0)))
     if decision.named(WhyCode.KEPT_MEASURING) is not None:
         return f"Change to {setting} (from {before}) rather than off: as fast, and the acceptance stays measured."
+    if decision.named(WhyCode.TRIAL) is not None:
+        return f"Change to {setting} (from {before}): worth most to try; {_expected(decision)}."
     if gain is None or not math.isfinite(gain.number("gain")):
         return f"Change to {setting} (from {before}): {_expected(decision)}."
     return f"Change to {setting} (from {before}): gains {gain.number('gain'):+.0%}; {_expected(decision)}."
@@ -80,7 +82,11 @@ def _pending(decision: Decision, setting: str) -> str:
     if gain is None or not math.isfinite(gain.number("gain")):
         return f"Running {setting}; changing to {target} in {_seconds(left)} if that holds."
     due = f"due in {_seconds(left)} if that holds"
-    return f"Running {setting}; {target} is expected to gain {gain.number('gain'):+.0%}, {due}."
+    trial = decision.named(WhyCode.TRIAL)
+    claim = f"is expected to gain {gain.number('gain'):+.0%}"
+    if trial is not None:
+        claim = f"is worth most to try (expected {trial.number('expected'):+.0%})"
+    return f"Running {setting}; {target} {claim}, {due}."
 
 
 def _staying(decision: Decision, setting: str) -> str:

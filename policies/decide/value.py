@@ -68,16 +68,18 @@ def pessimistic_gain(curve: Sequence[CurvePoint], current: Key, option: Key, *, 
     return gain if gain is not None and math.isfinite(gain) else None
 
 
-def expected_gain(curve: Sequence[CurvePoint], current: Key, option: Key) -> float | None:
+def expected_gain(curve: Sequence[CurvePoint], current: Key, option: Key, *, trial: bool = False) -> float | None:
     """g(option) over `current` at the points' own speedups (no band), per delivered token: what each second
     without the change forgoes in expectation (decide's wait). An extrapolated gamma (positions past the measured k
-    never ran) is taken at no more than its band's low end, as in `pessimistic_gain`. None as `pessimistic_gain`.
-    Example: on at 3 (S 0.80), off -> (1.0 - 0.80) / 0.80 = 0.25; off, gamma 3 at S 1.42 [1.31..1.55] -> 0.42."""
+    never ran) is taken at no more than its band's low end, as in `pessimistic_gain`, unless the move is a `trial`
+    (a turn-on valued by `trial_value`, whose way back bounds what it risks). None as `pessimistic_gain`.
+    Example: on at 3 (S 0.80), off -> (1.0 - 0.80) / 0.80 = 0.25; off, gamma 3 at S 1.42 [1.31..1.55] -> 0.42;
+    off, gamma 3 extrapolated at S 1.64 [1.04..2.31] -> 0.04, or 0.64 as a trial."""
     new = point_at(curve, option[1]) if option[0] else point_at(curve, 0)
     here = point_at(curve, current[1]) if current[0] else point_at(curve, 0)
     if new is None or here is None or not here.speedup > 0:
         return None
-    target = min(new.speedup, new.speedup_low) if new.extrapolated else new.speedup
+    target = min(new.speedup, new.speedup_low) if new.extrapolated and not trial else new.speedup
     gain = (target - here.speedup) / here.speedup * _share(here)
     return gain if math.isfinite(gain) else None
 
@@ -129,9 +131,12 @@ def trial_value(
         V_try = T x mu + (H - T) x E[max(g, -C / (H - T))] - C        g ~ N(mu, sigma)
 
     mu = S(gamma) - 1 (per delivered token, x the SLO share while off); sigma = (S_high - S_low) / (2 x 1.645), the
-    90% band read as a normal; T = `trial_s`, the least time a published change runs (decide's dwell); C =
-    `cost_s`. E[max(g, a)] = a + (mu - a) Phi(d) + sigma phi(d), d = (mu - a) / sigma. The floor a is the way back:
-    after T the positions up to gamma are measured, and a gamma worse than off by more than C / (H - T) is left.
+    90% band read as a normal; T = `trial_s`, the least time a published change runs (decide's max(dwell_s,
+    probe_min_s)); C = `cost_s`. E[max(g, a)] = a + (mu - a) Phi(d) + sigma phi(d), d = (mu - a) / sigma. The floor
+    a is the way back: after T the gamma's acceptance is measured (its positions up to gamma, for a drafter whose
+    shorter drafts are prefixes of longer ones), and a gamma worse than off by more than C / (H - T) is left. The
+    floor is optimistic: leaving takes decide's own test (the band's high end below 1 by the margin, and paying
+    C), so a gamma only a little worse than off may be kept.
     None when the curve has no finite point for the option or off. Example: S(3) = 1.64 [1.04..2.31], H 600 s,
     T 120 s, C 33 s: mu 0.64, sigma 0.386, a -0.069, d 1.84, E 0.645 -> V_try = 76.8 + 309.6 - 33 = 353 s;
     S(1) = 1.39 [1.11..1.64] (sigma 0.161): V_try = 46.8 + 187.2 - 33 = 201 s.

@@ -159,11 +159,15 @@ def _context(args: argparse.Namespace) -> ModelContext:
         resolve = context_resolver(target, fallback_hardware=args.hardware)
         return resolve(args.model or "", GpuSnapshot(taken_at_s=0.0, source="absent"))
     except ValidationError as exc:
-        problems = "; ".join(": ".join([*(".".join(str(p) for p in e["loc"]) for _ in e["loc"][:1]), e["msg"]])
-                             for e in exc.errors())
+        problems = "; ".join(_problem(".".join(str(p) for p in e["loc"]), e["msg"]) for e in exc.errors())
         raise ProfileCommandError(problems) from None
     except SettingsError as exc:
         raise ProfileCommandError(str(exc)) from None
+
+
+def _problem(path: str, message: str) -> str:
+    # A model-level error (the target's own validator) has no field path.
+    return f"{path}: {message}" if path else message
 
 
 def _previous(path: Path) -> MeasuredProfile | None:

@@ -617,12 +617,17 @@ def test_a_turn_on_goes_to_the_gamma_worth_most_to_try() -> None:
     assert "on, gamma 3 S(3)=1.64 [1.04..2.31] extrapolated is worth more to try: 367s over 600s against 214s" \
         in d.reason
     assert "wait 31s (cost today 20.0s / gain expected now +64.0%" in d.reason
-    trial = d.named(WhyCode.TRIAL)
-    assert trial is not None and trial.number("gamma") == 3
+    trial, gain = d.named(WhyCode.TRIAL), d.named(WhyCode.GAIN)
+    assert trial is not None and trial.number("gamma") == 3 and trial.number("expected") == pytest.approx(0.64)
+    # The causes name the option that will be published, with the gain the trial expects of it.
+    assert gain is not None and gain.number("to_gamma") == 3 and gain.number("gain") == pytest.approx(0.64)
+    assert d.summary == ("Running speculation off; speculation on, k=3 is worth most to try (expected +64%), due in "
+                         "31 s if that holds.")
     d, s = tick(s, T0 + 31.0, UNMEASURED, config=COST)
     assert d.enabled is False
     d, s = tick(s, T0 + 32.0, UNMEASURED, config=COST)
     assert (d.enabled, d.num_speculative_tokens) == (True, 3)
+    assert d.summary.startswith("Change to speculation on, k=3 (from speculation off): worth most to try; expected")
 
 
 def test_a_turn_on_still_needs_a_gain_sure_at_its_band_low_end() -> None:
@@ -632,6 +637,16 @@ def test_a_turn_on_still_needs_a_gain_sure_at_its_band_low_end() -> None:
     for i in range(4):
         d, s = tick(s, T0 + 60.0 * i, hopeful, config=COST)
         assert (d.enabled, s.pending_enabled) == (False, None), i
+
+
+def test_a_turn_on_reaches_the_next_allowed_gamma_past_the_remembered_positions() -> None:
+    # A drafter that runs only even k (drafter.allowed_k 2, 4: the curve holds no odd gamma), remembered at k=2:
+    # the next gamma past it is 4, which the trial may reach: 1.80 [1.10..2.50] (its low end gains 10%, less than
+    # gamma 2's 25% at 1.30 +-0.05, so the band's low end alone would go to 2).
+    full = make_curve(1.15, 1.30, 1.35, (1.10, 1.80, 2.50), extrapolated_above=2)
+    even = (full[0], full[2], full[4])
+    _, s = tick(DecideState(), T0, even, config=COST)
+    assert (s.pending_enabled, s.pending_gamma) == (True, 4)
 
 
 def test_a_turn_on_tries_no_further_than_one_gamma_past_the_remembered_positions() -> None:
