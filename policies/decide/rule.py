@@ -8,7 +8,9 @@ g(o) is o's gain over c at the pessimistic end of its 90% band (a free move betw
 delivered token (policies/decide/value.py); C is what one change destroys in seconds of service
 (policies/decide/change_cost.py; 0 for an engine that adapts per batch). The candidate is the option with the greatest V
 among those with g >= margin
-(ties: the smaller gamma, off first); when none has V > 0, what runs stays. A turn-off goes to gamma* (the best
+(ties: the smaller gamma, off first); when none has V > 0, what runs stays. Options whose g lies within the margin
+of the best g are as sure (a difference the rule would not act on): of those, the candidate is the one with the
+greatest expected gain (`_likeliest`). A turn-off goes to gamma* (the best
 point speedup among measured gammas) instead when S(gamma*) >= 1: as much expected service, and the acceptance stays
 measured. A turn-on goes to the gamma with the greatest trial value (policies/decide/value.py `trial_value`):
 
@@ -332,6 +334,9 @@ def _change(tick: _Tick, current: Key, choice: Valued, prices: _Prices, *, note:
     wait = wait_s(cost_s=prices.today_s, gain=rent, confirm_s=config.confirm_s, dwell_s=config.dwell_s)
     worth = _worth(choice, config, prices.cost_s, from_on=current[0])
     text = note + f"; {worth}"
+    if choice.surer is not None:
+        text += (f" (as sure as {_describe(choice.surer.key)} at {choice.surer.gain:+.1%}, within the margin, and "
+                 f"expected to gain more: {rent:+.1%})")
     moved = trial is not None and key != choice.key
     # The gain named is the published option's: the band's low end where it chose, the trial's expectation where
     # the trial moved it.
@@ -423,7 +428,8 @@ def _options(current: Key, evidence: Evidence, config: DecideConfig) -> list[Key
 def _choose(
     curve: Sequence[CurvePoint], current: Key, options: Sequence[Key], config: DecideConfig, *, cost_s: float
 ) -> Valued | None:
-    """The option with the greatest V (ties: the smaller gamma, off first), or None when none can be priced."""
+    """The option with the greatest V (ties: the smaller gamma, off first), or, when that is a change worth making,
+    the likeliest of the options as sure as it (`_likeliest`); None when none can be priced."""
     if current[0] and point_at(curve, current[1]) is None:
         # The running gamma is off the curve (deployed k > gamma_max): nothing to weigh against, so the best
         # option against plain decoding is the move, off when none clears the margin.
@@ -433,10 +439,26 @@ def _choose(
         key = top.key if top is not None else (False, 0)
         return Valued(key=key, gain=math.inf, value_s=math.inf, point=point_at(curve, key[1]) if key[0] else None)
     best: Valued | None = None
-    for valued in value_options(curve, current, options=options, horizon_s=config.payback_horizon_s, cost_s=cost_s):
+    every = value_options(curve, current, options=options, horizon_s=config.payback_horizon_s, cost_s=cost_s)
+    for valued in every:
         if best is None or valued.value_s > best.value_s:
             best = valued
-    return best
+    if best is None or best.value_s <= 0 or best.gain < config.margin:
+        return best
+    likeliest = _likeliest(curve, current, every, floor=max(config.margin, best.gain - config.margin)) or best
+    return likeliest if likeliest.key == best.key else replace(likeliest, surer=best)
+
+
+def _likeliest(curve: Sequence[CurvePoint], current: Key, every: Sequence[Valued], *, floor: float) -> Valued | None:
+    """Among the options as sure as the best (g >= `floor`: within the margin of the best g, and V > 0), the one
+    with the greatest expected gain (`value.expected_gain`; ties: the first in `every`, off first, then the smaller
+    gamma). A difference of pessimistic gains below the margin is one the rule does not act on, so it does not
+    decide between them either. Example: on at 3 (S 0.59 [0.38..0.91]), off g = (1 - 0.91) / 0.59 = 15.0% and
+    gamma 1 g = 15.1%: as sure; expected, off (1 - 0.59) / 0.59 = 69%, gamma 1 (0.85 - 0.59) / 0.59 = 45%: off."""
+    safe = [v for v in every if v.value_s > 0 and v.gain >= floor]
+    expected = {v.key: expected_gain(curve, current, v.key) for v in safe}
+    ranked = [v for v in safe if expected[v.key] is not None]
+    return max(ranked, key=lambda v: expected[v.key] or 0.0, default=None)
 
 
 def _worth(choice: Valued, config: DecideConfig, cost_s: float, *, from_on: bool) -> str:

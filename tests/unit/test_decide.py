@@ -665,3 +665,20 @@ def test_a_trial_risks_its_first_dwell_and_one_change_back_not_the_horizon() -> 
     shared = (replace(sure_loss[0], slo_share=0.5), *sure_loss[1:])
     assert trial_value(shared, (True, 1), horizon_s=600.0, cost_s=0.0, trial_s=120.0) == pytest.approx(30.0, abs=0.1)
     assert trial_value(sure_loss, (False, 0), horizon_s=600.0, cost_s=20.0, trial_s=120.0) is None
+
+
+def test_of_changes_as_sure_within_the_margin_the_one_expected_to_gain_most_is_made() -> None:
+    # On at 3, S(3) 0.60 [0.40..0.90]: off gains (1 - 0.90) / 0.60 = 16.67% at the running option's high end.
+    # Gamma 1 at 0.84 with gain_sd 0.11: 0.84 exp(-1.645 x 0.11) = 0.7010, (0.7010 - 0.60) / 0.60 = 16.83%: the
+    # greatest V, but within the 2% margin of off's. Expected: off (1 - 0.60) / 0.60 = 66.7%, gamma 1 (0.84 - 0.60)
+    # / 0.60 = 40%: off is as sure and expected to gain more.
+    curve = make_curve(0.84, 0.65, (0.40, 0.60, 0.90))
+    curve = (curve[0], replace(curve[1], gain_sd=0.11), *curve[2:])
+    d, s = tick(DecideState(), T0, curve, ON3, COST)
+    assert (s.pending_enabled, s.pending_gamma) == (False, 0)
+    assert "off gains +16.7% against the running option's band high end" in d.reason
+    assert "(as sure as on, gamma 1 at +16.8%, within the margin, and expected to gain more: +66.7%)" in d.reason
+    # A gamma surer by more than the margin keeps its place: gain_sd 0.08 -> 0.84 x 0.8768 = 0.7365, +22.8%.
+    surer = (curve[0], replace(curve[1], gain_sd=0.08), *curve[2:])
+    _, s = tick(DecideState(), T0, surer, ON3, COST)
+    assert (s.pending_enabled, s.pending_gamma) == (True, 1)
