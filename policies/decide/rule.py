@@ -6,13 +6,13 @@ The rule. Value every option o (off, or on at gamma) against the one that runs, 
 
 g(o) is o's gain over c at the pessimistic end of its 90% band (a free move between gammas: its expected gain), per
 delivered token (policies/decide/value.py); C is what one change destroys in seconds of service
-(policies/decide/change_cost.py; 0 for an engine that adapts per batch). The candidate is the option with the greatest V
-among those with g >= margin
-(ties: the smaller gamma, off first); when none has V > 0, what runs stays. Options whose g lies within the margin
-of the best g are as sure (a difference the rule would not act on): of those, the candidate is the one with the
-greatest expected gain (`_likeliest`). A turn-off goes to gamma* (the best
-point speedup among measured gammas) instead when S(gamma*) >= 1: as much expected service, and the acceptance stays
-measured. A turn-on goes to the gamma with the greatest trial value (policies/decide/value.py `trial_value`):
+(policies/decide/change_cost.py; 0 for an engine that adapts per batch). The candidate is the option with the
+greatest V among those with g >= margin (ties: the smaller gamma, off first); when none has V > 0, what runs stays.
+While on, options on the best one's side (more speculation, or less) with V > 0 and g within the margin of the
+best g are as sure (a difference the rule would not act on): of those, the candidate is the one with the greatest
+expected gain (`_likeliest`). A turn-off goes to gamma* (the best point speedup among measured gammas) instead
+when S(gamma*) >= 1: as much expected service, and the acceptance stays measured. A turn-on goes to the gamma
+with the greatest trial value (policies/decide/value.py `trial_value`):
 
     V_try(gamma) = T x mu + (H - T) x E[max(g, -C / (H - T))] - C        g ~ N(mu = S - 1, sigma = band / 3.29)
 
@@ -336,7 +336,7 @@ def _change(tick: _Tick, current: Key, choice: Valued, prices: _Prices, *, note:
     text = note + f"; {worth}"
     if choice.surer is not None:
         text += (f" (as sure as {_describe(choice.surer.key)} at {choice.surer.gain:+.1%}, within the margin, and "
-                 f"expected to gain more: {rent:+.1%})")
+                 f"expected to gain more: {choice.expected:+.1%})")
     moved = trial is not None and key != choice.key
     # The gain named is the published option's: the band's low end where it chose, the trial's expectation where
     # the trial moved it.
@@ -414,7 +414,6 @@ def _keep_measuring(key: Key, curve: Sequence[CurvePoint], options: Sequence[Key
     return (True, star.gamma), f"; {_fmt_point(star)} is expected to do as well as off: gamma {star.gamma} instead"
 
 
-
 def _options(current: Key, evidence: Evidence, config: DecideConfig) -> list[Key]:
     """Off and gamma 1..gamma_max; while on, no further than `reachable_gamma_limit`."""
     limit = config.gamma_max
@@ -443,22 +442,32 @@ def _choose(
     for valued in every:
         if best is None or valued.value_s > best.value_s:
             best = valued
-    if best is None or best.value_s <= 0 or best.gain < config.margin:
+    if best is None or not current[0] or best.value_s <= 0 or best.gain < config.margin:
+        return best  # a turn-on's destination is the trial's (`_trial`)
+    side = _side(best.key, current)
+    as_sure = [v for v in every if _side(v.key, current) == side]
+    found = _likeliest(curve, current, as_sure, floor=max(config.margin, best.gain - config.margin))
+    if found is None or found[0].key == best.key:
         return best
-    likeliest = _likeliest(curve, current, every, floor=max(config.margin, best.gain - config.margin)) or best
-    return likeliest if likeliest.key == best.key else replace(likeliest, surer=best)
+    return replace(found[0], surer=best, expected=found[1])
 
 
-def _likeliest(curve: Sequence[CurvePoint], current: Key, every: Sequence[Valued], *, floor: float) -> Valued | None:
-    """Among the options as sure as the best (g >= `floor`: within the margin of the best g, and V > 0), the one
-    with the greatest expected gain (`value.expected_gain`; ties: the first in `every`, off first, then the smaller
-    gamma). A difference of pessimistic gains below the margin is one the rule does not act on, so it does not
-    decide between them either. Example: on at 3 (S 0.59 [0.38..0.91]), off g = (1 - 0.91) / 0.59 = 15.0% and
-    gamma 1 g = 15.1%: as sure; expected, off (1 - 0.59) / 0.59 = 69%, gamma 1 (0.85 - 0.59) / 0.59 = 45%: off."""
-    safe = [v for v in every if v.value_s > 0 and v.gain >= floor]
-    expected = {v.key: expected_gain(curve, current, v.key) for v in safe}
-    ranked = [v for v in safe if expected[v.key] is not None]
-    return max(ranked, key=lambda v: expected[v.key] or 0.0, default=None)
+def _likeliest(
+    curve: Sequence[CurvePoint], current: Key, every: Sequence[Valued], *, floor: float
+) -> tuple[Valued, float] | None:
+    """Among `every` (options on one side of what runs), those as sure as the best (g >= `floor`: within the margin
+    of the best g, and V > 0), the one with the greatest expected gain (`value.expected_gain`; ties: the first in
+    `every`, off first, then the smaller gamma), with that gain; None when none can be priced. A difference of
+    pessimistic gains below the margin is one the rule does not act on, so it does not decide between them either.
+    Example: on at 3, S(3) = 0.60 [0.40..0.90], S(1) = 0.84 with gain_sd 0.11: off g = (1 - 0.90) / 0.60 = 16.7%,
+    gamma 1 g = (0.84 x exp(-1.645 x 0.11) - 0.60) / 0.60 = 16.8%: as sure (margin 2%); expected, off (1 - 0.60) /
+    0.60 = 66.7%, gamma 1 (0.84 - 0.60) / 0.60 = 40%: off."""
+    ranked: list[tuple[Valued, float]] = []
+    for valued in every:
+        gain = expected_gain(curve, current, valued.key) if valued.value_s > 0 and valued.gain >= floor else None
+        if gain is not None:
+            ranked.append((valued, gain))
+    return max(ranked, key=lambda pair: pair[1], default=None)
 
 
 def _worth(choice: Valued, config: DecideConfig, cost_s: float, *, from_on: bool) -> str:

@@ -44,15 +44,16 @@ Key = tuple[bool, int]
 @dataclass(frozen=True, slots=True)
 class Valued:
     """One option against the running one: `gain` g (dimensionless share of the service, pessimistic),
-    `value_s` V = H x g - C (s), `point` the option's curve point (None for off), and `surer`."""
+    `value_s` V = H x g - C (s), `point` the option's curve point (None for off); `surer`, the option with the
+    greatest V that this one was preferred to as just as sure and expected to gain more, `expected` (a share), by
+    decide's `_likeliest` (None and NaN otherwise)."""
 
     key: Key
     gain: float
     value_s: float
     point: CurvePoint | None
-    # The option with the greatest V that this one was preferred to, as sure within the margin and expected to gain
-    # more (decide's `_likeliest`); None when this is that option.
     surer: Valued | None = None
+    expected: float = math.nan
 
 
 def point_at(curve: Sequence[CurvePoint], gamma: int) -> CurvePoint | None:
