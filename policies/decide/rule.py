@@ -427,8 +427,9 @@ def _options(current: Key, evidence: Evidence, config: DecideConfig) -> list[Key
 def _choose(
     curve: Sequence[CurvePoint], current: Key, options: Sequence[Key], config: DecideConfig, *, cost_s: float
 ) -> Valued | None:
-    """The option with the greatest V (ties: the smaller gamma, off first), or, when that is a change worth making,
-    the likeliest of the options as sure as it (`_likeliest`); None when none can be priced."""
+    """The option with the greatest V (ties: the smaller gamma, off first), or, when that is a change worth making
+    while on, the likeliest of the options on its side as sure as it (`_likeliest`; a turn-on's destination is
+    the trial's, `_trial`); None when none can be priced."""
     if current[0] and point_at(curve, current[1]) is None:
         # The running gamma is off the curve (deployed k > gamma_max): nothing to weigh against, so the best
         # option against plain decoding is the move, off when none clears the margin.

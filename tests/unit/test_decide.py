@@ -16,6 +16,7 @@ from policies.decide.rule import (
     DecideConfig,
     DecideInputs,
     DecideState,
+    HorizonCurve,
     best_point,
     decide,
     reachable_gamma_limit,
@@ -678,6 +679,13 @@ def test_of_changes_as_sure_within_the_margin_the_one_expected_to_gain_most_is_m
     assert (s.pending_enabled, s.pending_gamma) == (False, 0)
     assert "off gains +16.7% against the running option's band high end" in d.reason
     assert "(as sure as on, gamma 1 at +16.8%, within the margin, and expected to gain more: +66.7%)" in d.reason
+    # Planned over the recent load, the options are ranked on the plan's curve, and the reason gives the plan's
+    # expected gain (66.7%), not this window's (S(3) 0.70 now: (1 - 0.70) / 0.70 = 42.9%).
+    now = (*curve[:3], replace(curve[3], speedup=0.70))
+    d, s = decide(replace(ON3, at_s=T0), now, COST, DecideState(), T0,
+                  inputs=DecideInputs(inflight_s=0.0, plan=HorizonCurve(curve=curve)))
+    assert (s.pending_enabled, s.pending_gamma) == (False, 0)
+    assert "expected to gain more: +66.7%)" in d.reason and "gain expected now +42.9%" in d.reason
     # A gamma surer by more than the margin keeps its place: gain_sd 0.08 -> 0.84 x 0.8767 = 0.7364, +22.7%.
     surer = (curve[0], replace(curve[1], gain_sd=0.08), *curve[2:])
     _, s = tick(DecideState(), T0, surer, ON3, COST)
@@ -686,7 +694,7 @@ def test_of_changes_as_sure_within_the_margin_the_one_expected_to_gain_most_is_m
 
 def test_as_sure_options_on_the_other_side_cannot_stall_a_change() -> None:
     # On at 3 (S 1.00 +-0.05). Gamma 4, one past the measured k, gains 20% at its low end (1.20): the best V, on the
-    # side of more speculation. Gamma 2 (1.25) gains 19.0% at gain_sd 0.03 (1.25 x 0.9519 = 1.190) and 16.1% at
+    # side of more speculation. Gamma 2 (1.25) gains 19.0% at gain_sd 0.03 (1.25 x 0.9518 = 1.190) and 16.1% at
     # 0.045, in turn: within the margin of 20% on one tick, not on the next. Were it as sure across sides, the
     # candidate's side would flip every tick and its confirm never complete; gamma 4 is published after its wait,
     # C / r = 20 / 0.20 = 100 s (an extrapolated gamma's rent is at its low end).
