@@ -377,14 +377,12 @@ def _trial(tick: _Tick, prices: _Prices, choice: Key) -> tuple[Key, float, float
     measured = [key[1] for key in on if not _extrapolated(prices.curve, key)]
     past = [key[1] for key in on if measured and key[1] > max(measured)]
     reach = (past[0] if past else max(measured)) if measured else config.gamma_max
-    values: dict[Key, float] = {}
-    for key in on:
-        value = trial_value(prices.curve, key, horizon_s=config.payback_horizon_s, cost_s=prices.cost_s,
-                            trial_s=_trial_s(config))
-        if value is not None and key[1] <= reach:
-            values[key] = value
-    against = trial_value(prices.curve, choice, horizon_s=config.payback_horizon_s, cost_s=prices.cost_s,
-                          trial_s=_trial_s(config))
+    def value(key: Key) -> float | None:
+        return trial_value(prices.curve, key, horizon_s=config.payback_horizon_s, cost_s=prices.cost_s,
+                           trial_s=_trial_s(config))
+
+    values = {key: v for key in on if key[1] <= reach and (v := value(key)) is not None}
+    against = values[choice] if choice in values else value(choice)
     if not values or against is None:
         return None
     best = max(values, key=lambda key: values[key])  # `on` is sorted; max keeps the first of equals

@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from statistics import NormalDist
 
 from policies.model.uncertainty import Z_90
 from policies.types import CurvePoint
@@ -161,14 +162,15 @@ def trial_value(
     return value if math.isfinite(value) else None
 
 
+_STANDARD_NORMAL = NormalDist()
+
+
 def _expected_max(mu: float, sigma: float, floor: float) -> float:
     """E[max(X, floor)] for X ~ N(mu, sigma^2) (sigma >= 0). Example: mu 0, sigma 1, floor 0 -> 0.399."""
     if sigma <= 0:
         return max(mu, floor)
     d = (mu - floor) / sigma
-    cdf = 0.5 * (1.0 + math.erf(d / math.sqrt(2.0)))
-    pdf = math.exp(-0.5 * d * d) / math.sqrt(2.0 * math.pi)
-    return floor + (mu - floor) * cdf + sigma * pdf
+    return floor + (mu - floor) * _STANDARD_NORMAL.cdf(d) + sigma * _STANDARD_NORMAL.pdf(d)
 
 
 def best_on(curve: Sequence[CurvePoint], options: Sequence[Key]) -> CurvePoint | None:
