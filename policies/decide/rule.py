@@ -25,7 +25,11 @@ The candidate is published once some change has been worth making for
     wait = C / r, clipped to [confirm_s, dwell_s]      r = this window's expected gain of the candidate
 
 (the service forgone by waiting has then paid for the switch: the break-even rule, which unclipped loses at most
-twice what hindsight would on a condition of any length). r is the gain at the points' own speedups, not at the
+twice what hindsight would on a condition of any length). Waiting forgoes the expected gain whether or not this
+tick's band shows the change paying: a tick on which no change is worth making, but the best alternative is on the
+pending candidate's side and still expected to gain at least the margin at the points' speedups, publishes nothing
+and keeps the clock running (cause `still_expected`); a tick on which none is expected to, or only the other side
+is, withdraws the candidate and restarts it. r is the gain at the points' own speedups, not at the
 band's end: the band decides whether a change is worth making at all, while what waiting forgoes each second is the
 gain expected (`value.expected_gain`; a turn-on's at its point speedup, extrapolated or not: the way back bounds
 what it risks). The candidate is published once the wait has passed, once it has kept its
@@ -212,6 +216,8 @@ class _Candidate:
     probing: bool = False
     text: str = ""
     why: tuple[Why, ...] = ()
+    leaning: int = 0
+    leaning_gain: float = math.nan
 
 
 @dataclass(frozen=True, slots=True)
@@ -309,7 +315,20 @@ def _candidate(tick: _Tick, current: Key, inputs: DecideInputs, hold: _ProbeHold
     if probe is not None and hold.after_s is not None and tick.now_s < hold.after_s:
         text += f"; no probe for another {hold.after_s - tick.now_s:.0f}s (back-off after an unapplied probe)"
         whys += (_why(WhyCode.PROBE_BACKOFF, left_s=hold.after_s - tick.now_s),)
-    return _Candidate(key=current, wait_s=config.dwell_s, text=text, why=whys)
+    side, gain = _leaning(tick, current, choice)
+    return _Candidate(key=current, wait_s=config.dwell_s, text=text, why=whys, leaning=side, leaning_gain=gain)
+
+
+def _leaning(tick: _Tick, current: Key, choice: Valued | None) -> tuple[int, float]:
+    """The side (`_side`) of the best alternative that is not worth a change this tick but is still expected to
+    gain at least the margin at this window's point speedups (`value.expected_gain`), and that gain; (0, NaN)
+    when there is none. Such a tick keeps a pending change's wait running on that side (`_publish`)."""
+    if choice is None or choice.key == current or math.isinf(choice.gain):
+        return 0, math.nan
+    gain = expected_gain(tick.curve, current, choice.key)
+    if gain is None or gain < tick.config.margin:
+        return 0, math.nan
+    return _side(choice.key, current), gain
 
 
 def _why_stays(choice: Valued | None, config: DecideConfig, *, cost_s: float) -> tuple[Why, ...]:
@@ -500,7 +519,16 @@ def _publish(
     now_s, key = tick.now_s, candidate.key
     current, pending = _key(published), _pending(state)
     changed, since, steady, tail, whys = False, None, None, "", candidate.why
-    if key == current:
+    kept = key == current and pending is not None and candidate.leaning != 0 and (
+        candidate.leaning == state.candidate_side)
+    if kept and pending is not None:
+        # Not worth a change this tick, still expected to gain on the pending side: waiting goes on forgoing
+        # that gain, so the wait's clock keeps running (module docstring), and nothing is published now.
+        tail = (f"; candidate {_describe(pending)} kept: this side is still expected to gain "
+                f"{candidate.leaning_gain:+.1%}, its wait goes on")
+        whys += (_why(WhyCode.STILL_EXPECTED, to_gamma=pending[1], expected=candidate.leaning_gain),)
+        since, steady = state.pending_since_s, state.candidate_since_s
+    elif key == current:
         tail = f"; candidate {_describe(pending)} withdrawn" if pending is not None else ""
         if pending is not None:
             whys += (_why(WhyCode.WITHDRAWN, to_gamma=pending[1]),)
@@ -516,13 +544,14 @@ def _publish(
     decision = _decision(tick.evidence, tick.curve, publish, reason=reason + tail, now_s=now_s,
                          changed_at_s=now_s if changed else published.changed_at_s)
     decision = _explained(decision, whys)
+    waiting = pending if kept else (None if changed or key == current else key)
     next_state = DecideState(
         published=decision,
-        pending_enabled=None if changed or key == current else key[0],
-        pending_gamma=None if changed or key == current else key[1],
+        pending_enabled=None if waiting is None else waiting[0],
+        pending_gamma=None if waiting is None else waiting[1],
         pending_since_s=since,
         candidate_since_s=steady,
-        candidate_side=None if steady is None else candidate.side,
+        candidate_side=state.candidate_side if kept else (None if steady is None else candidate.side),
         # A probe published now is held until it is measured; any other change ends a hold.
         probe_since_s=now_s if candidate.probing and changed else (None if changed else hold.since_s),
         probe_after_s=hold.after_s,

@@ -309,6 +309,32 @@ def test_a_candidate_moving_between_off_and_fewer_drafts_keeps_its_side() -> Non
     assert (d.enabled, d.num_speculative_tokens) == (True, 1)
 
 
+def test_a_window_not_sure_enough_but_still_expecting_the_gain_keeps_the_wait_running() -> None:
+    # From off, GOOD makes gamma 3 the candidate at T0 (a 30 s wait). At T0 + 20 the band's low ends all fall
+    # below 1.02 (BAND: no change is worth making), but S(2) = 1.03 is still expected to gain +3% >= the margin:
+    # nothing is published, the clock is not restarted, and GOOD at T0 + 30 publishes (the wait has run 30 s).
+    s = DecideState()
+    _, s = tick(s, T0, GOOD)
+    d, s = tick(s, T0 + 20.0, BAND)
+    assert d.enabled is False and s.pending_since_s == T0 and s.candidate_since_s == T0
+    still = d.named(WhyCode.STILL_EXPECTED)
+    assert still is not None and still.number("to_gamma") == 3 and still.number("expected") == pytest.approx(0.03)
+    assert "kept" in d.reason and "withdrawn" not in d.reason
+    d, s = tick(s, T0 + 30.0, GOOD)
+    assert (d.enabled, d.num_speculative_tokens) == (True, 3)
+
+
+def test_a_window_expecting_the_other_side_withdraws_the_candidate() -> None:
+    # On at 2, BAD makes off the candidate (less speculation). A window where gamma 3 is expected to gain +3%
+    # (more speculation) but does not pay the 20 s restart (600 x 0.03 = 18 s) does not keep the turn-off's
+    # clock: it is withdrawn.
+    _, s = tick(DecideState(), T0, BAD, ON2, COST)
+    assert (published(s), s.pending_enabled) == ((True, 2), False)
+    lean_up = make_curve((0.78, 0.82, 0.88), (0.90, 1.00, 1.10), (0.80, 1.03, 1.30))
+    d, s = tick(s, T0 + 10.0, lean_up, ON2, COST)
+    assert d.named(WhyCode.WITHDRAWN) is not None and s.pending_since_s is None
+
+
 def test_a_broken_point_prices_nothing() -> None:
     # gamma 1's low end is NaN: it is left out, and gamma 3 (low end 1.31, +31%) is still the candidate from off.
     broken = (GOOD[0], replace(GOOD[1], speedup_low=float("nan")), *GOOD[2:])
@@ -316,13 +342,17 @@ def test_a_broken_point_prices_nothing() -> None:
     assert (s.pending_enabled, s.pending_gamma) == (True, 3)
 
 
+# Every gamma's point within the margin of plain decoding (S(2) = 1.01): nothing is even expected to gain.
+FLAT = make_curve((0.95, 1.00, 1.05), (0.96, 1.01, 1.08), (0.90, 0.99, 1.08))
+
+
 def test_candidate_returning_to_published_clears_the_clock() -> None:
     s = DecideState()
     _, s = tick(s, T0, GOOD)
     _, s = tick(s, T0 + 20.0, GOOD)
-    d, s = tick(s, T0 + 25.0, BAND)  # off stays off in the band: candidate == published
+    d, s = tick(s, T0 + 25.0, FLAT)  # no gamma expected to gain the margin: candidate == published
     assert s.pending_since_s is None
-    assert "withdrawn" in d.reason
+    assert "withdrawn" in d.reason and d.named(WhyCode.WITHDRAWN) is not None
     d, s = tick(s, T0 + 40.0, GOOD)  # the clock starts again at T0+40
     d, s = tick(s, T0 + 69.0, GOOD)
     assert d.enabled is False

@@ -34,6 +34,17 @@ def test_a_change_waiting_its_turn_says_where_to_and_when() -> None:
     assert "due in 20 s" in d.summary
 
 
+def test_a_pending_change_not_sure_this_window_says_it_is_still_expected() -> None:
+    # GOOD makes gamma 3 the candidate; on BAND no low end clears 1.02, but S(2) = 1.03 still expects +3%.
+    _, s = tick(DecideState(), T0, GOOD)
+    d, _ = tick(s, T0 + 20.0, BAND)
+    assert WhyCode.STILL_EXPECTED in _codes(d) and WhyCode.WITHDRAWN not in _codes(d)
+    assert d.summary == (
+        "Keep speculation off for now; speculation on, k=3 is still expected to gain +3%, not surely enough this "
+        "window."
+    )
+
+
 def test_a_published_change_names_the_setting_it_left() -> None:
     _, s = tick(DecideState(), T0, GOOD)
     d, _ = tick(s, T0 + 30.0, GOOD)
