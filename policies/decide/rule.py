@@ -19,7 +19,15 @@ with the greatest trial value (policies/decide/value.py `trial_value`):
 Running a gamma measures its acceptance within T (max(dwell_s, probe_min_s)), and a gamma that proves worse than
 off can be left at one more change's cost, so its downside is bounded and a wide band is no reason to stop short
 (among the gammas measured and the next the curve offers past them; every gamma when none is). The band's low end
-decides whether to turn on at all.
+decides whether to turn on at all. While on, a move to more drafts is valued the same way from the running gamma
+(mu its expected gain, sigma from the ratio's sd; `_try_more`) when a change costs a restart: a sure move up goes to
+the gamma above the running one with the greatest V_try, and with no sure change a gamma past the measured k
+(its positions never ran: the acceptance there is the estimator's guess, which only running it measures) is the
+candidate when its V_try > 0 and it is expected to gain the margin; no second such trial within H of the last.
+Where the acceptance is measured and only the cost model is unsure (moves down, off, or to a measured gamma) the
+band's low end stands: running another k measures the cost model too, but its prior is an engine's and can be off
+by a factor (policies/model/profiles.py `per_token_step_s`), and while one k runs the point estimate is that prior
+(policies/model/calibrate.py), so a gain resting on it is taken at its band's low end.
 The candidate is published once some change has been worth making for
 
     wait = C / r, clipped to [confirm_s, dwell_s]      r = this window's expected gain of the candidate
@@ -43,10 +51,11 @@ every change but a probe waits confirm_s: undoing it costs nothing.
 
 The options: off, and every gamma in 1..gamma_max; while on, no further than one gamma past the measured k
 (`reachable_gamma_limit`): past it the acceptance is a guess, and each step up runs, gets its position measured
-and the next is decided on data. With a plan (policies/decide/horizon.py) the options are valued on the plan's curve
-(the recent load's mix: the forecast over the horizon) with C scaled to its units by `cost_scale`, and g there is a
-ratio of planned values (the plan carries no SLO share); the wait's C / r is this window's (waiting forgoes the
-gain at today's rate). The published speedups stay this window's. A running gamma off the curve (deployed k >
+and the next is decided on data (a trial, above, may go further: its value prices the guess and the way back).
+With a plan (policies/decide/horizon.py) the options are valued on the plan's curve (the recent load's mix: the
+forecast over the horizon) with C scaled to its units by `cost_scale`, and g there is a ratio of planned values
+(the plan carries no SLO share); the wait's C / r is this window's (waiting forgoes the gain at today's rate).
+The published speedups stay this window's. A running gamma off the curve (deployed k >
 gamma_max) cannot be weighed: the best option against plain decoding is the move, after confirm_s.
 
 Worked example (H 600 s, C 22.6 s, margin 0.02, confirm 30 s, dwell 120 s): running gamma 3 at S 1.40, gamma 2
@@ -73,7 +82,16 @@ from dataclasses import dataclass, replace
 
 from policies.decide.change_cost import change_cost_of, inflight_work_s
 from policies.decide.summary import summarize
-from policies.decide.value import Key, Valued, best_on, expected_gain, point_at, trial_value, value_options
+from policies.decide.value import (
+    Key,
+    Valued,
+    best_on,
+    expected_gain,
+    point_at,
+    trial_moments,
+    trial_value,
+    value_options,
+)
 from policies.model.costmodel import step_batch
 from policies.types import CurvePoint, DataState, Decision, Evidence, Why, WhyCode
 
@@ -115,6 +133,7 @@ class DecideState:
     probe_since_s: float | None = None  # when a probe was published; held until a live window is measured
     probe_after_s: float | None = None  # no probe before this time (back-off after a probe nobody applied)
     last_change_s: float | None = None  # when a change (not the first baseline) was last published
+    tried_s: float | None = None  # when a move to more drafts was last published as a trial (`_try_more`)
 
 
 def best_point(curve: Sequence[CurvePoint], gamma_max: int) -> CurvePoint | None:
@@ -218,6 +237,7 @@ class _Candidate:
     why: tuple[Why, ...] = ()
     leaning: int = 0
     leaning_gain: float = math.nan
+    trying: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -270,7 +290,8 @@ def decide(
     if measured is None:
         measured = evidence.speculation_on and evidence.acceptance is not None
     hold = _probe_hold(state, current, measured=measured, config=config, now_s=now_s)
-    candidate = _candidate(tick, current, inputs, hold)
+    may_try = state.tried_s is None or now_s - state.tried_s >= config.payback_horizon_s
+    candidate = _candidate(tick, current, inputs, hold, may_try=may_try)
     candidate = replace(candidate, why=(*whys, *candidate.why))
     return _publish(tick, state, published, candidate, reason=prefix + head + candidate.text, hold=hold)
 
@@ -290,9 +311,9 @@ def _prices(tick: _Tick, current: Key, inputs: DecideInputs) -> _Prices:
     )
 
 
-def _candidate(tick: _Tick, current: Key, inputs: DecideInputs, hold: _ProbeHold) -> _Candidate:
-    """The option to wait for this tick: what runs while a probe is held, else the valued change, else a probe,
-    else what runs."""
+def _candidate(tick: _Tick, current: Key, inputs: DecideInputs, hold: _ProbeHold, *, may_try: bool) -> _Candidate:
+    """The option to wait for this tick: what runs while a probe is held, else the valued change, else (while on,
+    `may_try`: no trial within the horizon) a move to more drafts worth trying, else a probe, else what runs."""
     config, prices = tick.config, _prices(tick, current, inputs)
     choice = _choose(prices.curve, current, prices.options, config, cost_s=prices.cost_s)
     if hold.held:
@@ -300,8 +321,15 @@ def _candidate(tick: _Tick, current: Key, inputs: DecideInputs, hold: _ProbeHold
         held_s = max(0.0, tick.now_s - hold.since_s) if hold.since_s is not None else 0.0
         return _Candidate(key=current, wait_s=config.dwell_s, text=hold.note,
                           why=(_why(WhyCode.PROBE_HELD, gamma=current[1], held_s=held_s),))
-    if choice is not None and choice.value_s > 0 and choice.gain >= config.margin:
-        return _change(tick, current, choice, prices, note=hold.note)
+    sure = choice if choice is not None and choice.value_s > 0 and choice.gain >= config.margin else None
+    # A trial saves restarts; with none to save (C = 0) the climb goes one measured gamma at a time.
+    up = current[0] and may_try and prices.cost_s > 0 and (
+        sure is None or (_side(sure.key, current) > 0 and not math.isinf(sure.gain)))
+    tried = _try_more(tick, prices, current, sure=sure, note=hold.note) if up else None
+    if tried is not None:
+        return tried
+    if sure is not None:
+        return _change(tick, current, sure, prices, note=hold.note)
     probe = inputs.probe
     if probe is not None and not current[0] and (hold.after_s is None or tick.now_s >= hold.after_s):
         # The probe's own test priced its restarts (probe.probe_for); it rests on the memory's age, which only
@@ -378,6 +406,48 @@ def _change(tick: _Tick, current: Key, choice: Valued, prices: _Prices, *, note:
         point = point_at(prices.curve, key[1])
         whys.append(_why(WhyCode.KEPT_MEASURING, gamma=key[1], speedup=point.speedup if point else math.nan))
     return _Candidate(key=key, wait_s=wait, side=side, text=text + kept, why=tuple(whys))
+
+
+def _try_more(
+    tick: _Tick, prices: _Prices, current: Key, *, sure: Valued | None, note: str
+) -> _Candidate | None:
+    """While on, a move to more drafts valued as a trial (value.trial_value from the running gamma: running it
+    measures the positions past the measured k, and a worse gamma is left at one more change's cost). With a sure
+    change to more drafts (`sure`), it goes to the gamma above the running one with the greatest trial value, as a
+    turn-on does (None when that is `sure`'s own gamma: the sure change stands). With none, the gamma past the
+    measured k (extrapolated: its positions never ran) with the greatest trial value, when that value is > 0 and
+    its expected gain is at least the margin. Ties: the smaller gamma. Its wait is C today over this window's
+    expected gain."""
+    config = tick.config
+    if point_at(prices.curve, current[1]) is None:
+        return None
+    best: tuple[Key, float, float] | None = None
+    for gamma in range(current[1] + 1, config.gamma_max + 1):
+        key = (True, gamma)
+        if sure is None and not _extrapolated(prices.curve, key):
+            continue
+        moments = trial_moments(prices.curve, current, key)
+        value = trial_value(prices.curve, key, horizon_s=config.payback_horizon_s, cost_s=prices.cost_s,
+                            trial_s=_trial_s(config), current=current)
+        if moments is None or value is None or moments[0] < config.margin or (value <= 0 and sure is None):
+            continue
+        if best is None or value > best[1]:
+            best = (key, value, moments[0])
+    if best is None or (sure is not None and best[0] == sure.key):
+        return None
+    key, value, planned = best
+    now_gain = expected_gain(tick.curve, current, key, trial=True)
+    rent = planned if now_gain is None else now_gain
+    wait = wait_s(cost_s=prices.today_s, gain=rent, confirm_s=config.confirm_s, dwell_s=config.dwell_s)
+    point = point_at(prices.curve, key[1])
+    text = (f"{note}; {_describe(key)}{f' {_fmt_point(point)}' if point is not None else ''} is worth trying: "
+            f"expected {planned:+.1%}, worth {value:.0f}s over {config.payback_horizon_s:.0f}s net of the change's "
+            f"{prices.cost_s:.1f}s (it runs at least {_trial_s(config):.0f}s, which measures its positions, and a "
+            f"worse setting can be left at one more change's cost), wait {wait:.0f}s (cost today "
+            f"{prices.today_s:.1f}s / gain expected now {rent:+.1%}, in {config.confirm_s:.0f}..{config.dwell_s:.0f}s)")
+    whys = (_why(WhyCode.GAIN, to_gamma=key[1], gain=rent, cost_s=prices.cost_s, wait_s=wait),
+            _why(WhyCode.TRIAL, gamma=key[1], value_s=value, against_s=0.0, expected=rent))
+    return _Candidate(key=key, wait_s=wait, side=1, text=text, why=whys, trying=True)
 
 
 def _trial_s(config: DecideConfig) -> float:
@@ -556,6 +626,7 @@ def _publish(
         probe_since_s=now_s if candidate.probing and changed else (None if changed else hold.since_s),
         probe_after_s=hold.after_s,
         last_change_s=now_s if changed else state.last_change_s,
+        tried_s=now_s if changed and candidate.trying else state.tried_s,
     )
     return decision, next_state
 

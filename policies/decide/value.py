@@ -23,6 +23,9 @@ g x H is the seconds of service the option wins back over a horizon of H seconds
 
     V(o) = H x g(o) - C        (s; C the change's cost in seconds of service, policies/decide/change_cost.py)
 
+A move to more drafts can also be valued as a trial (`trial_value`, `trial_moments`): its expected gain, with the
+way back after it has run and been measured, for decide's turn-ons and moves past the measured k.
+
 Example: running gamma 3 at S 1.20 [band high 1.30], off: g = (1 - 1.30) / 1.20 = -0.25; gamma 1 at S 1.35 with
 gain_sd 0.05: g = (1.35 exp(-0.082) - 1.20) / 1.20 = +3.6%, V = 600 x 0.0362 - 22.6 = -0.9 s with H 600 s and
 C 22.6 s: not worth a restart.
@@ -128,38 +131,64 @@ def value_options(
 
 
 def trial_value(
-    curve: Sequence[CurvePoint], option: Key, *, horizon_s: float, cost_s: float, trial_s: float
+    curve: Sequence[CurvePoint], option: Key, *, horizon_s: float, cost_s: float, trial_s: float,
+    current: Key = (False, 0),
 ) -> float | None:
-    """V_try (s): the value over `horizon_s` of turning on at `option` from off when the move itself measures the
-    option and a worse one is left again at one more change's cost:
+    """V_try (s): the value over `horizon_s` of moving from `current` (off by default) to `option` when the move
+    itself measures the option and a worse one is left again at one more change's cost:
 
         V_try = T x mu + (H - T) x E[max(g, -C / (H - T))] - C        g ~ N(mu, sigma)
 
-    mu = S(gamma) - 1 (per delivered token, x the SLO share while off); sigma = (S_high - S_low) / (2 x 1.645), the
-    90% band read as a normal; T = `trial_s`, the least time a published change runs (decide's max(dwell_s,
-    probe_min_s)); C = `cost_s`. E[max(g, a)] = a + (mu - a) Phi(d) + sigma phi(d), d = (mu - a) / sigma. The floor
-    a is the way back: after T the gamma's acceptance is measured (its positions up to gamma, for a drafter whose
-    shorter drafts are prefixes of longer ones), and a gamma worse than off by more than C / (H - T) is left. The
-    floor is optimistic: leaving takes decide's own test (the band's high end below 1 by the margin, and paying
-    C), so a gamma only a little worse than off may be kept.
-    None when the curve has no finite point for the option or off. Example: S(3) = 1.64 [1.04..2.31], H 600 s,
-    T 120 s, C 33 s: mu 0.64, sigma 0.386, a -0.069, d 1.84, E 0.645 -> V_try = 76.8 + 309.6 - 33 = 353 s;
-    S(1) = 1.39 [1.11..1.64] (sigma 0.161): V_try = 46.8 + 187.2 - 33 = 201 s.
+    From off: mu = S(gamma) - 1 (per delivered token, x the SLO share while off), sigma = (S_high - S_low) /
+    (2 x 1.645), the 90% band read as a normal. From on at k to more drafts (gamma > k, `trial_moments`): mu the
+    expected gain over k, sigma from the ratio's uncertainty. T = `trial_s`, the least time a published change runs
+    (decide's max(dwell_s, probe_min_s)); C = `cost_s`. E[max(g, a)] = a + (mu - a) Phi(d) + sigma phi(d),
+    d = (mu - a) / sigma. The floor a is the way back: after T the gamma's acceptance is measured (its positions
+    up to gamma, for a drafter whose shorter drafts are prefixes of longer ones), and a gamma worse than where it
+    came from by more than C / (H - T) is left. The floor is optimistic: leaving takes decide's own test (the
+    pessimistic band, and paying C), so a gamma only a little worse may be kept.
+    None when the curve has no finite point for either option, or `option` is not on (or, from on, not more
+    drafts). Example: S(3) = 1.64 [1.04..2.31], H 600 s, T 120 s, C 33 s: mu 0.64, sigma 0.386, a -0.069, d 1.84,
+    E 0.645 -> V_try = 76.8 + 309.6 - 33 = 353 s; S(1) = 1.39 [1.11..1.64] (sigma 0.161): V_try = 46.8 + 187.2 -
+    33 = 201 s.
     """
-    point, off = point_at(curve, option[1]), point_at(curve, 0)
-    if not option[0] or point is None:
+    moments = trial_moments(curve, current, option)
+    if moments is None or horizon_s <= 0:
         return None
-    bounds = (point.speedup, point.speedup_low, point.speedup_high)
-    if not all(math.isfinite(x) for x in bounds) or horizon_s <= 0:
-        return None
-    share = _share(off)
-    mu = (point.speedup - 1.0) * share
-    sigma = max(0.0, point.speedup_high - point.speedup_low) * share / (2.0 * Z_90)
+    mu, sigma = moments
     trial = min(max(trial_s, 0.0), horizon_s)
     rest = horizon_s - trial
     tail = rest * _expected_max(mu, sigma, -cost_s / rest) if rest > 0 else 0.0
     value = trial * mu + tail - cost_s
     return value if math.isfinite(value) else None
+
+
+def trial_moments(curve: Sequence[CurvePoint], current: Key, option: Key) -> tuple[float, float] | None:
+    """(mu, sigma) of the gain g of a trial move (`trial_value`), shares of the service.
+
+    From off to on at gamma: mu = (S - 1) x share(off), sigma = (S_high - S_low) x share(off) / (2 x 1.645).
+    From on at k to on at gamma > k: mu = `expected_gain` at the point speedups (an extrapolated gamma at its point,
+    not its low end: running it measures its positions), sigma = (1 + mu) x sd x share(k), sd the sd of
+    log(S(gamma) / S(k)): the cost model's `gain_sd`, or for an extrapolated gamma, whose positions past k were
+    never run, at least its own band's ln(S_high / S_low) / (2 x 1.645). None for any other move or a point that
+    is missing or not finite. Example: on at 3, S(3) 2.58, S(8) 3.14 [2.53..3.88] extrapolated, gain_sd 0.05:
+    mu = 0.217, sd = max(0.05, ln(3.88 / 2.53) / 3.29 = 0.130), sigma = 1.217 x 0.130 = 0.158.
+    """
+    point = point_at(curve, option[1]) if option[0] else None
+    if point is None or not all(math.isfinite(x) for x in (point.speedup, point.speedup_low, point.speedup_high)):
+        return None
+    if not current[0]:
+        share = _share(point_at(curve, 0))
+        return (point.speedup - 1.0) * share, max(0.0, point.speedup_high - point.speedup_low) * share / (2.0 * Z_90)
+    here = point_at(curve, current[1])
+    mu = expected_gain(curve, current, option, trial=True)
+    if here is None or mu is None or option[1] <= current[1]:
+        return None
+    sd = point.gain_sd if math.isfinite(point.gain_sd) and point.gain_sd > 0 else 0.0
+    if point.extrapolated and point.speedup_low > 0:
+        sd = max(sd, math.log(point.speedup_high / point.speedup_low) / (2.0 * Z_90))
+    sigma = (1.0 + mu) * sd * _share(here)
+    return (mu, sigma) if math.isfinite(sigma) else None
 
 
 _STANDARD_NORMAL = NormalDist()

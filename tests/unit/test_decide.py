@@ -22,7 +22,7 @@ from policies.decide.rule import (
     reachable_gamma_limit,
     wait_s,
 )
-from policies.decide.value import trial_value
+from policies.decide.value import trial_moments, trial_value
 from policies.types import CurvePoint, DataState, Decision, Evidence, WhyCode
 
 # margin 2%, confirm 30 s, dwell 120 s; change_cost_s 0 (an engine that adapts per batch): every wait is 30 s.
@@ -491,6 +491,52 @@ def test_the_next_step_up_waits_until_the_engine_runs_the_last_one() -> None:
     assert (s.pending_enabled, s.pending_gamma) == (True, 5)
 
 
+def test_while_on_a_move_past_the_measured_k_is_worth_trying_when_no_gain_is_sure() -> None:
+    # On at 3 with a 20 s restart: S(4)'s low end 1.45 gains -3.3%, so no change is sure. S(8) = 1.70
+    # [1.30..2.20], extrapolated: mu = 1.70 / 1.50 - 1 = 13.3%, sigma = 1.133 x ln(2.20 / 1.30) / 3.29 = 0.181,
+    # floor -20 / 480: E[max(g, floor)] = 0.1494, V_try = 120 x 0.133 + 480 x 0.1494 - 20 = 67.7 s, the greatest of
+    # gammas 4..8 (12.7, 30.6, 44.5, 58.7, 67.7 s).
+    curve = eagle_like((1.45, 1.58, 1.75))
+    d, s = tick(DecideState(), T0, curve, ON3, COST)
+    assert (s.pending_enabled, s.pending_gamma) == (True, 8)
+    trial = d.named(WhyCode.TRIAL)
+    assert trial is not None and trial.number("gamma") == 8
+    assert trial.number("value_s") == pytest.approx(67.7, abs=0.3)
+    assert "on, gamma 8 S(8)=1.70 [1.30..2.20] extrapolated is worth trying" in d.reason
+    # Its wait: C 20 s over the expected 13.3% = 150 s -> the dwell, 120 s.
+    d, s = tick(s, T0 + 119.0, curve, ON3, COST)
+    assert d.num_speculative_tokens == 3
+    d, s = tick(s, T0 + 120.0, curve, ON3, COST)
+    assert (d.num_speculative_tokens, s.tried_s) == (8, T0 + 120.0)
+
+
+def test_a_sure_move_up_goes_to_the_gamma_worth_most_to_try() -> None:
+    # S(4)'s low end 1.56 gains +4%: 600 x 0.04 = 24 s > 20 s, a sure change; gamma 8's trial value (67.7 s) is the
+    # greatest above 3, so the change goes there, as a turn-on would.
+    d, s = tick(DecideState(), T0, eagle_like((1.56, 1.60, 1.70)), ON3, COST)
+    assert (s.pending_enabled, s.pending_gamma) == (True, 8) and d.named(WhyCode.TRIAL) is not None
+
+
+def test_a_trial_is_not_repeated_within_the_payback_horizon() -> None:
+    curve = eagle_like((1.45, 1.58, 1.75))
+    _, s = tick(DecideState(), T0, curve, ON3, COST)
+    # As if a trial had been published at T0 and left again: no other trial for 600 s.
+    s = replace(s, pending_enabled=None, pending_gamma=None, pending_since_s=None, candidate_since_s=None,
+                candidate_side=None, tried_s=T0)
+    d, s = tick(s, T0 + 300.0, curve, ON3, COST)
+    assert s.pending_enabled is None and d.named(WhyCode.TRIAL) is None
+    _, s = tick(s, T0 + 600.0, curve, ON3, COST)
+    assert (s.pending_enabled, s.pending_gamma) == (True, 8)
+
+
+def test_no_trial_past_the_measured_k_without_a_restart_to_save() -> None:
+    # The same curve with change_cost_s 0: each gamma up is free and measured before the next, so no trial.
+    curve = eagle_like((1.45, 1.58, 1.75))
+    for i in range(3):
+        d, s = tick(DecideState(), T0 + 60.0 * i, curve, ON3)
+        assert s.pending_enabled is None and d.named(WhyCode.TRIAL) is None
+
+
 def test_reachable_gamma_limit() -> None:
     assert reachable_gamma_limit(current_gamma=3, measured_k=3, gamma_max=8) == 4  # 3 + 1
     assert reachable_gamma_limit(current_gamma=5, measured_k=3, gamma_max=8) == 5  # never pulled below current
@@ -696,6 +742,17 @@ def test_a_trial_risks_its_first_dwell_and_one_change_back_not_the_horizon() -> 
     shared = (replace(sure_loss[0], slo_share=0.5), *sure_loss[1:])
     assert trial_value(shared, (True, 1), horizon_s=600.0, cost_s=0.0, trial_s=120.0) == pytest.approx(30.0, abs=0.1)
     assert trial_value(sure_loss, (False, 0), horizon_s=600.0, cost_s=20.0, trial_s=120.0) is None
+
+
+def test_the_trial_moments_of_a_move_past_the_measured_k() -> None:
+    # value.trial_moments' example: on at 3 (S 2.58), S(8) = 3.14 [2.53..3.88] extrapolated, gain_sd 0.05:
+    # mu = 3.14 / 2.58 - 1 = 0.217, sd = max(0.05, ln(3.88 / 2.53) / 3.29 = 0.130), sigma = 1.217 x 0.130 = 0.158.
+    curve = (make_point(0, 1.0), make_point(3, 2.58), replace(make_point(8, (2.53, 3.14, 3.88), extrapolated=True),
+                                                               gain_sd=0.05))
+    moments = trial_moments(curve, (True, 3), (True, 8))
+    assert moments is not None
+    assert moments[0] == pytest.approx(0.217, abs=0.001) and moments[1] == pytest.approx(0.158, abs=0.001)
+    assert trial_moments(curve, (True, 8), (True, 3)) is None  # fewer drafts: not a trial
 
 
 def test_of_changes_as_sure_within_the_margin_the_one_expected_to_gain_most_is_made() -> None:
