@@ -269,7 +269,7 @@ class WhyCode(StrEnum):
     BELOW_MARGIN = "below_margin"  # the best alternative gains less than the margin {to_gamma, gain, margin}
     COST = "cost"  # the best alternative does not pay back what the change costs {to_gamma, gain, cost_s}
     KEPT_MEASURING = "kept_measuring"  # a turn-off goes to the best measured gamma instead {gamma, speedup}
-    TRIAL = "trial"  # a turn-on goes to the gamma worth most to try {gamma, value_s, against_s, expected}
+    TRIAL = "trial"  # a move to more drafts goes to the gamma worth most to try {gamma, value_s, against_s, expected}
     OFF_CURVE = "off_curve"  # the running gamma is past the priced range {to_gamma}
     WAITING = "waiting"  # the change waits its turn {to_gamma, waited_s, wait_s}
     SPACING = "spacing"  # the last change is too recent {left_s}

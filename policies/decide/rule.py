@@ -23,7 +23,9 @@ decides whether to turn on at all. While on, a move to more drafts is valued the
 (mu its expected gain, sigma from the ratio's sd; `_try_more`) when a change costs a restart: a sure move up goes to
 the gamma above the running one with the greatest V_try, and with no sure change a gamma past the measured k
 (its positions never ran: the acceptance there is the estimator's guess, which only running it measures) is the
-candidate when its V_try > 0 and it is expected to gain the margin; no second such trial within H of the last.
+candidate when its V_try > 0 and it is expected to gain the margin. A trial starts from the k the engine runs,
+not from a published change it has not applied; no second one within H of the last, nor within probe_backoff_s
+of leaving one (a move down from the gamma it tried: the guess was wrong for this traffic).
 Where the acceptance is measured and only the cost model is unsure (moves down, off, or to a measured gamma) the
 band's low end stands: running another k measures the cost model too, but its prior is an engine's and can be off
 by a factor (policies/model/profiles.py `per_token_step_s`), and while one k runs the point estimate is that prior
@@ -34,20 +36,20 @@ The candidate is published once some change has been worth making for
 
 (the service forgone by waiting has then paid for the switch: the break-even rule, which unclipped loses at most
 twice what hindsight would on a condition of any length). Waiting forgoes the expected gain whether or not this
-tick's band shows the change paying: a tick on which no change is worth making, but the best alternative is on the
-pending candidate's side and still expected to gain at least the margin at the points' speedups, publishes nothing
-and keeps the clock running (cause `still_expected`); a tick on which none is expected to, or only the other side
-is, withdraws the candidate and restarts it. r is the gain at the points' own speedups, not at the
-band's end: the band decides whether a change is worth making at all, while what waiting forgoes each second is the
-gain expected (`value.expected_gain`; a turn-on's at its point speedup, extrapolated or not: the way back bounds
-what it risks). The candidate is published once the wait has passed, once it has kept its
-side for confirm_s (more speculation, or less: fewer drafts or off; one outlying window cannot publish a change),
-and never within dwell_s of the last published change. What is published is the candidate of that tick: near the
-optimum, neighbouring gammas alternate within noise. Hysteresis comes from the pessimistic band on both sides (to
-switch on, S's low end must clear 1 + margin; to switch off, the running option's high end must fall short of 1 by
-margin x S(c)) and the cost; the wait from the cost over the expected gain: a grossly wrong setting (r >= C /
-confirm_s) is corrected after confirm_s, a gain below C / dwell_s waits the whole dwell. With no restart (C = 0)
-every change but a probe waits confirm_s: undoing it costs nothing.
+tick's band shows the change paying: a tick on which no change is worth making, but the pending change itself is
+still expected to pay (its gain at the points' speedups at least the margin, and H x that gain > C), publishes
+nothing and keeps the clock running (cause `still_expected`), though its side's hold restarts (only ticks where the
+change pays count towards confirm_s); a tick on which it is not withdraws it and restarts the clock. r is the gain
+at the points' own speedups, not at the band's end: the band decides whether a change is worth making at all, while
+what waiting forgoes each second is the gain expected (`value.expected_gain`; a turn-on's at its point speedup,
+extrapolated or not: the way back bounds what it risks). The candidate is published once the wait has passed, once
+it has kept its side for confirm_s (more speculation, or less: fewer drafts or off; one outlying window cannot
+publish a change), and never within dwell_s of the last published change. What is published is the candidate of that
+tick: near the optimum, neighbouring gammas alternate within noise. Hysteresis comes from the pessimistic band on
+both sides (to switch on, S's low end must clear 1 + margin; to switch off, the running option's high end must fall
+short of 1 by margin x S(c)) and the cost; the wait from the cost over the expected gain: a grossly wrong setting (r
+>= C / confirm_s) is corrected after confirm_s, a gain below C / dwell_s waits the whole dwell. With no restart (C =
+0) every change but a probe waits confirm_s: undoing it costs nothing.
 
 The options: off, and every gamma in 1..gamma_max; while on, no further than one gamma past the measured k
 (`reachable_gamma_limit`): past it the acceptance is a guess, and each step up runs, gets its position measured
@@ -90,6 +92,7 @@ from policies.decide.value import (
     point_at,
     trial_moments,
     trial_value,
+    trial_value_of,
     value_options,
 )
 from policies.model.costmodel import step_batch
@@ -134,6 +137,8 @@ class DecideState:
     probe_after_s: float | None = None  # no probe before this time (back-off after a probe nobody applied)
     last_change_s: float | None = None  # when a change (not the first baseline) was last published
     tried_s: float | None = None  # when a move to more drafts was last published as a trial (`_try_more`)
+    tried_gamma: int | None = None  # the gamma that trial went to
+    trial_left_s: float | None = None  # when a change down from that gamma was published: the trial was left
 
 
 def best_point(curve: Sequence[CurvePoint], gamma_max: int) -> CurvePoint | None:
@@ -235,9 +240,8 @@ class _Candidate:
     probing: bool = False
     text: str = ""
     why: tuple[Why, ...] = ()
-    leaning: int = 0
-    leaning_gain: float = math.nan
     trying: bool = False
+    today_s: float = 0.0  # C today (s of this window's service), for a stay tick's pending change (`_still`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -290,7 +294,8 @@ def decide(
     if measured is None:
         measured = evidence.speculation_on and evidence.acceptance is not None
     hold = _probe_hold(state, current, measured=measured, config=config, now_s=now_s)
-    may_try = state.tried_s is None or now_s - state.tried_s >= config.payback_horizon_s
+    may_try = (state.tried_s is None or now_s - state.tried_s >= config.payback_horizon_s) and (
+        state.trial_left_s is None or now_s - state.trial_left_s >= config.probe_backoff_s)
     candidate = _candidate(tick, current, inputs, hold, may_try=may_try)
     candidate = replace(candidate, why=(*whys, *candidate.why))
     return _publish(tick, state, published, candidate, reason=prefix + head + candidate.text, hold=hold)
@@ -323,8 +328,9 @@ def _candidate(tick: _Tick, current: Key, inputs: DecideInputs, hold: _ProbeHold
                           why=(_why(WhyCode.PROBE_HELD, gamma=current[1], held_s=held_s),))
     sure = choice if choice is not None and choice.value_s > 0 and choice.gain >= config.margin else None
     # A trial saves restarts; with none to save (C = 0) the climb goes one measured gamma at a time.
-    up = current[0] and may_try and prices.cost_s > 0 and (
-        sure is None or (_side(sure.key, current) > 0 and not math.isinf(sure.gain)))
+    # The trial starts from what the engine runs: a published change it has not applied yet is not measured.
+    up = current[0] and may_try and prices.cost_s > 0 and current == _deployment(tick.evidence) and (
+        sure is None or _side(sure.key, current) > 0)
     tried = _try_more(tick, prices, current, sure=sure, note=hold.note) if up else None
     if tried is not None:
         return tried
@@ -343,20 +349,21 @@ def _candidate(tick: _Tick, current: Key, inputs: DecideInputs, hold: _ProbeHold
     if probe is not None and hold.after_s is not None and tick.now_s < hold.after_s:
         text += f"; no probe for another {hold.after_s - tick.now_s:.0f}s (back-off after an unapplied probe)"
         whys += (_why(WhyCode.PROBE_BACKOFF, left_s=hold.after_s - tick.now_s),)
-    side, gain = _leaning(tick, current, choice)
-    return _Candidate(key=current, wait_s=config.dwell_s, text=text, why=whys, leaning=side, leaning_gain=gain)
+    return _Candidate(key=current, wait_s=config.dwell_s, text=text, why=whys, today_s=prices.today_s)
 
 
-def _leaning(tick: _Tick, current: Key, choice: Valued | None) -> tuple[int, float]:
-    """The side (`_side`) of the best alternative that is not worth a change this tick but is still expected to
-    gain at least the margin at this window's point speedups (`value.expected_gain`), and that gain; (0, NaN)
-    when there is none. Such a tick keeps a pending change's wait running on that side (`_publish`)."""
-    if choice is None or choice.key == current or math.isinf(choice.gain):
-        return 0, math.nan
-    gain = expected_gain(tick.curve, current, choice.key)
-    if gain is None or gain < tick.config.margin:
-        return 0, math.nan
-    return _side(choice.key, current), gain
+def _still(tick: _Tick, current: Key, pending: Key, cost_s: float) -> float | None:
+    """The pending change's own expected gain when, on a tick where no change is worth making, it still is
+    expected to pay: this window's gain at the points' speedups (`value.expected_gain`; a move to more drafts at
+    its point, as a trial is valued) at least the margin and H x gain > C today (`cost_s`); None otherwise. Such a
+    tick keeps the pending change's wait running (`_publish`). Example: pending on at 3 from off, S(3) = 1.10 this
+    window [0.98..1.22]: its low end no longer pays, but +10% x 600 s = 60 s > C 20 s: kept."""
+    up = pending[0] and (not current[0] or pending[1] > current[1])
+    gain = expected_gain(tick.curve, current, pending, trial=up)
+    config = tick.config
+    if gain is None or gain < config.margin or config.payback_horizon_s * gain <= cost_s:
+        return None
+    return gain
 
 
 def _why_stays(choice: Valued | None, config: DecideConfig, *, cost_s: float) -> tuple[Why, ...]:
@@ -417,25 +424,26 @@ def _try_more(
     turn-on does (None when that is `sure`'s own gamma: the sure change stands). With none, the gamma past the
     measured k (extrapolated: its positions never ran) with the greatest trial value, when that value is > 0 and
     its expected gain is at least the margin. Ties: the smaller gamma. Its wait is C today over this window's
-    expected gain."""
+    expected gain. The way back assumes the running gamma stays priced as measured; for a drafter whose shorter
+    drafts are not prefixes of longer ones (suffix decoding) it is priced again from its band after the trial."""
     config = tick.config
-    if point_at(prices.curve, current[1]) is None:
-        return None
-    best: tuple[Key, float, float] | None = None
+    valued: dict[Key, tuple[float, float]] = {}
     for gamma in range(current[1] + 1, config.gamma_max + 1):
         key = (True, gamma)
-        if sure is None and not _extrapolated(prices.curve, key):
-            continue
         moments = trial_moments(prices.curve, current, key)
-        value = trial_value(prices.curve, key, horizon_s=config.payback_horizon_s, cost_s=prices.cost_s,
-                            trial_s=_trial_s(config), current=current)
-        if moments is None or value is None or moments[0] < config.margin or (value <= 0 and sure is None):
-            continue
-        if best is None or value > best[1]:
-            best = (key, value, moments[0])
-    if best is None or (sure is not None and best[0] == sure.key):
+        value = None if moments is None else trial_value_of(
+            moments, horizon_s=config.payback_horizon_s, cost_s=prices.cost_s, trial_s=_trial_s(config))
+        if moments is not None and value is not None:
+            valued[key] = (value, moments[0])
+    against = valued[sure.key][0] if sure is not None and sure.key in valued else 0.0
+    tries = {key: vm for key, vm in valued.items() if vm[1] >= config.margin and (
+        sure is not None or (vm[0] > 0 and _extrapolated(prices.curve, key)))}
+    if not tries:
         return None
-    key, value, planned = best
+    key = max(tries, key=lambda k: tries[k][0])  # in gamma order: max keeps the first of equals
+    if sure is not None and key == sure.key:
+        return None
+    value, planned = tries[key]
     now_gain = expected_gain(tick.curve, current, key, trial=True)
     rent = planned if now_gain is None else now_gain
     wait = wait_s(cost_s=prices.today_s, gain=rent, confirm_s=config.confirm_s, dwell_s=config.dwell_s)
@@ -443,10 +451,13 @@ def _try_more(
     text = (f"{note}; {_describe(key)}{f' {_fmt_point(point)}' if point is not None else ''} is worth trying: "
             f"expected {planned:+.1%}, worth {value:.0f}s over {config.payback_horizon_s:.0f}s net of the change's "
             f"{prices.cost_s:.1f}s (it runs at least {_trial_s(config):.0f}s, which measures its positions, and a "
-            f"worse setting can be left at one more change's cost), wait {wait:.0f}s (cost today "
-            f"{prices.today_s:.1f}s / gain expected now {rent:+.1%}, in {config.confirm_s:.0f}..{config.dwell_s:.0f}s)")
+            f"worse setting can be left at one more change's cost)")
+    if sure is not None:
+        text += f"; more than {_describe(sure.key)}, the sure change ({against:.0f}s)"
+    text += (f", wait {wait:.0f}s (cost today {prices.today_s:.1f}s / gain expected now {rent:+.1%}, in "
+             f"{config.confirm_s:.0f}..{config.dwell_s:.0f}s)")
     whys = (_why(WhyCode.GAIN, to_gamma=key[1], gain=rent, cost_s=prices.cost_s, wait_s=wait),
-            _why(WhyCode.TRIAL, gamma=key[1], value_s=value, against_s=0.0, expected=rent))
+            _why(WhyCode.TRIAL, gamma=key[1], value_s=value, against_s=against, expected=rent))
     return _Candidate(key=key, wait_s=wait, side=1, text=text, why=whys, trying=True)
 
 
@@ -589,15 +600,17 @@ def _publish(
     now_s, key = tick.now_s, candidate.key
     current, pending = _key(published), _pending(state)
     changed, since, steady, tail, whys = False, None, None, "", candidate.why
-    kept = key == current and pending is not None and candidate.leaning != 0 and (
-        candidate.leaning == state.candidate_side)
-    if kept and pending is not None:
-        # Not worth a change this tick, still expected to gain on the pending side: waiting goes on forgoing
-        # that gain, so the wait's clock keeps running (module docstring), and nothing is published now.
-        tail = (f"; candidate {_describe(pending)} kept: this side is still expected to gain "
-                f"{candidate.leaning_gain:+.1%}, its wait goes on")
-        whys += (_why(WhyCode.STILL_EXPECTED, to_gamma=pending[1], expected=candidate.leaning_gain),)
-        since, steady = state.pending_since_s, state.candidate_since_s
+    still = _still(tick, current, pending, candidate.today_s) if key == current and pending is not None else None
+    kept = still is not None
+    if pending is not None and still is not None:
+        # Not worth a change this tick, still expected to pay: waiting goes on forgoing that gain, so the wait's
+        # clock keeps running (module docstring), and nothing is published now.
+        waited = max(0.0, now_s - state.pending_since_s) if state.pending_since_s is not None else 0.0
+        tail = (f"; candidate {_describe(pending)} kept: still expected to gain {still:+.1%} (waited {waited:.0f}s), "
+                f"its wait goes on")
+        whys += (_why(WhyCode.STILL_EXPECTED, to_gamma=pending[1], expected=still),)
+        # The wait runs on; the side's hold does not: only windows where the change pays count towards confirm_s.
+        since = state.pending_since_s
     elif key == current:
         tail = f"; candidate {_describe(pending)} withdrawn" if pending is not None else ""
         if pending is not None:
@@ -621,14 +634,21 @@ def _publish(
         pending_gamma=None if waiting is None else waiting[1],
         pending_since_s=since,
         candidate_since_s=steady,
-        candidate_side=state.candidate_side if kept else (None if steady is None else candidate.side),
+        candidate_side=None if steady is None else candidate.side,
         # A probe published now is held until it is measured; any other change ends a hold.
         probe_since_s=now_s if candidate.probing and changed else (None if changed else hold.since_s),
         probe_after_s=hold.after_s,
         last_change_s=now_s if changed else state.last_change_s,
         tried_s=now_s if changed and candidate.trying else state.tried_s,
+        tried_gamma=key[1] if changed and candidate.trying else state.tried_gamma,
+        trial_left_s=now_s if changed and _left_trial(state, current, key) else state.trial_left_s,
     )
     return decision, next_state
+
+
+def _left_trial(state: DecideState, current: Key, published: Key) -> bool:
+    """Whether publishing `published` over `current` leaves the last trial: a move down from the gamma it tried."""
+    return state.tried_gamma is not None and current == (True, state.tried_gamma) and _side(published, current) < 0
 
 
 def _clock(
@@ -728,7 +748,8 @@ def _hold(
     # A held probe and its back-off outlive a spell of bad data (the engine restarting to apply the probe is one).
     kept_state = DecideState(
         published=published, probe_since_s=state.probe_since_s, probe_after_s=state.probe_after_s,
-        last_change_s=state.last_change_s,
+        last_change_s=state.last_change_s, tried_s=state.tried_s, tried_gamma=state.tried_gamma,
+        trial_left_s=state.trial_left_s,
     )
     return decision, kept_state
 

@@ -24,7 +24,7 @@ g x H is the seconds of service the option wins back over a horizon of H seconds
     V(o) = H x g(o) - C        (s; C the change's cost in seconds of service, policies/decide/change_cost.py)
 
 A move to more drafts can also be valued as a trial (`trial_value`, `trial_moments`): its expected gain, with the
-way back after it has run and been measured, for decide's turn-ons and moves past the measured k.
+way back after it has run and been measured (decide's turn-ons, and its moves up while on).
 
 Example: running gamma 3 at S 1.20 [band high 1.30], off: g = (1 - 1.30) / 1.20 = -0.25; gamma 1 at S 1.35 with
 gain_sd 0.05: g = (1.35 exp(-0.082) - 1.20) / 1.20 = +3.6%, V = 600 x 0.0362 - 22.6 = -0.9 s with H 600 s and
@@ -153,7 +153,17 @@ def trial_value(
     33 = 201 s.
     """
     moments = trial_moments(curve, current, option)
-    if moments is None or horizon_s <= 0:
+    if moments is None:
+        return None
+    return trial_value_of(moments, horizon_s=horizon_s, cost_s=cost_s, trial_s=trial_s)
+
+
+def trial_value_of(
+    moments: tuple[float, float], *, horizon_s: float, cost_s: float, trial_s: float
+) -> float | None:
+    """V_try (s) from a trial's (mu, sigma) (`trial_moments`), as `trial_value`; None when `horizon_s` <= 0 or the
+    value is not finite."""
+    if horizon_s <= 0:
         return None
     mu, sigma = moments
     trial = min(max(trial_s, 0.0), horizon_s)
@@ -168,10 +178,11 @@ def trial_moments(curve: Sequence[CurvePoint], current: Key, option: Key) -> tup
 
     From off to on at gamma: mu = (S - 1) x share(off), sigma = (S_high - S_low) x share(off) / (2 x 1.645).
     From on at k to on at gamma > k: mu = `expected_gain` at the point speedups (an extrapolated gamma at its point,
-    not its low end: running it measures its positions), sigma = (1 + mu) x sd x share(k), sd the sd of
-    log(S(gamma) / S(k)): the cost model's `gain_sd`, or for an extrapolated gamma, whose positions past k were
-    never run, at least its own band's ln(S_high / S_low) / (2 x 1.645). None for any other move or a point that
-    is missing or not finite. Example: on at 3, S(3) 2.58, S(8) 3.14 [2.53..3.88] extrapolated, gain_sd 0.05:
+    not its low end: running it measures its positions), sigma = (S(gamma) / S(k)) x sd x share(k) = (1 + mu /
+    share) x sd x share, sd the sd of log(S(gamma) / S(k)): the cost model's `gain_sd`, or for an extrapolated
+    gamma, whose positions past k were never run, at least its own band's ln(S_high / S_low) / (2 x 1.645). None
+    for any other move, a point that is missing or not finite, or an extrapolated band without a positive low end.
+    Example: on at 3, S(3) 2.58, S(8) 3.14 [2.53..3.88] extrapolated, gain_sd 0.05:
     mu = 0.217, sd = max(0.05, ln(3.88 / 2.53) / 3.29 = 0.130), sigma = 1.217 x 0.130 = 0.158.
     """
     point = point_at(curve, option[1]) if option[0] else None
@@ -182,12 +193,14 @@ def trial_moments(curve: Sequence[CurvePoint], current: Key, option: Key) -> tup
         return (point.speedup - 1.0) * share, max(0.0, point.speedup_high - point.speedup_low) * share / (2.0 * Z_90)
     here = point_at(curve, current[1])
     mu = expected_gain(curve, current, option, trial=True)
-    if here is None or mu is None or option[1] <= current[1]:
+    if here is None or mu is None or option[1] <= current[1] or not here.speedup > 0:
         return None
     sd = point.gain_sd if math.isfinite(point.gain_sd) and point.gain_sd > 0 else 0.0
-    if point.extrapolated and point.speedup_low > 0:
+    if point.extrapolated:
+        if not point.speedup_low > 0:
+            return None
         sd = max(sd, math.log(point.speedup_high / point.speedup_low) / (2.0 * Z_90))
-    sigma = (1.0 + mu) * sd * _share(here)
+    sigma = point.speedup / here.speedup * sd * _share(here)
     return (mu, sigma) if math.isfinite(sigma) else None
 
 

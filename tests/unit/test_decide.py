@@ -310,24 +310,37 @@ def test_a_candidate_moving_between_off_and_fewer_drafts_keeps_its_side() -> Non
 
 
 def test_a_window_not_sure_enough_but_still_expecting_the_gain_keeps_the_wait_running() -> None:
-    # From off, GOOD makes gamma 3 the candidate at T0 (a 30 s wait). At T0 + 20 the band's low ends all fall
-    # below 1.02 (BAND: no change is worth making), but S(2) = 1.03 is still expected to gain +3% >= the margin:
-    # nothing is published, the clock is not restarted, and GOOD at T0 + 30 publishes (the wait has run 30 s).
+    # From off, GOOD makes gamma 3 the candidate at T0 (a 30 s wait). At T0 + 20 every low end falls below 1.02
+    # (STILL: no change is worth making), but the pending gamma 3 is still expected to gain S(3) - 1 = +10%:
+    # nothing is published and the wait's clock is not restarted. Its side's hold is: only windows where the
+    # change pays count towards confirm_s, so GOOD at T0 + 30 (wait run, side held 0 s) does not publish yet and
+    # GOOD at T0 + 60 does.
     s = DecideState()
     _, s = tick(s, T0, GOOD)
-    d, s = tick(s, T0 + 20.0, BAND)
-    assert d.enabled is False and s.pending_since_s == T0 and s.candidate_since_s == T0
+    d, s = tick(s, T0 + 20.0, STILL)
+    assert d.enabled is False and s.pending_since_s == T0 and s.candidate_since_s is None
     still = d.named(WhyCode.STILL_EXPECTED)
-    assert still is not None and still.number("to_gamma") == 3 and still.number("expected") == pytest.approx(0.03)
-    assert "kept" in d.reason and "withdrawn" not in d.reason
+    assert still is not None and still.number("to_gamma") == 3 and still.number("expected") == pytest.approx(0.10)
+    assert "kept: still expected to gain +10.0% (waited 20s)" in d.reason and "withdrawn" not in d.reason
     d, s = tick(s, T0 + 30.0, GOOD)
+    assert d.enabled is False and "its side held 0s of 30s" in d.reason
+    d, s = tick(s, T0 + 60.0, GOOD)
     assert (d.enabled, d.num_speculative_tokens) == (True, 3)
 
 
-def test_a_window_expecting_the_other_side_withdraws_the_candidate() -> None:
-    # On at 2, BAD makes off the candidate (less speculation). A window where gamma 3 is expected to gain +3%
-    # (more speculation) but does not pay the 20 s restart (600 x 0.03 = 18 s) does not keep the turn-off's
-    # clock: it is withdrawn.
+def test_a_pending_change_expected_to_gain_less_than_its_cost_is_withdrawn() -> None:
+    # With a 20 s restart the same STILL window expects +10% x 600 s = 60 s > 20 s: kept. At S(3) = 1.03 it
+    # expects 600 x 0.03 = 18 s < 20 s: not worth its cost even in expectation, so it is withdrawn.
+    _, s = tick(DecideState(), T0, GOOD, OFF, COST)
+    _, kept = tick(s, T0 + 20.0, STILL, OFF, COST)
+    assert kept.pending_since_s == T0
+    d, s = tick(s, T0 + 20.0, make_curve((0.95, 1.00, 1.05), (0.96, 1.01, 1.08), (0.98, 1.03, 1.10)), OFF, COST)
+    assert s.pending_since_s is None and d.named(WhyCode.WITHDRAWN) is not None
+
+
+def test_a_window_where_the_pending_change_no_longer_gains_withdraws_it() -> None:
+    # On at 2, BAD makes off the candidate (less speculation). In the next window off gains (1 - 1.00) / 1.00 = 0:
+    # the candidate is withdrawn, although gamma 3 is now expected to gain +3% (the other side).
     _, s = tick(DecideState(), T0, BAD, ON2, COST)
     assert (published(s), s.pending_enabled) == ((True, 2), False)
     lean_up = make_curve((0.78, 0.82, 0.88), (0.90, 1.00, 1.10), (0.80, 1.03, 1.30))
@@ -344,6 +357,8 @@ def test_a_broken_point_prices_nothing() -> None:
 
 # Every gamma's point within the margin of plain decoding (S(2) = 1.01): nothing is even expected to gain.
 FLAT = make_curve((0.95, 1.00, 1.05), (0.96, 1.01, 1.08), (0.90, 0.99, 1.08))
+# Every low end below 1.02 (no change is worth making from off), but S(3) = 1.10 is expected to gain +10%.
+STILL = make_curve((0.95, 1.00, 1.05), (0.96, 1.03, 1.10), (0.98, 1.10, 1.22))
 
 
 def test_candidate_returning_to_published_clears_the_clock() -> None:
@@ -512,9 +527,13 @@ def test_while_on_a_move_past_the_measured_k_is_worth_trying_when_no_gain_is_sur
 
 def test_a_sure_move_up_goes_to_the_gamma_worth_most_to_try() -> None:
     # S(4)'s low end 1.56 gains +4%: 600 x 0.04 = 24 s > 20 s, a sure change; gamma 8's trial value (67.7 s) is the
-    # greatest above 3, so the change goes there, as a turn-on would.
+    # greatest above 3, so the change goes there, as a turn-on would. Gamma 4's own trial value: mu = 1.60 / 1.50
+    # - 1 = 6.7%, sigma = 1.067 x ln(1.70 / 1.56) / 3.29 = 0.0279: V_try = 8.0 + 480 x 0.0667 - 20 = 20.0 s.
     d, s = tick(DecideState(), T0, eagle_like((1.56, 1.60, 1.70)), ON3, COST)
-    assert (s.pending_enabled, s.pending_gamma) == (True, 8) and d.named(WhyCode.TRIAL) is not None
+    assert (s.pending_enabled, s.pending_gamma) == (True, 8)
+    trial = d.named(WhyCode.TRIAL)
+    assert trial is not None and trial.number("against_s") == pytest.approx(20.0, abs=0.1)
+    assert "more than on, gamma 4, the sure change (20s)" in d.reason
 
 
 def test_a_trial_is_not_repeated_within_the_payback_horizon() -> None:
@@ -532,9 +551,46 @@ def test_a_trial_is_not_repeated_within_the_payback_horizon() -> None:
 def test_no_trial_past_the_measured_k_without_a_restart_to_save() -> None:
     # The same curve with change_cost_s 0: each gamma up is free and measured before the next, so no trial.
     curve = eagle_like((1.45, 1.58, 1.75))
+    s = DecideState()
     for i in range(3):
-        d, s = tick(DecideState(), T0 + 60.0 * i, curve, ON3)
+        d, s = tick(s, T0 + 60.0 * i, curve, ON3)
         assert s.pending_enabled is None and d.named(WhyCode.TRIAL) is None
+
+
+def test_a_trial_starts_only_from_what_the_engine_runs() -> None:
+    # Published k=4 (a sure change) while the engine still runs k=3 (recommend-only): no trial from 4.
+    curve = eagle_like((1.56, 1.60, 1.70))
+    _, s = tick(DecideState(), T0, curve, ON3, CFG)  # free moves: the sure change to 4, no trial
+    _, s = tick(s, T0 + 30.0, curve, ON3, CFG)
+    assert published(s) == (True, 4)
+    d, s = tick(s, T0 + 200.0, curve, ON3, COST)
+    assert d.named(WhyCode.TRIAL) is None and s.pending_gamma != 8
+
+
+def test_a_trial_outlives_a_spell_of_bad_data() -> None:
+    curve = eagle_like((1.45, 1.58, 1.75))
+    _, s = tick(DecideState(), T0, curve, ON3, COST)
+    _, s = tick(s, T0 + 120.0, curve, ON3, COST)
+    assert (published(s), s.tried_s, s.tried_gamma) == ((True, 8), T0 + 120.0, 8)
+    stale = replace(ON3, state=DataState.STALE, at_s=T0 + 130.0)  # the engine restarting to apply it
+    _, s = decide(stale, curve, COST, s, T0 + 130.0, inputs=DecideInputs(inflight_s=0.0))
+    assert (s.tried_s, s.tried_gamma) == (T0 + 120.0, 8)
+
+
+def test_a_trial_that_was_left_is_not_tried_again_for_the_probe_back_off() -> None:
+    # The trial to 8 measured badly: on at 8 with S(8) = 0.90 [0.85..0.95], S(3) = 1.50, the move down is sure.
+    curve = eagle_like((1.45, 1.58, 1.75))
+    _, s = tick(DecideState(), T0, curve, ON3, COST)
+    _, s = tick(s, T0 + 120.0, curve, ON3, COST)
+    worse = make_curve(1.20, 1.40, (1.45, 1.50, 1.55), 1.40, 1.30, 1.20, 1.00, (0.85, 0.90, 0.95))
+    on8 = make_evidence(speculation_on=True, deployed_k=8)
+    for t in range(300, 600, 30):
+        d, s = tick(s, T0 + t, worse, on8, COST)
+    assert published(s)[1] < 8 and s.trial_left_s is not None
+    back = make_evidence(speculation_on=True, deployed_k=published(s)[1])
+    later = T0 + 120.0 + COST.payback_horizon_s + 60.0  # past the horizon, within the 3600 s back-off
+    d, s = tick(s, later, eagle_like((1.45, 1.58, 1.75)), back, COST)
+    assert d.named(WhyCode.TRIAL) is None
 
 
 def test_reachable_gamma_limit() -> None:
