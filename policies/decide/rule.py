@@ -23,9 +23,11 @@ decides whether to turn on at all. While on, a move to more drafts is valued the
 (mu its expected gain, sigma from the ratio's sd; `_try_more`) when a change costs a restart: a sure move up goes to
 the gamma above the running one with the greatest V_try, and with no sure change a gamma past the measured k
 (its positions never ran: the acceptance there is the estimator's guess, which only running it measures) is the
-candidate when its V_try > 0 and it is expected to gain the margin. A trial starts from the k the engine runs,
-not from a published change it has not applied; no second one within H of the last, nor within probe_backoff_s
-of leaving one (a move down from the gamma it tried: the guess was wrong for this traffic).
+candidate when its V_try > 0 and it is expected to gain the margin (with `explore`). A trial starts from the k the
+engine runs, not from a published change it has not applied; no second one within H of the last, nor within
+probe_backoff_s of leaving one (the first change after it, a move down within H, once the engine ran it: the
+guess was wrong for this traffic). For a drafter whose shorter drafts are not prefixes of longer ones (suffix
+decoding) the way back is priced at its band's low end once the trial has run, so V_try is optimistic there.
 Where the acceptance is measured and only the cost model is unsure (moves down, off, or to a measured gamma) the
 band's low end stands: running another k measures the cost model too, but its prior is an engine's and can be off
 by a factor (policies/model/profiles.py `per_token_step_s`), and while one k runs the point estimate is that prior
@@ -39,17 +41,18 @@ twice what hindsight would on a condition of any length). Waiting forgoes the ex
 tick's band shows the change paying: a tick on which no change is worth making, but the pending change itself is
 still expected to pay (its gain at the points' speedups at least the margin, and H x that gain > C), publishes
 nothing and keeps the clock running (cause `still_expected`), though its side's hold restarts (only ticks where the
-change pays count towards confirm_s); a tick on which it is not withdraws it and restarts the clock. r is the gain
-at the points' own speedups, not at the band's end: the band decides whether a change is worth making at all, while
-what waiting forgoes each second is the gain expected (`value.expected_gain`; a turn-on's at its point speedup,
-extrapolated or not: the way back bounds what it risks). The candidate is published once the wait has passed, once
-it has kept its side for confirm_s (more speculation, or less: fewer drafts or off; one outlying window cannot
-publish a change), and never within dwell_s of the last published change. What is published is the candidate of that
-tick: near the optimum, neighbouring gammas alternate within noise. Hysteresis comes from the pessimistic band on
-both sides (to switch on, S's low end must clear 1 + margin; to switch off, the running option's high end must fall
-short of 1 by margin x S(c)) and the cost; the wait from the cost over the expected gain: a grossly wrong setting (r
->= C / confirm_s) is corrected after confirm_s, a gain below C / dwell_s waits the whole dwell. With no restart (C =
-0) every change but a probe waits confirm_s: undoing it costs nothing.
+change pays count towards confirm_s, and a candidate on the other side then starts its own wait); a tick on which it
+is not withdraws it and restarts the clock. r is the gain at the points' own speedups, not at the band's end: the
+band decides whether a change is worth making at all, while what waiting forgoes each second is the gain expected
+(`value.expected_gain`; a turn-on's at its point speedup, extrapolated or not: the way back bounds what it risks).
+The candidate is published once the wait has passed, once it has kept its side for confirm_s (more speculation, or
+less: fewer drafts or off; one outlying window cannot publish a change), and never within dwell_s of the last
+published change. What is published is the candidate of that tick: near the optimum, neighbouring gammas alternate
+within noise. Hysteresis comes from the pessimistic band on both sides (to switch on, S's low end must clear 1 +
+margin; to switch off, the running option's high end must fall short of 1 by margin x S(c)) and the cost; the wait
+from the cost over the expected gain: a grossly wrong setting (r >= C / confirm_s) is corrected after confirm_s, a
+gain below C / dwell_s waits the whole dwell. With no restart (C = 0) every change but a probe waits confirm_s:
+undoing it costs nothing.
 
 The options: off, and every gamma in 1..gamma_max; while on, no further than one gamma past the measured k
 (`reachable_gamma_limit`): past it the acceptance is a guess, and each step up runs, gets its position measured
@@ -136,9 +139,11 @@ class DecideState:
     probe_since_s: float | None = None  # when a probe was published; held until a live window is measured
     probe_after_s: float | None = None  # no probe before this time (back-off after a probe nobody applied)
     last_change_s: float | None = None  # when a change (not the first baseline) was last published
+    pending_trial: bool = False  # the pending change is valued at its point (a trial, or a turn-on's trial)
+    wait_kept: bool = False  # the wait's clock ran on through a tick where only the pending change was expected to pay
     tried_s: float | None = None  # when a move to more drafts was last published as a trial (`_try_more`)
-    tried_gamma: int | None = None  # the gamma that trial went to
-    trial_left_s: float | None = None  # when a change down from that gamma was published: the trial was left
+    tried_gamma: int | None = None  # the gamma that trial went to, until the next published change
+    trial_left_s: float | None = None  # when a move down from it was published within H: the trial was left
 
 
 def best_point(curve: Sequence[CurvePoint], gamma_max: int) -> CurvePoint | None:
@@ -240,8 +245,9 @@ class _Candidate:
     probing: bool = False
     text: str = ""
     why: tuple[Why, ...] = ()
-    trying: bool = False
-    today_s: float = 0.0  # C today (s of this window's service), for a stay tick's pending change (`_still`)
+    trying: bool = False  # a move to more drafts while on, valued as a trial (`_try_more`)
+    point_valued: bool = False  # its gain is taken at the point speedups (any trial, a turn-on's included)
+    today_s: float = math.nan  # C today (s of this window's service), for a stay tick's pending change (`_still`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -317,8 +323,10 @@ def _prices(tick: _Tick, current: Key, inputs: DecideInputs) -> _Prices:
 
 
 def _candidate(tick: _Tick, current: Key, inputs: DecideInputs, hold: _ProbeHold, *, may_try: bool) -> _Candidate:
-    """The option to wait for this tick: what runs while a probe is held, else the valued change, else (while on,
-    `may_try`: no trial within the horizon) a move to more drafts worth trying, else a probe, else what runs."""
+    """The option to wait for this tick: what runs while a probe is held; else, while on and `may_try` (no trial
+    within H, none left within probe_backoff_s), a move to more drafts valued as a trial (`_try_more`: the
+    destination of a sure move up, or with no sure change and `explore`, a gamma past the measured k); else the
+    valued change; else a probe; else what runs."""
     config, prices = tick.config, _prices(tick, current, inputs)
     choice = _choose(prices.curve, current, prices.options, config, cost_s=prices.cost_s)
     if hold.held:
@@ -330,7 +338,7 @@ def _candidate(tick: _Tick, current: Key, inputs: DecideInputs, hold: _ProbeHold
     # A trial saves restarts; with none to save (C = 0) the climb goes one measured gamma at a time.
     # The trial starts from what the engine runs: a published change it has not applied yet is not measured.
     up = current[0] and may_try and prices.cost_s > 0 and current == _deployment(tick.evidence) and (
-        sure is None or _side(sure.key, current) > 0)
+        _side(sure.key, current) > 0 if sure is not None else config.explore)
     tried = _try_more(tick, prices, current, sure=sure, note=hold.note) if up else None
     if tried is not None:
         return tried
@@ -352,16 +360,17 @@ def _candidate(tick: _Tick, current: Key, inputs: DecideInputs, hold: _ProbeHold
     return _Candidate(key=current, wait_s=config.dwell_s, text=text, why=whys, today_s=prices.today_s)
 
 
-def _still(tick: _Tick, current: Key, pending: Key, cost_s: float) -> float | None:
+def _still(tick: _Tick, current: Key, pending: Key, cost_s: float, *, point_valued: bool) -> float | None:
     """The pending change's own expected gain when, on a tick where no change is worth making, it still is
     expected to pay: this window's gain at the points' speedups (`value.expected_gain`; a move to more drafts at
     its point, as a trial is valued) at least the margin and H x gain > C today (`cost_s`); None otherwise. Such a
-    tick keeps the pending change's wait running (`_publish`). Example: pending on at 3 from off, S(3) = 1.10 this
-    window [0.98..1.22]: its low end no longer pays, but +10% x 600 s = 60 s > C 20 s: kept."""
-    up = pending[0] and (not current[0] or pending[1] > current[1])
-    gain = expected_gain(tick.curve, current, pending, trial=up)
+    tick keeps the pending change's wait running (`_publish`). `point_valued`: the change was valued at its point
+    (a trial), so an extrapolated gamma is too; otherwise at no more than its band's low end, as its own wait
+    was. Example: pending on at 3 from off, S(3) = 1.10 this window [0.98..1.22]: its low end no longer pays, but
+    +10% x 600 s = 60 s > C 20 s: kept."""
+    gain = expected_gain(tick.curve, current, pending, trial=point_valued)
     config = tick.config
-    if gain is None or gain < config.margin or config.payback_horizon_s * gain <= cost_s:
+    if gain is None or not math.isfinite(cost_s) or gain < config.margin or config.payback_horizon_s * gain <= cost_s:
         return None
     return gain
 
@@ -412,7 +421,9 @@ def _change(tick: _Tick, current: Key, choice: Valued, prices: _Prices, *, note:
     if kept:
         point = point_at(prices.curve, key[1])
         whys.append(_why(WhyCode.KEPT_MEASURING, gamma=key[1], speedup=point.speedup if point else math.nan))
-    return _Candidate(key=key, wait_s=wait, side=side, text=text + kept, why=tuple(whys))
+    return _Candidate(
+        key=key, wait_s=wait, side=side, text=text + kept, why=tuple(whys), point_valued=trial is not None
+    )
 
 
 def _try_more(
@@ -435,7 +446,7 @@ def _try_more(
             moments, horizon_s=config.payback_horizon_s, cost_s=prices.cost_s, trial_s=_trial_s(config))
         if moments is not None and value is not None:
             valued[key] = (value, moments[0])
-    against = valued[sure.key][0] if sure is not None and sure.key in valued else 0.0
+    against = valued[sure.key][0] if sure is not None and sure.key in valued else math.nan
     tries = {key: vm for key, vm in valued.items() if vm[1] >= config.margin and (
         sure is not None or (vm[0] > 0 and _extrapolated(prices.curve, key)))}
     if not tries:
@@ -453,12 +464,14 @@ def _try_more(
             f"{prices.cost_s:.1f}s (it runs at least {_trial_s(config):.0f}s, which measures its positions, and a "
             f"worse setting can be left at one more change's cost)")
     if sure is not None:
-        text += f"; more than {_describe(sure.key)}, the sure change ({against:.0f}s)"
+        text += f"; more than {_describe(sure.key)}, the sure change" + (f" ({against:.0f}s)" if math.isfinite(
+            against) else "")
     text += (f", wait {wait:.0f}s (cost today {prices.today_s:.1f}s / gain expected now {rent:+.1%}, in "
              f"{config.confirm_s:.0f}..{config.dwell_s:.0f}s)")
     whys = (_why(WhyCode.GAIN, to_gamma=key[1], gain=rent, cost_s=prices.cost_s, wait_s=wait),
-            _why(WhyCode.TRIAL, gamma=key[1], value_s=value, against_s=against, expected=rent))
-    return _Candidate(key=key, wait_s=wait, side=1, text=text, why=whys, trying=True)
+            _why(WhyCode.TRIAL, gamma=key[1], value_s=value, against_s=against if math.isfinite(against) else 0.0,
+                 expected=rent))
+    return _Candidate(key=key, wait_s=wait, side=1, text=text, why=whys, trying=True, point_valued=True)
 
 
 def _trial_s(config: DecideConfig) -> float:
@@ -600,7 +613,9 @@ def _publish(
     now_s, key = tick.now_s, candidate.key
     current, pending = _key(published), _pending(state)
     changed, since, steady, tail, whys = False, None, None, "", candidate.why
-    still = _still(tick, current, pending, candidate.today_s) if key == current and pending is not None else None
+    still = None
+    if key == current and pending is not None:
+        still = _still(tick, current, pending, candidate.today_s, point_valued=state.pending_trial)
     kept = still is not None
     if pending is not None and still is not None:
         # Not worth a change this tick, still expected to pay: waiting goes on forgoing that gain, so the wait's
@@ -616,7 +631,10 @@ def _publish(
         if pending is not None:
             whys += (_why(WhyCode.WITHDRAWN, to_gamma=pending[1]),)
     else:
+        # A clock that ran on through kept ticks is the pending change's own rent: the other side starts its own.
+        turned = state.wait_kept and pending is not None and _side(pending, current) != candidate.side
         since = state.pending_since_s if pending is not None and state.pending_since_s is not None else now_s
+        since = now_s if turned else since
         same_side = pending is not None and state.candidate_side == candidate.side
         steady = state.candidate_since_s if same_side and state.candidate_since_s is not None else now_s
         changed, tail, clock = _clock(tick, state, published, candidate, since_s=since, steady_s=steady)
@@ -639,16 +657,22 @@ def _publish(
         probe_since_s=now_s if candidate.probing and changed else (None if changed else hold.since_s),
         probe_after_s=hold.after_s,
         last_change_s=now_s if changed else state.last_change_s,
+        pending_trial=candidate.point_valued if waiting is not None and not kept else (kept and state.pending_trial),
+        wait_kept=kept or (state.wait_kept and waiting is not None and since == state.pending_since_s),
         tried_s=now_s if changed and candidate.trying else state.tried_s,
-        tried_gamma=key[1] if changed and candidate.trying else state.tried_gamma,
-        trial_left_s=now_s if changed and _left_trial(state, current, key) else state.trial_left_s,
+        tried_gamma=(key[1] if candidate.trying else None) if changed else state.tried_gamma,
+        trial_left_s=now_s if changed and _left_trial(tick, state, current, key) else state.trial_left_s,
     )
     return decision, next_state
 
 
-def _left_trial(state: DecideState, current: Key, published: Key) -> bool:
-    """Whether publishing `published` over `current` leaves the last trial: a move down from the gamma it tried."""
-    return state.tried_gamma is not None and current == (True, state.tried_gamma) and _side(published, current) < 0
+def _left_trial(tick: _Tick, state: DecideState, current: Key, published: Key) -> bool:
+    """Whether publishing `published` over `current` leaves the last trial: the first change after it, a move down
+    from the gamma it tried, which the engine ran, within H of the trial (a later move down is the load's)."""
+    tried, at = state.tried_gamma, state.tried_s
+    if tried is None or at is None or current != (True, tried) or _deployment(tick.evidence) != current:
+        return False
+    return _side(published, current) < 0 and tick.now_s - at <= tick.config.payback_horizon_s
 
 
 def _clock(

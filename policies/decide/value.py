@@ -80,7 +80,7 @@ def expected_gain(curve: Sequence[CurvePoint], current: Key, option: Key, *, tri
     """g(option) over `current` at the points' own speedups (no band), per delivered token: what each second
     without the change forgoes in expectation (decide's wait). An extrapolated gamma (positions past the measured k
     never ran) is taken at no more than its band's low end, as in `pessimistic_gain`, unless the move is a `trial`
-    (a turn-on valued by `trial_value`, whose way back bounds what it risks). None as `pessimistic_gain`.
+    (a move to more drafts valued by `trial_value`, whose way back bounds what it risks). None as `pessimistic_gain`.
     Example: on at 3 (S 0.80), off -> (1.0 - 0.80) / 0.80 = 0.25; off, gamma 3 at S 1.42 [1.31..1.55] -> 0.42;
     off, gamma 3 extrapolated at S 1.64 [1.04..2.31] -> 0.04, or 0.64 as a trial."""
     new = point_at(curve, option[1]) if option[0] else point_at(curve, 0)
@@ -147,10 +147,10 @@ def trial_value(
     up to gamma, for a drafter whose shorter drafts are prefixes of longer ones), and a gamma worse than where it
     came from by more than C / (H - T) is left. The floor is optimistic: leaving takes decide's own test (the
     pessimistic band, and paying C), so a gamma only a little worse may be kept.
-    None when the curve has no finite point for either option, or `option` is not on (or, from on, not more
-    drafts). Example: S(3) = 1.64 [1.04..2.31], H 600 s, T 120 s, C 33 s: mu 0.64, sigma 0.386, a -0.069, d 1.84,
-    E 0.645 -> V_try = 76.8 + 309.6 - 33 = 353 s; S(1) = 1.39 [1.11..1.64] (sigma 0.161): V_try = 46.8 + 187.2 -
-    33 = 201 s.
+    None when `trial_moments` cannot price the move (no finite point for the option, or the running one; `option`
+    not on or, from on, not more drafts). Example: S(3) = 1.64 [1.04..2.31], H 600 s, T 120 s, C 33 s: mu 0.64,
+    sigma 0.386, a -0.069, d 1.84, E 0.645 -> V_try = 76.8 + 309.6 - 33 = 353 s; S(1) = 1.39 [1.11..1.64] (sigma
+    0.161): V_try = 46.8 + 187.2 - 33 = 201 s.
     """
     moments = trial_moments(curve, current, option)
     if moments is None:

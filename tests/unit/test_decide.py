@@ -348,6 +348,22 @@ def test_a_window_where_the_pending_change_no_longer_gains_withdraws_it() -> Non
     assert d.named(WhyCode.WITHDRAWN) is not None and s.pending_since_s is None
 
 
+def test_a_kept_wait_is_not_handed_to_the_other_side() -> None:
+    # On at 2 (S 1.40) with a 20 s restart; gamma 3 at 1.50 (+7.1%, wait 120 s) from T0. From T0 + 10 its low end
+    # no longer pays (gain_sd 0.04: +0.3%) but +7.1% x 600 = 43 s > 20 s is still expected: kept until T0 + 200.
+    # Then off becomes a sure change (S(2) 0.50): its wait (20 / 1.0 -> the 30 s confirm) starts at T0 + 200,
+    # not at T0 with gamma 3's clock.
+    s = _published_on_gamma_2(make_curve(1.10, 1.40, 1.40), COST)
+    _, s = tick(s, T0, make_curve(1.10, 1.40, 1.50), ON2, COST)
+    curve = make_curve(1.10, 1.40, 1.50)
+    unsure = (*curve[:3], replace(curve[3], gain_sd=0.04))
+    for t in range(10, 210, 10):
+        _, s = tick(s, T0 + t, unsure, ON2, COST)
+    assert (s.pending_gamma, s.pending_since_s, s.wait_kept) == (3, T0, True)
+    d, s = tick(s, T0 + 210.0, make_curve(0.55, 0.50), ON2, COST)
+    assert d.num_speculative_tokens == 2 and s.pending_since_s == T0 + 210.0
+
+
 def test_a_broken_point_prices_nothing() -> None:
     # gamma 1's low end is NaN: it is left out, and gamma 3 (low end 1.31, +31%) is still the candidate from off.
     broken = (GOOD[0], replace(GOOD[1], speedup_low=float("nan")), *GOOD[2:])
@@ -368,6 +384,10 @@ def test_candidate_returning_to_published_clears_the_clock() -> None:
     d, s = tick(s, T0 + 25.0, FLAT)  # no gamma expected to gain the margin: candidate == published
     assert s.pending_since_s is None
     assert "withdrawn" in d.reason and d.named(WhyCode.WITHDRAWN) is not None
+    # On BAND gamma 2 is expected to gain +3%, but the pending gamma 3 (S 1.00) is not: withdrawn too.
+    _, s2 = tick(DecideState(), T0, GOOD)
+    d, s2 = tick(s2, T0 + 20.0, BAND)
+    assert s2.pending_since_s is None and d.named(WhyCode.STILL_EXPECTED) is None
     d, s = tick(s, T0 + 40.0, GOOD)  # the clock starts again at T0+40
     d, s = tick(s, T0 + 69.0, GOOD)
     assert d.enabled is False
@@ -575,6 +595,29 @@ def test_a_trial_outlives_a_spell_of_bad_data() -> None:
     stale = replace(ON3, state=DataState.STALE, at_s=T0 + 130.0)  # the engine restarting to apply it
     _, s = decide(stale, curve, COST, s, T0 + 130.0, inputs=DecideInputs(inflight_s=0.0))
     assert (s.tried_s, s.tried_gamma) == (T0 + 120.0, 8)
+
+
+def test_a_move_down_long_after_a_trial_does_not_count_as_leaving_it() -> None:
+    # The trial to 8 paid; 700 s later (past the 600 s horizon) the load makes a smaller gamma better: that move
+    # is the load's, not the trial's failure, so trials stay allowed.
+    curve = eagle_like((1.45, 1.58, 1.75))
+    _, s = tick(DecideState(), T0, curve, ON3, COST)
+    _, s = tick(s, T0 + 120.0, curve, ON3, COST)
+    worse = make_curve(1.20, 1.40, (1.45, 1.50, 1.55), 1.40, 1.30, 1.20, 1.00, (0.85, 0.90, 0.95))
+    on8 = make_evidence(speculation_on=True, deployed_k=8)
+    for t in range(820, 1100, 30):
+        _, s = tick(s, T0 + t, worse, on8, COST)
+    assert published(s)[1] < 8 and s.trial_left_s is None
+
+
+def test_a_move_down_before_the_engine_ran_the_trial_does_not_count_as_leaving_it() -> None:
+    curve = eagle_like((1.45, 1.58, 1.75))
+    _, s = tick(DecideState(), T0, curve, ON3, COST)
+    _, s = tick(s, T0 + 120.0, curve, ON3, COST)
+    worse = make_curve(1.20, 1.40, (1.45, 1.50, 1.55), 1.40, 1.30, 1.20, 1.00, (0.85, 0.90, 0.95))
+    for t in range(300, 600, 30):  # the engine still runs k=3 (recommend-only)
+        _, s = tick(s, T0 + t, worse, ON3, COST)
+    assert published(s)[1] < 8 and s.trial_left_s is None
 
 
 def test_a_trial_that_was_left_is_not_tried_again_for_the_probe_back_off() -> None:
@@ -809,6 +852,14 @@ def test_the_trial_moments_of_a_move_past_the_measured_k() -> None:
     assert moments is not None
     assert moments[0] == pytest.approx(0.217, abs=0.001) and moments[1] == pytest.approx(0.158, abs=0.001)
     assert trial_moments(curve, (True, 8), (True, 3)) is None  # fewer drafts: not a trial
+    # Under an SLO share of 0.5 both scale by it: mu = 0.217 x 0.5 = 0.109, sigma = 0.158 x 0.5 = 0.079.
+    shared = tuple(replace(p, slo_share=0.5) for p in curve)
+    moments = trial_moments(shared, (True, 3), (True, 8))
+    assert moments is not None
+    assert moments[0] == pytest.approx(0.1085, abs=0.001) and moments[1] == pytest.approx(0.079, abs=0.001)
+    # An extrapolated band without a positive low end is not priced.
+    broken = (*curve[:2], replace(curve[2], speedup_low=0.0))
+    assert trial_moments(broken, (True, 3), (True, 8)) is None
 
 
 def test_of_changes_as_sure_within_the_margin_the_one_expected_to_gain_most_is_made() -> None:
