@@ -275,7 +275,6 @@ class WhyCode(StrEnum):
     SPACING = "spacing"  # the last change is too recent {left_s}
     CHANGED = "changed"  # a change is published on this tick {from_gamma, to_gamma, waited_s}
     WITHDRAWN = "withdrawn"  # a pending change no longer pays {to_gamma}
-    STILL_EXPECTED = "still_expected"  # a pending change, not sure this tick, still expected {to_gamma, expected}
     PROBE = "probe"  # switching on to measure the acceptance again {gamma}
     PROBE_HELD = "probe_held"  # a published probe waits for the engine to run it {gamma, held_s}
     PROBE_BACKOFF = "probe_backoff"  # no probe for a while after one nobody applied {left_s}

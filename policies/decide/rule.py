@@ -37,22 +37,17 @@ The candidate is published once some change has been worth making for
     wait = C / r, clipped to [confirm_s, dwell_s]      r = this window's expected gain of the candidate
 
 (the service forgone by waiting has then paid for the switch: the break-even rule, which unclipped loses at most
-twice what hindsight would on a condition of any length). Waiting forgoes the expected gain whether or not this
-tick's band shows the change paying: a tick on which no change is worth making, but the pending change itself is
-still expected to pay (its gain at the points' speedups at least the margin, and H x that gain > C), publishes
-nothing and keeps the clock running (cause `still_expected`), though its side's hold restarts (only ticks where the
-change pays count towards confirm_s, and a candidate on the other side then starts its own wait); a tick on which it
-is not withdraws it and restarts the clock. r is the gain at the points' own speedups, not at the band's end: the
-band decides whether a change is worth making at all, while what waiting forgoes each second is the gain expected
-(`value.expected_gain`; a turn-on's at its point speedup, extrapolated or not: the way back bounds what it risks).
-The candidate is published once the wait has passed, once it has kept its side for confirm_s (more speculation, or
-less: fewer drafts or off; one outlying window cannot publish a change), and never within dwell_s of the last
-published change. What is published is the candidate of that tick: near the optimum, neighbouring gammas alternate
-within noise. Hysteresis comes from the pessimistic band on both sides (to switch on, S's low end must clear 1 +
-margin; to switch off, the running option's high end must fall short of 1 by margin x S(c)) and the cost; the wait
-from the cost over the expected gain: a grossly wrong setting (r >= C / confirm_s) is corrected after confirm_s, a
-gain below C / dwell_s waits the whole dwell. With no restart (C = 0) every change but a probe waits confirm_s:
-undoing it costs nothing.
+twice what hindsight would on a condition of any length). r is the gain at the points' own speedups, not at the
+band's end: the band decides whether a change is worth making at all, while what waiting forgoes each second is the
+gain expected (`value.expected_gain`; a turn-on's at its point speedup, extrapolated or not: the way back bounds
+what it risks). The candidate is published once the wait has passed, once it has kept its side for confirm_s (more
+speculation, or less: fewer drafts or off; one outlying window cannot publish a change), and never within dwell_s of
+the last published change. What is published is the candidate of that tick: near the optimum, neighbouring gammas
+alternate within noise. Hysteresis comes from the pessimistic band on both sides (to switch on, S's low end must
+clear 1 + margin; to switch off, the running option's high end must fall short of 1 by margin x S(c)) and the cost;
+the wait from the cost over the expected gain: a grossly wrong setting (r >= C / confirm_s) is corrected after
+confirm_s, a gain below C / dwell_s waits the whole dwell. With no restart (C = 0) every change but a probe waits
+confirm_s: undoing it costs nothing.
 
 The options: off, and every gamma in 1..gamma_max; while on, no further than one gamma past the measured k
 (`reachable_gamma_limit`): past it the acceptance is a guess, and each step up runs, gets its position measured
@@ -139,8 +134,6 @@ class DecideState:
     probe_since_s: float | None = None  # when a probe was published; held until a live window is measured
     probe_after_s: float | None = None  # no probe before this time (back-off after a probe nobody applied)
     last_change_s: float | None = None  # when a change (not the first baseline) was last published
-    pending_trial: bool = False  # the pending change is valued at its point (a trial, or a turn-on's trial)
-    wait_kept: bool = False  # the wait's clock ran on through a tick where only the pending change was expected to pay
     tried_s: float | None = None  # when a move to more drafts was last published as a trial (`_try_more`)
     tried_gamma: int | None = None  # the gamma that trial went to, until the next published change
     trial_left_s: float | None = None  # when a move down from it was published within H: the trial was left
@@ -246,8 +239,6 @@ class _Candidate:
     text: str = ""
     why: tuple[Why, ...] = ()
     trying: bool = False  # a move to more drafts while on, valued as a trial (`_try_more`)
-    point_valued: bool = False  # its gain is taken at the point speedups (any trial, a turn-on's included)
-    today_s: float = math.nan  # C today (s of this window's service), for a stay tick's pending change (`_still`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -357,22 +348,7 @@ def _candidate(tick: _Tick, current: Key, inputs: DecideInputs, hold: _ProbeHold
     if probe is not None and hold.after_s is not None and tick.now_s < hold.after_s:
         text += f"; no probe for another {hold.after_s - tick.now_s:.0f}s (back-off after an unapplied probe)"
         whys += (_why(WhyCode.PROBE_BACKOFF, left_s=hold.after_s - tick.now_s),)
-    return _Candidate(key=current, wait_s=config.dwell_s, text=text, why=whys, today_s=prices.today_s)
-
-
-def _still(tick: _Tick, current: Key, pending: Key, cost_s: float, *, point_valued: bool) -> float | None:
-    """The pending change's own expected gain when, on a tick where no change is worth making, it still is
-    expected to pay: this window's gain at the points' speedups (`value.expected_gain`; a move to more drafts at
-    its point, as a trial is valued) at least the margin and H x gain > C today (`cost_s`); None otherwise. Such a
-    tick keeps the pending change's wait running (`_publish`). `point_valued`: the change was valued at its point
-    (a trial), so an extrapolated gamma is too; otherwise at no more than its band's low end, as its own wait
-    was. Example: pending on at 3 from off, S(3) = 1.10 this window [0.98..1.22]: its low end no longer pays, but
-    +10% x 600 s = 60 s > C 20 s: kept."""
-    gain = expected_gain(tick.curve, current, pending, trial=point_valued)
-    config = tick.config
-    if gain is None or not math.isfinite(cost_s) or gain < config.margin or config.payback_horizon_s * gain <= cost_s:
-        return None
-    return gain
+    return _Candidate(key=current, wait_s=config.dwell_s, text=text, why=whys)
 
 
 def _why_stays(choice: Valued | None, config: DecideConfig, *, cost_s: float) -> tuple[Why, ...]:
@@ -422,7 +398,7 @@ def _change(tick: _Tick, current: Key, choice: Valued, prices: _Prices, *, note:
         point = point_at(prices.curve, key[1])
         whys.append(_why(WhyCode.KEPT_MEASURING, gamma=key[1], speedup=point.speedup if point else math.nan))
     return _Candidate(
-        key=key, wait_s=wait, side=side, text=text + kept, why=tuple(whys), point_valued=trial is not None
+        key=key, wait_s=wait, side=side, text=text + kept, why=tuple(whys)
     )
 
 
@@ -471,7 +447,7 @@ def _try_more(
     whys = (_why(WhyCode.GAIN, to_gamma=key[1], gain=rent, cost_s=prices.cost_s, wait_s=wait),
             _why(WhyCode.TRIAL, gamma=key[1], value_s=value, against_s=against if math.isfinite(against) else 0.0,
                  expected=rent))
-    return _Candidate(key=key, wait_s=wait, side=1, text=text, why=whys, trying=True, point_valued=True)
+    return _Candidate(key=key, wait_s=wait, side=1, text=text, why=whys, trying=True)
 
 
 def _trial_s(config: DecideConfig) -> float:
@@ -613,28 +589,12 @@ def _publish(
     now_s, key = tick.now_s, candidate.key
     current, pending = _key(published), _pending(state)
     changed, since, steady, tail, whys = False, None, None, "", candidate.why
-    still = None
-    if key == current and pending is not None:
-        still = _still(tick, current, pending, candidate.today_s, point_valued=state.pending_trial)
-    kept = still is not None
-    if pending is not None and still is not None:
-        # Not worth a change this tick, still expected to pay: waiting goes on forgoing that gain, so the wait's
-        # clock keeps running (module docstring), and nothing is published now.
-        waited = max(0.0, now_s - state.pending_since_s) if state.pending_since_s is not None else 0.0
-        tail = (f"; candidate {_describe(pending)} kept: still expected to gain {still:+.1%} (waited {waited:.0f}s), "
-                f"its wait goes on")
-        whys += (_why(WhyCode.STILL_EXPECTED, to_gamma=pending[1], expected=still),)
-        # The wait runs on; the side's hold does not: only windows where the change pays count towards confirm_s.
-        since = state.pending_since_s
-    elif key == current:
+    if key == current:
         tail = f"; candidate {_describe(pending)} withdrawn" if pending is not None else ""
         if pending is not None:
             whys += (_why(WhyCode.WITHDRAWN, to_gamma=pending[1]),)
     else:
-        # A clock that ran on through kept ticks is the pending change's own rent: the other side starts its own.
-        turned = state.wait_kept and pending is not None and _side(pending, current) != candidate.side
         since = state.pending_since_s if pending is not None and state.pending_since_s is not None else now_s
-        since = now_s if turned else since
         same_side = pending is not None and state.candidate_side == candidate.side
         steady = state.candidate_since_s if same_side and state.candidate_since_s is not None else now_s
         changed, tail, clock = _clock(tick, state, published, candidate, since_s=since, steady_s=steady)
@@ -645,7 +605,7 @@ def _publish(
     decision = _decision(tick.evidence, tick.curve, publish, reason=reason + tail, now_s=now_s,
                          changed_at_s=now_s if changed else published.changed_at_s)
     decision = _explained(decision, whys)
-    waiting = pending if kept else (None if changed or key == current else key)
+    waiting = None if changed or key == current else key
     next_state = DecideState(
         published=decision,
         pending_enabled=None if waiting is None else waiting[0],
@@ -657,8 +617,6 @@ def _publish(
         probe_since_s=now_s if candidate.probing and changed else (None if changed else hold.since_s),
         probe_after_s=hold.after_s,
         last_change_s=now_s if changed else state.last_change_s,
-        pending_trial=candidate.point_valued if waiting is not None and not kept else (kept and state.pending_trial),
-        wait_kept=kept or (state.wait_kept and waiting is not None and since == state.pending_since_s),
         tried_s=now_s if changed and candidate.trying else state.tried_s,
         tried_gamma=(key[1] if candidate.trying else None) if changed else state.tried_gamma,
         trial_left_s=now_s if changed and _left_trial(tick, state, current, key) else state.trial_left_s,

@@ -12,9 +12,7 @@ no fresh scrape ..."), or that there is no advice yet, without naming a deployme
 Example: on at k=3 with S(3) = 1.42 [1.31..1.55] at batch 6, no alternative clearing the margin -> "Keep
 speculation on, k=3: expected 1.42x (1.31-1.55x) at batch 6; no other setting does clearly better." 40 s into a
 120 s wait to go to k=2 for +4% -> "Running speculation on, k=3; speculation on, k=2 is expected to gain +4%, due in
-80 s if that holds." A tick on which that change does not pay surely enough but is still expected to gain +4% ->
-"Keep speculation on, k=3 for now; speculation on, k=2 is still expected to gain +4%, not surely enough this
-window."
+80 s if that holds."
 """
 
 from __future__ import annotations
@@ -46,8 +44,7 @@ def _sentence(decision: Decision) -> str:
             return f"No advice yet: {cause}."
         age = _number(decision.named(WhyCode(decision.state.value)), "age_s")
         return f"Keeping the last advice, {setting}, from {_seconds(age)} ago: {cause}."
-    return (_changed(decision, setting) or _still(decision, setting) or _pending(decision, setting)
-            or _staying(decision, setting))
+    return _changed(decision, setting) or _pending(decision, setting) or _staying(decision, setting)
 
 
 def _changed(decision: Decision, setting: str) -> str:
@@ -65,15 +62,6 @@ def _changed(decision: Decision, setting: str) -> str:
     if gain is None or not math.isfinite(gain.number("gain")):
         return f"Change to {setting} (from {before}): {_expected(decision)}."
     return f"Change to {setting} (from {before}): gains {gain.number('gain'):+.0%}; {_expected(decision)}."
-
-
-def _still(decision: Decision, setting: str) -> str:
-    still = decision.named(WhyCode.STILL_EXPECTED)
-    if still is None:
-        return ""
-    target = _setting(int(still.number("to_gamma", 0.0)))
-    return (f"Keep {setting} for now; {target} is still expected to gain {still.number('expected'):+.0%}, "
-            f"not surely enough this window.")
 
 
 def _pending(decision: Decision, setting: str) -> str:

@@ -309,35 +309,6 @@ def test_a_candidate_moving_between_off_and_fewer_drafts_keeps_its_side() -> Non
     assert (d.enabled, d.num_speculative_tokens) == (True, 1)
 
 
-def test_a_window_not_sure_enough_but_still_expecting_the_gain_keeps_the_wait_running() -> None:
-    # From off, GOOD makes gamma 3 the candidate at T0 (a 30 s wait). At T0 + 20 every low end falls below 1.02
-    # (STILL: no change is worth making), but the pending gamma 3 is still expected to gain S(3) - 1 = +10%:
-    # nothing is published and the wait's clock is not restarted. Its side's hold is: only windows where the
-    # change pays count towards confirm_s, so GOOD at T0 + 30 (wait run, side held 0 s) does not publish yet and
-    # GOOD at T0 + 60 does.
-    s = DecideState()
-    _, s = tick(s, T0, GOOD)
-    d, s = tick(s, T0 + 20.0, STILL)
-    assert d.enabled is False and s.pending_since_s == T0 and s.candidate_since_s is None
-    still = d.named(WhyCode.STILL_EXPECTED)
-    assert still is not None and still.number("to_gamma") == 3 and still.number("expected") == pytest.approx(0.10)
-    assert "kept: still expected to gain +10.0% (waited 20s)" in d.reason and "withdrawn" not in d.reason
-    d, s = tick(s, T0 + 30.0, GOOD)
-    assert d.enabled is False and "its side held 0s of 30s" in d.reason
-    d, s = tick(s, T0 + 60.0, GOOD)
-    assert (d.enabled, d.num_speculative_tokens) == (True, 3)
-
-
-def test_a_pending_change_expected_to_gain_less_than_its_cost_is_withdrawn() -> None:
-    # With a 20 s restart the same STILL window expects +10% x 600 s = 60 s > 20 s: kept. At S(3) = 1.03 it
-    # expects 600 x 0.03 = 18 s < 20 s: not worth its cost even in expectation, so it is withdrawn.
-    _, s = tick(DecideState(), T0, GOOD, OFF, COST)
-    _, kept = tick(s, T0 + 20.0, STILL, OFF, COST)
-    assert kept.pending_since_s == T0
-    d, s = tick(s, T0 + 20.0, make_curve((0.95, 1.00, 1.05), (0.96, 1.01, 1.08), (0.98, 1.03, 1.10)), OFF, COST)
-    assert s.pending_since_s is None and d.named(WhyCode.WITHDRAWN) is not None
-
-
 def test_a_window_where_the_pending_change_no_longer_gains_withdraws_it() -> None:
     # On at 2, BAD makes off the candidate (less speculation). In the next window off gains (1 - 1.00) / 1.00 = 0:
     # the candidate is withdrawn, although gamma 3 is now expected to gain +3% (the other side).
@@ -346,22 +317,6 @@ def test_a_window_where_the_pending_change_no_longer_gains_withdraws_it() -> Non
     lean_up = make_curve((0.78, 0.82, 0.88), (0.90, 1.00, 1.10), (0.80, 1.03, 1.30))
     d, s = tick(s, T0 + 10.0, lean_up, ON2, COST)
     assert d.named(WhyCode.WITHDRAWN) is not None and s.pending_since_s is None
-
-
-def test_a_kept_wait_is_not_handed_to_the_other_side() -> None:
-    # On at 2 (S 1.40) with a 20 s restart; gamma 3 at 1.50 (+7.1%, wait 120 s) from T0. From T0 + 10 its low end
-    # no longer pays (gain_sd 0.04: +0.3%) but +7.1% x 600 = 43 s > 20 s is still expected: kept until T0 + 200.
-    # Then off becomes a sure change (S(2) 0.50): its wait (20 / 1.0 -> the 30 s confirm) starts at T0 + 200,
-    # not at T0 with gamma 3's clock.
-    s = _published_on_gamma_2(make_curve(1.10, 1.40, 1.40), COST)
-    _, s = tick(s, T0, make_curve(1.10, 1.40, 1.50), ON2, COST)
-    curve = make_curve(1.10, 1.40, 1.50)
-    unsure = (*curve[:3], replace(curve[3], gain_sd=0.04))
-    for t in range(10, 210, 10):
-        _, s = tick(s, T0 + t, unsure, ON2, COST)
-    assert (s.pending_gamma, s.pending_since_s, s.wait_kept) == (3, T0, True)
-    d, s = tick(s, T0 + 210.0, make_curve(0.55, 0.50), ON2, COST)
-    assert d.num_speculative_tokens == 2 and s.pending_since_s == T0 + 210.0
 
 
 def test_a_broken_point_prices_nothing() -> None:
@@ -373,8 +328,6 @@ def test_a_broken_point_prices_nothing() -> None:
 
 # Every gamma's point within the margin of plain decoding (S(2) = 1.01): nothing is even expected to gain.
 FLAT = make_curve((0.95, 1.00, 1.05), (0.96, 1.01, 1.08), (0.90, 0.99, 1.08))
-# Every low end below 1.02 (no change is worth making from off), but S(3) = 1.10 is expected to gain +10%.
-STILL = make_curve((0.95, 1.00, 1.05), (0.96, 1.03, 1.10), (0.98, 1.10, 1.22))
 
 
 def test_candidate_returning_to_published_clears_the_clock() -> None:
@@ -384,10 +337,10 @@ def test_candidate_returning_to_published_clears_the_clock() -> None:
     d, s = tick(s, T0 + 25.0, FLAT)  # no gamma expected to gain the margin: candidate == published
     assert s.pending_since_s is None
     assert "withdrawn" in d.reason and d.named(WhyCode.WITHDRAWN) is not None
-    # On BAND gamma 2 is expected to gain +3%, but the pending gamma 3 (S 1.00) is not: withdrawn too.
+    # On BAND (every low end below 1.02, gamma 2's point +3%) the pending gamma 3 is withdrawn too.
     _, s2 = tick(DecideState(), T0, GOOD)
     d, s2 = tick(s2, T0 + 20.0, BAND)
-    assert s2.pending_since_s is None and d.named(WhyCode.STILL_EXPECTED) is None
+    assert s2.pending_since_s is None and d.named(WhyCode.WITHDRAWN) is not None
     d, s = tick(s, T0 + 40.0, GOOD)  # the clock starts again at T0+40
     d, s = tick(s, T0 + 69.0, GOOD)
     assert d.enabled is False

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from decide_builders import T0, make_curve, make_evidence
-from test_decide import BAD, BAND, CFG, COST, GOOD, OFF, ON2, ON3, STILL, tick
+from test_decide import BAD, BAND, CFG, COST, GOOD, OFF, ON2, ON3, tick
 
 from policies.decide.rule import DecideInputs, DecideState, Probe, decide, held
 from policies.decide.summary import MAX_SUMMARY_CHARS, summarize
@@ -32,17 +32,6 @@ def test_a_change_waiting_its_turn_says_where_to_and_when() -> None:
     )
     d, _ = tick(s, T0 + 10.0, GOOD)
     assert "due in 20 s" in d.summary
-
-
-def test_a_pending_change_not_sure_this_window_says_it_is_still_expected() -> None:
-    # GOOD makes gamma 3 the candidate; on STILL no low end clears 1.02, but S(3) = 1.10 still expects +10%.
-    _, s = tick(DecideState(), T0, GOOD)
-    d, _ = tick(s, T0 + 20.0, STILL)
-    assert WhyCode.STILL_EXPECTED in _codes(d) and WhyCode.WITHDRAWN not in _codes(d)
-    assert d.summary == (
-        "Keep speculation off for now; speculation on, k=3 is still expected to gain +10%, not surely enough this "
-        "window."
-    )
 
 
 def test_a_published_change_names_the_setting_it_left() -> None:
