@@ -550,39 +550,36 @@ def test_a_trial_outlives_a_spell_of_bad_data() -> None:
     assert (s.tried_s, s.tried_gamma) == (T0 + 120.0, 8)
 
 
+# After a trial to 8: S(8) = 0.90 [0.85..0.95] against S(3) = 1.50, so a move down is sure.
+WORSE_AT_8 = make_curve(1.20, 1.40, (1.45, 1.50, 1.55), 1.40, 1.30, 1.20, 1.00, (0.85, 0.90, 0.95))
+ON8 = make_evidence(speculation_on=True, deployed_k=8)
+
+
+def _tried_8_then(start_s: float, evidence: Evidence) -> DecideState:
+    """The trial to 8 published at T0 + 120 (test above), then WORSE_AT_8 every 30 s from T0 + `start_s` for 280 s,
+    the engine reporting `evidence`; returns the state once a move down is published."""
+    curve = eagle_like((1.45, 1.58, 1.75))
+    _, s = tick(DecideState(), T0, curve, ON3, COST)
+    _, s = tick(s, T0 + 120.0, curve, ON3, COST)
+    for t in range(int(start_s), int(start_s) + 280, 30):
+        _, s = tick(s, T0 + t, WORSE_AT_8, evidence, COST)
+    assert published(s)[1] < 8
+    return s
+
+
 def test_a_move_down_long_after_a_trial_does_not_count_as_leaving_it() -> None:
     # The trial to 8 paid; 700 s later (past the 600 s horizon) the load makes a smaller gamma better: that move
     # is the load's, not the trial's failure, so trials stay allowed.
-    curve = eagle_like((1.45, 1.58, 1.75))
-    _, s = tick(DecideState(), T0, curve, ON3, COST)
-    _, s = tick(s, T0 + 120.0, curve, ON3, COST)
-    worse = make_curve(1.20, 1.40, (1.45, 1.50, 1.55), 1.40, 1.30, 1.20, 1.00, (0.85, 0.90, 0.95))
-    on8 = make_evidence(speculation_on=True, deployed_k=8)
-    for t in range(820, 1100, 30):
-        _, s = tick(s, T0 + t, worse, on8, COST)
-    assert published(s)[1] < 8 and s.trial_left_s is None
+    assert _tried_8_then(820.0, ON8).trial_left_s is None
 
 
 def test_a_move_down_before_the_engine_ran_the_trial_does_not_count_as_leaving_it() -> None:
-    curve = eagle_like((1.45, 1.58, 1.75))
-    _, s = tick(DecideState(), T0, curve, ON3, COST)
-    _, s = tick(s, T0 + 120.0, curve, ON3, COST)
-    worse = make_curve(1.20, 1.40, (1.45, 1.50, 1.55), 1.40, 1.30, 1.20, 1.00, (0.85, 0.90, 0.95))
-    for t in range(300, 600, 30):  # the engine still runs k=3 (recommend-only)
-        _, s = tick(s, T0 + t, worse, ON3, COST)
-    assert published(s)[1] < 8 and s.trial_left_s is None
+    assert _tried_8_then(300.0, ON3).trial_left_s is None  # the engine still runs k=3 (recommend-only)
 
 
 def test_a_trial_that_was_left_is_not_tried_again_for_the_probe_back_off() -> None:
-    # The trial to 8 measured badly: on at 8 with S(8) = 0.90 [0.85..0.95], S(3) = 1.50, the move down is sure.
-    curve = eagle_like((1.45, 1.58, 1.75))
-    _, s = tick(DecideState(), T0, curve, ON3, COST)
-    _, s = tick(s, T0 + 120.0, curve, ON3, COST)
-    worse = make_curve(1.20, 1.40, (1.45, 1.50, 1.55), 1.40, 1.30, 1.20, 1.00, (0.85, 0.90, 0.95))
-    on8 = make_evidence(speculation_on=True, deployed_k=8)
-    for t in range(300, 600, 30):
-        d, s = tick(s, T0 + t, worse, on8, COST)
-    assert published(s)[1] < 8 and s.trial_left_s is not None
+    s = _tried_8_then(300.0, ON8)
+    assert s.trial_left_s is not None
     back = make_evidence(speculation_on=True, deployed_k=published(s)[1])
     later = T0 + 120.0 + COST.payback_horizon_s + 60.0  # past the horizon, within the 3600 s back-off
     d, s = tick(s, later, eagle_like((1.45, 1.58, 1.75)), back, COST)
