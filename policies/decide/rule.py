@@ -397,9 +397,7 @@ def _change(tick: _Tick, current: Key, choice: Valued, prices: _Prices, *, note:
     if kept:
         point = point_at(prices.curve, key[1])
         whys.append(_why(WhyCode.KEPT_MEASURING, gamma=key[1], speedup=point.speedup if point else math.nan))
-    return _Candidate(
-        key=key, wait_s=wait, side=side, text=text + kept, why=tuple(whys)
-    )
+    return _Candidate(key=key, wait_s=wait, side=side, text=text + kept, why=tuple(whys))
 
 
 def _try_more(

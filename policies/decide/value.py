@@ -131,11 +131,11 @@ def value_options(
 
 
 def trial_value(
-    curve: Sequence[CurvePoint], option: Key, *, horizon_s: float, cost_s: float, trial_s: float,
-    current: Key = (False, 0),
+    curve: Sequence[CurvePoint], option: Key, *, horizon_s: float, cost_s: float, trial_s: float
 ) -> float | None:
-    """V_try (s): the value over `horizon_s` of moving from `current` (off by default) to `option` when the move
-    itself measures the option and a worse one is left again at one more change's cost:
+    """V_try (s): the value over `horizon_s` of turning on at `option` from off when the move itself measures the
+    option and a worse one is left again at one more change's cost (a move up from on: `trial_moments` with
+    `trial_value_of`):
 
         V_try = T x mu + (H - T) x E[max(g, -C / (H - T))] - C        g ~ N(mu, sigma)
 
@@ -152,7 +152,7 @@ def trial_value(
     sigma 0.386, a -0.069, d 1.84, E 0.645 -> V_try = 76.8 + 309.6 - 33 = 353 s; S(1) = 1.39 [1.11..1.64] (sigma
     0.161): V_try = 46.8 + 187.2 - 33 = 201 s.
     """
-    moments = trial_moments(curve, current, option)
+    moments = trial_moments(curve, (False, 0), option)
     if moments is None:
         return None
     return trial_value_of(moments, horizon_s=horizon_s, cost_s=cost_s, trial_s=trial_s)
