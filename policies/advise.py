@@ -86,6 +86,7 @@ class _Priced:
     objective: str = ""
     why: str = ""
     split_note: str = ""
+    split_code: WhyCode = WhyCode.VERIFICATION_UNMEASURED
 
 
 def advise_target(
@@ -197,9 +198,10 @@ def _price(
             fit.scales, fit.covariance, error_ratio=_form_error(fit), base=curve, reference_gamma=running,
         )
     curve = allowed_curve(curve, ctx.drafter.allowed_k, running=evidence.deployed_k if evidence.speculation_on else 0)
+    note, code = _split_note((*calibration.anchors, *calibration.points), evidence)
     return _Priced(
         curve=curve, ctx=ctx, scales=fit.scales, workload=workload, objective=chosen.value, why=why,
-        split_note=_split_note((*calibration.anchors, *calibration.points), evidence),
+        split_note=note, split_code=code,
     )
 
 
@@ -277,7 +279,7 @@ def _annotated(
         notes.append(f"objective {priced.objective} ({priced.why})")
     if priced.split_note and ok:
         notes.append(priced.split_note)
-        whys.append(Why(WhyCode.VERIFICATION_UNMEASURED))
+        whys.append(Why(priced.split_code))
     if ok and fit is not None and error is not None:
         notes.append(f"model calibration error {error:.1%} over {fit.points} points")
     reason = "; ".join([decision.reason, *notes]) if notes else decision.reason
@@ -314,13 +316,22 @@ def _plan_tick(
     return state, HorizonCurve(curve=planned, cost_scale=scale)
 
 
-def _split_note(seen: tuple[StepObservation, ...], evidence: Evidence) -> str:
-    """"" when the points identify the verified token's cost (`split_observed`); otherwise what the reason says:
-    steps at one tokens-per-sequence only leave that cost and the drafting share at the prior, and the band covers
-    them. Example: k=3 steps only, speculating -> "verification cost not measured yet (no plain steps seen, nor
-    another k): ..."."""
+def _split_note(seen: tuple[StepObservation, ...], evidence: Evidence) -> tuple[str, WhyCode]:
+    """What the reason says about the costs the points leave at the prior (policies/model/calibrate.py
+    `unidentified`), and its cause code: steps at one tokens-per-sequence only leave the verified token's cost and
+    the drafting share, and the band covers them (`VERIFICATION_UNMEASURED`); two k without a plain step leave the
+    speculative bookkeeping, what a plain step saves besides the drafts (`PLAIN_UNMEASURED`); "" once plain and
+    speculative steps are both seen. Example: k=3 steps only, speculating -> "verification cost not measured yet
+    (no plain steps seen, nor another k): ..."; k=3 and k=2 -> "plain step not measured yet: ..."."""
+    unmeasured = WhyCode.VERIFICATION_UNMEASURED
     if split_observed(seen):
-        return ""
+        if any(p.draft_passes == 0 for p in seen):
+            return "", unmeasured
+        return (
+            "plain step not measured yet (speculative steps only, at two k): bands cover the prior's cost of the "
+            "speculative bookkeeping, what turning off saves besides the drafts; a window with speculation off "
+            "measures it"
+        ), WhyCode.PLAIN_UNMEASURED
     if any(p.draft_passes == 0 for p in seen) and any(p.draft_passes > 0 for p in seen):
         missing = "plain and speculative steps verify nearly the same tokens per sequence (drafts on few steps)"
     else:
@@ -328,7 +339,7 @@ def _split_note(seen: tuple[StepObservation, ...], evidence: Evidence) -> str:
     return (
         f"verification cost not measured yet ({missing}): bands cover the prior's per-token and drafting costs; a "
         "window with speculation off or at another k measures them"
-    )
+    ), unmeasured
 
 
 def _form_error(fit: CalibrationFit) -> float:

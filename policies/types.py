@@ -283,6 +283,7 @@ class WhyCode(StrEnum):
     ERROR = "error"  # no good scrape for too long, or no cost model {age_s}
     REMEMBERED = "remembered_acceptance"  # priced from a remembered profile {age_s}
     VERIFICATION_UNMEASURED = "verification_unmeasured"  # one k only seen: a verified token's cost is the prior's
+    PLAIN_UNMEASURED = "plain_unmeasured"  # two k, no plain step seen: the speculative bookkeeping's is the prior's
 
 
 @dataclass(frozen=True, slots=True)

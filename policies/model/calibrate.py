@@ -5,7 +5,7 @@ The server tells us, every window, its mean step time T_obs at the operating poi
 passes, context ctx and prefill tokens per step P. Each window becomes one `StepObservation`; the fitter state
 (`CalibrationState`) carries the recent ones across loop iterations, per target, like `DecideState`.
 
-What is fitted: seven multipliers of policies/model/roofline.py's `CostScales` in log space x = log(scale), and the
+What is fitted: eight multipliers of policies/model/roofline.py's `CostScales` in log space x = log(scale), and the
 GEMM efficiency elasticity beta as it is:
     memory       1 / (effective bandwidth error)    T's memory terms     weights and KV streaming x memory
     compute      1 / (effective FLOP/s error)       T's compute terms    linear-layer and attention math x compute
@@ -14,16 +14,22 @@ GEMM efficiency elasticity beta as it is:
     per_token    per-verified-token cost            sampler, rejection, per-token bookkeeping (x B q): the
                                                     marginal cost of a verified token besides its roofline
     draft        the drafter's own cost             draft launches and its passes' roofline
+    spec         the speculative machinery's cost   per-step + per-request speculative bookkeeping, whatever gamma
     fill         the GEMM floor (one tile)          N_fill x fill rows: a small decode step's least math
     gemm_slope   efficiency elasticity beta         decode GEMM math x (N_ref / G)^beta (0 = one rate)
   T(x; point) = StepComponents(point).total_s(scales(x))   (roofline stays 1: it is memory/compute together)
 per_token and per_request are told apart by steps that verify different tokens per sequence at similar batches
-(speculation on and off, or another k), and so is the drafter's cost from the rest. With one kind of step only
+(speculation on and off, or another k), and so is the drafter's cost from the rest. The speculative machinery's
+own cost (spec) comes with every speculative step whatever its k, so only plain steps beside speculative ones
+tell it from the step's fixed and per-request costs: with two k and no plain step it is held at the prior
+(`unidentified`), its prior variance in the covariance: a plain step's price, and so every S, then carries the
+prior's uncertainty about that cost (0.775 ms measured on one engine; a fused, asynchronous one pays far less).
+With one kind of step only
 (`split_observed` False: one drafting setting, or tokens per sequence within 25% of each other) those directions
 are not identified: at one q, x_per_token moves the step exactly as x_per_request does (both scale with B), and
 drafting comes with every step. Fitted anyway, they soak up whatever
 the other terms miss (on the real CPU server a window's extra 20% became a per-token cost 2.6x the prior's and an
-S(3) of 1.1 where the truth was 2.1). So while the points hold one kind of step, per_token and draft are held at
+S(3) of 1.1 where the truth was 2.1). So while the points hold one kind of step, per_token, draft and spec are held at
 the prior (x = 0) and keep the prior's variance in the covariance: the curve is priced at the prior's split and
 its band covers the rest (policies/model/uncertainty.py).
 Why fill and gemm_slope: how a decode step's math grows with its tokens is set by the kernels' tiles and how
@@ -63,7 +69,7 @@ bouncing off it. The Jacobian is analytic: with s = smooth_max(a, b) = (a^p + b^
     d s / d log a = s a^p / (a^p + b^p)       (and likewise for b),
 and through the GEMM rows G = smooth_max(n + pad, N_fill x fill) and the factor (N_ref / G)^beta,
     d log gemm / d log fill = share_fill (1 - beta),    d log gemm / d beta = ln(N_ref / G)    (G < N_ref),
-so one pass over the points prices log T and all eight derivatives.
+so one pass over the points prices log T and all nine derivatives.
 
 Hardware activity as extra evidence (when present). vLLM's `estimated_read_bytes_per_gpu` / `estimated_flops_
 per_gpu` counters say how much work was done per second; DCGM's DRAM / tensor activity ratios (and NVML GPM's
@@ -111,13 +117,15 @@ from policies.model.roofline import (
 )
 from policies.types import DataState, Evidence
 
-_PARAMS = ("memory", "compute", "overhead", "per_request", "per_token", "draft", "fill", "gemm_slope")
+_PARAMS = ("memory", "compute", "overhead", "per_request", "per_token", "draft", "spec", "fill", "gemm_slope")
 # What steps of one kind (all speculative at one k, or all plain) cannot tell apart (module docstring).
-_UNIDENTIFIED_BY_ONE_KIND = frozenset((_PARAMS.index("per_token"), _PARAMS.index("draft")))
+_UNIDENTIFIED_BY_ONE_KIND = frozenset((_PARAMS.index("per_token"), _PARAMS.index("draft"), _PARAMS.index("spec")))
+# What speculative steps alone (two k, no plain step) cannot tell apart: the speculative machinery's own cost.
+_UNIDENTIFIED_WITHOUT_PLAIN = frozenset((_PARAMS.index("spec"),))
 _ANCHOR_WEIGHT_TOTAL = 16.0  # a measured profile's points weigh together at most this many fresh live points
 _SPLIT_Q_RATIO = 1.25  # tokens per sequence this far apart separate the per-token cost from the per-request one
 PARAMS = _PARAMS  # the fitted parameters, in the order of `CalibrationFit.covariance`
-_LOG_PARAMS = 7  # the first seven are log-scales; gemm_slope is fitted as it is
+_LOG_PARAMS = 8  # the first eight are log-scales; gemm_slope is fitted as it is
 _ACCEPTED_STATES = frozenset({DataState.OK, DataState.INSUFFICIENT_DATA})
 _MIN_ACTIVITY_RATIO = 0.05
 _INITIAL_DAMPING = 1e-3
@@ -134,7 +142,9 @@ class CalibrationConfig:
     overlap: consecutive scrapes describe mostly the same steps). `min_step_samples`: ITL samples a window needs.
     `prior_sigma`: per scale (memory, compute, overhead, per_request, draft); 0.5 = a 1.6x error is one sd,
     generous for datasheet peaks x 80-90% efficiencies; host overheads vary more between engine versions and CPUs
-    (0.7). `per_token_sigma`: the per-token term's, 0.8 (its prior is fitted across published servers that
+    (0.7). `spec_sigma`: the speculative machinery's own cost, 0.7 like the other host costs (its prior is one
+    engine's measurement, policies/model/profiles.py `spec_step_overhead_s`). `per_token_sigma`: the per-token
+    term's, 0.8 (its prior is fitted across published servers that
     spread 2-3x either side of it: policies/model/profiles.py). `fill_sigma` (log-space) and `gemm_slope_sigma` (beta
     itself): the priors of the GEMM terms; a kernel's tiles put the floor anywhere from one 64-row tile to a few
     hundred rows (0.7: 2x is one sd), and small
@@ -155,6 +165,7 @@ class CalibrationConfig:
     min_step_samples: float = 20.0
     prior_sigma: tuple[float, float, float, float, float] = (0.5, 0.5, 0.7, 0.5, 0.5)
     per_token_sigma: float = 0.8
+    spec_sigma: float = 0.7
     fill_sigma: float = 0.7
     gemm_slope_sigma: float = 0.2
     max_scale: float = 8.0
@@ -175,8 +186,9 @@ class CalibrationConfig:
         if len(self.prior_sigma) != 5 or min(self.prior_sigma) <= 0:
             raise ValueError("prior_sigma needs 5 positive values (memory compute overhead per_request draft)")
         if not (self.fill_sigma > 0 and self.gemm_slope_sigma > 0 and 0 < self.max_gemm_slope <= 1
-                and self.per_token_sigma > 0):
-            raise ValueError("fill_sigma, gemm_slope_sigma, per_token_sigma must be > 0, max_gemm_slope in (0, 1]")
+                and self.per_token_sigma > 0 and self.spec_sigma > 0):
+            raise ValueError(
+                "fill_sigma, gemm_slope_sigma, per_token_sigma, spec_sigma must be > 0, max_gemm_slope in (0, 1]")
         if not (self.max_scale > 1 and self.max_per_token_scale > 1 and self.step_noise > 0 and self.huber_delta > 0
                 and self.telemetry_sigma > 0):
             raise ValueError("max_scale, max_per_token_scale must be > 1; step_noise, huber_delta, telemetry_sigma > 0")
@@ -331,6 +343,19 @@ def split_observed(points: Sequence[StepObservation]) -> bool:
     return max(tokens) >= _SPLIT_Q_RATIO * min(tokens)
 
 
+def unidentified(points: Sequence[StepObservation]) -> frozenset[int]:
+    """The parameters (`PARAMS` indices) the points cannot identify, held at the prior in the fit (module
+    docstring): per_token, draft and spec while the points hold one kind of step (`split_observed` False); spec
+    alone while they hold two kinds but no plain step (two k: their difference is one draft pass and the tokens
+    it verifies, while the machinery's own cost comes with both); none once plain and speculative steps are both
+    seen. Example: [k=3] -> {per_token, draft, spec}; [k=3, k=2] -> {spec}; [k=3, plain] -> {}."""
+    if not split_observed(points):
+        return _UNIDENTIFIED_BY_ONE_KIND
+    if any(p.draft_passes == 0 for p in points):
+        return frozenset()
+    return _UNIDENTIFIED_WITHOUT_PLAIN
+
+
 def add_observation(
     state: CalibrationState, observation: StepObservation, *, config: CalibrationConfig
 ) -> CalibrationState:
@@ -353,7 +378,7 @@ def add_observation(
 def _scales(x: Sequence[float]) -> CostScales:
     return CostScales(
         memory=math.exp(x[0]), compute=math.exp(x[1]), overhead=math.exp(x[2]), per_request=math.exp(x[3]),
-        per_token=math.exp(x[4]), draft=math.exp(x[5]), fill=math.exp(x[6]), gemm_slope=x[7],
+        per_token=math.exp(x[4]), draft=math.exp(x[5]), spec=math.exp(x[6]), fill=math.exp(x[7]), gemm_slope=x[8],
     )
 
 
@@ -371,15 +396,16 @@ def _components(ctx: ModelContext, point: StepObservation) -> StepComponents:
 
 # (fixed, per_request, per_token, memory, kv_memory, attention, allreduce, prefill, draft_fixed, draft_memory,
 #  draft_compute, passes, gemm_row_s, gemm_tokens + gemm_pad, gemm_fill, prefill_gemm, prompt rows,
-#  draft_allreduce): `memory` is the weights' streaming, `kv_memory` and `attention` the attention kernels' bytes and
-#  math, `prefill_gemm` the prompt tokens' linear layers (priced at the elasticity of all the step's rows: decode +
-#  `prompt rows`), `draft_allreduce` one draft pass's TP comms
+#  draft_allreduce, spec_fixed, spec_per_request): `memory` is the weights' streaming, `kv_memory` and `attention`
+#  the attention kernels' bytes and math, `prefill_gemm` the prompt tokens' linear layers (priced at the elasticity
+#  of all the step's rows: decode + `prompt rows`), `draft_allreduce` one draft pass's TP comms, `spec_*` the
+#  speculative machinery's own per-step and per-request cost
 _Terms = tuple[
     float, float, float, float, float, float, float, float, float, float, float, float, float, float, float,
-    float, float, float,
+    float, float, float, float, float,
 ]
-# (memory, compute, overhead, per_request, per_token, draft, fill, gemm_slope): seven scales and beta
-_Scales8 = tuple[float, float, float, float, float, float, float, float]
+# (memory, compute, overhead, per_request, per_token, draft, spec, fill, gemm_slope): eight scales and beta
+_Scales9 = tuple[float, float, float, float, float, float, float, float, float]
 _INV_P = 1.0 / SMOOTH_MAX_P
 _LOG_REFERENCE = math.log(GEMM_REFERENCE_TOKENS)
 _NO_ELASTICITY = 1e-9  # beta's upper bound where the hardware has no GEMM tiles (its lower bound is 0)
@@ -390,7 +416,7 @@ def _terms(comp: StepComponents) -> _Terms:
         comp.fixed_s, comp.per_request_s, comp.per_token_s, comp.memory_s, comp.kv_memory_s, comp.attention_s,
         comp.allreduce_s, comp.prefill_s, comp.draft_fixed_s, comp.draft_memory_s, comp.draft_compute_s,
         float(comp.draft_passes), comp.gemm_row_s, comp.gemm_tokens + comp.gemm_pad, comp.gemm_fill,
-        comp.prefill_gemm_s, comp.prefill_tokens, comp.draft_allreduce_s,
+        comp.prefill_gemm_s, comp.prefill_tokens, comp.draft_allreduce_s, comp.spec_fixed_s, comp.spec_per_request_s,
     )
 
 
@@ -432,13 +458,14 @@ def _blend(a: float, b: float) -> tuple[float, float]:
     return top * math.pow(share, _INV_P), ra / share
 
 
-def _price(t: _Terms, scales: _Scales8) -> tuple[float, _Scales8]:
+def _price(t: _Terms, scales: _Scales9) -> tuple[float, _Scales9]:
     """log T at `scales` (StepComponents.total_s with roofline 1, up to rounding) and d log T / d x_j for the
-    eight parameters (the point's Jacobian row). Each term is linear in the scales it carries; a smooth_max
+    nine parameters (the point's Jacobian row). Each term is linear in the scales it carries; a smooth_max
     s = (a^p + b^p)^(1/p) splits by shares: d s / d log a = s a^p / (a^p + b^p), and b takes the rest."""
-    ms, cs, ov, pr, pt, dr, fs, beta = scales
+    ms, cs, ov, pr, pt, dr, sp, fs, beta = scales
     (fixed, per_request, per_token, memory, kv_memory, attention, allreduce, prefill, draft_fixed, draft_memory,
-     draft_compute, passes, row_s, rows_free, fill, prefill_gemm, prompt_rows, draft_allreduce) = t
+     draft_compute, passes, row_s, rows_free, fill, prefill_gemm, prompt_rows, draft_allreduce, spec_fixed,
+     spec_per_request) = t
     gemm, gemm_fill_slope, gemm_beta_slope = _gemm(row_s, rows_free, fill * fs, beta)
     prefill_beta = prefill_fill = 0.0
     if prefill_gemm > 0.0:
@@ -451,9 +478,11 @@ def _price(t: _Terms, scales: _Scales8) -> tuple[float, _Scales8]:
     roof, draft_memory_share = _blend(ms * draft_memory, cs * draft_compute) if passes > 0 else (0.0, 0.0)
     roof *= dr * passes  # the draft passes' roofline, split by memory_share; their comms scale with draft alone
     draft = roof + (dr * passes * draft_allreduce if passes > 0 else 0.0)
-    requests = ov * pr * per_request
+    spec_requests = ov * sp * pr * spec_per_request
+    spec = ov * sp * spec_fixed + spec_requests  # the speculative machinery's own cost
+    requests = ov * pr * per_request + spec_requests  # every per-request term, the speculative one included
     tokens = ov * pt * per_token
-    overhead = ov * fixed + requests + tokens
+    overhead = ov * fixed + ov * pr * per_request + tokens + spec
     launches = dr * ov * draft_fixed
     prefill_s = cs * prefill
     total = overhead + launches + forward + prefill_s + allreduce + draft
@@ -468,22 +497,23 @@ def _price(t: _Terms, scales: _Scales8) -> tuple[float, _Scales8]:
         requests * inv,
         tokens * inv,
         (launches + draft) * inv,
+        spec * inv,
         gemm_part * gemm_fill_slope + prefill_fill * inv,
         gemm_part * gemm_beta_slope + prefill_beta * inv,
     )
 
 
 def log_step_and_slopes(components: StepComponents, x: Sequence[float]) -> tuple[float, tuple[float, ...]]:
-    """log T of a step and d log T / d x_j for the eight fitted parameters at x (`PARAMS` order: log-scales, then
+    """log T of a step and d log T / d x_j for the nine fitted parameters at x (`PARAMS` order: log-scales, then
     beta), as the fitter prices them. Example: x = 0 (the profile's physics) gives log T = log total_s() and, for
     a batch-1 plain step that is 78% weight streaming, d log T / d log memory ~ 0.78."""
     return _price(_terms(components), _unpack(x))
 
 
-def _unpack(x: Sequence[float]) -> _Scales8:
+def _unpack(x: Sequence[float]) -> _Scales9:
     return (
         math.exp(x[0]), math.exp(x[1]), math.exp(x[2]), math.exp(x[3]), math.exp(x[4]), math.exp(x[5]),
-        math.exp(x[6]), x[7],
+        math.exp(x[6]), math.exp(x[7]), x[8],
     )
 
 
@@ -493,7 +523,7 @@ class _Evaluation:
 
     x: tuple[float, ...]
     logs: tuple[float, ...]
-    slopes: tuple[_Scales8, ...]
+    slopes: tuple[_Scales9, ...]
 
 
 def _evaluate(terms: Sequence[_Terms], x: Sequence[float]) -> _Evaluation:
@@ -533,10 +563,10 @@ class _Problem:
 
 
 def _sigmas(config: CalibrationConfig) -> tuple[float, ...]:
-    """Prior sds in `PARAMS` order: memory, compute, overhead, per_request, per_token, draft, fill, beta."""
+    """Prior sds in `PARAMS` order: memory, compute, overhead, per_request, per_token, draft, spec, fill, beta."""
     memory, compute, overhead, per_request, draft = config.prior_sigma
-    return (memory, compute, overhead, per_request, config.per_token_sigma, draft, config.fill_sigma,
-            config.gemm_slope_sigma)
+    return (memory, compute, overhead, per_request, config.per_token_sigma, draft, config.spec_sigma,
+            config.fill_sigma, config.gemm_slope_sigma)
 
 
 def prior_covariance(config: CalibrationConfig) -> tuple[tuple[float, ...], ...]:
@@ -731,7 +761,7 @@ def _covariance(problem: _Problem, at: _Evaluation, config: CalibrationConfig) -
 def fit(
     state: CalibrationState, ctx: ModelContext, *, now_s: float, config: CalibrationConfig
 ) -> tuple[CalibrationState, CalibrationFit]:
-    """Refit the eight parameters (seven scales and beta) to the points in `state` (weights decayed to `now_s`, Unix
+    """Refit the nine parameters (eight scales and beta) to the points in `state` (weights decayed to `now_s`, Unix
     seconds) starting from the previous fit and its damping; returns the state with the new scales and the fit's
     summary. At most
     `config.iterations` LM steps once warm (`cold_iterations` for a state never fitted); a converged state whose
@@ -769,7 +799,7 @@ def fit(
             # One observation for all windows (module docstring): their weighted mean, at the newest one's weight.
             total = sum(w for _, w in seen)
             telemetry.append((index, sum(v * w for v, w in seen) / total, max(w for _, w in seen)))
-    held = frozenset() if split_observed(every) else _UNIDENTIFIED_BY_ONE_KIND
+    held = unidentified(every)
     problem = _Problem(
         terms=cache.terms, log_observed=cache.log_observed, weights=weights, telemetry=tuple(telemetry), held=held,
     )

@@ -71,7 +71,9 @@ Drafting (what a speculative step adds besides verifying more tokens), for gamma
                      weights + its own KV cache at its attended ctx + its all-reduces), per GPU of the drafter's
                      own tensor-parallel degree (`_draft_pass`; a head runs at the target's, so at TP > 1 each of
                      its layers all-reduces twice too)
-    plus           : spec_step_overhead_s + spec_per_request_overhead_s x B   (rejection sampling, bookkeeping)
+    plus           : spec x (spec_step_overhead_s + spec_per_request_overhead_s x B)   (rejection sampling,
+                     bookkeeping: the speculative machinery's own cost, whatever gamma; its scale `spec` is what
+                     tells a plain step from a speculative one besides the drafts and the verified tokens)
 The per-request speculative term is host/sampler bookkeeping only (see policies/model/profiles.py for why it is not
 the 84 us/request of vLLM Dynamic SD at K=0); `dynamic_sd_k0_overhead_s` prices that code path separately.
 """
@@ -103,7 +105,9 @@ class CostScales:
     compute time (1 / effective-FLOP/s error), `per_request` the per-running-request host terms on top of
     `overhead`, `per_token` the per-verified-token term (the marginal cost of a token besides its roofline:
     what speculation's extra tokens pay), `draft` every drafting pass (its launch and its roofline: drafter
-    profiles are the least certain numbers; EAGLE heads differ in layers and in whether they own an lm_head).
+    profiles are the least certain numbers; EAGLE heads differ in layers and in whether they own an lm_head),
+    `spec` the speculative machinery's own per-step cost whatever gamma (spec_step_overhead_s and
+    spec_per_request_overhead_s x B, on top of `overhead` and, for the per-request part, `per_request`).
     `fill` scales the GEMM tile
     floor N_fill and `gemm_slope` is the GEMM efficiency elasticity beta (not a multiplier: 0 uncalibrated,
     valid in [0, 1]); module docstring. The online fitter in policies/model/calibrate.py fits all but `roofline`.
@@ -119,6 +123,7 @@ class CostScales:
     per_request: float = 1.0
     per_token: float = 1.0
     draft: float = 1.0
+    spec: float = 1.0
     fill: float = 1.0
     gemm_slope: float = 0.0
 
@@ -248,8 +253,9 @@ def linear_layer_s(
 class StepComponents:
     """One step's unscaled parts (seconds per GPU), priced by `total_s(scales)`: what calibration refits.
 
-    `fixed_s`: step fixed + speculative per-step; `draft_fixed_s`: draft-pass launches; `per_request_s`: every
-    per-running-request host term (plain, speculative bookkeeping, n-gram lookup); `per_token_s`: the verified
+    `fixed_s`: the step's fixed host and per-layer costs; `spec_fixed_s` / `spec_per_request_s`: the speculative
+    machinery's per-step and per-request bookkeeping (0 for a plain step); `draft_fixed_s`: draft-pass launches;
+    `per_request_s`: every other per-running-request host term (plain, n-gram lookup); `per_token_s`: the verified
     tokens' own cost (per_token_step_s x B q); `memory_s`/`compute_s`: the linear layers' weight streaming and
     math, of which `gemm_row_s` x G(`gemm_tokens`) is repriced under the fill scale and elasticity (G with
     `gemm_pad` and `gemm_fill`: `gemm_rows`); `kv_memory_s`/`attention_s`: the attention kernels' KV streaming
@@ -280,6 +286,8 @@ class StepComponents:
     attention_s: float = 0.0
     per_token_s: float = 0.0
     prefill_tokens: float = 0.0
+    spec_fixed_s: float = 0.0
+    spec_per_request_s: float = 0.0
 
     def prefill_at(self, scales: CostScales | None = None) -> float:
         """The prompt tokens' math (s, before the compute scale) under the elasticity of the step's whole rows:
@@ -301,7 +309,8 @@ class StepComponents:
         return self.gemm_row_s * rows * gemm_efficiency_factor(rows, s.gemm_slope)
 
     def total_s(self, scales: CostScales | None = None) -> float:
-        """overhead x (fixed + per_request x per-request + per_token x per-token + draft x draft_fixed)
+        """overhead x (fixed + per_request x per-request + per_token x per-token + draft x draft_fixed
+        + spec x (spec_fixed + per_request x spec_per_request))
         + roofline x (smooth_max(memory x (M + K), compute x (C + A)) + compute x prefill
         + allreduce + draft x passes x (smooth_max(memory x M_d, compute x C_d) + allreduce_d)),
         C = compute_s - gemm_s(unit scales) + gemm_s(scales).
@@ -310,7 +319,10 @@ class StepComponents:
         scales -> 6.84 ms; memory 2.0 -> 1.54 + 10.6 = 12.14 ms.
         """
         s = scales or CostScales()
-        overhead = s.overhead * (self.fixed_s + s.per_request * self.per_request_s + s.per_token * self.per_token_s)
+        spec = s.spec * (self.spec_fixed_s + s.per_request * self.spec_per_request_s)
+        overhead = s.overhead * (
+            self.fixed_s + s.per_request * self.per_request_s + s.per_token * self.per_token_s + spec
+        )
         compute_s = self.compute_s
         if (s.fill != 1.0 or s.gemm_slope != 0.0) and self.gemm_row_s > 0.0:
             compute_s += self.gemm_s(s) - self.gemm_s()
@@ -521,10 +533,11 @@ def drafting_time(
     scales = scales or CostScales()
     if gamma == 0:
         return StepTime(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
-    per_request = hardware.spec_per_request_overhead_s * batch
+    spec = scales.spec * (
+        hardware.spec_step_overhead_s + scales.per_request * hardware.spec_per_request_overhead_s * batch
+    )
     if drafter.method in HOST_DRAFT_METHODS or drafter.params <= 0:
-        per_request += drafter.host_time_per_request_s * batch
-        overhead = hardware.spec_step_overhead_s + scales.per_request * per_request
+        overhead = spec + scales.per_request * drafter.host_time_per_request_s * batch
         return StepTime(0.0, 0.0, 0.0, 0.0, 0.0, scales.overhead * overhead, 0.0)
     moved, flops, memory_s, compute_s, allreduce_s = _draft_pass(
         hardware, drafter, batch=batch, context_tokens=shape.context_tokens, tp=tensor_parallel
@@ -532,14 +545,14 @@ def drafting_time(
     memory_s *= scales.memory
     compute_s *= scales.compute
     weight_bytes = drafter.params * drafter.dtype_bytes / float(drafter.degree(tensor_parallel))
-    fixed = hardware.spec_step_overhead_s + scales.draft * gamma * hardware.draft_step_fixed_s
+    fixed = spec + scales.draft * gamma * hardware.draft_step_fixed_s
     return StepTime(
         weight_bytes=gamma * weight_bytes,
         kv_bytes=gamma * (moved - weight_bytes),
         flops=gamma * flops,
         memory_s=gamma * memory_s,
         compute_s=gamma * compute_s,
-        overhead_s=scales.overhead * (fixed + scales.per_request * per_request),
+        overhead_s=scales.overhead * fixed,
         physics_s=scales.roofline * scales.draft * gamma * (smooth_max(memory_s, compute_s) + allreduce_s),
     )
 
@@ -569,11 +582,11 @@ def step_components(
     parts = _target_parts(hardware, model, shape, prefill_context_tokens=prefill_ctx, tensor_parallel=tensor_parallel)
     fixed = step_fixed_s(hardware, model)
     per_request = hardware.per_request_step_s * batch
-    draft_memory = draft_compute = draft_fixed = draft_allreduce = 0.0
+    draft_memory = draft_compute = draft_fixed = draft_allreduce = spec_fixed = spec_per_request = 0.0
     passes = 0
     if draft_passes > 0:
-        fixed += hardware.spec_step_overhead_s
-        per_request += hardware.spec_per_request_overhead_s * batch
+        spec_fixed = hardware.spec_step_overhead_s
+        spec_per_request = hardware.spec_per_request_overhead_s * batch
         if drafter.method in HOST_DRAFT_METHODS or drafter.params <= 0:
             per_request += drafter.host_time_per_request_s * batch
         else:
@@ -603,6 +616,8 @@ def step_components(
         kv_memory_s=parts.kv_memory_s,
         attention_s=parts.attention_s,
         per_token_s=parts.per_token_s,
+        spec_fixed_s=spec_fixed,
+        spec_per_request_s=spec_per_request,
     )
 
 

@@ -103,12 +103,12 @@ def test_the_fitters_jacobian_prices_the_draft_passes_comms(degree: int) -> None
     # derivatives must still be those of StepComponents.total_s.
     components = step_components(H100, TARGET, _drafter(degree), Shape(batch=8.0, context_tokens=2048.0,
                                  tokens_per_seq=4.0), draft_passes=3, tensor_parallel=4)
-    x = (-0.3, 0.1, 0.4, 0.2, -0.5, 0.3, -0.2, 0.1)
+    x = (-0.3, 0.1, 0.4, 0.2, -0.5, 0.3, 0.25, -0.2, 0.1)
 
     def scales(at: Sequence[float]) -> CostScales:
-        e = [math.exp(v) for v in at[:7]]
+        e = [math.exp(v) for v in at[:8]]
         return CostScales(memory=e[0], compute=e[1], overhead=e[2], per_request=e[3], per_token=e[4], draft=e[5],
-                          fill=e[6], gemm_slope=at[7])
+                          spec=e[6], fill=e[7], gemm_slope=at[8])
 
     shape = Shape(batch=8.0, context_tokens=2048.0, tokens_per_seq=4.0)
     whole = target_step_time(H100, TARGET, shape, tensor_parallel=4).total_s + drafting_time(
@@ -116,7 +116,7 @@ def test_the_fitters_jacobian_prices_the_draft_passes_comms(degree: int) -> None
     assert components.total_s() == pytest.approx(whole)
     log_t, slopes = log_step_and_slopes(components, x)
     assert log_t == pytest.approx(math.log(components.total_s(scales(x))), abs=1e-12)
-    for j in range(8):
+    for j in range(9):
         moved = list(x)
         moved[j] += 1e-7
         assert slopes[j] == pytest.approx((math.log(components.total_s(scales(moved))) - log_t) / 1e-7, abs=1e-5)

@@ -18,7 +18,7 @@ from policies.model.costmodel import curve_for
 from policies.model.roofline import CostScales, Shape
 from policies.model.uncertainty import Z_90, banded, model_sd, shifted, widen
 from policies.offline.whatif import acceptance_evidence
-from policies.types import CurvePoint, DraftMethod, WhyCode
+from policies.types import CurvePoint, Decision, DraftMethod, WhyCode
 
 CTX = make_context(method=DraftMethod.EAGLE3)
 NOW = 1_800_000_000.0
@@ -105,6 +105,27 @@ def test_the_band_narrows_once_plain_steps_are_seen_and_the_reason_says_what_wou
     for wide, narrow in zip(only_spec[1:], both[1:], strict=True):
         assert wide.speedup_high / wide.speedup_low > narrow.speedup_high / narrow.speedup_low
     assert all(p.gain_sd == 0.0 for p in both if p.gamma == 3)  # the running option against itself
+
+
+def test_two_k_without_a_plain_step_keep_the_bookkeepings_spread_and_the_reason_says_so() -> None:
+    # Steps at k=1 and k=3 measure a draft pass and its tokens, not the speculative bookkeeping both pay: what a
+    # plain step saves stays the prior's, so every S keeps that spread until plain steps are seen.
+    evidence = make_evidence(batch=4.0, acceptance=make_acceptance((0.8, 0.6, 0.45)))
+
+    def first(points: tuple[StepObservation, ...]) -> tuple[tuple[CurvePoint, ...], Decision]:
+        advice = advise_target(evidence, CTX, AdvisorConfig(decide=DecideConfig(dwell_s=0.0)),
+                               AdvisorState(calibration=CalibrationState(points=points)), NOW)
+        return advice.decision.curve, advice.decision
+
+    two_k, decision = first((_observed(1, 0.0092), _observed(3, 0.0110)))
+    assert "plain step not measured yet (speculative steps only, at two k)" in decision.reason
+    assert "a window with speculation off measures it" in decision.reason
+    assert decision.named(WhyCode.PLAIN_UNMEASURED) is not None
+    assert decision.named(WhyCode.VERIFICATION_UNMEASURED) is None
+    with_plain, decision = first((_observed(0, 0.0075), _observed(1, 0.0092), _observed(3, 0.0110)))
+    assert "not measured yet" not in decision.reason and decision.named(WhyCode.PLAIN_UNMEASURED) is None
+    for wide, narrow in zip(two_k[1:], with_plain[1:], strict=True):
+        assert wide.speedup_high / wide.speedup_low > narrow.speedup_high / narrow.speedup_low
 
 
 def _running_three(gain_sd: float) -> tuple[CurvePoint, ...]:
