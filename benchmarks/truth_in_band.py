@@ -103,9 +103,12 @@ def _phase(rate: float, low: float, high: float) -> str:
 
 def coverage(bench: BenchScenario, *, name: str, forced: Sequence[tuple[float, int]] = ()) -> Coverage:
     """Run the advisor policy over the scenario and judge every eligible tick (module docstring). `forced`: (from
-    seconds since the start, k) in time order; the world runs that k schedule instead of the advice, and each tick
-    judges gammas 1 .. max k + 1 of the published curve."""
+    seconds since the start >= 0, k >= 0) in time order; the world runs that k schedule instead of the advice (the
+    scenario's deployed k before the first entry), and each tick judges gammas 1 .. max k + 1 of the published
+    curve."""
     scenario = bench.scenario
+    deployed = scenario.drafter.num_speculative_tokens
+    initial_k = next((k for at, k in reversed(forced) if at <= 0.0), deployed) if forced else deployed
     settings = pipeline.bench_advisor_settings(bench)
     window_s = settings.estimator.window_s
     rates = [point.requests_per_s for point in scenario.workload.arrival_rate]
@@ -121,7 +124,7 @@ def coverage(bench: BenchScenario, *, name: str, forced: Sequence[tuple[float, i
                 decisions.append((now_s, status.decision, world.num_speculative_tokens))
             if forced:
                 since = now_s - history[0][0]
-                return next((k for at, k in reversed(forced) if at <= since), forced[0][1])
+                return next((kf for at, kf in reversed(forced) if at <= since), initial_k)
             return k
 
     @contextlib.asynccontextmanager
@@ -129,7 +132,6 @@ def coverage(bench: BenchScenario, *, name: str, forced: Sequence[tuple[float, i
         async with Watching(settings, world=world, clock=pipeline.SimClock(start_s)) as controller:
             yield controller
 
-    initial_k = forced[0][1] if forced else scenario.drafter.num_speculative_tokens
     policy = PolicySpec("advisor", initial_k=initial_k, controller=advisor)
     asyncio.run(run_policy(bench, policy, duration_s=bench.bench.duration_s))
     if not history:
@@ -165,9 +167,12 @@ def _forced(text: str) -> tuple[float, int]:
     """"750:2" -> (750.0, 2): from 750 s on, the world runs k=2."""
     at, _, k = text.partition(":")
     try:
-        return float(at), int(k)
+        seconds, gamma = float(at), int(k)
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected T:K (seconds:k), got {text!r}") from None
+    if not (seconds >= 0.0 and gamma >= 0):  # NaN fails too
+        raise argparse.ArgumentTypeError(f"T must be >= 0 s and K >= 0, got {text!r}")
+    return seconds, gamma
 
 
 def main(argv: Sequence[str] | None = None) -> int:

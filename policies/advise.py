@@ -18,11 +18,12 @@ from policies.decide.value import point_at
 from policies.estimate.memory import AcceptanceMemory, MemoryConfig, Recall, acceptance_in_use, remember
 from policies.model.acceptance import acceptance_curve
 from policies.model.calibrate import (
+    PARAMS,
     CalibrationConfig,
     CalibrationFit,
     CalibrationState,
     StepObservation,
-    split_observed,
+    unidentified,
     update,
 )
 from policies.model.costmodel import ModelContext, operating_point_with
@@ -86,7 +87,7 @@ class _Priced:
     objective: str = ""
     why: str = ""
     split_note: str = ""
-    split_code: WhyCode = WhyCode.VERIFICATION_UNMEASURED
+    split_code: WhyCode | None = None
 
 
 def advise_target(
@@ -277,7 +278,7 @@ def _annotated(
             whys.append(Why(WhyCode.REMEMBERED, (("age_s", recalled.age_s),)))
     if priced.objective:
         notes.append(f"objective {priced.objective} ({priced.why})")
-    if priced.split_note and ok:
+    if priced.split_note and priced.split_code is not None and ok:
         notes.append(priced.split_note)
         whys.append(Why(priced.split_code))
     if ok and fit is not None and error is not None:
@@ -316,17 +317,18 @@ def _plan_tick(
     return state, HorizonCurve(curve=planned, cost_scale=scale)
 
 
-def _split_note(seen: tuple[StepObservation, ...], evidence: Evidence) -> tuple[str, WhyCode]:
+def _split_note(seen: tuple[StepObservation, ...], evidence: Evidence) -> tuple[str, WhyCode | None]:
     """What the reason says about the costs the points leave at the prior (policies/model/calibrate.py
-    `unidentified`), and its cause code: steps at one tokens-per-sequence only leave the verified token's cost and
-    the drafting share, and the band covers them (`VERIFICATION_UNMEASURED`); two k without a plain step leave the
-    speculative bookkeeping, what a plain step saves besides the drafts (`PLAIN_UNMEASURED`); "" once plain and
-    speculative steps are both seen. Example: k=3 steps only, speculating -> "verification cost not measured yet
-    (no plain steps seen, nor another k): ..."; k=3 and k=2 -> "plain step not measured yet: ..."."""
-    unmeasured = WhyCode.VERIFICATION_UNMEASURED
-    if split_observed(seen):
-        if any(p.draft_passes == 0 for p in seen):
-            return "", unmeasured
+    `unidentified`), and its cause code: steps at one tokens-per-sequence only leave the verified token's cost, the
+    drafting share and the bookkeeping, and the band covers them (`VERIFICATION_UNMEASURED`); two k without a
+    plain step leave the speculative bookkeeping, what a plain step saves besides the drafts (`PLAIN_UNMEASURED`);
+    ("", None) when nothing is held. Example: k=3 steps only, speculating -> "verification cost not measured yet
+    (no plain steps seen, nor another k): ..."; k=3 and k=2 -> "plain step not measured yet (speculative steps
+    only, at two k): ..."."""
+    held = unidentified(seen)
+    if not held:
+        return "", None
+    if held == frozenset({PARAMS.index("spec")}):
         return (
             "plain step not measured yet (speculative steps only, at two k): bands cover the prior's cost of the "
             "speculative bookkeeping, what turning off saves besides the drafts; a window with speculation off "
@@ -337,9 +339,9 @@ def _split_note(seen: tuple[StepObservation, ...], evidence: Evidence) -> tuple[
     else:
         missing = f"no {'plain' if evidence.speculation_on else 'speculative'} steps seen, nor another k"
     return (
-        f"verification cost not measured yet ({missing}): bands cover the prior's per-token and drafting costs; a "
-        "window with speculation off or at another k measures them"
-    ), unmeasured
+        f"verification cost not measured yet ({missing}): bands cover the prior's per-token, drafting and "
+        "bookkeeping costs; a window with speculation off or at another k measures them"
+    ), WhyCode.VERIFICATION_UNMEASURED
 
 
 def _form_error(fit: CalibrationFit) -> float:

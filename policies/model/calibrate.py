@@ -24,7 +24,7 @@ own cost (spec) comes with every speculative step whatever its k, so only plain 
 tell it from the step's fixed and per-request costs: with two k and no plain step it is held at the prior
 (`unidentified`), its prior variance in the covariance: a plain step's price, and so every S, then carries the
 prior's uncertainty about that cost (0.775 ms measured on one engine; a fused, asynchronous one pays far less).
-With one kind of step only
+Beside plain steps it is fitted, told from the draft passes' launches by a second k. With one kind of step only
 (`split_observed` False: one drafting setting, or tokens per sequence within 25% of each other) those directions
 are not identified: at one q, x_per_token moves the step exactly as x_per_request does (both scale with B), and
 drafting comes with every step. Fitted anyway, they soak up whatever
@@ -346,9 +346,12 @@ def split_observed(points: Sequence[StepObservation]) -> bool:
 def unidentified(points: Sequence[StepObservation]) -> frozenset[int]:
     """The parameters (`PARAMS` indices) the points cannot identify, held at the prior in the fit (module
     docstring): per_token, draft and spec while the points hold one kind of step (`split_observed` False); spec
-    alone while they hold two kinds but no plain step (two k: their difference is one draft pass and the tokens
-    it verifies, while the machinery's own cost comes with both); none once plain and speculative steps are both
-    seen. Example: [k=3] -> {per_token, draft, spec}; [k=3, k=2] -> {spec}; [k=3, plain] -> {}."""
+    alone while they hold two kinds but no plain step (two k: their difference is draft passes and the tokens
+    they verify, while the machinery's own cost comes with both); none once plain steps are seen beside
+    speculative ones. Plain steps and ONE k measure draft + spec only as their sum at that k (both are paid per
+    speculative step, neither much with B), so the fit splits them by the prior and the posterior covariance
+    keeps their correlation; plain steps and two k tell them apart. Example (tokens per sequence 4 and 3, 25%
+    apart): [k=3] -> {per_token, draft, spec}; [k=3, k=2] -> {spec}; [k=3, plain] -> {}."""
     if not split_observed(points):
         return _UNIDENTIFIED_BY_ONE_KIND
     if any(p.draft_passes == 0 for p in points):

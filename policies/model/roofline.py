@@ -71,9 +71,9 @@ Drafting (what a speculative step adds besides verifying more tokens), for gamma
                      weights + its own KV cache at its attended ctx + its all-reduces), per GPU of the drafter's
                      own tensor-parallel degree (`_draft_pass`; a head runs at the target's, so at TP > 1 each of
                      its layers all-reduces twice too)
-    plus           : spec x (spec_step_overhead_s + spec_per_request_overhead_s x B)   (rejection sampling,
-                     bookkeeping: the speculative machinery's own cost, whatever gamma; its scale `spec` is what
-                     tells a plain step from a speculative one besides the drafts and the verified tokens)
+    plus           : overhead x spec x (spec_step_overhead_s + per_request x spec_per_request_overhead_s x B)
+                     (rejection sampling, bookkeeping: the speculative machinery's own cost, whatever gamma;
+                     `spec` is its calibration scale, identified only beside plain steps)
 The per-request speculative term is host/sampler bookkeeping only (see policies/model/profiles.py for why it is not
 the 84 us/request of vLLM Dynamic SD at K=0); `dynamic_sd_k0_overhead_s` prices that code path separately.
 """
@@ -524,7 +524,7 @@ def drafting_time(
     Bytes/FLOPs are for all gamma sequential draft steps together.
 
     Example: H100, EAGLE-3 head for Llama-3.1-8B (3.995e8 params), gamma 3, B=1, ctx 512: per step
-    0.5 ms + 0.80 GB / 2.8475e12 = 0.28 ms -> 2.34 ms for three, + 0.775 + 0.010 ms overhead -> ~3.1 ms.
+    0.5 ms + 0.80 GB / 2.8475e12 = 0.28 ms -> 2.34 ms for three, + 0.775 + 0.005 ms bookkeeping -> 3.12 ms.
     """
     _check(replace(shape, tokens_per_seq=1.0), tp=tensor_parallel)
     batch = shape.batch
@@ -571,8 +571,9 @@ def step_components(
     Ranges as `target_step_time` / `drafting_time`. Invariant: `total_s(scales)` equals
     `target_step_time(..., scales).total_s + drafting_time(..., scales).total_s`.
 
-    Example: H100, Llama-3.1-8B, EAGLE-3, B=1, q=4, 3 passes, ctx 512: fixed 1.5 + 0.775 + 3 x 0.5 = 3.775 ms,
-    per-request 0.02 + 0.010 ms, per-token 4 x 0.02 ms, linear 5.27 ms, one draft pass 0.28 ms -> ~ 10.0 ms.
+    Example: H100, Llama-3.1-8B, EAGLE-3, B=1, q=4, 3 passes, ctx 512: fixed 1.5 ms, speculative bookkeeping
+    0.775 + 0.005 ms (`spec_fixed_s`, `spec_per_request_s`), draft launches 3 x 0.5 ms, per-request 0.02 ms,
+    per-token 3 x 0.04 ms, linear 5.27 ms, three draft passes of 0.28 ms -> 10.07 ms at unit scales.
     """
     _check(shape, tp=tensor_parallel)
     if draft_passes < 0:

@@ -46,7 +46,7 @@ Covariance = Sequence[Sequence[float]]
 
 def shifted(scales: CostScales, index: int, step: float) -> CostScales:
     """`scales` with parameter `index` (`PARAMS` order) moved by `step` in its fitted coordinate (log for the
-    seven scales, as it is for beta). Example: index 4 (per_token), step 0.1 -> per_token x e^0.1 = x1.105."""
+    eight scales, as it is for beta). Example: index 4 (per_token), step 0.1 -> per_token x e^0.1 = x1.105."""
     name = PARAMS[index]
     if name == "gemm_slope":
         return replace(scales, gemm_slope=scales.gemm_slope + step)

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field, replace
 
 from policies import iid
 from policies.model.acceptance import AcceptancePoint, acceptance_curve
-from policies.model.calibrate import CalibrationConfig, prior_covariance, split_observed
+from policies.model.calibrate import PARAMS, CalibrationConfig, prior_covariance, split_observed, unidentified
 from policies.model.costmodel import ModelContext, curve_for
 from policies.model.kv_capacity import VLLM_GPU_MEMORY_UTILIZATION, MemoryFit, memory_fit
 from policies.model.measured_profile import MeasuredProfile, ProfileError, fit_profile, observations
@@ -692,7 +692,8 @@ def _calibration_notes(calibration: WhatIfCalibration) -> list[str]:
             "(policies/model/profiles.py); "
             "a live sidecar fits them to the server's measured step time",
             "speedup_low/high are 90% bands that include the cost model's own uncertainty (the calibration prior: "
-            "per-token, compute, overhead and drafting costs each unknown by 1.6-2.2x), not only the acceptance's; "
+            "per-token, compute, overhead, drafting and bookkeeping costs each unknown by 1.6-2.2x), not only the "
+            "acceptance's; "
             "measure the deployment (spec-advisor profile) to narrow them",
         ]
     plain, speculative = profile.kinds_seen
@@ -707,7 +708,14 @@ def _calibration_notes(calibration: WhatIfCalibration) -> list[str]:
         "speedup_low/high are 90% bands from the fit's posterior covariance (what the profile's steps identify), "
         "that largest miss (the model's form error here) and the acceptance's uncertainty",
     ]
-    if not split_observed(observations(profile, at_s=profile.created_at_s)):
+    points = observations(profile, at_s=profile.created_at_s)
+    if unidentified(points) == frozenset({PARAMS.index("spec")}):
+        notes.append(
+            "the profile holds speculative steps at two k and no plain step, so the speculative bookkeeping's cost "
+            "(what turning off saves besides the drafts) is still the prior's: profile the same deployment with "
+            "speculation off and --append it"
+        )
+    if not split_observed(points):
         missing = (
             f"profile the same deployment with speculation {'on' if plain else 'off'} and --append it"
             if not (plain and speculative)

@@ -30,8 +30,7 @@ def test_after_a_move_between_two_k_the_band_still_holds_what_a_plain_step_would
     # The world runs k=3, then k=2 from 750 s: steps at two k and never a plain one. The two k measure a draft
     # pass and its tokens, not the speculative bookkeeping both pay, so S (over a plain step the model never saw)
     # must keep that cost's prior spread (policies/model/calibrate.py `unidentified`). Measured 2026-12-06: from
-    # 790 s, S(1) 94%, S(2) 90%, S(3) 93%, S(4) 91% of ticks inside; with the bookkeeping fitted as part of the
-    # fixed overhead, 77%, 78%, 83%, 90% (low batches: the plain step priced 10% short).
+    # 790 s, S(1) 94%, S(2) 90%, S(3) 93%, S(4) 91% of ticks inside (docs/accuracy.md).
     result = coverage(load_bench_scenario(DEMO), name="demo", forced=((0.0, 3), (750.0, 2)))
     for gamma in (1, 2, 3, 4):
         share = result.share(gamma=gamma, since_s=750.0 + FORCED_SETTLE_S)

@@ -115,10 +115,11 @@ def test_the_aged_band_clears_the_margin_only_while_the_memory_is_fresh() -> Non
     config = replace(DWELL, dwell_s=0.0)
 
     def best(age_s: float) -> tuple[float, float]:
+        # The best point's speedup, and the highest low end of any gamma (what the rule weighs a turn-on by).
         advice = tick(evidence, DecideState(), remembered(POOR, age_s=age_s), now_s=NOW, config=config)
         star = best_point(advice.decision.curve, config.gamma_max)
         assert star is not None and advice.recalled is not None  # both ages are still usable
-        return star.speedup, star.speedup_low
+        return star.speedup, max(p.speedup_low for p in advice.decision.curve if p.gamma > 0)
 
     fresh_point, fresh_low = best(0.0)
     aged_point, aged_low = best(7200.0)  # n_eff = 2000 / 16 = 125

@@ -325,8 +325,8 @@ def test_the_split_is_observed_only_with_two_drafting_settings_verifying_differe
     [
         ([_kind(3, 4.0)], {"per_token", "draft", "spec"}),  # one kind: none of the three moves the step apart
         ([_kind(3, 4.0), _kind(1, 2.0)], {"spec"}),  # two k: the machinery's own cost comes with both
-        ([_kind(3, 4.0), _kind(0, 1.0)], set()),  # plain beside speculative steps: all three identified
-        ([_kind(3, 4.0), _kind(1, 2.0), _kind(0, 1.0)], set()),
+        ([_kind(3, 4.0), _kind(0, 1.0)], set()),  # plain beside one k: spec + draft launches as their sum (freed)
+        ([_kind(3, 4.0), _kind(1, 2.0), _kind(0, 1.0)], set()),  # and a second k splits them
     ],
     ids=["one-k", "two-k", "on-off", "two-k-and-off"],
 )

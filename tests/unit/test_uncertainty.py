@@ -112,9 +112,11 @@ def test_two_k_without_a_plain_step_keep_the_bookkeepings_spread_and_the_reason_
     # plain step saves stays the prior's, so every S keeps that spread until plain steps are seen.
     evidence = make_evidence(batch=4.0, acceptance=make_acceptance((0.8, 0.6, 0.45)))
 
-    def first(points: tuple[StepObservation, ...]) -> tuple[tuple[CurvePoint, ...], Decision]:
-        advice = advise_target(evidence, CTX, AdvisorConfig(decide=DecideConfig(dwell_s=0.0)),
-                               AdvisorState(calibration=CalibrationState(points=points)), NOW)
+    def first(
+        points: tuple[StepObservation, ...], calibration: CalibrationConfig | None = None
+    ) -> tuple[tuple[CurvePoint, ...], Decision]:
+        config = AdvisorConfig(decide=DecideConfig(dwell_s=0.0), calibration=calibration or CalibrationConfig())
+        advice = advise_target(evidence, CTX, config, AdvisorState(calibration=CalibrationState(points=points)), NOW)
         return advice.decision.curve, advice.decision
 
     two_k, decision = first((_observed(1, 0.0092), _observed(3, 0.0110)))
@@ -125,6 +127,10 @@ def test_two_k_without_a_plain_step_keep_the_bookkeepings_spread_and_the_reason_
     with_plain, decision = first((_observed(0, 0.0075), _observed(1, 0.0092), _observed(3, 0.0110)))
     assert "not measured yet" not in decision.reason and decision.named(WhyCode.PLAIN_UNMEASURED) is None
     for wide, narrow in zip(two_k[1:], with_plain[1:], strict=True):
+        assert wide.speedup_high / wide.speedup_low > narrow.speedup_high / narrow.speedup_low
+    # The widening is the bookkeeping's: the same two k with its prior made certain give narrower bands.
+    sure, _ = first((_observed(1, 0.0092), _observed(3, 0.0110)), CalibrationConfig(spec_sigma=0.01))
+    for wide, narrow in zip(two_k[1:], sure[1:], strict=True):
         assert wide.speedup_high / wide.speedup_low > narrow.speedup_high / narrow.speedup_low
 
 
