@@ -107,8 +107,7 @@ def coverage(bench: BenchScenario, *, name: str, forced: Sequence[tuple[float, i
     scenario's deployed k before the first entry), and each tick judges gammas 1 .. max k + 1 of the published
     curve."""
     scenario = bench.scenario
-    deployed = scenario.drafter.num_speculative_tokens
-    initial_k = next((k for at, k in reversed(forced) if at <= 0.0), deployed) if forced else deployed
+    initial_k = _k_at(forced, 0.0, default=scenario.drafter.num_speculative_tokens)
     settings = pipeline.bench_advisor_settings(bench)
     window_s = settings.estimator.window_s
     rates = [point.requests_per_s for point in scenario.workload.arrival_rate]
@@ -122,10 +121,7 @@ def coverage(bench: BenchScenario, *, name: str, forced: Sequence[tuple[float, i
             status = self._sidecar.board.get(pipeline.TARGET)
             if status is not None and status.decision is not None:
                 decisions.append((now_s, status.decision, world.num_speculative_tokens))
-            if forced:
-                since = now_s - history[0][0]
-                return next((kf for at, kf in reversed(forced) if at <= since), initial_k)
-            return k
+            return _k_at(forced, now_s - history[0][0], default=initial_k) if forced else k
 
     @contextlib.asynccontextmanager
     async def advisor(world: World, start_s: float) -> AsyncIterator[Controller]:
@@ -161,6 +157,12 @@ def coverage(bench: BenchScenario, *, name: str, forced: Sequence[tuple[float, i
                 high=high,
             ))
     return Coverage(name, tuple(judged))
+
+
+def _k_at(forced: Sequence[tuple[float, int]], since_s: float, *, default: int) -> int:
+    """The k a forced schedule runs `since_s` seconds in: its last entry at or before then, `default` before its
+    first. Example: ((0, 3), (750, 2)) at 800 s -> 2."""
+    return next((k for at, k in reversed(forced) if at <= since_s), default)
 
 
 def _forced(text: str) -> tuple[float, int]:

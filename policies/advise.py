@@ -18,7 +18,7 @@ from policies.decide.value import point_at
 from policies.estimate.memory import AcceptanceMemory, MemoryConfig, Recall, acceptance_in_use, remember
 from policies.model.acceptance import acceptance_curve
 from policies.model.calibrate import (
-    PARAMS,
+    UNIDENTIFIED_WITHOUT_PLAIN,
     CalibrationConfig,
     CalibrationFit,
     CalibrationState,
@@ -328,7 +328,7 @@ def _split_note(seen: tuple[StepObservation, ...], evidence: Evidence) -> tuple[
     held = unidentified(seen)
     if not held:
         return "", None
-    if held == frozenset({PARAMS.index("spec")}):
+    if held == UNIDENTIFIED_WITHOUT_PLAIN:
         return (
             "plain step not measured yet (speculative steps only, at two k): bands cover the prior's cost of the "
             "speculative bookkeeping, what turning off saves besides the drafts; a window with speculation off "

@@ -121,7 +121,7 @@ _PARAMS = ("memory", "compute", "overhead", "per_request", "per_token", "draft",
 # What steps of one kind (all speculative at one k, or all plain) cannot tell apart (module docstring).
 _UNIDENTIFIED_BY_ONE_KIND = frozenset((_PARAMS.index("per_token"), _PARAMS.index("draft"), _PARAMS.index("spec")))
 # What speculative steps alone (two k, no plain step) cannot tell apart: the speculative machinery's own cost.
-_UNIDENTIFIED_WITHOUT_PLAIN = frozenset((_PARAMS.index("spec"),))
+UNIDENTIFIED_WITHOUT_PLAIN = frozenset((_PARAMS.index("spec"),))
 _ANCHOR_WEIGHT_TOTAL = 16.0  # a measured profile's points weigh together at most this many fresh live points
 _SPLIT_Q_RATIO = 1.25  # tokens per sequence this far apart separate the per-token cost from the per-request one
 PARAMS = _PARAMS  # the fitted parameters, in the order of `CalibrationFit.covariance`
@@ -356,7 +356,7 @@ def unidentified(points: Sequence[StepObservation]) -> frozenset[int]:
         return _UNIDENTIFIED_BY_ONE_KIND
     if any(p.draft_passes == 0 for p in points):
         return frozenset()
-    return _UNIDENTIFIED_WITHOUT_PLAIN
+    return UNIDENTIFIED_WITHOUT_PLAIN
 
 
 def add_observation(
@@ -481,11 +481,12 @@ def _price(t: _Terms, scales: _Scales9) -> tuple[float, _Scales9]:
     roof, draft_memory_share = _blend(ms * draft_memory, cs * draft_compute) if passes > 0 else (0.0, 0.0)
     roof *= dr * passes  # the draft passes' roofline, split by memory_share; their comms scale with draft alone
     draft = roof + (dr * passes * draft_allreduce if passes > 0 else 0.0)
+    plain_requests = ov * pr * per_request
     spec_requests = ov * sp * pr * spec_per_request
     spec = ov * sp * spec_fixed + spec_requests  # the speculative machinery's own cost
-    requests = ov * pr * per_request + spec_requests  # every per-request term, the speculative one included
+    requests = plain_requests + spec_requests  # every per-request term, the speculative one included
     tokens = ov * pt * per_token
-    overhead = ov * fixed + ov * pr * per_request + tokens + spec
+    overhead = ov * fixed + plain_requests + tokens + spec
     launches = dr * ov * draft_fixed
     prefill_s = cs * prefill
     total = overhead + launches + forward + prefill_s + allreduce + draft

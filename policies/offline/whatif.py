@@ -44,7 +44,13 @@ from dataclasses import dataclass, field, replace
 
 from policies import iid
 from policies.model.acceptance import AcceptancePoint, acceptance_curve
-from policies.model.calibrate import PARAMS, CalibrationConfig, prior_covariance, split_observed, unidentified
+from policies.model.calibrate import (
+    UNIDENTIFIED_WITHOUT_PLAIN,
+    CalibrationConfig,
+    prior_covariance,
+    split_observed,
+    unidentified,
+)
 from policies.model.costmodel import ModelContext, curve_for
 from policies.model.kv_capacity import VLLM_GPU_MEMORY_UTILIZATION, MemoryFit, memory_fit
 from policies.model.measured_profile import MeasuredProfile, ProfileError, fit_profile, observations
@@ -709,7 +715,7 @@ def _calibration_notes(calibration: WhatIfCalibration) -> list[str]:
         "that largest miss (the model's form error here) and the acceptance's uncertainty",
     ]
     points = observations(profile, at_s=profile.created_at_s)
-    if unidentified(points) == frozenset({PARAMS.index("spec")}):
+    if unidentified(points) == UNIDENTIFIED_WITHOUT_PLAIN:
         notes.append(
             "the profile holds speculative steps at two k and no plain step, so the speculative bookkeeping's cost "
             "(what turning off saves besides the drafts) is still the prior's: profile the same deployment with "
