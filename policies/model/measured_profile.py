@@ -197,10 +197,13 @@ def check_age(profile: MeasuredProfile, *, now_s: float, max_age_s: float) -> No
 
 
 def observations(profile: MeasuredProfile, *, at_s: float) -> tuple[StepObservation, ...]:
-    """The profile's points as calibration observations stamped `at_s` (the fitter's anchors do not decay)."""
+    """The profile's points as calibration observations stamped `at_s` (the fitter's anchors do not decay). A
+    step verifies at least one sequence, so a level measured below one sequence per step (an engine idle part of
+    the time, 0.5..1) is priced at batch 1, as the live operating point is (policies/model/costmodel.py).
+    Example: batch 0.97 -> StepObservation(batch=1.0, ...); batch 7.7 -> batch 7.7."""
     return tuple(
         StepObservation(
-            at_s=at_s, batch=p.batch, tokens_per_seq=p.tokens_per_seq, draft_passes=p.draft_passes,
+            at_s=at_s, batch=max(p.batch, 1.0), tokens_per_seq=p.tokens_per_seq, draft_passes=p.draft_passes,
             context_tokens=p.context_tokens, prefill_tokens=p.prefill_tokens, step_s=p.step_s,
         )
         for p in profile.points

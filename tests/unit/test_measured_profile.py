@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from policies.model.calibrate import CalibrationConfig
 from policies.model.costmodel import ModelContext
 from policies.model.measured_profile import (
     FORMAT,
@@ -17,6 +18,7 @@ from policies.model.measured_profile import (
     ProfilePoint,
     check_age,
     check_identity,
+    fit_profile,
     identity_of,
     merged,
     observations,
@@ -198,6 +200,17 @@ def test_points_become_calibration_observations() -> None:
         (1.0, 3.8, 3, 0.0061), (7.7, 1.0, 0, 0.0102)
     ]
     assert all(p.at_s == 5.0 for p in points)
+
+
+def test_a_level_below_one_sequence_per_step_is_fitted_at_batch_one() -> None:
+    # A file the parser accepts (batch 0.5..1: the engine idle part of the level) must fit, not crash the pricing.
+    document = _document()
+    document["points"][0]["batch"] = 0.97
+    profile = parse_profile(document)
+    assert profile.points[0].batch == 0.97  # the file's figure is kept as measured
+    assert observations(profile, at_s=5.0)[0].batch == 1.0
+    fitted = fit_profile(profile, _tiny_cpu(), config=CalibrationConfig())
+    assert fitted.fit.points == 2
 
 
 def test_point_fields_are_what_the_file_says() -> None:
