@@ -31,7 +31,7 @@ from policies.model.drafter_semantics import allowed_curve, drafts_full_length, 
 from policies.model.objectives import ObjectiveConfig, Workload, choose_objective, objective_curve, workload_from
 from policies.model.profiles import drafter_for
 from policies.model.roofline import CostScales
-from policies.model.uncertainty import banded
+from policies.model.uncertainty import Spread, banded
 from policies.types import AcceptanceEvidence, CurvePoint, DataState, Decision, DraftMethod, Evidence, Why, WhyCode
 
 
@@ -196,7 +196,8 @@ def _price(
         running = evidence.deployed_k if evidence.speculation_on else 0
         curve = banded(
             lambda scales: objective_curve(ctx, acceptance, workload, config=config.objective, scales=scales)[0],
-            fit.scales, fit.covariance, error_ratio=_form_error(fit), base=curve, reference_gamma=running,
+            fit.scales, Spread(fit.covariance, _form_error(fit), fit.split_alternative), base=curve,
+            reference_gamma=running,
         )
     curve = allowed_curve(curve, ctx.drafter.allowed_k, running=evidence.deployed_k if evidence.speculation_on else 0)
     note, code = _split_note((*calibration.anchors, *calibration.points), evidence)

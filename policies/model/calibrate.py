@@ -31,7 +31,10 @@ drafting comes with every step. Fitted anyway, they soak up whatever
 the other terms miss (on the real CPU server a window's extra 20% became a per-token cost 2.6x the prior's and an
 S(3) of 1.1 where the truth was 2.1). So while the points hold one kind of step, per_token, draft and spec are held at
 the prior (x = 0) and keep the prior's variance in the covariance: the curve is priced at the prior's split and
-its band covers the rest (policies/model/uncertainty.py).
+its band covers the rest (policies/model/uncertainty.py). Holding per_token gives the steps' growth with batch to
+per_request, the split under which speculation looks cheapest as the batch grows; the fit also names the other
+split of the same steps (`split_alternative`: per_request at the prior, per_token taking the growth), which the
+band reaches too.
 Why fill and gemm_slope: how a decode step's math grows with its tokens is set by the kernels' tiles and how
 well small GEMMs use the tensor cores, which no datasheet gives; with one rate and a fixed floor, a fit over a
 server's mixed steps missed pure-decode steps by 18-27% on the simulator (policies/model/roofline.py). Both are
@@ -122,6 +125,7 @@ _PARAMS = ("memory", "compute", "overhead", "per_request", "per_token", "draft",
 _UNIDENTIFIED_BY_ONE_KIND = frozenset((_PARAMS.index("per_token"), _PARAMS.index("draft"), _PARAMS.index("spec")))
 # What speculative steps alone (two k, no plain step) cannot tell apart: the speculative machinery's own cost.
 UNIDENTIFIED_WITHOUT_PLAIN = frozenset((_PARAMS.index("spec"),))
+_PER_TOKEN = _PARAMS.index("per_token")
 _ANCHOR_WEIGHT_TOTAL = 16.0  # a measured profile's points weigh together at most this many fresh live points
 _SPLIT_Q_RATIO = 1.25  # tokens per sequence this far apart separate the per-token cost from the per-request one
 PARAMS = _PARAMS  # the fitted parameters, in the order of `CalibrationFit.covariance`
@@ -265,6 +269,8 @@ class CalibrationFit:
     covariance of the parameters (`PARAMS` order: log-scales, then beta), the inverse of the Gauss-Newton matrix
     at the optimum with the prior; with no points it is the prior's (diagonal sigma^2). What the data has not
     identified keeps its prior variance: policies/model/uncertainty.py turns it into the curve's band.
+    `split_alternative`: while the per-token cost is not identified (one kind of step), the other explanation of
+    the same points (`split_alternative`), which the band must also cover; None once it is identified.
     """
 
     scales: CostScales
@@ -272,6 +278,7 @@ class CalibrationFit:
     newest_error_ratio: float | None
     points: int
     covariance: tuple[tuple[float, ...], ...] | None = None
+    split_alternative: CostScales | None = None
 
 
 def observation_from(evidence: Evidence, ctx: ModelContext, *, config: CalibrationConfig) -> StepObservation | None:
@@ -817,13 +824,38 @@ def fit(
     recent = sorted(abs(e) for e in errors[-config.error_points :])
     middle = len(recent) // 2
     median = recent[middle] if len(recent) % 2 else 0.5 * (recent[middle - 1] + recent[middle])
+    alternative = split_alternative(scales, cache.terms[-1], config) if _PER_TOKEN in held else None
     summary = CalibrationFit(
-        scales, median, errors[-1], len(every), covariance=_covariance(problem, at, config)
+        scales, median, errors[-1], len(every), covariance=_covariance(problem, at, config),
+        split_alternative=alternative,
     )
     # The next tick starts from log(scales): file the prices under that x (equal to at.x up to rounding).
     cache = replace(cache, priced=replace(at, x=_log_scales(scales)))
     fitted = replace(state, scales=scales, damping=damping, converged=converged, cache=cache, last_fit=summary)
     return fitted, summary
+
+
+def split_alternative(scales: CostScales, terms: _Terms, config: CalibrationConfig) -> CostScales:
+    """The other explanation of steps that all verify the same tokens per sequence q: at one q, a per-request cost
+    (paid by plain steps too) and a per-verified-token cost (paid q times per sequence) both grow the step as the
+    batch B, so any split of that growth fits alike. The fit holds the per-token scale at its prior and lets the
+    per-request scale s_r take the growth; the alternative holds the per-request scale at its prior and gives the
+    per-token scale s_t what s_r took beyond it, the same step at every point of that q:
+        ov s_r (R + s_sp R_sp) + ov s_t K  =  ov (R + s_sp R_sp) + ov s_t' K
+        s_t' = s_t + (s_r - 1) (R + s_sp R_sp) / K         (clamped to the per-token scale's bounds)
+    with R, R_sp the plain and speculative per-request prices and K the per-token price of the newest point
+    (`terms`: its step components; R and K both scale with B, so the ratio holds at every batch of that q). The
+    band covers both (policies/model/uncertainty.py); a window at another q settles which.
+    Example (the CPU profile at q = 2.63: R = 0.20 ms x B with the n-gram lookup, K = 0.18 ms x B (q - 1)):
+    s_r = 5.91, s_t = 1 -> s_r' = 1, s_t' = 1 + 4.91 x 0.20 / (0.18 x 1.63) = 4.35: 0.78 ms per extra verified
+    token instead of 0.18 ms, and a plain step's per-sequence cost 0.20 ms instead of 1.18 ms (before the fitted
+    overhead scale, which both share)."""
+    per_request, per_token, spec_per_request = terms[1], terms[2], terms[19]
+    if per_token <= 0.0:
+        return scales
+    moved = (scales.per_request - 1.0) * (per_request + scales.spec * spec_per_request) / per_token
+    bound = config.max_per_token_scale
+    return replace(scales, per_request=1.0, per_token=min(max(scales.per_token + moved, 1.0 / bound), bound))
 
 
 def point_errors(state: CalibrationState) -> tuple[float, ...]:

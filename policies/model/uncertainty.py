@@ -24,6 +24,17 @@ z x 0.8 x (the per-token share of the step): ~x1.6 either way where verified tok
 Steps at a second q (speculation off and on, another k) identify them and the band closes. A fit whose error e
 grew (the form is wrong) widens every band by e.
 
+That linearisation is taken where the fit stands, and at one q the fit stands at one end of a ridge: it holds the
+per-token cost at its prior and gives the step's growth with batch to the per-request cost, whose share of the step
+is then large and the per-token one small, so the band opens little in the direction that matters most at high
+batch. So the band also reaches the other end (`CalibrationFit.split_alternative`: per-request at its prior, the
+growth paid per verified token, every observed step priced the same): with d_alt(gamma) = log S_alt - log S,
+    low  = min(low, low e^d_alt),   high = max(high, high e^d_alt)      (the same band moved to the other split)
+and the ratio's sd against the running option takes (d_alt(gamma) - d_alt(reference)) / z in quadrature.
+Example (the real CPU server, k=3 only, steps 2.60 ms at 1 sequence and 7.24 ms at 4.4): S(3) at 4.4 is 1.38
+[1.04..1.82] from the fit alone; the other split (0.60 ms per extra verified token instead of 0.14) gives 0.49,
+and the band becomes [0.37..1.82], where the measured speedup at such batches was 0.89-1.02.
+
 Example: S = 1.50, acceptance band [1.44, 1.56], d = (-0.20 for per_token, +0.05 for overhead, 0 else),
 Sigma diagonal 0.64 / 0.49, e = 0.05: var = 0.0256 + 0.0012 + 0.0025 = 0.0293, sd 0.171, z sd = 0.282;
 low = 1.5 exp(-sqrt(0.0408^2 + 0.282^2)) = 1.13, high = 1.5 exp(sqrt(0.0392^2 + 0.282^2)) = 1.99.
@@ -33,7 +44,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 from policies.model.calibrate import PARAMS
 from policies.model.roofline import CostScales
@@ -117,6 +128,22 @@ def model_sd(
     return absolute, relative
 
 
+def split_shifts(
+    curve_at: Callable[[CostScales], Sequence[CurvePoint]],
+    alternative: CostScales | None,
+    points: Sequence[CurvePoint],
+) -> tuple[float, ...]:
+    """log S_alternative(gamma) - log S(gamma) per point of `points` (priced at the fit's scales): 0 without an
+    alternative, or where either is not > 0."""
+    if alternative is None:
+        return (0.0,) * len(points)
+    other = tuple(curve_at(alternative))
+    return tuple(
+        math.log(o.speedup / p.speedup) if o.speedup > 0.0 and p.speedup > 0.0 else 0.0
+        for p, o in zip(points, other, strict=True)
+    )
+
+
 def widen(
     points: Sequence[CurvePoint], sds: Sequence[float], *, z: float = Z_90, gain_sds: Sequence[float] | None = None
 ) -> tuple[CurvePoint, ...]:
@@ -137,19 +164,54 @@ def widen(
     return tuple(out)
 
 
+@dataclass(frozen=True, slots=True)
+class Spread:
+    """What a calibration leaves unknown, for `banded`: the posterior `covariance` of the fitted parameters
+    (`PARAMS` order), the model's form error `error_ratio` (a relative step-time error, >= 0) and, while the
+    per-token cost is not identified, the other split of the same steps (`alternative`,
+    `CalibrationFit.split_alternative`; None when there is none)."""
+
+    covariance: Covariance
+    error_ratio: float = 0.0
+    alternative: CostScales | None = None
+
+
 def banded(
     curve_at: Callable[[CostScales], Sequence[CurvePoint]],
     scales: CostScales,
-    covariance: Covariance,
+    spread: Spread,
     *,
-    error_ratio: float = 0.0,
     base: Sequence[CurvePoint] | None = None,
     reference_gamma: int | None = None,
 ) -> tuple[CurvePoint, ...]:
     """`curve_at(scales)` (or `base`, already priced there) with the model's uncertainty in every 90% band (z =
-    Z_90), and each point's `gain_sd` against `reference_gamma` (the option that runs) when given."""
+    Z_90), and each point's `gain_sd` against `reference_gamma` (the option that runs) when given. With an
+    alternative split the band also reaches it, and each gain sd takes (d_alt(gamma) - d_alt(reference)) / z in
+    quadrature (module docstring)."""
     points = tuple(base) if base is not None else tuple(curve_at(scales))
     sds, gains = model_sd(
-        curve_at, scales, covariance, error_ratio=error_ratio, base=points, reference_gamma=reference_gamma
+        curve_at, scales, spread.covariance, error_ratio=spread.error_ratio, base=points,
+        reference_gamma=reference_gamma,
     )
-    return widen(points, sds, z=Z_90, gain_sds=gains if reference_gamma is not None else None)
+    if spread.alternative is None:
+        return widen(points, sds, z=Z_90, gain_sds=gains if reference_gamma is not None else None)
+    shifts = split_shifts(curve_at, spread.alternative, points)
+    index = next((i for i, p in enumerate(points) if p.gamma == reference_gamma), None)
+    if index is not None:
+        gains = tuple(
+            math.hypot(gain, (shift - shifts[index]) / Z_90) for gain, shift in zip(gains, shifts, strict=True)
+        )
+    widened = widen(points, sds, z=Z_90, gain_sds=gains if reference_gamma is not None else None)
+    return tuple(_reach(point, shift) for point, shift in zip(widened, shifts, strict=True))
+
+
+def _reach(point: CurvePoint, shift: float) -> CurvePoint:
+    """`point`'s band joined with the same band moved by `shift` in log S (the other split's curve, as sure as this
+    one): low = min(low, low e^shift), high = max(high, high e^shift). Gamma 0 (S = 1 by definition) is left."""
+    if point.gamma == 0 or shift == 0.0:
+        return point
+    moved = math.exp(shift)
+    return replace(
+        point, speedup_low=min(point.speedup_low, point.speedup_low * moved),
+        speedup_high=max(point.speedup_high, point.speedup_high * moved),
+    )

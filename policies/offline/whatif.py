@@ -65,7 +65,7 @@ from policies.model.profiles import (
     model_from_hf_config,
 )
 from policies.model.roofline import CostScales, Shape
-from policies.model.uncertainty import banded
+from policies.model.uncertainty import Spread, banded
 from policies.offline.schedule import ScheduleInputs
 from policies.types import AcceptanceEvidence, CurvePoint, DraftMethod
 
@@ -530,6 +530,8 @@ class WhatIfCalibration:
     profile: MeasuredProfile | None = None
     # The fit's largest relative step error on the profile's points: the form error every band carries.
     form_error: float = 0.0
+    # The other split of the profile's steps when they verify one tokens-per-sequence value (the band covers it).
+    split_alternative: CostScales | None = None
 
 
 def _calibration(profile: MeasuredProfile | None, ctx: ModelContext) -> WhatIfCalibration:
@@ -541,7 +543,7 @@ def _calibration(profile: MeasuredProfile | None, ctx: ModelContext) -> WhatIfCa
         raise WhatIfInputError("profile", str(exc)) from None
     return WhatIfCalibration(
         fitted.fit.scales, fitted.fit.covariance or PRIOR_COVARIANCE, profile=profile,
-        form_error=fitted.max_error_ratio,
+        form_error=fitted.max_error_ratio, split_alternative=fitted.fit.split_alternative,
     )
 
 
@@ -583,8 +585,8 @@ def with_band(
     calibration prior's covariance: nothing is measured, so the band spans what the profiles' constants could be
     (a verification priced compute-bound at the per-token and compute scales' high ends is inside it)."""
     return banded(
-        lambda scales: pricing.curve_at(at, scales)[0], calibration.scales, calibration.covariance,
-        error_ratio=calibration.form_error, base=curve,
+        lambda scales: pricing.curve_at(at, scales)[0], calibration.scales,
+        Spread(calibration.covariance, calibration.form_error, calibration.split_alternative), base=curve,
     )
 
 

@@ -354,6 +354,33 @@ def test_two_k_without_a_plain_step_leave_the_speculative_machinerys_cost_at_the
     assert measured.covariance is not None and measured.covariance[spec][spec] < 0.85 * prior
 
 
+def test_one_k_leaves_the_split_of_the_steps_growth_open_and_the_fit_names_the_other_split() -> None:
+    # A server whose verified tokens cost 6x the prior's, seen at k=3 only (4 tokens per sequence, batches 1..256):
+    # a per-request and a per-token cost both grow its steps as the batch, so the fit (per-token held at the
+    # prior) gives the growth to the per-request term, and names the other split of the same steps: per-request
+    # at the prior, per-token taking the rest. Both price every observed step alike; only a step at another q
+    # (plain decoding) tells them apart, and there the other split is the truth's side.
+    truth = CostScales(per_token=6.0)
+    ctx = make_context()
+    state, one_k = fit(_synthetic(truth, kinds=((4.0, 3),)), ctx, now_s=T0 + 720.0, config=CONFIG)
+    alternative = one_k.split_alternative
+    assert alternative is not None
+    assert one_k.scales.per_token == 1.0 and one_k.scales.per_request > 2.0
+    assert alternative.per_request == 1.0 and alternative.per_token > 2.0
+    for point in state.points:
+        components = step_components(ctx.hardware, ctx.model, ctx.drafter, point.shape, draft_passes=3)
+        assert components.total_s(alternative) == pytest.approx(components.total_s(one_k.scales), rel=1e-9)
+    plain = step_components(
+        ctx.hardware, ctx.model, ctx.drafter, Shape(batch=256.0, context_tokens=1024.0), draft_passes=0
+    )
+    true_plain = plain.total_s(truth)
+    fitted_miss = abs(plain.total_s(one_k.scales) / true_plain - 1.0)
+    assert abs(plain.total_s(alternative) / true_plain - 1.0) < 0.5 * fitted_miss
+    # Plain steps beside the k=3 ones identify the per-token cost: no other split.
+    _, on_off = fit(_synthetic(truth), ctx, now_s=T0 + 720.0, config=CONFIG)
+    assert on_off.split_alternative is None
+
+
 def test_a_long_profile_cannot_outvote_what_the_deployment_does_today() -> None:
     # 64 profile points (the most `_synthetic` keeps) measured when memory was 2x slower (another driver, another
     # clock) against 24 live points where it is 1x: the anchors weigh together as 16 fresh points, so the fit lands

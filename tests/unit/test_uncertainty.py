@@ -16,7 +16,7 @@ from policies.model.acceptance import acceptance_curve
 from policies.model.calibrate import PARAMS, CalibrationConfig, CalibrationState, StepObservation, prior_covariance
 from policies.model.costmodel import curve_for
 from policies.model.roofline import CostScales, Shape
-from policies.model.uncertainty import Z_90, banded, model_sd, shifted, widen
+from policies.model.uncertainty import Z_90, Spread, banded, model_sd, shifted, widen
 from policies.offline.whatif import acceptance_evidence
 from policies.types import CurvePoint, Decision, DraftMethod, WhyCode
 
@@ -58,13 +58,35 @@ def test_an_uncalibrated_band_covers_a_verification_at_the_per_token_priors_far_
         return curve_for(CTX, acceptance, Shape(batch=64.0, context_tokens=1024.0), scales=scales)[0]  # type: ignore[arg-type]
 
     prior = prior_covariance(CalibrationConfig())
-    curve = banded(at, CostScales(), prior)
+    curve = banded(at, CostScales(), Spread(prior))
     dear = at(CostScales(per_token=math.exp(Z_90 * 0.8)))
     cheap = at(CostScales(per_token=math.exp(-Z_90 * 0.8)))
     for point, hi_cost, lo_cost in zip(curve[1:], dear[1:], cheap[1:], strict=True):
         assert point.speedup_low <= 1.02 * hi_cost.speedup
         assert hi_cost.speedup < point.speedup < lo_cost.speedup
         assert lo_cost.speedup <= 1.02 * point.speedup_high
+
+
+def test_the_band_reaches_the_other_split_of_the_same_steps() -> None:
+    # A fit at one k whose other split (`CalibrationFit.split_alternative`) prices verified tokens 3x dearer: the
+    # band must hold that curve's S at every gamma, on its side only (the high end stays where the fit put it), and
+    # the ratio against the running option is less sure.
+    acceptance = _acceptance()
+
+    def at(scales: CostScales) -> tuple[CurvePoint, ...]:
+        return curve_for(CTX, acceptance, Shape(batch=64.0, context_tokens=1024.0), scales=scales)[0]  # type: ignore[arg-type]
+
+    covariance = [[0.01 if i == j else 0.0 for j in range(len(PARAMS))] for i in range(len(PARAMS))]
+    alternative = CostScales(per_token=3.0)
+    alone = banded(at, CostScales(), Spread(covariance), reference_gamma=0)
+    both = banded(at, CostScales(), Spread(covariance, alternative=alternative), reference_gamma=0)
+    other = at(alternative)
+    assert both[0] == alone[0]
+    for with_other, without, dear in zip(both[1:], alone[1:], other[1:], strict=True):
+        assert dear.speedup < without.speedup_low  # outside the fit's own band...
+        assert with_other.speedup_low <= dear.speedup  # ...inside the joined one
+        assert with_other.speedup == without.speedup and with_other.speedup_high == without.speedup_high
+        assert with_other.gain_sd > without.gain_sd
 
 
 def test_relative_sd_is_zero_at_the_reference_and_smaller_than_the_absolute_one_nearby() -> None:
