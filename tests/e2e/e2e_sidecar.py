@@ -94,9 +94,17 @@ class SidecarReading:
         return self.scraped_at_s - float(self.evidence["window_s"])
 
     def speedup_at(self, gamma: int) -> float:
+        return float(self._point(gamma)["speedup"])
+
+    def band_at(self, gamma: int) -> tuple[float, float]:
+        """The 90% band (low, high) of the speedup at `gamma`."""
+        point = self._point(gamma)
+        return float(point["speedup_low"]), float(point["speedup_high"])
+
+    def _point(self, gamma: int) -> dict[str, Any]:
         for point in self.recommendation["curve"]:
             if int(point["gamma"]) == gamma:
-                return float(point["speedup"])
+                return dict(point)
         raise AssertionError(f"no curve point at gamma={gamma}: {self.recommendation}")
 
 
