@@ -31,10 +31,11 @@ drafting comes with every step. Fitted anyway, they soak up whatever
 the other terms miss (on the real CPU server a window's extra 20% became a per-token cost 2.6x the prior's and an
 S(3) of 1.1 where the truth was 2.1). So while the points hold one kind of step, per_token, draft and spec are held at
 the prior (x = 0) and keep the prior's variance in the covariance: the curve is priced at the prior's split and
-its band covers the rest (policies/model/uncertainty.py). Holding per_token gives the steps' growth with batch to
-per_request, the split under which speculation looks cheapest as the batch grows; the fit also names the other
-split of the same steps (`split_alternative`: per_request at the prior, per_token taking the growth), which the
-band reaches too.
+its band covers the rest (policies/model/uncertainty.py). Holding per_token gives the steps' growth with batch
+beyond the prior's to per_request, the split under which speculation looks cheapest as the batch grows when the
+steps grow faster than the prior says (dearest when slower); the fit also names the other
+split of the same steps (`CalibrationFit.split_alternative`: per_request at the prior, per_token taking the
+growth), which the band reaches too.
 Why fill and gemm_slope: how a decode step's math grows with its tokens is set by the kernels' tiles and how
 well small GEMMs use the tensor cores, which no datasheet gives; with one rate and a fixed floor, a fit over a
 server's mixed steps missed pure-decode steps by 18-27% on the simulator (policies/model/roofline.py). Both are
@@ -269,8 +270,9 @@ class CalibrationFit:
     covariance of the parameters (`PARAMS` order: log-scales, then beta), the inverse of the Gauss-Newton matrix
     at the optimum with the prior; with no points it is the prior's (diagonal sigma^2). What the data has not
     identified keeps its prior variance: policies/model/uncertainty.py turns it into the curve's band.
-    `split_alternative`: while the per-token cost is not identified (one kind of step), the other explanation of
-    the same points (`split_alternative`), which the band must also cover; None once it is identified.
+    `split_alternative`: while the per-token cost is not identified by speculative steps of one kind, the other
+    explanation of the same points (`_split_alternative`), which the band must also cover; None otherwise (the
+    cost identified, no speculative step to split, or nothing to move).
     """
 
     scales: CostScales
@@ -824,7 +826,9 @@ def fit(
     recent = sorted(abs(e) for e in errors[-config.error_points :])
     middle = len(recent) // 2
     median = recent[middle] if len(recent) % 2 else 0.5 * (recent[middle - 1] + recent[middle])
-    alternative = split_alternative(scales, cache.terms[-1], config) if _PER_TOKEN in held else None
+    alternative = (
+        _split_alternative(scales, cache.terms, cache.log_observed, weights, config) if _PER_TOKEN in held else None
+    )
     summary = CalibrationFit(
         scales, median, errors[-1], len(every), covariance=_covariance(problem, at, config),
         split_alternative=alternative,
@@ -835,27 +839,47 @@ def fit(
     return fitted, summary
 
 
-def split_alternative(scales: CostScales, terms: _Terms, config: CalibrationConfig) -> CostScales:
-    """The other explanation of steps that all verify the same tokens per sequence q: at one q, a per-request cost
-    (paid by plain steps too) and a per-verified-token cost (paid q times per sequence) both grow the step as the
-    batch B, so any split of that growth fits alike. The fit holds the per-token scale at its prior and lets the
-    per-request scale s_r take the growth; the alternative holds the per-request scale at its prior and gives the
-    per-token scale s_t what s_r took beyond it, the same step at every point of that q:
-        ov s_r (R + s_sp R_sp) + ov s_t K  =  ov (R + s_sp R_sp) + ov s_t' K
-        s_t' = s_t + (s_r - 1) (R + s_sp R_sp) / K         (clamped to the per-token scale's bounds)
-    with R, R_sp the plain and speculative per-request prices and K the per-token price of the newest point
-    (`terms`: its step components; R and K both scale with B, so the ratio holds at every batch of that q). The
-    band covers both (policies/model/uncertainty.py); a window at another q settles which.
-    Example (the CPU profile at q = 2.63: R = 0.20 ms x B with the n-gram lookup, K = 0.18 ms x B (q - 1)):
-    s_r = 5.91, s_t = 1 -> s_r' = 1, s_t' = 1 + 4.91 x 0.20 / (0.18 x 1.63) = 4.35: 0.78 ms per extra verified
-    token instead of 0.18 ms, and a plain step's per-sequence cost 0.20 ms instead of 1.18 ms (before the fitted
-    overhead scale, which both share)."""
-    per_request, per_token, spec_per_request = terms[1], terms[2], terms[19]
-    if per_token <= 0.0:
-        return scales
-    moved = (scales.per_request - 1.0) * (per_request + scales.spec * spec_per_request) / per_token
+def _split_alternative(
+    scales: CostScales,
+    terms: Sequence[_Terms],
+    log_observed: Sequence[float],
+    weights: Sequence[float],
+    config: CalibrationConfig,
+) -> CostScales | None:
+    """The other explanation of speculative steps that all verify about the same tokens per sequence q: there a
+    per-request cost (paid by plain steps too) and a per-verified-token cost (paid for the q - 1 drafted tokens)
+    both grow the step as the batch B, so any split of that growth fits alike. The fit holds the per-token scale
+    s_t at its prior and lets the per-request scale s_r take the growth; the alternative gives the per-token scale
+    what s_r took beyond its prior. Per point i, with R_i the per-request price (plain + s_spec x speculative,
+    the part s_r multiplies) and K_i the per-token price (both x the overhead scale, both proportional to B),
+    the steps stay the same when (s_r - 1) R_i = (s_t' - s_t) K_i; over points whose q differ a little, in least
+    squares on relative step errors (weights w_i / T_i^2, T_i the observed step):
+        s_t' = clamp(s_t + (s_r - 1) a, per-token bounds),    a = sum w R K / sum w K^2
+        s_r' = s_r - (s_t' - s_t) b,                           b = sum w R K / sum w R^2
+    At one q, a b = 1 and s_r' = 1 exactly; a clamped s_t' leaves the rest on s_r'. None when a point is plain
+    (K = 0: a plain step pays no verified-token cost, so nothing splits) or nothing moves.
+    Example (the CPU profile at q = 2.63: R = 0.20 ms x B on a speculative step, the plain 0.18 ms plus the n-gram
+    lookup's 0.02 ms; K = 0.18 ms x B (q - 1)): s_r = 5.91, s_t = 1 -> s_t' = 1 + 4.91 x 0.20 / (0.18 x 1.63) =
+    4.35 and s_r' = 1: 0.78 ms per drafted token verified instead of 0.18 ms, and a plain step's per-sequence cost
+    0.18 ms instead of 1.06 ms (before the fitted overhead scale, which both share)."""
+    ov, pr, sp = scales.overhead, scales.per_request, scales.spec
+    rk = kk = rr = 0.0
+    for t, log_obs, weight in zip(terms, log_observed, weights, strict=True):
+        _, plain_requests, tokens, *_, spec_requests = t  # `_Terms` order
+        per_request = ov * (plain_requests + sp * spec_requests)
+        per_token = ov * tokens
+        if not per_token > 0.0:
+            return None
+        w = weight * math.exp(-2.0 * log_obs)
+        rk += w * per_request * per_token
+        kk += w * per_token * per_token
+        rr += w * per_request * per_request
+    if kk <= 0.0 or rr <= 0.0 or pr == 1.0:
+        return None
     bound = config.max_per_token_scale
-    return replace(scales, per_request=1.0, per_token=min(max(scales.per_token + moved, 1.0 / bound), bound))
+    per_token_scale = min(max(scales.per_token + (pr - 1.0) * rk / kk, 1.0 / bound), bound)
+    per_request_scale = max(pr - (per_token_scale - scales.per_token) * rk / rr, 1.0 / config.max_scale)
+    return replace(scales, per_request=per_request_scale, per_token=per_token_scale)
 
 
 def point_errors(state: CalibrationState) -> tuple[float, ...]:

@@ -30,10 +30,12 @@ is then large and the per-token one small, so the band opens little in the direc
 batch. So the band also reaches the other end (`CalibrationFit.split_alternative`: per-request at its prior, the
 growth paid per verified token, every observed step priced the same): with d_alt(gamma) = log S_alt - log S,
     low  = min(low, low e^d_alt),   high = max(high, high e^d_alt)      (the same band moved to the other split)
-and the ratio's sd against the running option takes (d_alt(gamma) - d_alt(reference)) / z in quadrature.
+and the ratio's sd against the running option takes max(d_alt(reference) - d_alt(gamma), 0) / z in quadrature:
+only where the other split makes the move to gamma gain less (decide discounts a move's gain by that sd).
 Example (the real CPU server, k=3 only, steps 2.60 ms at 1 sequence and 7.24 ms at 4.4): S(3) at 4.4 is 1.38
-[1.04..1.82] from the fit alone; the other split (0.60 ms per extra verified token instead of 0.14) gives 0.49,
-and the band becomes [0.37..1.82], where the measured speedup at such batches was 0.89-1.02.
+[1.04..1.82] from the fit alone; the other split (0.60 ms per drafted token verified instead of 0.14, after the
+fitted overhead scale of 0.77) gives 0.49, and the band becomes [0.37..1.82], where the measured speedup at such
+batches was 0.89-1.02.
 
 Example: S = 1.50, acceptance band [1.44, 1.56], d = (-0.20 for per_token, +0.05 for overhead, 0 else),
 Sigma diagonal 0.64 / 0.49, e = 0.05: var = 0.0256 + 0.0012 + 0.0025 = 0.0293, sd 0.171, z sd = 0.282;
@@ -186,7 +188,7 @@ def banded(
 ) -> tuple[CurvePoint, ...]:
     """`curve_at(scales)` (or `base`, already priced there) with the model's uncertainty in every 90% band (z =
     Z_90), and each point's `gain_sd` against `reference_gamma` (the option that runs) when given. With an
-    alternative split the band also reaches it, and each gain sd takes (d_alt(gamma) - d_alt(reference)) / z in
+    alternative split the band also reaches it, and a gain sd takes max(d_alt(reference) - d_alt(gamma), 0) / z in
     quadrature (module docstring)."""
     points = tuple(base) if base is not None else tuple(curve_at(scales))
     sds, gains = model_sd(
@@ -199,7 +201,7 @@ def banded(
     index = next((i for i, p in enumerate(points) if p.gamma == reference_gamma), None)
     if index is not None:
         gains = tuple(
-            math.hypot(gain, (shift - shifts[index]) / Z_90) for gain, shift in zip(gains, shifts, strict=True)
+            math.hypot(gain, max(shifts[index] - shift, 0.0) / Z_90) for gain, shift in zip(gains, shifts, strict=True)
         )
     widened = widen(points, sds, z=Z_90, gain_sds=gains if reference_gamma is not None else None)
     return tuple(_reach(point, shift) for point, shift in zip(widened, shifts, strict=True))

@@ -87,6 +87,12 @@ def test_the_band_reaches_the_other_split_of_the_same_steps() -> None:
         assert with_other.speedup_low <= dear.speedup  # ...inside the joined one
         assert with_other.speedup == without.speedup and with_other.speedup_high == without.speedup_high
         assert with_other.gain_sd > without.gain_sd
+    # A cheaper other split reaches the high end instead, and leaves how sure a move's gain is alone (decide
+    # discounts a gain by that sd: a split under which moving gains more is no reason to doubt the move).
+    cheap = banded(at, CostScales(), Spread(covariance, alternative=CostScales(per_token=1.0 / 3.0)), reference_gamma=0)
+    for with_other, without, gainful in zip(cheap[1:], alone[1:], at(CostScales(per_token=1.0 / 3.0))[1:], strict=True):
+        assert with_other.speedup_high >= gainful.speedup > without.speedup_high
+        assert with_other.speedup_low == without.speedup_low and with_other.gain_sd == without.gain_sd
 
 
 def test_relative_sd_is_zero_at_the_reference_and_smaller_than_the_absolute_one_nearby() -> None:
