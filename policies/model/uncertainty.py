@@ -130,7 +130,7 @@ def model_sd(
     return absolute, relative
 
 
-def split_shifts(
+def _split_shifts(
     curve_at: Callable[[CostScales], Sequence[CurvePoint]],
     alternative: CostScales | None,
     points: Sequence[CurvePoint],
@@ -195,9 +195,7 @@ def banded(
         curve_at, scales, spread.covariance, error_ratio=spread.error_ratio, base=points,
         reference_gamma=reference_gamma,
     )
-    if spread.alternative is None:
-        return widen(points, sds, z=Z_90, gain_sds=gains if reference_gamma is not None else None)
-    shifts = split_shifts(curve_at, spread.alternative, points)
+    shifts = _split_shifts(curve_at, spread.alternative, points)  # all 0 without an alternative
     index = next((i for i, p in enumerate(points) if p.gamma == reference_gamma), None)
     if index is not None:
         gains = tuple(
