@@ -203,7 +203,7 @@ def _price(
         running = evidence.deployed_k if evidence.speculation_on else 0
         curve = banded(
             lambda scales: objective_curve(ctx, acceptance, workload, config=config.objective, scales=scales)[0],
-            fit.scales, Spread(fit.covariance, _form_error(fit), fit.split_alternative), base=curve,
+            fit.scales, Spread(fit.covariance, _form_error(fit), fit.split_alternatives), base=curve,
             reference_gamma=running,
         )
     curve = allowed_curve(curve, ctx.drafter.allowed_k, running=evidence.deployed_k if evidence.speculation_on else 0)

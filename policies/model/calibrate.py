@@ -30,12 +30,15 @@ are not identified: at one q, x_per_token moves the step exactly as x_per_reques
 drafting comes with every step. Fitted anyway, they soak up whatever
 the other terms miss (on the real CPU server a window's extra 20% became a per-token cost 2.6x the prior's and an
 S(3) of 1.1 where the truth was 2.1). So while the points hold one kind of step, per_token, draft and spec are held at
-the prior (x = 0) and keep the prior's variance in the covariance: the curve is priced at the prior's split and
-its band covers the rest (policies/model/uncertainty.py). Holding per_token gives the steps' growth with batch
-beyond the prior's to per_request, the split under which speculation looks cheapest as the batch grows when the
-steps grow faster than the prior says (dearest when slower); the fit also names the other
-split of the same steps (`CalibrationFit.split_alternative`: per_request at the prior, per_token taking the
-growth), which the band reaches too.
+the prior (x = 0) during the fit and keep the prior's variance in the covariance. Holding per_token gives the
+steps' growth with batch beyond the prior's to per_request: the split under which speculation looks cheapest as
+the batch grows when the steps grow faster than the prior says (dearest when slower). The curve is not priced
+there but at the tied split (`_tied_split`): both per-sequence host costs scaled by one factor, as one host
+speed would, which prices every observed step alike (`CalibrationFit.scales`). Its band reaches both ends of the
+same steps' split (`CalibrationFit.split_alternatives`: the held fit, and per_request at the prior with per_token
+taking the growth; policies/model/uncertainty.py). On the real CPU server at k=3 (steps 2.60 ms at 1 sequence,
+7.24 ms at 4.4) the held fit put S(3) at 4.4 at 1.38 and the other end at 0.49, where the measured speedup at
+such batches was 0.89-1.02; the tied split gives 0.84, and falls with the batch as the measurements do.
 Why fill and gemm_slope: how a decode step's math grows with its tokens is set by the kernels' tiles and how
 well small GEMMs use the tensor cores, which no datasheet gives; with one rate and a fixed floor, a fit over a
 server's mixed steps missed pure-decode steps by 18-27% on the simulator (policies/model/roofline.py). Both are
@@ -270,9 +273,10 @@ class CalibrationFit:
     covariance of the parameters (`PARAMS` order: log-scales, then beta), the inverse of the Gauss-Newton matrix
     at the optimum with the prior; with no points it is the prior's (diagonal sigma^2). What the data has not
     identified keeps its prior variance: policies/model/uncertainty.py turns it into the curve's band.
-    `split_alternative`: while the per-token cost is not identified by speculative steps of one kind, the other
-    explanation of the same points (`_split_alternative`), which the band must also cover; None otherwise (the
-    cost identified, no speculative step to split, or nothing to move).
+    While the per-token cost is not identified by speculative steps of one kind, `scales` is the tied split of
+    the steps' per-sequence costs (`_tied_split`) and `split_alternatives` the two ends of the same split, which
+    the band must also cover: the fit as held (per-token at its prior) and per-request at its prior
+    (`_split_alternative`); () otherwise (the cost identified, no speculative step to split, or nothing to move).
     """
 
     scales: CostScales
@@ -280,7 +284,7 @@ class CalibrationFit:
     newest_error_ratio: float | None
     points: int
     covariance: tuple[tuple[float, ...], ...] | None = None
-    split_alternative: CostScales | None = None
+    split_alternatives: tuple[CostScales, ...] = ()
 
 
 def observation_from(evidence: Evidence, ctx: ModelContext, *, config: CalibrationConfig) -> StepObservation | None:
@@ -826,12 +830,15 @@ def fit(
     recent = sorted(abs(e) for e in errors[-config.error_points :])
     middle = len(recent) // 2
     median = recent[middle] if len(recent) % 2 else 0.5 * (recent[middle - 1] + recent[middle])
-    alternative = (
-        _split_alternative(scales, cache.terms, cache.log_observed, weights, config) if _PER_TOKEN in held else None
-    )
+    priced = scales
+    ends: tuple[CostScales, ...] = ()
+    if _PER_TOKEN in held:
+        alternative = _split_alternative(scales, cache.terms, cache.log_observed, weights, config)
+        tied = _tied_split(scales, cache.terms, cache.log_observed, weights, config)
+        if alternative is not None and tied is not None:
+            priced, ends = tied, (scales, alternative)  # the curve at the tied split; the band reaches both ends
     summary = CalibrationFit(
-        scales, median, errors[-1], len(every), covariance=_covariance(problem, at, config),
-        split_alternative=alternative,
+        priced, median, errors[-1], len(every), covariance=_covariance(problem, at, config), split_alternatives=ends,
     )
     # The next tick starts from log(scales): file the prices under that x (equal to at.x up to rounding).
     cache = replace(cache, priced=replace(at, x=_log_scales(scales)))
@@ -880,6 +887,47 @@ def _split_alternative(
     per_token_scale = min(max(scales.per_token + (pr - 1.0) * rk / kk, 1.0 / bound), bound)
     per_request_scale = max(pr - (per_token_scale - scales.per_token) * rk / rr, 1.0 / config.max_scale)
     return replace(scales, per_request=per_request_scale, per_token=per_token_scale)
+
+
+def _tied_split(
+    scales: CostScales,
+    terms: Sequence[_Terms],
+    log_observed: Sequence[float],
+    weights: Sequence[float],
+    config: CalibrationConfig,
+) -> CostScales | None:
+    """The split of speculative steps' per-sequence growth that the curve is priced at while they all verify about
+    the same tokens per sequence q: the per-request and per-token scales at one factor f (each relative to its
+    prior), the steps priced as the fit prices them. Why one factor: at one q the two are not told apart (both
+    grow the step as the batch B, `_split_alternative`), and both are the host's per-sequence work (scheduling and
+    input preparation per request, sampling and bookkeeping per verified token), which one host runs at one speed
+    (the fixed host costs have their own scale, `overhead`). Either end instead puts all the growth on one of
+    them: the held fit on the per-request cost (a plain step at high batch then costs as much as a speculative
+    one, and speculation looks cheapest), the other end on the verified tokens. Per point i, with R_i the
+    per-request price (plain + s_spec x speculative) and K_i the per-token price (both x the overhead scale,
+    proportional to B), and the fit's scales s_r, s_t:
+        f = sum w (s_r R + s_t K)(R + K) / sum w (R + K)^2        w = w_i / T_i^2 (relative step errors)
+    clamped to the per-request scale's bounds; at one q, f (R + K) = s_r R + s_t K exactly. None when a point is
+    plain (K = 0: nothing to split). Units: R, K in seconds; f dimensionless.
+    Example (the CPU profile at q = 2.63: R = 0.20 ms x B, K = 0.18 ms x B x 1.63 = 0.293 ms x B; the fit's
+    s_r = 5.91, s_t = 1): f = (5.91 x 0.20 + 0.293) / 0.493 = 2.99 for both, a plain step's per-sequence cost
+    0.54 ms instead of the held fit's 1.06 ms or the other end's 0.18 ms (before the overhead scale)."""
+    ov, pr, pt, sp = scales.overhead, scales.per_request, scales.per_token, scales.spec
+    num = den = 0.0
+    for t, log_obs, weight in zip(terms, log_observed, weights, strict=True):
+        _, plain_requests, tokens, *_, spec_requests = t  # `_Terms` order
+        per_request = ov * (plain_requests + sp * spec_requests)
+        per_token = ov * tokens
+        if not per_token > 0.0:
+            return None
+        w = weight * math.exp(-2.0 * log_obs)
+        both = per_request + per_token
+        num += w * (pr * per_request + pt * per_token) * both
+        den += w * both * both
+    if not den > 0.0:
+        return None
+    factor = min(max(num / den, 1.0 / config.max_scale), config.max_scale)
+    return replace(scales, per_request=factor, per_token=factor)
 
 
 def point_errors(state: CalibrationState) -> tuple[float, ...]:

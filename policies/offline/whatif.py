@@ -530,8 +530,9 @@ class WhatIfCalibration:
     profile: MeasuredProfile | None = None
     # The fit's largest relative step error on the profile's points: the form error every band carries.
     form_error: float = 0.0
-    # The other split of the profile's steps when they verify one tokens-per-sequence value (the band covers it).
-    split_alternative: CostScales | None = None
+    # The ends of the split of the profile's steps when they verify one tokens-per-sequence value (the band covers
+    # them; `scales` is then the tied split, policies/model/calibrate.py).
+    split_alternatives: tuple[CostScales, ...] = ()
 
 
 def _calibration(profile: MeasuredProfile | None, ctx: ModelContext) -> WhatIfCalibration:
@@ -543,7 +544,7 @@ def _calibration(profile: MeasuredProfile | None, ctx: ModelContext) -> WhatIfCa
         raise WhatIfInputError("profile", str(exc)) from None
     return WhatIfCalibration(
         fitted.fit.scales, fitted.fit.covariance or PRIOR_COVARIANCE, profile=profile,
-        form_error=fitted.max_error_ratio, split_alternative=fitted.fit.split_alternative,
+        form_error=fitted.max_error_ratio, split_alternatives=fitted.fit.split_alternatives,
     )
 
 
@@ -586,7 +587,7 @@ def with_band(
     (a verification priced compute-bound at the per-token and compute scales' high ends is inside it)."""
     return banded(
         lambda scales: pricing.curve_at(at, scales)[0], calibration.scales,
-        Spread(calibration.covariance, calibration.form_error, calibration.split_alternative), base=curve,
+        Spread(calibration.covariance, calibration.form_error, calibration.split_alternatives), base=curve,
     )
 
 
