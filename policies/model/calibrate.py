@@ -33,12 +33,14 @@ S(3) of 1.1 where the truth was 2.1). So while the points hold one kind of step,
 the prior (x = 0) during the fit and keep the prior's variance in the covariance. Holding per_token gives the
 steps' growth with batch beyond the prior's to per_request: the split under which speculation looks cheapest as
 the batch grows when the steps grow faster than the prior says (dearest when slower). The curve is not priced
-there but at the tied split (`_tied_split`): both per-sequence host costs scaled by one factor, as one host
+there but at the shared split (`_shared_split`): both per-sequence host costs scaled by one factor, as one host
 speed would, which prices every observed step alike (`CalibrationFit.scales`). Its band reaches both ends of the
-same steps' split (`CalibrationFit.split_alternatives`: the held fit, and per_request at the prior with per_token
-taking the growth; policies/model/uncertainty.py). On the real CPU server at k=3 (steps 2.60 ms at 1 sequence,
-7.24 ms at 4.4) the held fit put S(3) at 4.4 at 1.38 and the other end at 0.49, where the measured speedup at
-such batches was 0.89-1.02; the tied split gives 0.84, and falls with the batch as the measurements do.
+same steps' split (`CalibrationFit.held_scales`, the held fit, and `split_alternative`, per_request at the prior
+with per_token taking the growth; policies/model/uncertainty.py). On the real CPU server at k=3 (steps 2.60 ms at
+1 sequence, 7.24 ms at 4.4) the held fit put S(3) at 4.4 at 1.38 and the other end at 0.49, where the measured
+speedup at such batches was 0.89-1.02; the shared split gives 0.84, and falls with the batch as the measurements
+do. The reason for holding per_token in the fit stands: the shared split moves only what the fit gave the
+per-request cost, never what the other terms miss.
 Why fill and gemm_slope: how a decode step's math grows with its tokens is set by the kernels' tiles and how
 well small GEMMs use the tensor cores, which no datasheet gives; with one rate and a fixed floor, a fit over a
 server's mixed steps missed pure-decode steps by 18-27% on the simulator (policies/model/roofline.py). Both are
@@ -273,10 +275,11 @@ class CalibrationFit:
     covariance of the parameters (`PARAMS` order: log-scales, then beta), the inverse of the Gauss-Newton matrix
     at the optimum with the prior; with no points it is the prior's (diagonal sigma^2). What the data has not
     identified keeps its prior variance: policies/model/uncertainty.py turns it into the curve's band.
-    While the per-token cost is not identified by speculative steps of one kind, `scales` is the tied split of
-    the steps' per-sequence costs (`_tied_split`) and `split_alternatives` the two ends of the same split, which
-    the band must also cover: the fit as held (per-token at its prior) and per-request at its prior
-    (`_split_alternative`); () otherwise (the cost identified, no speculative step to split, or nothing to move).
+    While the per-token cost is not identified by speculative steps of one kind, `scales` is the shared split of
+    the steps' per-sequence costs (`_shared_split`), and the two ends of the same split are named for the band:
+    `held_scales`, the fit as held (per-token at its prior; the covariance is taken there), and
+    `split_alternative`, per-request at its prior (`_split_alternative`). Both are None otherwise (the cost
+    identified, no speculative step to split, or nothing to move).
     """
 
     scales: CostScales
@@ -284,7 +287,8 @@ class CalibrationFit:
     newest_error_ratio: float | None
     points: int
     covariance: tuple[tuple[float, ...], ...] | None = None
-    split_alternatives: tuple[CostScales, ...] = ()
+    held_scales: CostScales | None = None
+    split_alternative: CostScales | None = None
 
 
 def observation_from(evidence: Evidence, ctx: ModelContext, *, config: CalibrationConfig) -> StepObservation | None:
@@ -830,16 +834,13 @@ def fit(
     recent = sorted(abs(e) for e in errors[-config.error_points :])
     middle = len(recent) // 2
     median = recent[middle] if len(recent) % 2 else 0.5 * (recent[middle - 1] + recent[middle])
-    priced = scales
-    ends: tuple[CostScales, ...] = ()
+    summary = CalibrationFit(scales, median, errors[-1], len(every), covariance=_covariance(problem, at, config))
     if _PER_TOKEN in held:
         alternative = _split_alternative(scales, cache.terms, cache.log_observed, weights, config)
-        tied = _tied_split(scales, cache.terms, cache.log_observed, weights, config)
-        if alternative is not None and tied is not None:
-            priced, ends = tied, (scales, alternative)  # the curve at the tied split; the band reaches both ends
-    summary = CalibrationFit(
-        priced, median, errors[-1], len(every), covariance=_covariance(problem, at, config), split_alternatives=ends,
-    )
+        shared = _shared_split(scales, cache.terms, cache.log_observed, weights, config)
+        if alternative is not None and shared is not None:
+            # The curve at the shared split; the band from the held fit, reaching the other end.
+            summary = replace(summary, scales=shared, held_scales=scales, split_alternative=alternative)
     # The next tick starts from log(scales): file the prices under that x (equal to at.x up to rounding).
     cache = replace(cache, priced=replace(at, x=_log_scales(scales)))
     fitted = replace(state, scales=scales, damping=damping, converged=converged, cache=cache, last_fit=summary)
@@ -889,7 +890,7 @@ def _split_alternative(
     return replace(scales, per_request=per_request_scale, per_token=per_token_scale)
 
 
-def _tied_split(
+def _shared_split(
     scales: CostScales,
     terms: Sequence[_Terms],
     log_observed: Sequence[float],
@@ -907,8 +908,13 @@ def _tied_split(
     per-request price (plain + s_spec x speculative) and K_i the per-token price (both x the overhead scale,
     proportional to B), and the fit's scales s_r, s_t:
         f = sum w (s_r R + s_t K)(R + K) / sum w (R + K)^2        w = w_i / T_i^2 (relative step errors)
-    clamped to the per-request scale's bounds; at one q, f (R + K) = s_r R + s_t K exactly. None when a point is
-    plain (K = 0: nothing to split). Units: R, K in seconds; f dimensionless.
+    clamped to both scales' bounds; at one q, f (R + K) = s_r R + s_t K exactly (with q varying a little, in least
+    squares: `point_errors` and the reported error stay the held fit's). f lies between s_t and s_r. None when a
+    point is plain (K = 0: nothing to split). Units: R, K in seconds; f dimensionless.
+    Where it errs: when the per-request cost really took the growth, f puts part of it on the verified tokens and
+    S at high batch comes out low; and at batch ~1 alone it moves part of a per-request excess too (the real CPU
+    server's tied-embedding model, levels at 1.0-1.5 sequences per step refitted offline as a profile: S(3) 1.91
+    instead of the held fit's 2.11, measured 2.2-2.5). The band holds both ends (policies/model/uncertainty.py).
     Example (the CPU profile at q = 2.63: R = 0.20 ms x B, K = 0.18 ms x B x 1.63 = 0.293 ms x B; the fit's
     s_r = 5.91, s_t = 1): f = (5.91 x 0.20 + 0.293) / 0.493 = 2.99 for both, a plain step's per-sequence cost
     0.54 ms instead of the held fit's 1.06 ms or the other end's 0.18 ms (before the overhead scale)."""
@@ -926,7 +932,8 @@ def _tied_split(
         den += w * both * both
     if not den > 0.0:
         return None
-    factor = min(max(num / den, 1.0 / config.max_scale), config.max_scale)
+    bound = min(config.max_scale, config.max_per_token_scale)  # the factor is both scales: both bounds hold
+    factor = min(max(num / den, 1.0 / bound), bound)
     return replace(scales, per_request=factor, per_token=factor)
 
 

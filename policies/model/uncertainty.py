@@ -25,17 +25,19 @@ Steps at a second q (speculation off and on, another k) identify them and the ba
 grew (the form is wrong) widens every band by e.
 
 That linearisation is taken where the fit stands, and at one q the fit stands on a ridge: every split of the
-step's growth with batch between the per-request and the per-token cost prices the observed steps alike. The
-curve is priced at the tied split (policies/model/calibrate.py `_tied_split`), and the band also reaches both ends
-of the ridge (`CalibrationFit.split_alternatives`: per-token at its prior with the growth on the per-request cost,
-and per-request at its prior with the growth paid per verified token): with d_a(gamma) = log S_a - log S for each
-end a,
-    low  = min(low, low e^d_a),   high = max(high, high e^d_a)      (the same band moved to each end)
-and the ratio's sd against the running option takes max over a of max(d_a(reference) - d_a(gamma), 0) / z in
-quadrature: only where an end makes the move to gamma gain less (decide discounts a move's gain by that sd).
+step's growth with batch between the per-request and the per-token cost prices the observed steps alike. The fit
+holds the per-token cost at its prior, the end where the per-request cost takes the growth (`held`, where the
+covariance is taken), and the band is linearised there. It also reaches the other end (`alternative`:
+per-request at its prior, the growth paid per verified token): with d_alt(gamma) = log S_alt - log S_held,
+    low  = min(low, low e^d_alt),   high = max(high, high e^d_alt)      (the same band moved to the other end)
+and the ratio's sd against the running option takes max(d_alt(reference) - d_alt(gamma), 0) / z in quadrature:
+only where the other end makes the move to gamma gain less (decide discounts a move's gain by that sd). The curve
+itself is priced between the ends, at the shared split (policies/model/calibrate.py `_shared_split`): each point's
+speedup is that curve's, its band the ridge's above, widened if need be to hold it.
 Example (the real CPU server, k=3 only, steps 2.60 ms at 1 sequence and 7.24 ms at 4.4; `spec-advisor whatif
---profile` on that window): S(3) at 4.4 is 0.84 at the tied split, 1.38 and 0.49 at the ends, and the band
-[0.25..2.67] holds all three, where the measured speedup at such batches was 0.89-1.02.
+--profile` on that window): S(3) at 4.4 is 1.38 [1.04..1.82] at the held end, 0.49 at the other; the band
+[0.37..1.82] holds both, and the published S(3) is the shared split's 0.84, where the measured speedup at such
+batches was 0.89-1.02.
 
 Example: S = 1.50, acceptance band [1.44, 1.56], d = (-0.20 for per_token, +0.05 for overhead, 0 else),
 Sigma diagonal 0.64 / 0.49, e = 0.05: var = 0.0256 + 0.0012 + 0.0025 = 0.0293, sd 0.171, z sd = 0.282;
@@ -132,11 +134,13 @@ def model_sd(
 
 def _split_shifts(
     curve_at: Callable[[CostScales], Sequence[CurvePoint]],
-    alternative: CostScales,
+    alternative: CostScales | None,
     points: Sequence[CurvePoint],
 ) -> tuple[float, ...]:
-    """log S_alternative(gamma) - log S(gamma) per point of `points` (priced at the fit's scales): 0 where either
-    is not > 0."""
+    """log S_alternative(gamma) - log S(gamma) per point of `points` (priced at the fit's scales): 0 without an
+    alternative, or where either is not > 0."""
+    if alternative is None:
+        return (0.0,) * len(points)
     other = tuple(curve_at(alternative))
     return tuple(
         math.log(o.speedup / p.speedup) if o.speedup > 0.0 and p.speedup > 0.0 else 0.0
@@ -168,12 +172,14 @@ def widen(
 class Spread:
     """What a calibration leaves unknown, for `banded`: the posterior `covariance` of the fitted parameters
     (`PARAMS` order), the model's form error `error_ratio` (a relative step-time error, >= 0) and, while the
-    per-token cost is not identified, the ends of the same steps' split (`alternatives`,
-    `CalibrationFit.split_alternatives`; () when there are none)."""
+    per-token cost is not identified, the two ends of the same steps' split: `held`, the fit as held, where the
+    covariance was taken (`CalibrationFit.held_scales`; None: at the curve's own scales), and `alternative`, the
+    other end (`CalibrationFit.split_alternative`; None when there is none)."""
 
     covariance: Covariance
     error_ratio: float = 0.0
-    alternatives: tuple[CostScales, ...] = ()
+    alternative: CostScales | None = None
+    held: CostScales | None = None
 
 
 def banded(
@@ -185,25 +191,39 @@ def banded(
     reference_gamma: int | None = None,
 ) -> tuple[CurvePoint, ...]:
     """`curve_at(scales)` (or `base`, already priced there) with the model's uncertainty in every 90% band (z =
-    Z_90), and each point's `gain_sd` against `reference_gamma` (the option that runs) when given. With the ends of
-    a split the band also reaches each, and a gain sd takes max over the ends of max(d_a(reference) - d_a(gamma), 0)
-    / z in quadrature (module docstring)."""
+    Z_90), and each point's `gain_sd` against `reference_gamma` (the option that runs) when given. With an
+    alternative split the band also reaches it, and a gain sd takes max(d_alt(reference) - d_alt(gamma), 0) / z in
+    quadrature (module docstring). With `spread.held` the band is taken there (where the covariance was) and holds
+    the curve's own points, which keep their speedups."""
     points = tuple(base) if base is not None else tuple(curve_at(scales))
+    centre = spread.held if spread.held is not None else scales
+    at_centre = points if spread.held is None else tuple(curve_at(spread.held))
     sds, gains = model_sd(
-        curve_at, scales, spread.covariance, error_ratio=spread.error_ratio, base=points,
+        curve_at, centre, spread.covariance, error_ratio=spread.error_ratio, base=at_centre,
         reference_gamma=reference_gamma,
     )
-    ends = [_split_shifts(curve_at, alternative, points) for alternative in spread.alternatives]
-    index = next((i for i, p in enumerate(points) if p.gamma == reference_gamma), None)
+    shifts = _split_shifts(curve_at, spread.alternative, at_centre)  # all 0 without an alternative
+    index = next((i for i, p in enumerate(at_centre) if p.gamma == reference_gamma), None)
     if index is not None:
         gains = tuple(
-            math.hypot(gain, max([0.0, *(end[index] - end[g] for end in ends)]) / Z_90)
-            for g, gain in enumerate(gains)
+            math.hypot(gain, max(shifts[index] - shift, 0.0) / Z_90) for gain, shift in zip(gains, shifts, strict=True)
         )
-    out = widen(points, sds, z=Z_90, gain_sds=gains if reference_gamma is not None else None)
-    for end in ends:
-        out = tuple(_reach(point, shift) for point, shift in zip(out, end, strict=True))
-    return out
+    widened = widen(at_centre, sds, z=Z_90, gain_sds=gains if reference_gamma is not None else None)
+    reached = tuple(_reach(point, shift) for point, shift in zip(widened, shifts, strict=True))
+    if spread.held is None:
+        return reached
+    return tuple(_holding(point, band) for point, band in zip(points, reached, strict=True))
+
+
+def _holding(point: CurvePoint, band: CurvePoint) -> CurvePoint:
+    """`point` (its speedup kept) with `band`'s band and gain sd, widened where need be to hold its speedup;
+    gamma 0 (S = 1 by definition) keeps its own band."""
+    if point.gamma == 0:
+        return replace(point, gain_sd=band.gain_sd)
+    return replace(
+        point, speedup_low=min(band.speedup_low, point.speedup), speedup_high=max(band.speedup_high, point.speedup),
+        gain_sd=band.gain_sd,
+    )
 
 
 def _reach(point: CurvePoint, shift: float) -> CurvePoint:

@@ -68,7 +68,7 @@ def test_an_uncalibrated_band_covers_a_verification_at_the_per_token_priors_far_
 
 
 def test_the_band_reaches_the_other_split_of_the_same_steps() -> None:
-    # A fit at one k whose other split (an end in `CalibrationFit.split_alternatives`) prices verified tokens 3x
+    # A fit at one k whose other split (`CalibrationFit.split_alternative`) prices verified tokens 3x
     # dearer: the band must hold that curve's S at every gamma, on its side only (the high end stays where the fit
     # put it), and the ratio against the running option is less sure.
     acceptance = _acceptance()
@@ -79,7 +79,7 @@ def test_the_band_reaches_the_other_split_of_the_same_steps() -> None:
     covariance = [[0.01 if i == j else 0.0 for j in range(len(PARAMS))] for i in range(len(PARAMS))]
     alternative = CostScales(per_token=3.0)
     alone = banded(at, CostScales(), Spread(covariance), reference_gamma=0)
-    both = banded(at, CostScales(), Spread(covariance, alternatives=(alternative,)), reference_gamma=0)
+    both = banded(at, CostScales(), Spread(covariance, alternative=alternative), reference_gamma=0)
     other = at(alternative)
     assert both[0] == alone[0]
     for with_other, without, dear in zip(both[1:], alone[1:], other[1:], strict=True):
@@ -89,8 +89,8 @@ def test_the_band_reaches_the_other_split_of_the_same_steps() -> None:
         assert with_other.gain_sd > without.gain_sd
     # A cheaper other split reaches the high end instead, and leaves how sure a move's gain is alone (decide
     # discounts a gain by that sd: a split under which moving gains more is no reason to doubt the move).
-    cheaper = (CostScales(per_token=1.0 / 3.0),)
-    cheap = banded(at, CostScales(), Spread(covariance, alternatives=cheaper), reference_gamma=0)
+    cheaper = CostScales(per_token=1.0 / 3.0)
+    cheap = banded(at, CostScales(), Spread(covariance, alternative=cheaper), reference_gamma=0)
     for with_other, without, gainful in zip(cheap[1:], alone[1:], at(CostScales(per_token=1.0 / 3.0))[1:], strict=True):
         assert with_other.speedup_high >= gainful.speedup > without.speedup_high
         assert with_other.speedup_low == without.speedup_low and with_other.gain_sd == without.gain_sd
