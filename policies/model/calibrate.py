@@ -870,24 +870,36 @@ def _split_alternative(
     lookup's 0.02 ms; K = 0.18 ms x B (q - 1)): s_r = 5.91, s_t = 1 -> s_t' = 1 + 4.91 x 0.20 / (0.18 x 1.63) =
     4.35 and s_r' = 1: 0.78 ms per drafted token verified instead of 0.18 ms, and a plain step's per-sequence cost
     0.18 ms instead of 1.06 ms (before the fitted overhead scale, which both share)."""
-    ov, pr, sp = scales.overhead, scales.per_request, scales.spec
-    rk = kk = rr = 0.0
-    for t, log_obs, weight in zip(terms, log_observed, weights, strict=True):
-        _, plain_requests, tokens, *_, spec_requests = t  # `_Terms` order
-        per_request = ov * (plain_requests + sp * spec_requests)
-        per_token = ov * tokens
-        if not per_token > 0.0:
-            return None
-        w = weight * math.exp(-2.0 * log_obs)
-        rk += w * per_request * per_token
-        kk += w * per_token * per_token
-        rr += w * per_request * per_request
+    pr = scales.per_request
+    prices = _per_sequence_prices(scales, terms, log_observed, weights)
+    if prices is None:
+        return None
+    rk = sum(w * per_request * per_token for per_request, per_token, w in prices)
+    kk = sum(w * per_token * per_token for _, per_token, w in prices)
+    rr = sum(w * per_request * per_request for per_request, _, w in prices)
     if kk <= 0.0 or rr <= 0.0 or pr == 1.0:
         return None
     bound = config.max_per_token_scale
     per_token_scale = min(max(scales.per_token + (pr - 1.0) * rk / kk, 1.0 / bound), bound)
     per_request_scale = max(pr - (per_token_scale - scales.per_token) * rk / rr, 1.0 / config.max_scale)
     return replace(scales, per_request=per_request_scale, per_token=per_token_scale)
+
+
+def _per_sequence_prices(
+    scales: CostScales, terms: Sequence[_Terms], log_observed: Sequence[float], weights: Sequence[float],
+) -> list[tuple[float, float, float]] | None:
+    """Per point (R, K, w): the per-request price R (plain + spec scale x speculative bookkeeping) and the
+    per-verified-token price K, both at unit per-request / per-token scales and x the overhead scale (s), and the
+    weight w = w_i / T_i^2 of a relative step error; None when a point is plain (K = 0: nothing to split)."""
+    out: list[tuple[float, float, float]] = []
+    for t, log_obs, weight in zip(terms, log_observed, weights, strict=True):
+        _, plain_requests, tokens, *_, spec_requests = t  # `_Terms` order
+        per_token = scales.overhead * tokens
+        if not per_token > 0.0:
+            return None
+        per_request = scales.overhead * (plain_requests + scales.spec * spec_requests)
+        out.append((per_request, per_token, weight * math.exp(-2.0 * log_obs)))
+    return out
 
 
 def _shared_split(
@@ -918,18 +930,12 @@ def _shared_split(
     Example (the CPU profile at q = 2.63: R = 0.20 ms x B, K = 0.18 ms x B x 1.63 = 0.293 ms x B; the fit's
     s_r = 5.91, s_t = 1): f = (5.91 x 0.20 + 0.293) / 0.493 = 2.99 for both, a plain step's per-sequence cost
     0.54 ms instead of the held fit's 1.06 ms or the other end's 0.18 ms (before the overhead scale)."""
-    ov, pr, pt, sp = scales.overhead, scales.per_request, scales.per_token, scales.spec
-    num = den = 0.0
-    for t, log_obs, weight in zip(terms, log_observed, weights, strict=True):
-        _, plain_requests, tokens, *_, spec_requests = t  # `_Terms` order
-        per_request = ov * (plain_requests + sp * spec_requests)
-        per_token = ov * tokens
-        if not per_token > 0.0:
-            return None
-        w = weight * math.exp(-2.0 * log_obs)
-        both = per_request + per_token
-        num += w * (pr * per_request + pt * per_token) * both
-        den += w * both * both
+    pr, pt = scales.per_request, scales.per_token
+    prices = _per_sequence_prices(scales, terms, log_observed, weights)
+    if prices is None:
+        return None
+    num = sum(w * (pr * r + pt * k) * (r + k) for r, k, w in prices)
+    den = sum(w * (r + k) ** 2 for r, k, w in prices)
     if not den > 0.0:
         return None
     bound = min(config.max_scale, config.max_per_token_scale)  # the factor is both scales: both bounds hold

@@ -374,11 +374,7 @@ def test_one_k_leaves_the_split_of_the_steps_growth_open_and_the_fit_prices_its_
         components = step_components(ctx.hardware, ctx.model, ctx.drafter, point.shape, draft_passes=3)
         for scales in (alternative, shared):
             assert components.total_s(scales) == pytest.approx(components.total_s(held), rel=1e-9)
-    plain = step_components(
-        ctx.hardware, ctx.model, ctx.drafter, Shape(batch=256.0, context_tokens=1024.0), draft_passes=0
-    )
-    true_plain = plain.total_s(truth)
-    misses = [abs(plain.total_s(scales) / true_plain - 1.0) for scales in (held, shared, alternative)]
+    misses = _plain_misses(truth, (held, shared, alternative))
     assert misses[2] < misses[1] < misses[0]
     # Plain steps beside the k=3 ones identify the per-token cost: the fit prices as it stands, no other split.
     _, on_off = fit(_synthetic(truth), ctx, now_s=T0 + 720.0, config=CONFIG)
@@ -390,16 +386,21 @@ def test_where_the_per_request_cost_took_the_growth_the_held_end_is_right() -> N
     # ridge, but the truth is the held end: the shared split overstates a verified token's cost and understates a
     # plain step's price at high batch; the other end is furthest off. (The band holds both ends.)
     truth = CostScales(per_request=6.0)
-    ctx = make_context()
-    _, one_k = fit(_synthetic(truth, kinds=((4.0, 3),)), ctx, now_s=T0 + 720.0, config=CONFIG)
+    _, one_k = fit(_synthetic(truth, kinds=((4.0, 3),)), make_context(), now_s=T0 + 720.0, config=CONFIG)
     held, alternative = one_k.held_scales, one_k.split_alternative
     assert held is not None and alternative is not None
+    misses = _plain_misses(truth, (held, one_k.scales, alternative))
+    assert misses[0] < misses[1] < misses[2]
+
+
+def _plain_misses(truth: CostScales, fitted: tuple[CostScales, ...]) -> list[float]:
+    """|a plain step at batch 256 priced at each of `fitted` / its price at `truth` - 1|: how far each split of a
+    one-k fit's growth is from the truth at the kind of step it never saw."""
+    ctx = make_context()
     plain = step_components(
         ctx.hardware, ctx.model, ctx.drafter, Shape(batch=256.0, context_tokens=1024.0), draft_passes=0
     )
-    true_plain = plain.total_s(truth)
-    misses = [abs(plain.total_s(scales) / true_plain - 1.0) for scales in (held, one_k.scales, alternative)]
-    assert misses[0] < misses[1] < misses[2]
+    return [abs(plain.total_s(scales) / plain.total_s(truth) - 1.0) for scales in fitted]
 
 
 def test_the_shared_split_scales_both_per_sequence_costs_by_one_factor() -> None:
