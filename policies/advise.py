@@ -151,8 +151,8 @@ def advise_target(
         # drafter-hostile spell in which a smaller gamma had lost less).
         plan_state = HorizonState()
     elif _identifies_more(state.calibration, calibration_state):
-        # This window measured a cost the points had left unidentified (a second kind of step): the plan's ticks
-        # were priced before it was measured, with a split the new fit has just replaced.
+        # This window measured a cost the points had left at its prior (a second kind of step): the plan's ticks
+        # were priced with the prior's split, which the new fit has just replaced.
         plan_state = HorizonState()
     planned: HorizonCurve | None = None
     if config.decide.change_cost_s > 0 and priced.workload is not None and priced.curve:
@@ -203,7 +203,7 @@ def _price(
         running = evidence.deployed_k if evidence.speculation_on else 0
         curve = banded(
             lambda scales: objective_curve(ctx, acceptance, workload, config=config.objective, scales=scales)[0],
-            fit.scales, Spread(fit.covariance, _form_error(fit), fit.split_alternative, fit.held_scales), base=curve,
+            fit.scales, Spread(fit.covariance, _form_error(fit), fit.split_alternative), base=curve,
             reference_gamma=running,
         )
     curve = allowed_curve(curve, ctx.drafter.allowed_k, running=evidence.deployed_k if evidence.speculation_on else 0)

@@ -30,17 +30,12 @@ are not identified: at one q, x_per_token moves the step exactly as x_per_reques
 drafting comes with every step. Fitted anyway, they soak up whatever
 the other terms miss (on the real CPU server a window's extra 20% became a per-token cost 2.6x the prior's and an
 S(3) of 1.1 where the truth was 2.1). So while the points hold one kind of step, per_token, draft and spec are held at
-the prior (x = 0) during the fit and keep the prior's variance in the covariance. Holding per_token gives the
-steps' growth with batch beyond the prior's to per_request: the split under which speculation looks cheapest as
-the batch grows when the steps grow faster than the prior says (dearest when slower). The curve is not priced
-there but at the shared split (`_shared_split`): both per-sequence host costs scaled by one factor, as one host
-speed would, which prices every observed step alike (`CalibrationFit.scales`). Its band reaches both ends of the
-same steps' split (`CalibrationFit.held_scales`, the held fit, and `split_alternative`, per_request at the prior
-with per_token taking the growth; policies/model/uncertainty.py). On the real CPU server at k=3 (steps 2.60 ms at
-1 sequence, 7.24 ms at 4.4) the held fit put S(3) at 4.4 at 1.38 and the other end at 0.49, where the measured
-speedup at such batches was 0.89-1.02; the shared split gives 0.84, and falls with the batch as the measurements
-do. The reason for holding per_token in the fit stands: the shared split moves only what the fit gave the
-per-request cost, never what the other terms miss.
+the prior (x = 0) and keep the prior's variance in the covariance: the curve is priced at the prior's split and
+its band covers the rest (policies/model/uncertainty.py). Holding per_token gives the steps' growth with batch
+beyond the prior's to per_request, the split under which speculation looks cheapest as the batch grows when the
+steps grow faster than the prior says (dearest when slower); the fit also names the other
+split of the same steps (`CalibrationFit.split_alternative`: per_request at the prior, per_token taking the
+growth), which the band reaches too.
 Why fill and gemm_slope: how a decode step's math grows with its tokens is set by the kernels' tiles and how
 well small GEMMs use the tensor cores, which no datasheet gives; with one rate and a fixed floor, a fit over a
 server's mixed steps missed pure-decode steps by 18-27% on the simulator (policies/model/roofline.py). Both are
@@ -275,11 +270,9 @@ class CalibrationFit:
     covariance of the parameters (`PARAMS` order: log-scales, then beta), the inverse of the Gauss-Newton matrix
     at the optimum with the prior; with no points it is the prior's (diagonal sigma^2). What the data has not
     identified keeps its prior variance: policies/model/uncertainty.py turns it into the curve's band.
-    While the per-token cost is not identified by speculative steps of one kind, `scales` is the shared split of
-    the steps' per-sequence costs (`_shared_split`), and the two ends of the same split are named for the band:
-    `held_scales`, the fit as held (per-token at its prior; the covariance is taken there), and
-    `split_alternative`, per-request at its prior (`_split_alternative`). Both are None otherwise (the cost
-    identified, no speculative step to split, or nothing to move).
+    `split_alternative`: while the per-token cost is not identified by speculative steps of one kind, the other
+    explanation of the same points (`_split_alternative`), which the band must also cover; None otherwise (the
+    cost identified, no speculative step to split, or nothing to move).
     """
 
     scales: CostScales
@@ -287,7 +280,6 @@ class CalibrationFit:
     newest_error_ratio: float | None
     points: int
     covariance: tuple[tuple[float, ...], ...] | None = None
-    held_scales: CostScales | None = None
     split_alternative: CostScales | None = None
 
 
@@ -834,13 +826,13 @@ def fit(
     recent = sorted(abs(e) for e in errors[-config.error_points :])
     middle = len(recent) // 2
     median = recent[middle] if len(recent) % 2 else 0.5 * (recent[middle - 1] + recent[middle])
-    summary = CalibrationFit(scales, median, errors[-1], len(every), covariance=_covariance(problem, at, config))
-    if _PER_TOKEN in held:
-        alternative = _split_alternative(scales, cache.terms, cache.log_observed, weights, config)
-        shared = _shared_split(scales, cache.terms, cache.log_observed, weights, config)
-        if alternative is not None and shared is not None:
-            # The curve at the shared split; the band from the held fit, reaching the other end.
-            summary = replace(summary, scales=shared, held_scales=scales, split_alternative=alternative)
+    alternative = (
+        _split_alternative(scales, cache.terms, cache.log_observed, weights, config) if _PER_TOKEN in held else None
+    )
+    summary = CalibrationFit(
+        scales, median, errors[-1], len(every), covariance=_covariance(problem, at, config),
+        split_alternative=alternative,
+    )
     # The next tick starts from log(scales): file the prices under that x (equal to at.x up to rounding).
     cache = replace(cache, priced=replace(at, x=_log_scales(scales)))
     fitted = replace(state, scales=scales, damping=damping, converged=converged, cache=cache, last_fit=summary)
@@ -870,77 +862,24 @@ def _split_alternative(
     lookup's 0.02 ms; K = 0.18 ms x B (q - 1)): s_r = 5.91, s_t = 1 -> s_t' = 1 + 4.91 x 0.20 / (0.18 x 1.63) =
     4.35 and s_r' = 1: 0.78 ms per drafted token verified instead of 0.18 ms, and a plain step's per-sequence cost
     0.18 ms instead of 1.06 ms (before the fitted overhead scale, which both share)."""
-    pr = scales.per_request
-    prices = _per_sequence_prices(scales, terms, log_observed, weights)
-    if prices is None:
-        return None
-    rk = sum(w * per_request * per_token for per_request, per_token, w in prices)
-    kk = sum(w * per_token * per_token for _, per_token, w in prices)
-    rr = sum(w * per_request * per_request for per_request, _, w in prices)
+    ov, pr, sp = scales.overhead, scales.per_request, scales.spec
+    rk = kk = rr = 0.0
+    for t, log_obs, weight in zip(terms, log_observed, weights, strict=True):
+        _, plain_requests, tokens, *_, spec_requests = t  # `_Terms` order
+        per_request = ov * (plain_requests + sp * spec_requests)
+        per_token = ov * tokens
+        if not per_token > 0.0:
+            return None
+        w = weight * math.exp(-2.0 * log_obs)
+        rk += w * per_request * per_token
+        kk += w * per_token * per_token
+        rr += w * per_request * per_request
     if kk <= 0.0 or rr <= 0.0 or pr == 1.0:
         return None
     bound = config.max_per_token_scale
     per_token_scale = min(max(scales.per_token + (pr - 1.0) * rk / kk, 1.0 / bound), bound)
     per_request_scale = max(pr - (per_token_scale - scales.per_token) * rk / rr, 1.0 / config.max_scale)
     return replace(scales, per_request=per_request_scale, per_token=per_token_scale)
-
-
-def _per_sequence_prices(
-    scales: CostScales, terms: Sequence[_Terms], log_observed: Sequence[float], weights: Sequence[float],
-) -> list[tuple[float, float, float]] | None:
-    """Per point (R, K, w): the per-request price R (plain + spec scale x speculative bookkeeping) and the
-    per-verified-token price K, both at unit per-request / per-token scales and x the overhead scale (s), and the
-    weight w = w_i / T_i^2 of a relative step error; None when a point is plain (K = 0: nothing to split)."""
-    out: list[tuple[float, float, float]] = []
-    for t, log_obs, weight in zip(terms, log_observed, weights, strict=True):
-        _, plain_requests, tokens, *_, spec_requests = t  # `_Terms` order
-        per_token = scales.overhead * tokens
-        if not per_token > 0.0:
-            return None
-        per_request = scales.overhead * (plain_requests + scales.spec * spec_requests)
-        out.append((per_request, per_token, weight * math.exp(-2.0 * log_obs)))
-    return out
-
-
-def _shared_split(
-    scales: CostScales,
-    terms: Sequence[_Terms],
-    log_observed: Sequence[float],
-    weights: Sequence[float],
-    config: CalibrationConfig,
-) -> CostScales | None:
-    """The split of speculative steps' per-sequence growth that the curve is priced at while they all verify about
-    the same tokens per sequence q: the per-request and per-token scales at one factor f (each relative to its
-    prior), the steps priced as the fit prices them. Why one factor: at one q the two are not told apart (both
-    grow the step as the batch B, `_split_alternative`), and both are the host's per-sequence work (scheduling and
-    input preparation per request, sampling and bookkeeping per verified token), which one host runs at one speed
-    (the fixed host costs have their own scale, `overhead`). Either end instead puts all the growth on one of
-    them: the held fit on the per-request cost (a plain step at high batch then costs as much as a speculative
-    one, and speculation looks cheapest), the other end on the verified tokens. Per point i, with R_i the
-    per-request price (plain + s_spec x speculative) and K_i the per-token price (both x the overhead scale,
-    proportional to B), and the fit's scales s_r, s_t:
-        f = sum w (s_r R + s_t K)(R + K) / sum w (R + K)^2        w = w_i / T_i^2 (relative step errors)
-    clamped to both scales' bounds; at one q, f (R + K) = s_r R + s_t K exactly (with q varying a little, in least
-    squares: `point_errors` and the reported error stay the held fit's). f lies between s_t and s_r. None when a
-    point is plain (K = 0: nothing to split). Units: R, K in seconds; f dimensionless.
-    Where it errs: when the per-request cost really took the growth, f puts part of it on the verified tokens and
-    S at high batch comes out low; and at batch ~1 alone it moves part of a per-request excess too (the real CPU
-    server's tied-embedding model, levels at 1.0-1.5 sequences per step refitted offline as a profile: S(3) 1.91
-    instead of the held fit's 2.11, measured 2.2-2.5). The band holds both ends (policies/model/uncertainty.py).
-    Example (the CPU profile at q = 2.63: R = 0.20 ms x B, K = 0.18 ms x B x 1.63 = 0.293 ms x B; the fit's
-    s_r = 5.91, s_t = 1): f = (5.91 x 0.20 + 0.293) / 0.493 = 2.99 for both, a plain step's per-sequence cost
-    0.54 ms instead of the held fit's 1.06 ms or the other end's 0.18 ms (before the overhead scale)."""
-    pr, pt = scales.per_request, scales.per_token
-    prices = _per_sequence_prices(scales, terms, log_observed, weights)
-    if prices is None:
-        return None
-    num = sum(w * (pr * r + pt * k) * (r + k) for r, k, w in prices)
-    den = sum(w * (r + k) ** 2 for r, k, w in prices)
-    if not den > 0.0:
-        return None
-    bound = min(config.max_scale, config.max_per_token_scale)  # the factor is both scales: both bounds hold
-    factor = min(max(num / den, 1.0 / bound), bound)
-    return replace(scales, per_request=factor, per_token=factor)
 
 
 def point_errors(state: CalibrationState) -> tuple[float, ...]:

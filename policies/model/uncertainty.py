@@ -24,19 +24,17 @@ z x 0.8 x (the per-token share of the step): ~x1.6 either way where verified tok
 Steps at a second q (speculation off and on, another k) identify them and the band closes. A fit whose error e
 grew (the form is wrong) widens every band by e.
 
-That linearisation is taken where the fit stands, and at one q the fit stands on a ridge: every split of the
-step's growth with batch between the per-request and the per-token cost prices the observed steps alike. The fit
-holds the per-token cost at its prior, the end where the per-request cost takes the growth (`held`, where the
-covariance is taken), and the band is linearised there. It also reaches the other end (`alternative`:
-per-request at its prior, the growth paid per verified token): with d_alt(gamma) = log S_alt - log S_held,
-    low  = min(low, low e^d_alt),   high = max(high, high e^d_alt)      (the same band moved to the other end)
+That linearisation is taken where the fit stands, and at one q the fit stands at one end of a ridge: it holds the
+per-token cost at its prior and gives the step's growth with batch to the per-request cost, whose share of the step
+is then large and the per-token one small, so the band opens little in the direction that matters most at high
+batch. So the band also reaches the other end (`CalibrationFit.split_alternative`: per-request at its prior, the
+growth paid per verified token, every observed step priced the same): with d_alt(gamma) = log S_alt - log S,
+    low  = min(low, low e^d_alt),   high = max(high, high e^d_alt)      (the same band moved to the other split)
 and the ratio's sd against the running option takes max(d_alt(reference) - d_alt(gamma), 0) / z in quadrature:
-only where the other end makes the move to gamma gain less (decide discounts a move's gain by that sd). The curve
-itself is priced between the ends, at the shared split (policies/model/calibrate.py `_shared_split`): each point's
-speedup is that curve's, its band the ridge's above, widened if need be to hold it.
-Example (the real CPU server, k=3 only, steps 2.60 ms at 1 sequence and 7.24 ms at 4.4; `spec-advisor whatif
---profile` on that window): S(3) at 4.4 is 1.38 [1.04..1.82] at the held end, 0.49 at the other; the band
-[0.37..1.82] holds both, and the published S(3) is the shared split's 0.84, where the measured speedup at such
+only where the other split makes the move to gamma gain less (decide discounts a move's gain by that sd).
+Example (the real CPU server, k=3 only, steps 2.60 ms at 1 sequence and 7.24 ms at 4.4): S(3) at 4.4 is 1.38
+[1.04..1.82] from the fit alone; the other split (0.60 ms per drafted token verified instead of 0.14, after the
+fitted overhead scale of 0.77) gives 0.49, and the band becomes [0.37..1.82], where the measured speedup at such
 batches was 0.89-1.02.
 
 Example: S = 1.50, acceptance band [1.44, 1.56], d = (-0.20 for per_token, +0.05 for overhead, 0 else),
@@ -172,14 +170,12 @@ def widen(
 class Spread:
     """What a calibration leaves unknown, for `banded`: the posterior `covariance` of the fitted parameters
     (`PARAMS` order), the model's form error `error_ratio` (a relative step-time error, >= 0) and, while the
-    per-token cost is not identified, the two ends of the same steps' split: `held`, the fit as held, where the
-    covariance was taken (`CalibrationFit.held_scales`; None: at the curve's own scales), and `alternative`, the
-    other end (`CalibrationFit.split_alternative`; None when there is none)."""
+    per-token cost is not identified, the other split of the same steps (`alternative`,
+    `CalibrationFit.split_alternative`; None when there is none)."""
 
     covariance: Covariance
     error_ratio: float = 0.0
     alternative: CostScales | None = None
-    held: CostScales | None = None
 
 
 def banded(
@@ -193,37 +189,20 @@ def banded(
     """`curve_at(scales)` (or `base`, already priced there) with the model's uncertainty in every 90% band (z =
     Z_90), and each point's `gain_sd` against `reference_gamma` (the option that runs) when given. With an
     alternative split the band also reaches it, and a gain sd takes max(d_alt(reference) - d_alt(gamma), 0) / z in
-    quadrature (module docstring). With `spread.held` the band is taken there (where the covariance was) and holds
-    the curve's own points, which keep their speedups."""
+    quadrature (module docstring)."""
     points = tuple(base) if base is not None else tuple(curve_at(scales))
-    centre = spread.held if spread.held is not None else scales
-    at_centre = points if spread.held is None else tuple(curve_at(spread.held))
     sds, gains = model_sd(
-        curve_at, centre, spread.covariance, error_ratio=spread.error_ratio, base=at_centre,
+        curve_at, scales, spread.covariance, error_ratio=spread.error_ratio, base=points,
         reference_gamma=reference_gamma,
     )
-    shifts = _split_shifts(curve_at, spread.alternative, at_centre)  # all 0 without an alternative
-    index = next((i for i, p in enumerate(at_centre) if p.gamma == reference_gamma), None)
+    shifts = _split_shifts(curve_at, spread.alternative, points)  # all 0 without an alternative
+    index = next((i for i, p in enumerate(points) if p.gamma == reference_gamma), None)
     if index is not None:
         gains = tuple(
             math.hypot(gain, max(shifts[index] - shift, 0.0) / Z_90) for gain, shift in zip(gains, shifts, strict=True)
         )
-    widened = widen(at_centre, sds, z=Z_90, gain_sds=gains if reference_gamma is not None else None)
-    reached = tuple(_reach(point, shift) for point, shift in zip(widened, shifts, strict=True))
-    if spread.held is None:
-        return reached
-    return tuple(_holding(point, band) for point, band in zip(points, reached, strict=True))
-
-
-def _holding(point: CurvePoint, band: CurvePoint) -> CurvePoint:
-    """`point` (its speedup kept) with `band`'s band and gain sd, widened where need be to hold its speedup;
-    gamma 0 (S = 1 by definition) keeps its own band."""
-    if point.gamma == 0:
-        return replace(point, gain_sd=band.gain_sd)
-    return replace(
-        point, speedup_low=min(band.speedup_low, point.speedup), speedup_high=max(band.speedup_high, point.speedup),
-        gain_sd=band.gain_sd,
-    )
+    widened = widen(points, sds, z=Z_90, gain_sds=gains if reference_gamma is not None else None)
+    return tuple(_reach(point, shift) for point, shift in zip(widened, shifts, strict=True))
 
 
 def _reach(point: CurvePoint, shift: float) -> CurvePoint:

@@ -530,9 +530,7 @@ class WhatIfCalibration:
     profile: MeasuredProfile | None = None
     # The fit's largest relative step error on the profile's points: the form error every band carries.
     form_error: float = 0.0
-    # When the profile's steps verify one tokens-per-sequence value, `scales` is the shared split of their growth
-    # (policies/model/calibrate.py) and these the two ends of that split, which the band covers.
-    held_scales: CostScales | None = None
+    # The other split of the profile's steps when they verify one tokens-per-sequence value (the band covers it).
     split_alternative: CostScales | None = None
 
 
@@ -545,8 +543,7 @@ def _calibration(profile: MeasuredProfile | None, ctx: ModelContext) -> WhatIfCa
         raise WhatIfInputError("profile", str(exc)) from None
     return WhatIfCalibration(
         fitted.fit.scales, fitted.fit.covariance or PRIOR_COVARIANCE, profile=profile,
-        form_error=fitted.max_error_ratio, held_scales=fitted.fit.held_scales,
-        split_alternative=fitted.fit.split_alternative,
+        form_error=fitted.max_error_ratio, split_alternative=fitted.fit.split_alternative,
     )
 
 
@@ -589,8 +586,7 @@ def with_band(
     (a verification priced compute-bound at the per-token and compute scales' high ends is inside it)."""
     return banded(
         lambda scales: pricing.curve_at(at, scales)[0], calibration.scales,
-        Spread(calibration.covariance, calibration.form_error, calibration.split_alternative, calibration.held_scales),
-        base=curve,
+        Spread(calibration.covariance, calibration.form_error, calibration.split_alternative), base=curve,
     )
 
 
@@ -736,9 +732,8 @@ def _calibration_notes(calibration: WhatIfCalibration) -> list[str]:
         )
         notes.append(
             "the profile holds steps at one tokens-per-sequence setting only (two drafting settings at least 25% "
-            "apart in tokens verified identify it), so the marginal cost of a verified token is not measured: it is "
-            "priced at one factor with the per-request cost, and the bands reach both ends of that split (they "
-            f"stay wide): {missing}"
+            "apart in tokens verified identify it), so the marginal cost of a verified token is still the prior's "
+            f"(the bands stay wide): {missing}"
         )
     if not profile.complete:
         notes.append("the profile is incomplete (its run stopped early): only the levels it holds were measured")

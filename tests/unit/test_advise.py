@@ -37,7 +37,7 @@ def test_the_curve_reaches_a_deployed_k_beyond_gamma_max_but_the_choice_stays_wi
 def test_the_plan_starts_afresh_once_a_window_measures_what_its_ticks_were_priced_without() -> None:
     # A 20 s restart: every ok tick adds its curve to the plan, the sums decayed over the 600 s horizon. Three
     # windows of k=3 steps 30 s apart: weight 1 + e^(-30/600) + e^(-60/600) = 2.856. Their curves priced a verified
-    # token's cost unmeasured (one kind of step). A plain window measures it: the plan restarts with that tick
+    # token at the prior's cost (one kind of step). A plain window measures it: the plan restarts with that tick
     # alone (weight 1). The next k=3 window measures nothing new: it adds to the plan (1 + e^(-30/600) = 1.951).
     config = AdvisorConfig(decide=DecideConfig(change_cost_s=20.0))
     ctx = make_context()

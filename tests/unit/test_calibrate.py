@@ -25,7 +25,7 @@ from policies.model.calibrate import (
     with_anchors,
 )
 from policies.model.roofline import CostScales, Shape, step_components
-from policies.types import DataState, DraftMethod, GpuSnapshot
+from policies.types import DataState, GpuSnapshot
 
 T0 = 1_800_000_000.0
 CONFIG = CalibrationConfig()
@@ -354,71 +354,31 @@ def test_two_k_without_a_plain_step_leave_the_speculative_machinerys_cost_at_the
     assert measured.covariance is not None and measured.covariance[spec][spec] < 0.85 * prior
 
 
-def test_one_k_leaves_the_split_of_the_steps_growth_open_and_the_fit_prices_its_shared_split() -> None:
+def test_one_k_leaves_the_split_of_the_steps_growth_open_and_the_fit_names_the_other_split() -> None:
     # A server whose verified tokens cost 6x the prior's, seen at k=3 only (4 tokens per sequence, batches 1..256):
     # a per-request and a per-token cost both grow its steps as the batch, so the fit (per-token held at the
-    # prior) gives the growth to the per-request term, and names the other end of the same steps' split:
-    # per-request at the prior, per-token taking the rest. The curve is priced at the shared split between them (both
-    # at one factor). All three price every observed step alike; only a step at another q (plain decoding) tells
-    # them apart, and there the shared split is nearer the truth than the held fit, the other end nearer still.
+    # prior) gives the growth to the per-request term, and names the other split of the same steps: per-request
+    # at the prior, per-token taking the rest. Both price every observed step alike; only a step at another q
+    # (plain decoding) tells them apart, and there the other split is the truth's side.
     truth = CostScales(per_token=6.0)
     ctx = make_context()
     state, one_k = fit(_synthetic(truth, kinds=((4.0, 3),)), ctx, now_s=T0 + 720.0, config=CONFIG)
-    held, alternative = one_k.held_scales, one_k.split_alternative
-    assert held is not None and alternative is not None
-    assert held.per_token == 1.0 and held.per_request > 2.0
+    alternative = one_k.split_alternative
+    assert alternative is not None
+    assert one_k.scales.per_token == 1.0 and one_k.scales.per_request > 2.0
     assert alternative.per_request == pytest.approx(1.0) and alternative.per_token > 2.0
-    shared = one_k.scales
-    assert shared.per_request == shared.per_token and 1.0 < shared.per_token < held.per_request
     for point in state.points:
         components = step_components(ctx.hardware, ctx.model, ctx.drafter, point.shape, draft_passes=3)
-        for scales in (alternative, shared):
-            assert components.total_s(scales) == pytest.approx(components.total_s(held), rel=1e-9)
-    misses = _plain_misses(truth, (held, shared, alternative))
-    assert misses[2] < misses[1] < misses[0]
-    # Plain steps beside the k=3 ones identify the per-token cost: the fit prices as it stands, no other split.
-    _, on_off = fit(_synthetic(truth), ctx, now_s=T0 + 720.0, config=CONFIG)
-    assert on_off.held_scales is None and on_off.split_alternative is None
-
-
-def test_where_the_per_request_cost_took_the_growth_the_held_end_is_right() -> None:
-    # The mirror case: per-request work 6x the prior's, verified tokens at the prior, seen at k=3 only. The same
-    # ridge, but the truth is the held end: the shared split overstates a verified token's cost and understates a
-    # plain step's price at high batch; the other end is furthest off. (The band holds both ends.)
-    truth = CostScales(per_request=6.0)
-    _, one_k = fit(_synthetic(truth, kinds=((4.0, 3),)), make_context(), now_s=T0 + 720.0, config=CONFIG)
-    held, alternative = one_k.held_scales, one_k.split_alternative
-    assert held is not None and alternative is not None
-    misses = _plain_misses(truth, (held, one_k.scales, alternative))
-    assert misses[0] < misses[1] < misses[2]
-
-
-def _plain_misses(truth: CostScales, fitted: tuple[CostScales, ...]) -> list[float]:
-    """|a plain step at batch 256 priced at each of `fitted` / its price at `truth` - 1|: how far each split of a
-    one-k fit's growth is from the truth at the kind of step it never saw."""
-    ctx = make_context()
+        assert components.total_s(alternative) == pytest.approx(components.total_s(one_k.scales), rel=1e-9)
     plain = step_components(
         ctx.hardware, ctx.model, ctx.drafter, Shape(batch=256.0, context_tokens=1024.0), draft_passes=0
     )
-    return [abs(plain.total_s(scales) / plain.total_s(truth) - 1.0) for scales in fitted]
-
-
-def test_the_shared_split_scales_both_per_sequence_costs_by_one_factor() -> None:
-    # The real CPU server's window at k=3 (n-gram, 2.63 tokens verified per sequence; steps 2.60, 3.00 and 7.24 ms
-    # at 1.0, 1.2 and 4.44 sequences per step). The held fit gives the growth to the per-request cost (5.91x);
-    # the shared split is calibrate._shared_split's example: R = 0.20 ms and K = 0.18 x 1.63 = 0.293 ms per sequence
-    # (the overhead scale multiplies both), f = (5.91 x 0.20 + 0.293) / 0.493 = 2.99 for both.
-    ctx = make_context(hardware="cpu", model="tiny-llama", method=DraftMethod.NGRAM)
-    window = [(1.0, 0.495, 0.0026), (1.2, 0.6, 0.0030), (4.44, 2.22, 0.00724)]
-    points = [StepObservation(at_s=T0, batch=b, tokens_per_seq=2.63, draft_passes=3, context_tokens=200.0,
-                              prefill_tokens=p, step_s=t) for b, p, t in window]
-    _, fitted = fit(with_anchors(CalibrationState(), points), ctx, now_s=T0, config=CONFIG)
-    held = fitted.held_scales
-    assert held is not None and held.per_request == pytest.approx(5.91, abs=0.01) and held.per_token == 1.0
-    assert fitted.scales.per_request == fitted.scales.per_token == pytest.approx(2.99, abs=0.01)
-    for point in points:
-        components = step_components(ctx.hardware, ctx.model, ctx.drafter, point.shape, draft_passes=3)
-        assert components.total_s(fitted.scales) == pytest.approx(components.total_s(held), rel=1e-9)
+    true_plain = plain.total_s(truth)
+    fitted_miss = abs(plain.total_s(one_k.scales) / true_plain - 1.0)
+    assert abs(plain.total_s(alternative) / true_plain - 1.0) < 0.5 * fitted_miss
+    # Plain steps beside the k=3 ones identify the per-token cost: no other split.
+    _, on_off = fit(_synthetic(truth), ctx, now_s=T0 + 720.0, config=CONFIG)
+    assert on_off.split_alternative is None
 
 
 def _priced_alike(state: CalibrationState, a: CostScales, b: CostScales | None = None) -> list[float]:
@@ -441,7 +401,7 @@ def test_no_other_split_without_speculative_steps_of_one_kind(kinds: tuple[tuple
     # whichever kind the newest window was.
     _, fitted = fit(_synthetic(CostScales(per_token=6.0), kinds=kinds), make_context(), now_s=T0 + 720.0, config=CONFIG)
     assert PARAMS.index("per_token") in unidentified(_synthetic(CostScales(), kinds=kinds).points)
-    assert fitted.held_scales is None and fitted.split_alternative is None
+    assert fitted.split_alternative is None
 
 
 def test_the_other_split_fits_steps_whose_tokens_per_sequence_differ_a_little() -> None:
@@ -452,11 +412,9 @@ def test_the_other_split_fits_steps_whose_tokens_per_sequence_differ_a_little() 
         _synthetic(CostScales(per_token=6.0), kinds=((3.6, 3), (4.0, 3), (4.4, 3))), make_context(),
         now_s=T0 + 720.0, config=CONFIG,
     )
-    held, alternative = fitted.held_scales, fitted.split_alternative
-    assert held is not None and alternative is not None and alternative.per_token > 2.0
-    fit_miss = max(abs(e) for e in _priced_alike(state, held))
-    for scales in (alternative, fitted.scales):  # the other end, and the shared split the curve is priced at
-        assert max(abs(e) for e in _priced_alike(state, scales)) <= fit_miss + 0.01
+    assert fitted.split_alternative is not None and fitted.split_alternative.per_token > 2.0
+    fit_miss = max(abs(e) for e in _priced_alike(state, fitted.scales))
+    assert max(abs(e) for e in _priced_alike(state, fitted.split_alternative)) <= fit_miss + 0.01
 
 
 def test_a_clamped_other_split_leaves_the_rest_on_the_per_request_cost() -> None:
@@ -466,11 +424,10 @@ def test_a_clamped_other_split_leaves_the_rest_on_the_per_request_cost() -> None
     state, fitted = fit(
         _synthetic(CostScales(per_token=6.0), kinds=((4.0, 3),)), make_context(), now_s=T0 + 720.0, config=config
     )
-    held, alternative = fitted.held_scales, fitted.split_alternative
-    assert held is not None and alternative is not None and alternative.per_token == 2.0
-    assert 1.0 < alternative.per_request < held.per_request
-    assert max(abs(e) for e in _priced_alike(state, alternative, held)) < 1e-9
-    assert fitted.scales.per_request == fitted.scales.per_token <= 2.0  # the shared factor is both: both bounds hold
+    alternative = fitted.split_alternative
+    assert alternative is not None and alternative.per_token == 2.0
+    assert 1.0 < alternative.per_request < fitted.scales.per_request
+    assert max(abs(e) for e in _priced_alike(state, alternative, fitted.scales)) < 1e-9
 
 
 def test_a_long_profile_cannot_outvote_what_the_deployment_does_today() -> None:
