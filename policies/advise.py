@@ -107,10 +107,7 @@ def advise_target(
     Planning (policies/decide/horizon.py): when a change costs a restart (`config.decide.change_cost_s` > 0), each ok
     tick's curve is added to the plan (`state.plan`), decide chooses and weighs changes on the plan's curve (the recent
     load's mix, in tokens/s) with the restart priced at today's rate, and the queue a restart would error is added
-    to its cost as far as the server would have served it within the horizon (`plan.queue_cost_s`). The plan starts
-    afresh when its ticks no longer say what each gamma is worth: when a held probe is released by a live window,
-    and when a window measures a cost the earlier ticks were priced without (`calibrate.unidentified` shrank: the
-    first plain step beside speculative ones, or a second k), which the new fit has just replaced.
+    to its cost as far as the server would have served it within the horizon (`plan.queue_cost_s`).
 
     Acceptance memory (policies/estimate/memory.py): ok evidence measured while speculating is remembered per model.
     When nothing usable is measured (speculation off, or on with too few drafts in the window) and the model's
@@ -149,10 +146,6 @@ def advise_target(
         # just re-measured (while off) or on the workload before it moved, so they no longer say what each gamma is
         # worth (kept, they can restart a server from the gamma it just picked up at, for the memory of a
         # drafter-hostile spell in which a smaller gamma had lost less).
-        plan_state = HorizonState()
-    elif _identifies_more(state.calibration, calibration_state):
-        # This window measured a cost the points had left at its prior (a second kind of step): the plan's ticks
-        # were priced with the prior's split, which the new fit has just replaced.
         plan_state = HorizonState()
     planned: HorizonCurve | None = None
     if config.decide.change_cost_s > 0 and priced.workload is not None and priced.curve:
@@ -350,17 +343,6 @@ def _split_note(seen: tuple[StepObservation, ...], evidence: Evidence) -> tuple[
         f"verification cost not measured yet ({missing}): bands cover the prior's per-token, drafting and "
         "bookkeeping costs; a window with speculation off or at another k measures them"
     ), WhyCode.VERIFICATION_UNMEASURED
-
-
-def _identifies_more(before: CalibrationState, after: CalibrationState) -> bool:
-    """Whether `after`'s points identify a cost that `before`'s left at the prior (`calibrate.unidentified` shrank:
-    a window of another kind of step arrived). Example: k=3 steps only, then a plain window -> True; another k=3
-    window -> False; the last plain point aged out -> False (nothing new was measured)."""
-    if after.points == before.points and after.anchors == before.anchors:
-        return False
-    was = unidentified((*before.anchors, *before.points))
-    now = unidentified((*after.anchors, *after.points))
-    return now < was
 
 
 def _form_error(fit: CalibrationFit) -> float:
