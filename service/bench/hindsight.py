@@ -34,6 +34,11 @@ planned start, more. Worked example
 switching to gamma 1 then is worth 3060 (its second half 2% faster than off's, the restart paid), the run commits
 to it and ends at 3060 >= 3000.
 
+Started from the deployed k instead (`suite.ORACLE_DEPLOYED`, with one more boundary at the first decision
+tick), the same rollout is what a policy that starts where the advisor starts could reach: holding the deployed
+k is a candidate at every boundary, so it bounds the always-on run the same way; what it gives up against the
+oracle is the change out of a wrong deployed setting (the restart the best static run never pays).
+
 What it does not bound: a policy that acts between its segment boundaries (an advisor can move up to
 `segment_s` earlier), or one whose later moves neither holding nor the planner's plan make. The bench reports a
 policy above the oracle as a yardstick defect (`report.py`), never as the advisor's win.
@@ -126,6 +131,7 @@ class HindsightOracle:
         self._objective = objective
         self._bases: tuple[BasePolicy, ...] = (hold,) if plan is None else (hold, plan)
         count = round((end_s - start_s) / segment_s)
+        self._first_s: float | None = None
         self._boundaries = tuple(start_s + i * segment_s for i in range(1, count + 1))
         self._past: list[Completion] = []  # finished before the current tick, as the runner drains them
         self._chosen: Candidate | None = None  # what was committed to at the last boundary
@@ -133,6 +139,15 @@ class HindsightOracle:
         # Per boundary: (time into the run, the value of continuing, the value committed to); each value
         # committed to is the next boundary's value of continuing (the world is deterministic).
         self.log: list[tuple[float, float, float]] = []
+
+    def decide_first_at(self, t_s: float) -> None:
+        """One more boundary at `t_s` (strictly between the start and the first segment boundary; before the run):
+        the first decision tick, so a run started from a setting no static run chose can leave it as early as any
+        policy could (`suite.ORACLE_DEPLOYED`)."""
+        if not self._start_s < t_s < self._start_s + self._segment_s:
+            raise ValueError(f"the first boundary must lie between the start and the first segment's end, got {t_s}")
+        self._first_s = t_s
+        self._boundaries = (t_s, *self._boundaries)
 
     def planned_start(self, world_at: Callable[[int], World], *, static_value: float) -> int | None:
         """The gamma to start at when starting there and following the planner's plan from the first boundary beats
@@ -162,6 +177,8 @@ class HindsightOracle:
         return self._objective.score(metrics)
 
     def _at_boundary(self, now_s: float) -> bool:
+        if self._first_s is not None and abs(now_s - self._first_s) < 1e-6:
+            return True
         segments = (now_s - self._start_s) / self._segment_s
         return abs(segments - round(segments)) < 1e-6 and now_s < self._end_s - 1e-9
 

@@ -13,7 +13,14 @@ from service.bench.accounting import Objective
 from service.bench.runner import EPOCH_S, PolicySpec, RunResult, run_policy
 from service.bench.spec import load_bench_scenario
 from service.bench.steady_state import PlanGrid, SteadyStatePlanner
-from service.bench.suite import headline_of, hindsight_spec, plan_policy, scenario_objective
+from service.bench.suite import (
+    ORACLE_DEPLOYED,
+    deployed_oracle_spec,
+    headline_of,
+    hindsight_spec,
+    plan_policy,
+    scenario_objective,
+)
 
 BENCH = Path(__file__).resolve().parents[2] / "service" / "sim" / "scenarios" / "bench"
 DURATION_S = 480.0
@@ -70,3 +77,28 @@ def test_what_the_oracle_commits_to_is_what_the_run_then_delivers(tmp_path: Path
         assert continuing == committed
     assert headline_of(oracle, objective) == log[-1][2]
     assert headline_of(oracle, objective) >= max(headline_of(result, objective) for _, result in statics)
+
+
+def test_the_oracle_from_the_deployed_k_leaves_a_wrong_one_at_the_first_tick_and_pays_for_it(tmp_path: Path) -> None:
+    # never-worth-it is deployed at k=3 where plain decoding halves the mean ITL. The best static run (off) starts
+    # there for free; a run from the deployed k can only get there by a restart, which loses the arrivals of its
+    # outage. The deployed oracle leaves k=3 at the first decision tick (5 s, before its first 60 s segment),
+    # ends at or above holding k=3 (a candidate at every boundary) and below off, by what the restart cost.
+    data = yaml.safe_load((BENCH / "never-worth-it.yaml").read_text(encoding="utf-8"))
+    data["bench"] = {**data["bench"], "duration_s": 300}
+    path = tmp_path / "short-never.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    bench = load_bench_scenario(path)
+    assert bench.scenario.drafter.num_speculative_tokens == 3
+    statics = {g: asyncio.run(run_policy(bench, PolicySpec(name=f"g{g}", initial_k=g), duration_s=300))
+               for g in range(4)}
+    objective = scenario_objective(bench, list(statics.values()))
+
+    spec = deployed_oracle_spec(bench, 300, objective)
+    run = asyncio.run(run_policy(bench, spec, duration_s=300))
+
+    assert spec.name == ORACLE_DEPLOYED and spec.initial_k == 3
+    assert run.ticks[0].t_s == 5 and run.ticks[0].k == 0 and run.config_changes == 1
+    headline = headline_of(run, objective)
+    assert headline >= headline_of(statics[3], objective)
+    assert headline < headline_of(statics[0], objective)

@@ -69,6 +69,14 @@ def test_a_segment_must_be_positive() -> None:
         HindsightOracle(start_s=0.0, end_s=10.0, segment_s=0.0, gammas=(0, 1), objective=Objective("throughput"))
 
 
+def test_the_first_boundary_must_come_before_the_first_segment_ends() -> None:
+    oracle = HindsightOracle(start_s=0.0, end_s=120.0, segment_s=60.0, gammas=(0, 1), objective=Objective("throughput"))
+    for bad in (0.0, 60.0, 75.0):
+        with pytest.raises(ValueError, match="first boundary"):
+            oracle.decide_first_at(bad)
+    oracle.decide_first_at(5.0)
+
+
 def test_a_base_policy_runs_the_copy_as_the_world_would_be_run() -> None:
     world = World(default_scenario(), seed=7, start_s=START, record_completions=True)
 
