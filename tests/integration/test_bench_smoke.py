@@ -12,10 +12,11 @@ import yaml
 
 from service.bench.report import yardstick_defects
 from service.bench.spec import load_bench_scenario
-from service.bench.suite import ALWAYS_OFF, ORACLE, POLICIES, STATIC_POLICIES, run_scenario
+from service.bench.suite import ALWAYS_OFF, ORACLE, ORACLE_DEPLOYED, POLICIES, STATIC_POLICIES, run_scenario
 from service.cli.command import main
 
-BENCH = Path(__file__).resolve().parents[2] / "service" / "sim" / "scenarios" / "bench"
+SCENARIOS = Path(__file__).resolve().parents[2] / "service" / "sim" / "scenarios"
+BENCH = SCENARIOS / "bench"
 # Short run, small grids: 60 ticks of 5 s.
 SMALL = {"duration_s": 300, "gamma_max": 3, "batch_thresholds": [8, 64]}
 
@@ -47,6 +48,23 @@ def test_oracle_bounds_every_static_policy_and_off_never_changes(tmp_path: Path)
     off = result.outcomes[ALWAYS_OFF].run.metrics
     assert off.slo_goodput_tokens_per_s is not None
     assert off.slo_goodput_tokens_per_s < 0.1 * result.headline(ORACLE)
+
+
+def test_the_oracle_from_a_deployment_that_is_off_starts_off_and_says_so(tmp_path: Path) -> None:
+    # deployed-off-h100pcie: speculation deployed off (k=0) with a good EAGLE head loaded. The run from the
+    # deployed k starts off, is labelled so, and ends at or above always-off (holding what runs is its first
+    # boundary's first candidate).
+    data = yaml.safe_load((SCENARIOS / "unseen2" / "deployed-off-h100pcie.yaml").read_text(encoding="utf-8"))
+    assert data["drafter"]["num_speculative_tokens"] == 0
+    data["bench"] = {**data["bench"], **SMALL, "duration_s": 120}
+    path = tmp_path / "tiny-deployed-off.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    result = asyncio.run(run_scenario(load_bench_scenario(path)))
+    assert result.error is None
+    outcome = result.outcomes[ORACLE_DEPLOYED]
+    assert outcome.setting == "from k=0"
+    assert outcome.run.config_changes >= 1 or all(t.k == 0 for t in outcome.run.ticks)  # no change: it stayed off
+    assert result.headline(ORACLE_DEPLOYED) >= result.headline(ALWAYS_OFF)
 
 
 def test_cli_runs_valid_files_reports_the_invalid_one_and_writes_table_and_plots(

@@ -94,7 +94,10 @@ def test_the_oracle_from_the_deployed_k_leaves_a_wrong_one_at_the_first_tick_and
                for g in range(4)}
     objective = scenario_objective(bench, list(statics.values()))
 
-    spec = deployed_oracle_spec(bench, 300, objective)
+    # With the planner's plan as the second base policy, as the suite runs it.
+    planner = SteadyStatePlanner(bench.scenario, PlanGrid(start_s=EPOCH_S, interval_s=5, duration_s=300),
+                                 gamma_max=3, itl_slo_s=None)
+    spec = deployed_oracle_spec(bench, 300, objective, plan_policy(planner, start_s=EPOCH_S, interval_s=5))
     run = asyncio.run(run_policy(bench, spec, duration_s=300))
 
     assert spec.name == ORACLE_DEPLOYED and spec.initial_k == 3

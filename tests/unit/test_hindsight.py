@@ -74,7 +74,11 @@ def test_the_first_boundary_must_come_before_the_first_segment_ends() -> None:
     for bad in (0.0, 60.0, 75.0):
         with pytest.raises(ValueError, match="first boundary"):
             oracle.decide_first_at(bad)
+    assert not oracle._at_boundary(5.0)
     oracle.decide_first_at(5.0)
+    assert oracle._at_boundary(5.0) and oracle._at_boundary(60.0) and not oracle._at_boundary(10.0)
+    with pytest.raises(ValueError, match="set once"):
+        oracle.decide_first_at(10.0)
 
 
 def test_a_base_policy_runs_the_copy_as_the_world_would_be_run() -> None:
