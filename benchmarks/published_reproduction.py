@@ -298,7 +298,9 @@ class _PlainMeasurement:
 
 def plain_points(tweak: Tweak | None = None) -> list[PlainPoint]:
     """Measured plain time per token vs the model's plain step (module docstring)."""
-    return [_plain_point(m, tweak) for m in (*_plain_decode_measurements(), *_peagle_baseline_measurements())]
+    return [_plain_point(m, tweak) for m in (
+        *_plain_decode_measurements(), *_peagle_baseline_measurements(), *_amd_baseline_measurements(),
+    )]
 
 
 def _plain_point(measured: _PlainMeasurement, tweak: Tweak | None) -> PlainPoint:
@@ -348,6 +350,17 @@ def _peagle_baseline_measurements() -> Iterator[_PlainMeasurement]:
         seen.add((workload, load))
         yield _PlainMeasurement("S-PEAGLE", f"gpt-oss-20b {workload}", SETUPS["S-PEAGLE"], load,
                                 load / float(row["baseline_out_tok_s"]), context=SETUPS["S-PEAGLE"].context_tokens)
+
+
+def _amd_baseline_measurements() -> Iterator[_PlainMeasurement]:
+    """S-LMSYS-AMD's plain arm (random 1024 in / 1024 out): the end-to-end latency per request over its 1024
+    output tokens (the 1024-token prefill, a few ms of 17 s at one request, left in)."""
+    setup = SETUPS["S-LMSYS-AMD"]
+    for row in _rows("specdec-vs-concurrency.csv"):
+        if row["source_id"] != "S-LMSYS-AMD" or not row["workload"].startswith("random") or not row["baseline_latency"]:
+            continue
+        yield _PlainMeasurement("S-LMSYS-AMD", "DeepSeek-V3 MI300X TP8 1024/1024", setup, float(row["load"]),
+                                float(row["baseline_latency"]) * 1e-3 / 1024.0, context=setup.context_tokens)
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,8 @@ Efficiency and overhead defaults on `HardwareProfile` (each one is calibrated on
   that vllm-eagle-k-sweep-bs1.csv leaves beside weight streaming: Llama-3.1-8B bs1 on H100 streams 7.5e9 params x
   2 B = 15.0 GB, 15.0e9 / (3.35e12 x 0.85) = 5.3 ms, against a measured plain TPOT of 7.07 ms. The split is fitted
   to the published batch > 1 data (benchmarks/published_reproduction.py --fit: the loss falls as the per-layer
-  share grows, 0.0243 at 0 us to 0.0198 at 40 us; 35 us keeps 0.38 ms for the host's own per-step work): a
+  share grows, 0.048 at 0 us to 0.030 at 40 us with 20 us per request and 40 us per token; 35 us keeps 0.38 ms
+  for the host's own per-step work): a
   61-layer model on 4-8 GPUs pays several ms per step at batch 1 that a 32-layer one does not (Kimi-K2.6 on GB200:
   6.35 ms measured, 3.8 ms priced with a flat 1.5 ms).
 - `per_request_step_s` 20 us: host-side per-sequence work per step (assumption of the order of vLLM V1's 10-30 us;
