@@ -11,7 +11,7 @@ import yaml
 
 from service.bench.accounting import Objective
 from service.bench.runner import EPOCH_S, PolicySpec, RunResult, run_policy
-from service.bench.spec import load_bench_scenario
+from service.bench.spec import BenchScenario, load_bench_scenario
 from service.bench.steady_state import PlanGrid, SteadyStatePlanner
 from service.bench.suite import (
     ORACLE_DEPLOYED,
@@ -25,6 +25,15 @@ from service.bench.suite import (
 BENCH = Path(__file__).resolve().parents[2] / "service" / "sim" / "scenarios" / "bench"
 DURATION_S = 480.0
 SLO_S = 0.010
+
+
+def _shortened(tmp_path: Path, name: str, duration_s: float) -> BenchScenario:
+    """The packaged scenario `name` with `duration_s` simulated seconds, loaded as the bench loads it."""
+    data = yaml.safe_load((BENCH / f"{name}.yaml").read_text(encoding="utf-8"))
+    data["bench"] = {**data["bench"], "duration_s": duration_s}
+    path = tmp_path / f"short-{name}.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    return load_bench_scenario(path)
 
 
 def test_the_oracle_bounds_the_static_runs_under_a_load_rise(tmp_path: Path) -> None:
@@ -58,11 +67,7 @@ def test_the_oracle_bounds_the_static_runs_under_a_load_rise(tmp_path: Path) -> 
 def test_what_the_oracle_commits_to_is_what_the_run_then_delivers(tmp_path: Path) -> None:
     # With the planner's plan as a base policy (and a planned start): at every boundary the value of continuing
     # is, exactly, the value committed to at the one before, and the run ends at the last value committed to.
-    data = yaml.safe_load((BENCH / "load-shift.yaml").read_text(encoding="utf-8"))
-    data["bench"] = {**data["bench"], "duration_s": 600}
-    path = tmp_path / "short-load-shift.yaml"
-    path.write_text(yaml.safe_dump(data), encoding="utf-8")
-    bench = load_bench_scenario(path)
+    bench = _shortened(tmp_path, "load-shift", 600)
     statics = [(spec, asyncio.run(run_policy(bench, spec, duration_s=600)))
                for spec in (PolicySpec(name=f"g{g}", initial_k=g) for g in range(4))]
     objective = scenario_objective(bench, [result for _, result in statics])
@@ -83,12 +88,8 @@ def test_the_oracle_from_the_deployed_k_leaves_a_wrong_one_at_the_first_tick_and
     # never-worth-it is deployed at k=3 where plain decoding halves the mean ITL. The best static run (off) starts
     # there for free; a run from the deployed k can only get there by a restart, which loses the arrivals of its
     # outage. The deployed oracle leaves k=3 at the first decision tick (5 s, before its first 60 s segment),
-    # ends at or above holding k=3 (a candidate at every boundary) and below off, by what the restart cost.
-    data = yaml.safe_load((BENCH / "never-worth-it.yaml").read_text(encoding="utf-8"))
-    data["bench"] = {**data["bench"], "duration_s": 300}
-    path = tmp_path / "short-never.yaml"
-    path.write_text(yaml.safe_dump(data), encoding="utf-8")
-    bench = load_bench_scenario(path)
+    # ends at or above holding k=3 (what its first boundary weighs first) and below off, by what the restart cost.
+    bench = _shortened(tmp_path, "never-worth-it", 300)
     assert bench.scenario.drafter.num_speculative_tokens == 3
     statics = {g: asyncio.run(run_policy(bench, PolicySpec(name=f"g{g}", initial_k=g), duration_s=300))
                for g in range(4)}
