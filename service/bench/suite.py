@@ -261,8 +261,8 @@ async def run_scenario(bench: BenchScenario, *, duration_s: float | None = None,
         statics.append((PolicySpec(name=ALWAYS_ON, initial_k=k), always_on))
     plan = plan_policy(planner, start_s=EPOCH_S, interval_s=bench.bench.decision_interval_s)
     oracle = await run(hindsight_spec(bench, duration, statics, objective, plan)[0])
-    deployed = bench.scenario.drafter.num_speculative_tokens  # 0 where deployed off (bench.drafter_k is >= 1)
-    from_deployed = await run(deployed_oracle_spec(bench, duration, objective, plan))
+    deployed = deployed_oracle_spec(bench, duration, objective, plan)  # starts at 0 where deployed off
+    from_deployed = await run(deployed)
     advisor = await run(
         PolicySpec(name=ADVISOR, initial_k=bench.scenario.drafter.num_speculative_tokens,
                    controller=advisor_factory)
@@ -276,7 +276,7 @@ async def run_scenario(bench: BenchScenario, *, duration_s: float | None = None,
         BEST_THRESHOLD: PolicyOutcome(best_threshold, setting=best_threshold.policy.removeprefix("threshold ")),
         BEST_FIXED: PolicyOutcome(best_fixed, setting=best_fixed.policy.removeprefix("fixed ")),
         ORACLE: PolicyOutcome(oracle),
-        ORACLE_DEPLOYED: PolicyOutcome(from_deployed, setting=f"from k={deployed}"),
+        ORACLE_DEPLOYED: PolicyOutcome(from_deployed, setting=f"from k={deployed.initial_k}"),
     }
     quality = quality_checks(bench, advisor=advisor, oracle=oracle, planner=planner, settings=settings)
     return ScenarioResult(name=bench.name, source=bench.source, duration_s=duration, itl_slo_s=slo, outcomes=outcomes,
