@@ -189,7 +189,10 @@ def _price(
         prefix_stable=prefix_stable(ctx.drafter.method, ctx.drafter.prefix_stable),
         full_length=drafts_full_length(ctx.drafter.method),
     )
-    workload = workload_from(evidence, context_tokens=point.context_tokens, prefill_tokens=point.prefill_tokens)
+    workload = workload_from(
+        evidence, context_tokens=point.context_tokens, prefill_tokens=point.prefill_tokens,
+        tokens_per_seq=point.tokens_per_seq, budget_tokens=ctx.step_token_budget,
+    )
     curve, chosen, why = objective_curve(ctx, acceptance, workload, config=config.objective, scales=fit.scales)
     if fit.covariance is not None:
         # The cost model's own uncertainty joins the acceptance's in every band (policies/model/uncertainty.py).

@@ -538,7 +538,8 @@ def context_resolver(target: TargetSettings, *, fallback_hardware: str) -> Conte
             drafter = replace(drafter, allowed_k=tuple(sorted(set(target.drafter.allowed_k))))
         if target.drafter.prefix_stable is not None:
             drafter = replace(drafter, prefix_stable=target.drafter.prefix_stable)
-        return ModelContext(hardware=hardware, model=model, drafter=drafter, tensor_parallel=target.tensor_parallel)
+        return ModelContext(hardware=hardware, model=model, drafter=drafter, tensor_parallel=target.tensor_parallel,
+                            step_token_budget=target.max_num_batched_tokens)
 
     return resolve
 

@@ -222,6 +222,12 @@ class TargetSettings(_Section):
     tensor_parallel: int = Field(
         default=1, ge=1, le=64, description="GPUs one model replica is sharded over (vLLM --tensor-parallel-size)."
     )
+    max_num_batched_tokens: int | None = Field(
+        default=None, ge=1, le=1_048_576,
+        description="The engine's most tokens per step (vLLM --max-num-batched-tokens): verified drafts share it "
+        "with chunked prefill, so where steps fill it, speculation admits fewer prompts. Default None: unknown, "
+        "and the budget is not priced (docs/model.md).",
+    )
     profile: Path | None = Field(
         default=None,
         description="A measured profile of this deployment (`spec-advisor profile`, docs/profile.md): its step "

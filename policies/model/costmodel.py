@@ -66,12 +66,15 @@ _CLOCK_SLACK = 2.0
 
 @dataclass(frozen=True, slots=True)
 class ModelContext:
-    """The profiles a cost evaluation needs: target hardware (per GPU), target model, drafter, and TP degree."""
+    """The profiles a cost evaluation needs: target hardware (per GPU), target model, drafter, and TP degree;
+    `step_token_budget` the engine's most tokens per step (vLLM's max_num_batched_tokens; None = unknown), which
+    verified drafts share with chunked prefill (policies/model/token_budget.py)."""
 
     hardware: HardwareProfile
     model: ModelProfile
     drafter: DrafterProfile
     tensor_parallel: int = 1
+    step_token_budget: float | None = None
 
     def __post_init__(self) -> None:
         if self.tensor_parallel < 1:
@@ -80,6 +83,9 @@ class ModelContext:
         if draft < 0 or draft > self.tensor_parallel:
             raise ValueError(f"the drafter's tensor_parallel must be 0 (the target's) to {self.tensor_parallel}, "
                              f"got {draft}")
+        budget = self.step_token_budget
+        if budget is not None and not (math.isfinite(budget) and budget >= 1):
+            raise ValueError(f"step_token_budget must be a number of tokens >= 1, got {budget}")
 
 
 @dataclass(frozen=True, slots=True)

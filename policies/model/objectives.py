@@ -75,6 +75,7 @@ from policies.model.acceptance import AcceptancePoint
 from policies.model.costmodel import ModelContext, curve_for, step_batch
 from policies.model.roofline import CostScales, Shape
 from policies.model.slo_share import fit_request_itl, modelled_share, shifted_share
+from policies.model.token_budget import BudgetLoad, budget_limited, budget_load
 from policies.types import CurvePoint, Evidence, HistogramReading
 
 
@@ -119,7 +120,8 @@ class ObjectiveConfig:
 class Workload:
     """The operating point an objective is evaluated at: running `batch` (>= 1), `waiting` requests (>= 0),
     `context_tokens` per sequence, `prefill_tokens` per step, `kv_usage_ratio` (None = unknown), `deployed_k`,
-    `request_itl` the window's per-request mean ITLs while the deployed option ran (None = not measured)."""
+    `request_itl` the window's per-request mean ITLs while the deployed option ran (None = not measured), `budget`
+    the step's token budget and the load on it (policies/model/token_budget.py; None = the budget is unknown)."""
 
     batch: float
     waiting: float
@@ -128,6 +130,7 @@ class Workload:
     kv_usage_ratio: float | None = None
     deployed_k: int = 0
     request_itl: HistogramReading | None = None
+    budget: BudgetLoad | None = None
 
     @property
     def kv_capacity_tokens(self) -> float | None:
@@ -137,8 +140,16 @@ class Workload:
         return self.context_tokens * self.batch / self.kv_usage_ratio
 
 
-def workload_from(evidence: Evidence, *, context_tokens: float, prefill_tokens: float) -> Workload:
-    """The evidence's workload with the cost model's resolved context and prefill (costmodel.operating_point).
+def workload_from(
+    evidence: Evidence,
+    *,
+    context_tokens: float,
+    prefill_tokens: float,
+    tokens_per_seq: float = 1.0,
+    budget_tokens: float | None = None,
+) -> Workload:
+    """The evidence's workload with the cost model's resolved context, prefill and tokens verified per sequence
+    (costmodel.operating_point) and the engine's step token budget (None = unknown).
 
     The batch is the one the cost model prices, `costmodel.step_batch`: sequences each engine step verified
     (`decode_seqs_per_step`) when measured, else the running-requests mean; floored at 1. The objectives compare
@@ -157,6 +168,8 @@ def workload_from(evidence: Evidence, *, context_tokens: float, prefill_tokens: 
         kv_usage_ratio=evidence.kv_cache_usage_ratio,
         deployed_k=evidence.deployed_k if evidence.speculation_on else 0,
         request_itl=evidence.request_itl,
+        budget=budget_load(budget_tokens, evidence, tokens_per_seq=tokens_per_seq, prefill_tokens=prefill_tokens,
+                           context_tokens=context_tokens),
     )
 
 
@@ -201,11 +214,30 @@ def objective_curve(
     scales: CostScales | None = None,
 ) -> tuple[tuple[CurvePoint, ...], Objective, str]:
     """The curve S(gamma) in the objective that applies (module docstring), with the objective and why.
-    `acceptance` starts at gamma 0, contiguous. Latency objective: exactly `costmodel.curve_for` at B.
+    `acceptance` starts at gamma 0, contiguous. Latency objective: exactly `costmodel.curve_for` at B, unless the
+    step's token budget binds (latency and capacity: each option held to what the budget lets it serve,
+    policies/model/token_budget.py).
 
     Example: latency-bound at B = 1 -> the plain curve; capacity-bound with the cache not full -> the same
     numbers (every option holds the same batch) under the name "capacity".
     """
+    curve, objective, why = _objective_curve(ctx, acceptance, workload, config=config, scales=scales)
+    if workload.budget is None or objective is Objective.GOODPUT_SLO:
+        return curve, objective, why
+    curve, note = budget_limited(
+        curve, ctx, acceptance, workload.budget, queued=objective is Objective.CAPACITY, scales=scales
+    )
+    return curve, objective, why + note
+
+
+def _objective_curve(
+    ctx: ModelContext,
+    acceptance: Sequence[AcceptancePoint],
+    workload: Workload,
+    *,
+    config: ObjectiveConfig,
+    scales: CostScales | None = None,
+) -> tuple[tuple[CurvePoint, ...], Objective, str]:
     objective, capacity, why = choose_objective(workload, config)
     kv = workload.kv_usage_ratio
     kv_full = capacity and kv is not None and kv >= config.kv_full_ratio

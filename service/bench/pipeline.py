@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 
+from policies.types import Decision
 from service.app import advisor_loop, build_sidecar, target_specs
 from service.bench.spec import BenchScenario
 from service.loop import AdvisorLoop
@@ -103,7 +104,8 @@ def change_cost_s(scenario: Scenario) -> float:
 
 
 def bench_advisor_settings(bench: BenchScenario, *, extra: Mapping[str, Any] | None = None) -> Settings:
-    """The advisor's settings for one benchmark scenario (its advisor section, tick, SLO and restart cost), with
+    """The advisor's settings for one benchmark scenario (its advisor section, tick, SLO, restart cost and step token
+    budget, as its operator configures them: vLLM's --max-num-batched-tokens), with
     `extra` laid over the scenario's own advisor settings. Raises SettingsError."""
     section = bench.bench
     advisor = section.advisor
@@ -116,6 +118,7 @@ def bench_advisor_settings(bench: BenchScenario, *, extra: Mapping[str, Any] | N
         "model_profile": advisor.model_profile,
         "model_config_path": advisor.model_config_path,
         "tensor_parallel": advisor.tensor_parallel,
+        "max_num_batched_tokens": bench.scenario.engine.max_num_batched_tokens,
         "drafter": drafter,
     }
     return advisor_settings(
@@ -155,13 +158,18 @@ class AdvisorController:
     ) -> None:
         await self._stack.aclose()
 
+    @property
+    def decision(self) -> Decision | None:
+        """The decision the last tick published (None before the first)."""
+        status = self._sidecar.board.get(TARGET)
+        return status.decision if status is not None else None
+
     async def choose(self, world: World, now_s: float) -> int:
         if self._loop is None:
             raise RuntimeError("AdvisorController is used outside `async with`")
         self._clock.now_s = now_s  # what the sidecar's board and exporter read as "now"
         await self._loop.run_once(now_s)
-        status = self._sidecar.board.get(TARGET)
-        decision = status.decision if status is not None else None
+        decision = self.decision
         if decision is None:
             return world.num_speculative_tokens  # nothing published yet: leave the engine as it is
         return decision.num_speculative_tokens if decision.enabled else 0
