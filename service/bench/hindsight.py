@@ -8,8 +8,9 @@ deterministic given the decisions made in it: arrivals come from their own rando
 exact answer: copy the world, switch it to g, run it to the end, and count what the headline counts.
 
 The oracle starts configured as the best static run (the highest headline of the fixed-gamma, always-on and
-threshold runs, started configured like them), or at the gamma from which following the steady-state planner's
-plan does better (`planned_start`). A threshold start keeps its `disable_by_batch_size` for the whole run: every
+threshold runs, started configured like them), or as the replay of a dynamic policy's run (the advisor's, with
+and without the actuator: `replayed_start`, its change times added as boundaries) or at the gamma from which
+following the steady-state planner's plan does better (`planned_start`), whichever is worth most. A threshold start keeps its `disable_by_batch_size` for the whole run: every
 gamma it then runs is "g with that threshold". At every segment boundary t (every `segment_s`, a multiple of
 the decision tick) it compares
 
@@ -42,9 +43,11 @@ wrong deployed setting (the restart the best static run never pays), and the sta
 change reaches (a batch threshold, a planned start). It may beat the oracle (its first boundary comes 5 s in, the
 oracle's one segment in): the report then lists it as a yardstick defect, as any policy above the oracle.
 
-What it does not bound: a policy that acts between its segment boundaries (an advisor can move up to
-`segment_s` earlier), or one whose later moves neither holding nor the planner's plan make. The bench reports a
-policy above the oracle as a yardstick defect (`report.py`), never as the advisor's win.
+What it bounds: every run it may start as, so every static run and every replayed policy (a replay is the
+policy's own run: the same changes at the same times in a deterministic world). What it does not bound: a policy
+it was not given to replay that acts between its segment boundaries or moves where neither holding nor the
+planner's plan does. The bench reports a policy above the oracle as a yardstick defect (`report.py`), never as
+the advisor's win.
 
 Cost: at each of D / segment_s boundaries, 2 x (gamma_max + 1) simulated runs of the rest of the run, i.e.
 (gamma_max + 1) x D^2 / segment_s simulated seconds: a 1200 s scenario with gamma 0..5 and 60 s segments
@@ -71,6 +74,23 @@ BasePolicy = Callable[[float, int], int]
 
 def hold(_t_s: float, k: int) -> int:
     return k
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    """A run's k over time, to replay: `initial_k` from the start, then each (time in the world's seconds, k) change
+    in order. Example: Schedule(3, ((t0 + 130, 0),)) runs k=3, then off from 130 s in."""
+
+    initial_k: int
+    changes: tuple[tuple[float, int], ...] = ()
+
+    def k_at(self, t_s: float, _k: int = 0) -> int:
+        """The k the run was configured with at `t_s` (a change at exactly `t_s` included): a BasePolicy."""
+        k = self.initial_k
+        for at, after in self.changes:
+            if at <= t_s + 1e-6:
+                k = after
+        return k
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,6 +156,7 @@ class HindsightOracle:
         count = round((end_s - start_s) / segment_s)
         self._first_s: float | None = None
         self._boundaries = tuple(start_s + i * segment_s for i in range(1, count + 1))
+        self._extra: tuple[float, ...] = ()  # boundaries off the segment grid: the replayed runs' change times
         self._past: list[Completion] = []  # finished before the current tick, as the runner drains them
         self._chosen: Candidate | None = None  # what was committed to at the last boundary
         self._completed_at_boundary = 0
@@ -154,6 +175,37 @@ class HindsightOracle:
         self._first_s = t_s
         self._boundaries = (t_s, *self._boundaries)
 
+    def replayed_start(self, world_at: Callable[[int], World], schedules: Sequence[Schedule], *,
+                       static_value: float) -> int | None:
+        """Make the bound hold for the bench's own dynamic policies too: each `schedules` entry (a policy's run,
+        k over time) is replayed from its start, its change times added as boundaries, and the oracle starts as the
+        best of them when that beats the best static run (`static_value`) and any planned start by more than the
+        margin. Call it before `planned_start` and before the run (the boundaries every future is computed on
+        must not change after). Returns the replay's initial k, or None when no replay is better.
+
+        A replayed run is the policy's own run (the world is deterministic given the changes, made at the same
+        times), so the oracle ends at or above every policy replayed. Example: an advisor that moved k=1 -> 4 at
+        395 s, between the 360 s and 420 s boundaries, scored 1.006 x a rollout that could only move at 360 or
+        420 s; the rollout that may start as that replay ends at or above it."""
+        if self.log or self._chosen is not None:
+            raise ValueError("replayed starts are set before any other start and before the run")
+        extra = {round(at, 6) for schedule in schedules for at, _ in schedule.changes
+                 if self._start_s < at < self._end_s}
+        self._extra = tuple(sorted(extra - {round(b, 6) for b in self._boundaries}))
+        self._boundaries = tuple(sorted({*self._boundaries, *self._extra}))
+        best: Candidate | None = None
+        for schedule in schedules:
+            future = future_of(world_at(schedule.initial_k), schedule.initial_k, now_s=self._start_s,
+                               end_s=self._end_s, base=schedule.k_at, boundaries=self._boundaries)
+            value = self._value(future)
+            if beats(value, static_value) and (best is None or value > best.value):
+                best = Candidate(schedule.initial_k, schedule.k_at, value, future)
+        if best is not None:
+            self._chosen = best
+            self._completed_at_boundary = 0
+            self.log.append((0.0, static_value, best.value))
+        return None if best is None else best.k
+
     def planned_start(self, world_at: Callable[[int], World], *, static_value: float) -> int | None:
         """The gamma to start at when starting there and following the planner's plan from the first boundary beats
         the best static run (`static_value`, its headline) by more than the margin; None otherwise. `world_at(k)`
@@ -161,6 +213,8 @@ class HindsightOracle:
         if len(self._bases) < 2:
             return None
         plan = self._bases[1]
+        if self._chosen is not None:  # a replayed start: the plan must beat it too
+            static_value = max(static_value, self._chosen.value)
         best: Candidate | None = None
         for k in self._gammas:
             world = world_at(k)
@@ -175,6 +229,14 @@ class HindsightOracle:
             self.log.append((0.0, static_value, best.value))
         return None if best is None else best.k
 
+    @property
+    def end_s(self) -> float:
+        return self._end_s
+
+    def value_of(self, future: Future) -> float:
+        """The headline of a run from the start that delivers `future` (before the run: nothing has finished)."""
+        return self._value(future)
+
     def _value(self, future: Future) -> float:
         """The headline of the whole run: what finished before now, then `future`, and the requests it dropped."""
         metrics = summarize([*self._past, *future.completions], duration_s=self._end_s - self._start_s,
@@ -183,6 +245,8 @@ class HindsightOracle:
 
     def _at_boundary(self, now_s: float) -> bool:
         if self._first_s is not None and abs(now_s - self._first_s) < 1e-6:
+            return True
+        if any(abs(now_s - at) < 1e-6 for at in self._extra):
             return True
         segments = (now_s - self._start_s) / self._segment_s
         return abs(segments - round(segments)) < 1e-6 and now_s < self._end_s - 1e-9

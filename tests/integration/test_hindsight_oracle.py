@@ -4,12 +4,16 @@ seed, deterministic world), and what it commits to at a boundary is what the run
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import yaml
 
 from service.bench.accounting import Objective
+from service.bench.controllers import Controller
+from service.bench.hindsight import Schedule
 from service.bench.runner import EPOCH_S, PolicySpec, RunResult, run_policy
 from service.bench.spec import BenchScenario, load_bench_scenario
 from service.bench.steady_state import PlanGrid, SteadyStatePlanner
@@ -20,7 +24,9 @@ from service.bench.suite import (
     hindsight_spec,
     plan_policy,
     scenario_objective,
+    schedule_of,
 )
+from service.sim.world import World
 
 BENCH = Path(__file__).resolve().parents[2] / "service" / "sim" / "scenarios" / "bench"
 DURATION_S = 480.0
@@ -106,3 +112,34 @@ def test_the_oracle_from_the_deployed_k_leaves_a_wrong_one_at_the_first_tick_and
     headline = headline_of(run, objective)
     assert headline >= headline_of(statics[3], objective)
     assert headline < headline_of(statics[0], objective)
+
+
+class _OffAt:
+    """A controller that turns speculation off at one time: a policy that moves between the oracle's boundaries."""
+
+    def __init__(self, at_s: float) -> None:
+        self._at_s = at_s
+
+    async def choose(self, world: World, now_s: float) -> int:
+        return 0 if now_s >= self._at_s else world.num_speculative_tokens
+
+
+def test_the_deployed_oracle_bounds_a_policy_that_moves_between_its_boundaries(tmp_path: Path) -> None:
+    # never-worth-it, deployed at k=3: a policy that turns off 35 s in (between the 5 s and 60 s boundaries) beats
+    # holding k=3, so the deployed oracle may start as its replay; it ends at or above it, whatever its own moves.
+    bench = _shortened(tmp_path, "never-worth-it", 300)
+
+    @contextlib.asynccontextmanager
+    async def off_at_35(_world: World, start_s: float) -> AsyncIterator[Controller]:
+        yield _OffAt(start_s + 35.0)
+
+    policy = asyncio.run(run_policy(bench, PolicySpec(name="off-at-35", initial_k=3, controller=off_at_35),
+                                    duration_s=300))
+    schedule = schedule_of(3, policy)
+    assert schedule == Schedule(3, ((EPOCH_S + 35.0, 0),))
+    statics = [asyncio.run(run_policy(bench, PolicySpec(name=f"g{g}", initial_k=g), duration_s=300)) for g in (0, 3)]
+    objective = scenario_objective(bench, statics)
+    assert headline_of(policy, objective) > headline_of(statics[1], objective)  # better than holding k=3
+    spec = deployed_oracle_spec(bench, 300, objective, replays=[schedule])
+    run = asyncio.run(run_policy(bench, spec, duration_s=300))
+    assert headline_of(run, objective) >= headline_of(policy, objective)

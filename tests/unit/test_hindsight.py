@@ -9,7 +9,7 @@ import copy
 import pytest
 
 from service.bench.accounting import Objective, summarize
-from service.bench.hindsight import HindsightOracle, future_of
+from service.bench.hindsight import HindsightOracle, Schedule, future_of
 from service.sim.scenario import default_scenario
 from service.sim.world import Completion, World
 
@@ -127,3 +127,38 @@ def test_a_planned_start_is_taken_only_when_it_beats_the_best_static_run_and_is_
     plain = HindsightOracle(start_s=START, end_s=START + 120.0, segment_s=60.0, gammas=range(3),
                             objective=Objective("throughput"))
     assert plain.planned_start(world_at, static_value=0.0) is None
+
+
+def _world_at(k: int) -> World:
+    scenario = default_scenario()
+    drafter = scenario.drafter.model_copy(update={"num_speculative_tokens": k})
+    return World(scenario.model_copy(update={"drafter": drafter}), seed=7, start_s=START, record_completions=True)
+
+
+def test_a_schedule_says_the_k_configured_at_each_time() -> None:
+    schedule = Schedule(3, ((START + 35.0, 1), (START + 95.0, 0)))
+    assert [schedule.k_at(START + t) for t in (0.0, 34.9, 35.0, 60.0, 95.0, 119.0)] == [3, 3, 1, 1, 0, 0]
+    assert Schedule(2).k_at(START + 50.0, 7) == 2
+
+
+def test_a_replayed_run_is_a_start_the_oracle_acts_from_between_its_segments() -> None:
+    # A policy that moved 3 -> 1 at 35 s, between the oracle's 60 s boundaries: replayed, it delivers exactly what
+    # the policy's own run did, and the oracle that starts as it acts at 35 s too.
+    schedule = Schedule(3, ((START + 35.0, 1),))
+    world = _world_at(3)
+    first = [c for c in _run_on(world, until_s=START + 35.0) if c.complete]
+    world.set_speculation(1, now_s=START + 35.0)
+    own = summarize([*first, *_run_on(world, until_s=START + 120.0)], duration_s=120.0, itl_slo_s=None,
+                    error_tokens=world.lifetime.lost_tokens)
+    oracle = HindsightOracle(start_s=START, end_s=START + 120.0, segment_s=60.0, gammas=range(4),
+                             objective=Objective("throughput"))
+    assert oracle.replayed_start(_world_at, [schedule], static_value=0.0) == 3
+    [(_, _, promised)] = oracle.log
+    assert promised == Objective("throughput").score(own)
+    assert oracle._at_boundary(START + 35.0) and not oracle._at_boundary(START + 30.0)
+    # Beaten by the best static run, the replay is not taken; and it is set before anything else.
+    assert HindsightOracle(start_s=START, end_s=START + 120.0, segment_s=60.0, gammas=range(4),
+                           objective=Objective("throughput")).replayed_start(
+        _world_at, [schedule], static_value=float("inf")) is None
+    with pytest.raises(ValueError, match="replayed starts"):
+        oracle.replayed_start(_world_at, [schedule], static_value=0.0)
