@@ -1,78 +1,42 @@
 """Decide: the predicted speedup curve -> the published recommendation.
 
-The rule. Value every option o (off, or on at gamma) against the one that runs, c, over the payback horizon H:
+The rule: publish the option worth most over the payback horizon H, once waiting for it has cost what a change costs.
 
-    V(o) = H x g(o) - C          C = (change_cost_s + in-flight work + weighed queue) x cost_scale     (s)
+    V(o) = H x g(o) - C             C = (change_cost_s + in-flight work + weighed queue) x cost_scale    (s)
+    V_try(gamma) = T x mu + (H - T) x E[max(g, -C / (H - T))] - C      g ~ N(mu = S - 1, sigma = band / 3.29)
+    wait = C / r, clipped to [confirm_s, dwell_s]                      r = the candidate's expected gain now
 
-g(o) is o's gain over c at the pessimistic end of its 90% band (a free move between gammas: its expected gain), per
-delivered token (policies/decide/value.py); C is what one change destroys in seconds of service
-(policies/decide/change_cost.py; 0 for an engine that adapts per batch). The candidate is the option with the
-greatest V among those with g >= margin (ties: the smaller gamma, off first); when none has V > 0, what runs stays.
-While on, options on the best one's side (more speculation, or less) with V > 0 and g within the margin of the
-best g are as sure (a difference the rule would not act on): of those, the candidate is the one with the greatest
-expected gain (`_likeliest`). A turn-off goes to gamma* (the best point speedup among measured gammas) instead
-when S(gamma*) >= 1: as much expected service, and the acceptance stays measured. A turn-on goes to the gamma
-with the greatest trial value (policies/decide/value.py `trial_value`):
-
-    V_try(gamma) = T x mu + (H - T) x E[max(g, -C / (H - T))] - C        g ~ N(mu = S - 1, sigma = band / 3.29)
-
-Running a gamma measures its acceptance within T (max(dwell_s, probe_min_s)), and a gamma that proves worse than
-off can be left at one more change's cost, so its downside is bounded and a wide band is no reason to stop short
-(among the gammas measured and the next the curve offers past them; every gamma when none is). The band's low end
-decides whether to turn on at all. While on, a move to more drafts is valued the same way from the running gamma
-(mu its expected gain, sigma from the ratio's sd; `_try_more`) when a change costs a restart: a sure move up goes to
-the gamma above the running one with the greatest V_try, and with no sure change a gamma past the measured k
-(its positions never ran: the acceptance there is the estimator's guess, which only running it measures) is the
-candidate when its V_try > 0 and it is expected to gain the margin (with `explore`). A trial starts from the k the
-engine runs, not from a published change it has not applied; no second one within H of the last, nor within
-probe_backoff_s of leaving one (the first change after it, a move down within H, once the engine ran it: the
-guess was wrong for this traffic). For a drafter whose shorter drafts are not prefixes of longer ones (suffix
-decoding) the way back is priced at its band's low end once the trial has run, so V_try is optimistic there.
-Where the acceptance is measured and only the cost model is unsure (moves down, off, or to a measured gamma) the
-band's low end stands: running another k measures the cost model too, but its prior is an engine's and can be off
-by a factor (policies/model/profiles.py `per_token_step_s`), and while one k runs the point estimate is that prior
-(policies/model/calibrate.py), so a gain resting on it is taken at its band's low end.
-The candidate is published once some change has been worth making for
-
-    wait = C / r, clipped to [confirm_s, dwell_s]      r = this window's expected gain of the candidate
-
-(the service forgone by waiting has then paid for the switch: the break-even rule, which unclipped loses at most
-twice what hindsight would on a condition of any length). r is the gain at the points' own speedups, not at the
-band's end: the band decides whether a change is worth making at all, while what waiting forgoes each second is the
-gain expected (`value.expected_gain`; a turn-on's at its point speedup, extrapolated or not: the way back bounds
-what it risks). The candidate is published once the wait has passed, once it has kept its side for confirm_s (more
-speculation, or less: fewer drafts or off; one outlying window cannot publish a change), and never within dwell_s of
-the last published change. What is published is the candidate of that tick: near the optimum, neighbouring gammas
-alternate within noise. Hysteresis comes from the pessimistic band on both sides (to switch on, S's low end must
-clear 1 + margin; to switch off, the running option's high end must fall short of 1 by margin x S(c)) and the cost;
-the wait from the cost over the expected gain: a grossly wrong setting (r >= C / confirm_s) is corrected after
-confirm_s, a gain below C / dwell_s waits the whole dwell. With no restart (C = 0) every change but a probe waits
-confirm_s: undoing it costs nothing.
-
-The options: off, and every gamma in 1..gamma_max; while on, no further than one gamma past the measured k
-(`reachable_gamma_limit`): past it the acceptance is a guess, and each step up runs, gets its position measured
-and the next is decided on data (a trial, above, may go further: its value prices the guess and the way back).
-With a plan (policies/decide/horizon.py) the options are valued on the plan's curve (the recent load's mix: the
-forecast over the horizon) with C scaled to its units by `cost_scale`, and g there is a ratio of planned values
-(the plan carries no SLO share); the wait's C / r is this window's (waiting forgoes the gain at today's rate).
-The published speedups stay this window's. A running gamma off the curve (deployed k >
-gamma_max) cannot be weighed: the best option against plain decoding is the move, after confirm_s.
+Every option o (off, or on at gamma 1..gamma_max; while on, at most one gamma past the measured k) is valued
+against the one that runs, c: g(o) is its gain over c per delivered token at the pessimistic end of its 90% band
+(policies/decide/value.py; a free move between gammas: its expected gain), C what one change destroys in seconds
+of service (policies/decide/change_cost.py; 0 for an engine that adapts per batch). The candidate is the option
+with the greatest V among those with g >= margin; when none has V > 0, what runs stays. Where the unknown is the
+acceptance of positions never run (a turn-on, a move past the measured k), running them measures them within
+T = max(dwell_s, probe_min_s) and a worse setting can be left at one more change's cost: the downside is bounded,
+so such a move is valued by V_try (the value of information), not by its band's low end. Where only the cost
+model is unsure (moves down, off, a measured gamma) the low end stands: one k does not identify the verification
+cost, whose prior can be off by a factor (policies/model/calibrate.py). The candidate is published once some
+change has been worth making for its wait, has kept its side (more speculation, or less) for min(wait,
+confirm_s), and the last change is dwell_s old: the break-even rule, which loses at most twice what hindsight
+would on a condition of any length. Hysteresis and dwell follow from the band and the cost: to switch on, S's low
+end must clear 1 + margin; to switch off, the running option's high end must fall short of 1 by margin x S(c);
+a grossly wrong setting (r >= C / confirm_s) is corrected after confirm_s, a gain below C / dwell_s waits dwell_s.
 
 Worked example (H 600 s, C 22.6 s, margin 0.02, confirm 30 s, dwell 120 s): running gamma 3 at S 1.40, gamma 2
 priced at 1.48 with gain_sd 0.01: g = (1.48 x 0.984 - 1.40) / 1.40 = 4.0%, V = 23.9 - 22.6 = +1.3 s, r = 0.08 /
 1.40 = 5.7%, wait 22.6 / 0.057 = 396 s -> 120 s. Running gamma 8 at S 0.70 at moderate load, gamma 2 at 1.30
-(gain_sd 0.05): g = 71%, r = 86%, wait 26 s -> 30 s. Off, S(3) = 1.42 [1.31..1.55], C 0: g = 31%, V > 0, wait 30 s
-(the confirm). Off with nothing measured, S(1) = 1.39 [1.11..1.64], S(3) = 1.64 [1.04..2.31], C 20 s: gamma 1
-pays at its low end (+11% x 600 = 66 s > 20 s), so speculation goes on; V_try(1) = 214 s, V_try(3) = 367 s: it
-goes on at gamma 3, after 20 / 0.64 = 31 s.
+(gain_sd 0.05): g = 71%, r = 86%, wait 26 s -> 30 s. Off with nothing measured, S(1) = 1.39 [1.11..1.64], S(3) =
+1.64 [1.04..2.31], C 20 s: gamma 1 pays at its low end (+11% x 600 = 66 s > 20 s), so speculation goes on;
+V_try(1) = 214 s, V_try(3) = 367 s: it goes on at gamma 3, after 20 / 0.64 = 31 s.
 
-Probe (value of information): while off on a remembered profile, `probe.probe_for` may ask to switch on to
-measure again; it is the candidate when the rule would stay off, published at once when the last change (or the
-first baseline) is a dwell old, then held until a live window is measured (or `probe_timeout_s` passes; then no
-probe for `probe_backoff_s`). First decision: the current deployment is published as the baseline (not a
-change). Evidence that is not ok never flips anything: the last decision stays with the new state and a reason,
-and any pending change is dropped.
+Refinements, each stated where it lives: of the options as sure as the best, the likeliest (`_likeliest`); a
+turn-off kept at a measured gamma that does as well as off (`_keep_measuring`); where a turn-on or a move up goes
+and how trials are spaced (`_trial`, `_try_more`, `_left_trial`); a plan over the recent load (`HorizonCurve`,
+policies/decide/horizon.py); a deployed k off the curve (`_choose`); a probe while off on a remembered profile
+(`_probe_hold`, policies/decide/probe.py); evidence that is not ok never flips anything (`_hold`). The first
+decision publishes the current deployment as the baseline (not a change).
 """
+
 
 from __future__ import annotations
 
@@ -168,8 +132,11 @@ def reachable_gamma_limit(*, current_gamma: int, measured_k: int, gamma_max: int
 
 def wait_s(*, cost_s: float, gain: float, confirm_s: float, dwell_s: float) -> float:
     """How long a change must stay worth making before it is published: C / r (s) clipped to [confirm_s,
-    dwell_s], r the expected gain now (`gain`); r <= 0 (nothing forgone by waiting) waits the dwell. Example:
-    C 22.6 s, r 0.057 -> 396 -> 120 (dwell); r 0.86 -> 26.3 -> 30 (confirm); C 0 -> 30 (confirm)."""
+    dwell_s], r the expected gain now (`gain`); r <= 0 (nothing forgone by waiting) waits the dwell. The service
+    forgone by waiting has then paid for the switch (the break-even rule; unclipped, it loses at most twice what
+    hindsight would on a condition of any length). With no restart (C = 0) every change but a probe waits
+    confirm_s: undoing it costs nothing. Example: C 22.6 s, r 0.057 -> 396 -> 120 (dwell); r 0.86 -> 26.3 -> 30
+    (confirm); C 0 -> 30 (confirm)."""
     raw = cost_s / gain if gain > 0 else math.inf
     return min(dwell_s, max(confirm_s, raw))
 
@@ -177,7 +144,10 @@ def wait_s(*, cost_s: float, gain: float, confirm_s: float, dwell_s: float) -> f
 @dataclass(frozen=True, slots=True)
 class HorizonCurve:
     """The plan's curve (policies/decide/horizon.py; same gammas as the tick's curve) that options are valued on, and
-    the factor (> 0) that converts a change's cost C from seconds of this window's service into the plan's units."""
+    the factor (> 0) that converts a change's cost C from seconds of this window's service into the plan's units.
+    With a plan, g is a ratio of planned values (the recent load's mix: the forecast over the horizon; the plan
+    carries no SLO share) and C is scaled by `cost_scale`; the wait's C / r stays this window's (waiting forgoes
+    the gain at today's rate), and so do the published speedups."""
 
     curve: Sequence[CurvePoint]
     cost_scale: float = 1.0
@@ -363,8 +333,11 @@ def _why_stays(choice: Valued | None, config: DecideConfig, *, cost_s: float) ->
 
 def _change(tick: _Tick, current: Key, choice: Valued, prices: _Prices, *, note: str) -> _Candidate:
     """The valued change as the candidate, with its wait: C today over the expected gain now (waiting forgoes the
-    gain expected at this window's rate: the rent is paid now, whatever the plan forecasts). A turn-on goes to
-    the gamma with the greatest trial value (`_trial`), its rent that gamma's expected gain."""
+    gain expected at this window's rate: the rent is paid now, whatever the plan forecasts). r is the gain at the
+    points' own speedups, not at the band's end (`value.expected_gain`): the band decides whether a change is
+    worth making at all, while what waiting forgoes each second is the gain expected. A turn-on goes to the gamma
+    with the greatest trial value (`_trial`), its rent that gamma's expected gain (at its point speedup,
+    extrapolated or not: the way back bounds what it risks)."""
     config = tick.config
     trial = _trial(tick, prices, choice.key) if not current[0] and choice.key[0] else None
     key = trial[0] if trial is not None else choice.key
@@ -500,7 +473,9 @@ def _keep_measuring(key: Key, curve: Sequence[CurvePoint], options: Sequence[Key
 
 
 def _options(current: Key, evidence: Evidence, config: DecideConfig) -> list[Key]:
-    """Off and gamma 1..gamma_max; while on, no further than `reachable_gamma_limit`."""
+    """Off and gamma 1..gamma_max; while on, no further than `reachable_gamma_limit`: past the measured k the
+    acceptance is a guess, so each step up runs, gets its position measured, and the next is decided on data (a
+    trial may go further: its value prices the guess and the way back)."""
     limit = config.gamma_max
     if current[0]:
         limit = reachable_gamma_limit(
@@ -583,7 +558,8 @@ def _publish(
     tick: _Tick, state: DecideState, published: Decision, candidate: _Candidate, *, reason: str, hold: _ProbeHold
 ) -> tuple[Decision, DecideState]:
     """Run the wait clock (module docstring) and build the Decision and the next state. `hold.since_s`: when a
-    held probe was published (None: none held)."""
+    held probe was published (None: none held). What is published is the candidate of the tick the wait ends on:
+    near the optimum, neighbouring gammas alternate within noise, and the side, not the gamma, must hold."""
     now_s, key = tick.now_s, candidate.key
     current, pending = _key(published), _pending(state)
     changed, since, steady, tail, whys = False, None, None, "", candidate.why
@@ -624,7 +600,9 @@ def _publish(
 
 def _left_trial(tick: _Tick, state: DecideState, current: Key, published: Key) -> bool:
     """Whether publishing `published` over `current` leaves the last trial: the first change after it, a move down
-    from the gamma it tried, which the engine ran, within H of the trial (a later move down is the load's)."""
+    from the gamma it tried, which the engine ran, within H of the trial (a later move down is the load's). A
+    trial starts from the k the engine runs, not from a published change it has not applied; no second one comes
+    within H of the last, nor within probe_backoff_s of leaving one (the guess was wrong for this traffic)."""
     tried, at = state.tried_gamma, state.tried_s
     if tried is None or at is None or current != (True, tried) or _deployment(tick.evidence) != current:
         return False
@@ -664,7 +642,11 @@ def _valid_scale(cost_scale: float) -> float:
 
 
 def _probe_hold(state: DecideState, current: Key, *, measured: bool, config: DecideConfig, now_s: float) -> _ProbeHold:
-    """Whether a published probe is held this tick (the engine has not run it yet), with a note for the reason."""
+    """Whether a published probe is held this tick (the engine has not run it yet), with a note for the reason.
+
+    While off on a remembered profile, `probe.probe_for` may ask to switch on to measure again; it is the candidate
+    when the rule would stay off, published at once when the last change (or the first baseline) is a dwell old,
+    then held until a live window is measured, or `probe_timeout_s` passes (then no probe for `probe_backoff_s`)."""
     since, after = state.probe_since_s, state.probe_after_s
     if since is None or not current[0]:
         return _ProbeHold(after_s=after)
