@@ -10,17 +10,20 @@ Every option o (off, or on at gamma 1..gamma_max; while on, at most one gamma pa
 against the one that runs, c: g(o) is its gain over c per delivered token at the pessimistic end of its 90% band
 (policies/decide/value.py; a free move between gammas: its expected gain), C what one change destroys in seconds
 of service (policies/decide/change_cost.py; 0 for an engine that adapts per batch). The candidate is the option
-with the greatest V among those with g >= margin; when none has V > 0, what runs stays. Where the unknown is the
-acceptance of positions never run (a turn-on, a move past the measured k), running them measures them within
-T = max(dwell_s, probe_min_s) and a worse setting can be left at one more change's cost: the downside is bounded,
-so such a move is valued by V_try (the value of information), not by its band's low end. Where only the cost
-model is unsure (moves down, off, a measured gamma) the low end stands: one k does not identify the verification
-cost, whose prior can be off by a factor (policies/model/calibrate.py). The candidate is published once some
-change has been worth making for its wait, has kept its side (more speculation, or less) for min(wait,
-confirm_s), and the last change is dwell_s old: the break-even rule, which loses at most twice what hindsight
-would on a condition of any length. Hysteresis and dwell follow from the band and the cost: to switch on, S's low
-end must clear 1 + margin; to switch off, the running option's high end must fall short of 1 by margin x S(c);
-a grossly wrong setting (r >= C / confirm_s) is corrected after confirm_s, a gain below C / dwell_s waits dwell_s.
+with the greatest V among those with g >= margin; when none has V > 0, what runs stays. The low end decides
+whether to change at all. Where the unknown is the acceptance of positions never run (a turn-on, a move past the
+measured k), running them measures them within T = max(dwell_s, probe_min_s) and a worse setting can be left at
+one more change's cost: the downside is bounded, so V_try (the value of information) decides where a turn-on or
+a sure move up goes, and whether to explore one gamma past the measured k with no sure change. Where only the
+cost model is unsure (moves down, off, a measured gamma) the low end stands: while one k runs the point estimate
+of the verification cost is its prior (policies/model/calibrate.py), which can be off by a factor
+(policies/model/profiles.py `per_token_step_s`). The candidate is published once some change has been worth
+making for its wait, has kept its side (more speculation, or less) for min(wait, confirm_s) (one outlying window
+cannot publish a change), and the last change is dwell_s old: the break-even rule, which loses at most twice what
+hindsight would on a condition of any length. Hysteresis and dwell follow from the band and the cost: to switch
+on, S's low end must clear 1 + margin; to switch off, the running option's high end must fall short of 1 by
+margin x S(c); a grossly wrong setting (r >= C / confirm_s) is corrected after confirm_s, a gain below
+C / dwell_s waits dwell_s.
 
 Worked example (H 600 s, C 22.6 s, margin 0.02, confirm 30 s, dwell 120 s): running gamma 3 at S 1.40, gamma 2
 priced at 1.48 with gain_sd 0.01: g = (1.48 x 0.984 - 1.40) / 1.40 = 4.0%, V = 23.9 - 22.6 = +1.3 s, r = 0.08 /
@@ -36,7 +39,6 @@ policies/decide/horizon.py); a deployed k off the curve (`_choose`); a probe whi
 (`_probe_hold`, policies/decide/probe.py); evidence that is not ok never flips anything (`_hold`). The first
 decision publishes the current deployment as the baseline (not a change).
 """
-
 
 from __future__ import annotations
 
@@ -431,7 +433,8 @@ def _trial(tick: _Tick, prices: _Prices, choice: Key) -> tuple[Key, float, float
     measures its acceptance, and a worse setting can be left at one change's cost), among the gammas whose
     acceptance is measured and the next one the curve offers past them (every gamma when none is). Returns (that
     key, its V_try, the V_try of `choice`, the option the band's low end chose), or None when either cannot be
-    priced. Ties: the smaller gamma."""
+    priced. Ties: the smaller gamma. For a drafter whose shorter drafts are not prefixes of longer ones (suffix
+    decoding) the way back is priced at its band's low end once the trial has run, so V_try is optimistic there."""
     config = tick.config
     on = sorted(key for key in prices.options if key[0] and point_at(prices.curve, key[1]) is not None)
     measured = [key[1] for key in on if not _extrapolated(prices.curve, key)]
@@ -680,6 +683,8 @@ def _hold(
     kind: DataState,
     why: str,
 ) -> tuple[Decision, DecideState]:
+    """Evidence that is not ok (`kind`, `why`) never flips anything: the last published decision stays, with the
+    new state and a reason, and any pending change is dropped (its wait restarts on the next ok tick)."""
     dropped = "" if _pending(state) is None else "; pending change dropped, its wait restarts"
     published = state.published
     if published is None:

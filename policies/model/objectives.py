@@ -4,12 +4,14 @@ Three objectives, chosen per tick from the evidence:
 
 - latency  (no queue: waiting < `waiting_threshold` and KV usage < `kv_full_ratio`): every running request is
   served, so the batch is what it is; S(gamma) = tokens/s per sequence with gamma drafts / without, at the same
-  batch B (= the inverse ratio of inter-token latencies). This is `costmodel.curve_for` unchanged.
+  batch B (= the inverse ratio of inter-token latencies). This is `costmodel.curve_for` unchanged, unless the
+  step's token budget binds (below).
 - capacity (requests waiting, or the KV cache nearly full): the server's throughput decides how fast the queue
   drains, and each option may hold a different batch. Draft tokens reserve KV slots (vLLM allocates gamma
   lookahead slots per running request), so with the cache full an option with gamma drafts holds
       B(gamma) = min(B + waiting, KV_capacity / (ctx_0 + gamma))   ctx_0 = ctx - deployed_k (the current reservation)
-  and when the cache is not the limit (max_num_seqs or the token budget is), B(gamma) = B for all options.
+  and when the cache is not the limit (max_num_seqs or the token budget is), B(gamma) = B for all options; where
+  the token budget is the limit, each option is held to what the budget lets it serve (below).
       S_cap(gamma) = [B(gamma) E[L](gamma) / T(B(gamma), gamma)] / [B(0) / T(B(0), 0)]     total tokens/s ratio
   KV_capacity = ctx x B / kv_usage (tokens), from the evidence. Example: cache full at B = 64, ctx 264 with
   k = 3 deployed, 20 waiting: capacity 64 x 264 / 1.0 = 16896 tokens; gamma 0 holds min(84, 16896 / 261) =
@@ -62,6 +64,9 @@ Three objectives, chosen per tick from the evidence:
   33.7 x 1.69 / 1.72 = 33 ms. (Pricing P against the 21.5 ms plain step instead gave rho = 0.62, stretch 2.65:
   every option far past a 30 ms SLO, and no option worth choosing.)
 Bands: E[L] low/high give throughput (and ITL) low/high at the same step time.
+The step's token budget (latency and capacity; not goodput_slo): with `ModelContext.step_token_budget` known, each
+option is held to the output tokens/s it can serve with every step full at the served prompt/output mix
+(policies/model/token_budget.py, with its maths and an example).
 """
 
 from __future__ import annotations
@@ -75,7 +80,7 @@ from policies.model.acceptance import AcceptancePoint
 from policies.model.costmodel import ModelContext, curve_for, step_batch
 from policies.model.roofline import CostScales, Shape
 from policies.model.slo_share import fit_request_itl, modelled_share, shifted_share
-from policies.model.token_budget import BudgetLoad, budget_limited, budget_load
+from policies.model.token_budget import BudgetLoad, Regime, budget_limited, budget_load
 from policies.types import CurvePoint, Evidence, HistogramReading
 
 
@@ -224,9 +229,10 @@ def objective_curve(
     curve, objective, why = _objective_curve(ctx, acceptance, workload, config=config, scales=scales)
     if workload.budget is None or objective is Objective.GOODPUT_SLO:
         return curve, objective, why
-    curve, note = budget_limited(
-        curve, ctx, acceptance, workload.budget, queued=objective is Objective.CAPACITY, scales=scales
-    )
+    kv = workload.kv_usage_ratio
+    regime = Regime.LATENCY if objective is Objective.LATENCY else (
+        Regime.CAPACITY_KV if kv is not None and kv >= config.kv_full_ratio else Regime.CAPACITY)
+    curve, note = budget_limited(curve, ctx, acceptance, workload.budget, regime=regime, scales=scales)
     return curve, objective, why + note
 
 

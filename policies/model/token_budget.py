@@ -9,24 +9,29 @@ full, the served mix sets how the budget splits (r = p / o, the served prompt-to
     P_g = N r E[L] / (r E[L] + 1 + g)       prompt tokens per step           (B_g (1 + g) + P_g = N)
     cap(g) = B_g E[L] / T(B_g, g, P_g)      output tokens/s                  (T: the calibrated step with drafting)
 
-cap(g) is the most option g can serve: other limits (max_num_seqs, the KV cache) only lower it. Units: N tokens
-per step, r >= 0, E[L] tokens per verification (1 at g = 0), T seconds, cap tokens/s. Example (A100, an 8B model,
-N 512, r 3.0): off, B_0 = 512 / 4 = 128, P_0 = 384; gamma 4 with E[L] 2.99, B_4 = 512 / 13.97 = 36.6,
-P_4 = 329; at equal step times cap(4) / cap(0) = 36.6 x 2.99 / 128 = 0.86: every verified draft that is
-rejected takes a prompt token's place, so at a budget-bound load deeper speculation admits less.
+cap(g) is the most option g can serve on one engine: other limits (the KV cache, max_num_seqs) only lower it.
+Units: N tokens per step, r >= 0, E[L] tokens per verification (1 at g = 0), T seconds, cap tokens/s. Example
+(A100, an 8B model, N 512, r 3.0): off, B_0 = 512 / 4 = 128, P_0 = 384; gamma 4 with E[L] 2.99, B_4 = 512 /
+13.97 = 36.6, P_4 = 329; at equal step times cap(4) / cap(0) = 36.6 x 2.99 / 128 = 0.86: every verified draft
+that is rejected takes a prompt token's place, so at a budget-bound load deeper speculation admits less.
 
 How it enters the objectives (policies/model/objectives.py), only when some option's step at this batch could
 fill the budget (B (1 + gamma_max) + P >= N; else the budget never binds and the curve is unchanged):
-- the option that runs holds the load it serves (D, output tokens/s, measured): where the model gives it less
-  capacity, every cap is scaled by D / cap(running) (the model's absolute step time is off, the ratios stand);
-  where its steps are full and requests wait it serves exactly its cap, and the caps are scaled to D either way;
+- D, the output tokens/s one engine serves now: B E[L](running) / T_obs from the window's own steps (so a fleet
+  summed by Prometheus or a data-parallel pod reads per engine), else the generation rate over the engines;
+- the option that runs holds D: where the model gives it less capacity, every cap is scaled by D / cap(running)
+  (the model's absolute step time is off, the ratios stand); where its steps are full and requests wait it
+  serves exactly its cap, and the caps are scaled to D either way;
 - latency (no queue): an option whose cap is under D cannot hold the load (its queue would grow without bound):
-  it is counted at the throughput it serves, S(g) = cap(g) / D, instead of its per-sequence speed;
+  it is counted at the throughput it serves against what plain decoding serves, S(g) = cap(g) / min(D, cap(0)),
+  instead of its per-sequence speed (the running option holds D by definition);
 - capacity (a queue): each option serves min(its rate at the held batch, cap(g)); when the running option's steps
-  already fill the budget (measured tokens per step >= BUDGET_FULL x N) the budget, not the batch, is the limit, so
-  every option serves cap(g): S(g) = cap(g) / cap(0).
-The band: E[L] low/high change B_g, P_g and cap at the same step time. Prefix caching lowers the computed prompt
-tokens and the prompt counter may count cached ones: r is then too high and the budget's cost of drafts too low.
+  already fill the budget (measured tokens per step >= BUDGET_FULL x N) and the KV cache is not the limit, the
+  budget is, and every option serves cap(g): S(g) = cap(g) / cap(0). max_num_seqs is not known here: where B_0
+  passes it, off's cap is too high.
+The band: E[L] low/high give B_g, P_g, T and cap again. Prefix caching lowers the computed prompt tokens and the
+prompt counter may count cached ones: r is then too high and the budget's cost of drafts too low. The what-if
+(policies/offline/whatif.py) prices one operating point without a load mix and leaves the budget out.
 """
 
 from __future__ import annotations
@@ -34,9 +39,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from enum import StrEnum
 
 from policies.model.acceptance import AcceptancePoint
-from policies.model.costmodel import ModelContext, curve_for, step_batch
+from policies.model.costmodel import ModelContext, curve_for, observed_step_s, step_batch
 from policies.model.roofline import CostScales, Shape
 from policies.types import CurvePoint, Evidence
 
@@ -45,12 +51,22 @@ from policies.types import CurvePoint, Evidence
 BUDGET_FULL = 0.9
 
 
+class Regime(StrEnum):
+    """The objective the budget limits (policies/model/objectives.py): no queue; a queue; a queue with the KV
+    cache the limit of the held batch (the curve's own B(gamma) stays a limit then)."""
+
+    LATENCY = "latency"
+    CAPACITY = "capacity"
+    CAPACITY_KV = "capacity_kv"
+
+
 @dataclass(frozen=True, slots=True)
 class BudgetLoad:
     """What the budget's physics needs from one window: `budget_tokens` N (tokens per step, > 0), `prompt_per_output`
-    r (served prompt tokens per output token, >= 0), `served_tokens_per_s` D (output tokens/s, > 0), and the running
-    option's step: `batch` sequences decoding (>= 1), `prefill_tokens` (>= 0), `tokens_per_step` (decode + prefill,
-    >= 0), `context_tokens` (>= 0) and its gamma, `running` (0 = off)."""
+    r (served prompt tokens per output token, >= 0), `served_tokens_per_s` (output tokens/s of one engine, > 0: the
+    generation rate over the engines; `served` prefers the window's steps), and the running option's step: `batch`
+    sequences decoding (>= 1), `prefill_tokens` (>= 0), `tokens_per_step` (decode + prefill, >= 0),
+    `context_tokens` (>= 0), its gamma `running` (0 = off) and its observed `step_time_s` (None = not measured)."""
 
     budget_tokens: float
     prompt_per_output: float
@@ -60,6 +76,15 @@ class BudgetLoad:
     batch: float = 1.0
     prefill_tokens: float = 0.0
     running: int = 0
+    step_time_s: float | None = None
+
+    def served(self, emitted_per_seq: float) -> float:
+        """D (tokens/s of one engine): B x `emitted_per_seq` (E[L] of the running option) / the observed step, else
+        `served_tokens_per_s`. Example: B 41, E[L] 2.79, step 0.127 s -> 901 tokens/s."""
+        step = self.step_time_s
+        if step is not None and math.isfinite(step) and step > 0 and emitted_per_seq >= 1:
+            return self.batch * emitted_per_seq / step
+        return self.served_tokens_per_s
 
     @property
     def full(self) -> bool:
@@ -71,12 +96,13 @@ def budget_load(
     budget_tokens: float | None, evidence: Evidence, *, tokens_per_seq: float, prefill_tokens: float,
     context_tokens: float,
 ) -> BudgetLoad | None:
-    """The window's BudgetLoad, or None when the budget is unknown or the evidence's prompt and generation rates
-    are missing, non-finite or zero. The running step carries B x tokens_per_seq + prefill_tokens tokens, B the
-    batch the cost model prices (`costmodel.step_batch`, >= 1).
+    """The window's BudgetLoad, or None when the budget is unknown, the generation rate is missing, non-finite or
+    zero, or the prompt rate is missing, non-finite or negative. The running step carries B x tokens_per_seq +
+    prefill_tokens tokens, B the batch the cost model prices (`costmodel.step_batch`, >= 1); non-finite or negative
+    prefill and context count as 0.
 
-    Example: N 512, prompt 3300 tokens/s, generation 1100 tokens/s, 110 sequences at 1 token and 330 prompt tokens
-    per step, off -> r 3.0, D 1100, 440 tokens per step, not full.
+    Example: N 512, prompt 3300 tokens/s, generation 1100 tokens/s on one engine, 110 sequences at 1 token and 330
+    prompt tokens per step, off -> r 3.0, 1100 tokens/s, 440 tokens per step, not full.
     """
     prompt, generation = evidence.prompt_tokens_per_s, evidence.generation_tokens_per_s
     if budget_tokens is None or prompt is None or generation is None:
@@ -86,16 +112,22 @@ def budget_load(
     if budget_tokens <= 0 or generation <= 0 or prompt < 0:
         return None
     batch = max(step_batch(evidence), 1.0)
+    prefill = _non_negative(prefill_tokens)
     return BudgetLoad(
         budget_tokens=budget_tokens,
         prompt_per_output=prompt / generation,
-        served_tokens_per_s=generation,
-        tokens_per_step=max(batch * tokens_per_seq + prefill_tokens, 0.0),
-        context_tokens=max(context_tokens, 0.0),
+        served_tokens_per_s=generation / max(evidence.engines, 1),
+        tokens_per_step=batch * _non_negative(tokens_per_seq) + prefill,
+        context_tokens=_non_negative(context_tokens),
         batch=batch,
-        prefill_tokens=max(prefill_tokens, 0.0),
+        prefill_tokens=prefill,
         running=evidence.deployed_k if evidence.speculation_on else 0,
+        step_time_s=observed_step_s(evidence),
     )
+
+
+def _non_negative(value: float) -> float:
+    return value if math.isfinite(value) and value > 0 else 0.0
 
 
 def capacity_tokens_per_s(
@@ -123,38 +155,42 @@ def budget_limited(
     acceptance: Sequence[AcceptancePoint],
     load: BudgetLoad,
     *,
-    queued: bool,
+    regime: Regime,
     scales: CostScales | None = None,
 ) -> tuple[tuple[CurvePoint, ...], str]:
     """The curve with each option held to what the budget lets it serve (module docstring), and a note for the
-    reason ("" when the budget cannot bind at this batch: the curve is returned unchanged). `queued`: requests
-    wait (the capacity objective), else the latency objective.
+    reason ("" when the budget cannot bind at this batch, or the running gamma is past the curve: the curve is
+    returned unchanged).
 
     Example: latency, D 1100 tokens/s, running off with cap(0) 1300: cap(4) 1040 < 1100 -> S(4) 2.1 becomes
     1040 / 1100 = 0.95; cap(1) 1260 holds the load and S(1) stays.
     """
     top = len(curve) - 1
-    if top < 1 or load.batch * (top + 1) + load.prefill_tokens < load.budget_tokens:
+    run = load.running
+    if top < 1 or run > top or load.batch * (top + 1) + load.prefill_tokens < load.budget_tokens:
         return tuple(curve), ""
-    run = min(load.running, top)
 
     def cap(gamma: int, length: float | None = None) -> float:
         return capacity_tokens_per_s(ctx, acceptance, load, gamma, length=length, scales=scales)
 
     caps = [cap(g) for g in range(top + 1)]
+    served = load.served(acceptance[run].expected_length)
+    queued = regime is not Regime.LATENCY
     # The running option serves D: at its cap when its steps are full and requests wait, within it otherwise.
-    anchor = load.served_tokens_per_s / caps[run] if caps[run] > 0 else 1.0
+    anchor = served / caps[run] if caps[run] > 0 else 1.0
     scale = anchor if queued and load.full else max(1.0, anchor)
-    served = load.served_tokens_per_s
+    budget_only = load.full and regime is Regime.CAPACITY  # the held batch is no limit: the budget is
     base = curve[run].speedup
+
+    def holds(gamma: int, capacity: float) -> bool:
+        return gamma == run or capacity >= served * (1.0 - 1e-9)
 
     def limited(gamma: int, speedup: float, length: float) -> float:
         capacity = (caps[gamma] if length == acceptance[gamma].expected_length else cap(gamma, length)) * scale
         if not queued:
-            plain = min(served, caps[0] * scale)
-            return speedup if capacity >= served else min(speedup, capacity / plain)
-        held = math.inf if load.full and gamma != run else served * speedup / base
-        plain_held = math.inf if load.full and run != 0 else served / base
+            return speedup if holds(gamma, capacity) else min(speedup, capacity / min(served, caps[0] * scale))
+        held = math.inf if budget_only and gamma != run else served * speedup / base
+        plain_held = math.inf if budget_only and run != 0 else served / base
         return min(held, capacity) / min(plain_held, caps[0] * scale)
 
     points = [curve[0]]
@@ -166,9 +202,9 @@ def budget_limited(
             speedup_low=limited(p.gamma, p.speedup_low, acc.expected_length_low),
             speedup_high=limited(p.gamma, p.speedup_high, acc.expected_length_high),
         ))
-    short = [p.gamma for p in points[1:] if caps[p.gamma] * scale < served] if not queued else []
-    regime = "every step full" if load.full else f"{load.tokens_per_step:.0f} tokens per step"
-    note = f"; token budget {load.budget_tokens:.0f} per step ({regime}, prompt/output {load.prompt_per_output:.1f})"
+    short = [] if queued else [p.gamma for p in points[1:] if not holds(p.gamma, caps[p.gamma] * scale)]
+    state = "every step full" if load.full else f"{load.tokens_per_step:.0f} tokens per step"
+    note = f"; token budget {load.budget_tokens:.0f} per step ({state}, prompt/output {load.prompt_per_output:.1f})"
     if short:
         note += f": gamma {', '.join(map(str, short))} cannot hold {served:.0f} tokens/s"
     return tuple(points), note

@@ -1,5 +1,5 @@
 """The hindsight oracle: the best gamma over time found by running the simulated world itself, an upper bound on
-every static policy the benchmark runs by construction.
+every static policy the benchmark runs (and, started from the deployed k, on the advisor) by construction.
 
 It is a rollout (Bertsekas' rollout algorithm) over the real world with common random numbers. The world is
 deterministic given the decisions made in it: arrivals come from their own random stream, and a copy of the world
@@ -8,11 +8,11 @@ deterministic given the decisions made in it: arrivals come from their own rando
 exact answer: copy the world, switch it to g, run it to the end, and count what the headline counts.
 
 The oracle starts configured as the best static run (the highest headline of the fixed-gamma, always-on and
-threshold runs, started configured like them), or as the replay of a dynamic policy's run (the advisor's, with
-and without the actuator: `replayed_start`, its change times added as boundaries) or at the gamma from which
-following the steady-state planner's plan does better (`planned_start`), whichever is worth most. A threshold start keeps its `disable_by_batch_size` for the whole run: every
-gamma it then runs is "g with that threshold". At every segment boundary t (every `segment_s`, a multiple of
-the decision tick) it compares
+threshold runs, started configured like them), or at the gamma from which following the steady-state planner's
+plan does better (`planned_start`). Started from the deployed k (below), it may also start as the replay of a
+policy's own run (`replayed_start`: the advisor's, its change times added as boundaries). A threshold start keeps
+its `disable_by_batch_size` for the whole run: every gamma it then runs is "g with that threshold". At every
+segment boundary t (every `segment_s`, a multiple of the decision tick) it compares
 
     continue:  the run it committed to at the last boundary, from here;
     g, then b: every gamma in 0..max(gamma_max, deployed k) run from t (a change pays the restart or rolling
@@ -36,20 +36,22 @@ switching to gamma 1 then is worth 3060 (its second half 2% faster than off's, t
 to it and ends at 3060 >= 3000.
 
 Started from the deployed k instead (`suite.ORACLE_DEPLOYED`, with one more boundary at the first decision
-tick, `decide_first_at`), the same rollout is what a policy that starts where the advisor starts could reach: its
-first boundary values holding the deployed k from the start, so it ends at or above the run that holds it
-(always-on, or always-off where the deployment is off). What it gives up against the oracle is the change out of a
+tick, `decide_first_at`), the same rollout is what a policy that starts where the advisor starts could reach: it
+starts as holding the deployed k or, where worth at least as much, as the advisor's run replayed
+(`replayed_start`), so it ends at or above both (always-on, or always-off where the deployment is off; the
+advisor, with and without the actuator). What it gives up against the oracle is the change out of a
 wrong deployed setting (the restart the best static run never pays), and the starts the oracle may take that no
 change reaches (a batch threshold, a planned start). It may beat the oracle (its first boundary comes 5 s in, the
-oracle's one segment in): the report then lists it as a yardstick defect, as any policy above the oracle.
+oracle's one segment in): the best known policy is then this run.
 
-What it bounds: every run it may start as, so every static run and every replayed policy (a replay is the
-policy's own run: the same changes at the same times in a deterministic world). What it does not bound: a policy
-it was not given to replay that acts between its segment boundaries or moves where neither holding nor the
-planner's plan does. The bench reports a policy above the oracle as a yardstick defect (`report.py`), never as
-the advisor's win.
+What it bounds: every run it may start as: every static run, and from the deployed k every replayed policy (a
+replay is the policy's own run: the same changes at the same times in a deterministic world). What it does not
+bound: a policy it was not given to replay that acts between its segment boundaries or moves where neither
+holding nor the planner's plan does. The bench reports a policy above both oracles as a yardstick defect
+(`report.py`), never as the advisor's win.
 
-Cost: at each of D / segment_s boundaries, 2 x (gamma_max + 1) simulated runs of the rest of the run, i.e.
+Cost: at each of D / segment_s boundaries (and each replayed change), 2 x (gamma_max + 1) simulated runs of the
+rest of the run, i.e.
 (gamma_max + 1) x D^2 / segment_s simulated seconds: a 1200 s scenario with gamma 0..5 and 60 s segments
 simulates ~140 k seconds (one to three minutes on one core). The run from the deployed k costs as much again.
 """
@@ -173,14 +175,15 @@ class HindsightOracle:
         if self._first_s is not None or self.log:
             raise ValueError("the first boundary is set once, before the run")
         self._first_s = t_s
-        self._boundaries = (t_s, *self._boundaries)
+        self._boundaries = tuple(sorted({t_s, *self._boundaries}))
 
     def replayed_start(self, world_at: Callable[[int], World], schedules: Sequence[Schedule], *,
                        static_value: float) -> int | None:
         """Make the bound hold for the bench's own dynamic policies too: each `schedules` entry (a policy's run,
         k over time) is replayed from its start, its change times added as boundaries, and the oracle starts as the
-        best of them when that beats the best static run (`static_value`) and any planned start by more than the
-        margin. Call it before `planned_start` and before the run (the boundaries every future is computed on
+        best of them when it is worth at least `static_value` (what it would start as otherwise: a start is not a
+        crossing, so no margin, and the bound is exact). A planned start must then beat it. Call it after
+        `decide_first_at`, before `planned_start` and before the run (the boundaries every future is computed on
         must not change after). Returns the replay's initial k, or None when no replay is better.
 
         A replayed run is the policy's own run (the world is deterministic given the changes, made at the same
@@ -197,8 +200,8 @@ class HindsightOracle:
         for schedule in schedules:
             future = future_of(world_at(schedule.initial_k), schedule.initial_k, now_s=self._start_s,
                                end_s=self._end_s, base=schedule.k_at, boundaries=self._boundaries)
-            value = self._value(future)
-            if beats(value, static_value) and (best is None or value > best.value):
+            value = self._value(future)  # a start is not a crossing: no margin, so the bound is exact
+            if value >= static_value and (best is None or value > best.value):
                 best = Candidate(schedule.initial_k, schedule.k_at, value, future)
         if best is not None:
             self._chosen = best

@@ -181,13 +181,14 @@ def plan_policy(planner: SteadyStatePlanner, *, start_s: float, interval_s: floa
     return at
 
 
-def schedule_of(initial_k: int, run: RunResult) -> Schedule:
-    """A run's k over time (its ticks' configured k, in the world's seconds), to replay (hindsight.Schedule)."""
+def schedule_of(initial_k: int, run: RunResult, *, interval_s: float) -> Schedule:
+    """A run's k over time (its ticks' configured k, in the world's seconds on the runner's tick grid, start +
+    i x `interval_s`), to replay (hindsight.Schedule)."""
     changes: list[tuple[float, int]] = []
     k = initial_k
     for tick in run.ticks:
         if tick.k != k:
-            changes.append((EPOCH_S + tick.t_s, tick.k))
+            changes.append((EPOCH_S + round(tick.t_s / interval_s) * interval_s, tick.k))
             k = tick.k
     return Schedule(initial_k, tuple(changes))
 
@@ -197,21 +198,18 @@ def _world_at(bench: BenchScenario) -> Callable[[int], World]:
 
 
 def hindsight_spec(bench: BenchScenario, duration_s: float, statics: Sequence[tuple[PolicySpec, RunResult]],
-                   objective: Objective, plan: BasePolicy | None = None,
-                   replays: Sequence[Schedule] = ()) -> tuple[PolicySpec, HindsightOracle]:
-    """The hindsight oracle's run: configured as the static run with the highest headline, or as the replay of a
-    dynamic policy's run (`replays`: the advisor's) or a gamma whose run under the planner's plan does better,
-    then the rollout (service.bench.hindsight) at every `bench.oracle_segment_s` and every replayed change.
-    Returns the run's spec and the oracle (its `log` says what it committed to)."""
+                   objective: Objective, plan: BasePolicy | None = None) -> tuple[PolicySpec, HindsightOracle]:
+    """The hindsight oracle's run: configured as the static run with the highest headline, or as a gamma whose run
+    under the planner's plan does better, then the rollout (service.bench.hindsight) at every
+    `bench.oracle_segment_s`. Returns the run's spec and the oracle (its `log` says what it committed to). It is
+    blind to the advisor (the quality checks grade the advisor's moves against its choices); the bound on the
+    advisor is `deployed_oracle_spec`'s."""
     # The highest headline (the bound needs the maximum, not best_of's tie margin); exact ties by mean ITL.
     top = max(headline_of(run, objective) for _, run in statics)
     start_spec, _ = min(((spec, run) for spec, run in statics if headline_of(run, objective) >= top),
                         key=lambda pair: _itl_or_inf(pair[1]))
     oracle = _rollout(bench, duration_s, objective, plan)
     initial_k, threshold = start_spec.initial_k, start_spec.disable_by_batch_size
-    replayed = oracle.replayed_start(_world_at(bench), replays, static_value=top) if replays else None
-    if replayed is not None:
-        initial_k, threshold = replayed, None
     if plan is not None:
         planned = oracle.planned_start(_world_at(bench), static_value=top)
         if planned is not None:
@@ -230,24 +228,26 @@ def _rollout(bench: BenchScenario, duration_s: float, objective: Objective, plan
 
 
 def deployed_oracle_spec(bench: BenchScenario, duration_s: float, objective: Objective,
-                         plan: BasePolicy | None = None, replays: Sequence[Schedule] = ()) -> PolicySpec:
+                         plan: BasePolicy | None = None,
+                         replays: Sequence[Schedule] = ()) -> tuple[PolicySpec, HindsightOracle]:
     """The oracle's rollout started from the deployed k (no static run chooses its start), with a boundary at the
     first decision tick as well: the most a policy that starts where the advisor does reaches with the oracle's
     moves. advisor / this run (`/reach`) is the advice's own share; the best known policy's figure also charges
     the deployment (the restart out of a wrong k that a static run configured right from the start never pays).
-    `replays` (runs that start at the deployed k: the advisor's) it may start as, with their changes as
-    boundaries, so it ends at or above each of them."""
+    It may start as each of `replays` that starts at the deployed k (the advisor's runs), their changes added as
+    boundaries, so it ends at or above each of them: the bound on the advisor by construction. Returns the run's
+    spec and the oracle."""
     oracle = _rollout(bench, duration_s, objective, plan)
     interval = bench.bench.decision_interval_s
     if interval < bench.bench.oracle_segment_s:
         oracle.decide_first_at(EPOCH_S + interval)
     deployed_k = bench.scenario.drafter.num_speculative_tokens
-    mine = [schedule for schedule in replays if schedule.initial_k == deployed_k]
+    mine = list(dict.fromkeys(schedule for schedule in replays if schedule.initial_k == deployed_k))
     if mine:
         holding = future_of(_world_at(bench)(deployed_k), deployed_k, now_s=EPOCH_S, end_s=oracle.end_s)
         oracle.replayed_start(_world_at(bench), mine, static_value=oracle.value_of(holding))
-    return PolicySpec(name=ORACLE_DEPLOYED, initial_k=bench.scenario.drafter.num_speculative_tokens,
-                      controller=_oracle_factory(oracle))
+    spec = PolicySpec(name=ORACLE_DEPLOYED, initial_k=deployed_k, controller=_oracle_factory(oracle))
+    return spec, oracle
 
 
 async def run_scenario(bench: BenchScenario, *, duration_s: float | None = None,
@@ -287,10 +287,11 @@ async def run_scenario(bench: BenchScenario, *, duration_s: float | None = None,
     deployed_k = bench.scenario.drafter.num_speculative_tokens
     advisor = await run(PolicySpec(name=ADVISOR, initial_k=deployed_k, controller=advisor_factory))
     actuated = await run(actuated_advisor_policy(bench))
-    # The oracles may start as either advisor's run replayed: an upper bound on the dynamic policies too.
-    replays = [schedule_of(deployed_k, advisor), schedule_of(deployed_k, actuated)]
-    oracle = await run(hindsight_spec(bench, duration, statics, objective, plan, replays)[0])
-    deployed = deployed_oracle_spec(bench, duration, objective, plan, replays)  # starts at 0 where deployed off
+    oracle = await run(hindsight_spec(bench, duration, statics, objective, plan)[0])
+    # The run from the deployed k may start as either advisor's run replayed: an upper bound on both.
+    interval = bench.bench.decision_interval_s
+    replays = [schedule_of(deployed_k, run, interval_s=interval) for run in (advisor, actuated)]
+    deployed, _ = deployed_oracle_spec(bench, duration, objective, plan, replays)  # starts at 0 where deployed off
     from_deployed = await run(deployed)
     outcomes = {
         ADVISOR: PolicyOutcome(advisor),

@@ -104,7 +104,7 @@ def test_the_oracle_from_the_deployed_k_leaves_a_wrong_one_at_the_first_tick_and
     # With the planner's plan as the second base policy, as the suite runs it.
     planner = SteadyStatePlanner(bench.scenario, PlanGrid(start_s=EPOCH_S, interval_s=5, duration_s=300),
                                  gamma_max=3, itl_slo_s=None)
-    spec = deployed_oracle_spec(bench, 300, objective, plan_policy(planner, start_s=EPOCH_S, interval_s=5))
+    spec, _ = deployed_oracle_spec(bench, 300, objective, plan_policy(planner, start_s=EPOCH_S, interval_s=5))
     run = asyncio.run(run_policy(bench, spec, duration_s=300))
 
     assert spec.name == ORACLE_DEPLOYED and spec.initial_k == 3
@@ -126,7 +126,8 @@ class _OffAt:
 
 def test_the_deployed_oracle_bounds_a_policy_that_moves_between_its_boundaries(tmp_path: Path) -> None:
     # never-worth-it, deployed at k=3: a policy that turns off 35 s in (between the 5 s and 60 s boundaries) beats
-    # holding k=3, so the deployed oracle may start as its replay; it ends at or above it, whatever its own moves.
+    # holding k=3, so the deployed oracle starts as its replay (the log's first entry: holding's value, then the
+    # replay's, exactly the policy's own headline) and ends at or above it, whatever its own moves.
     bench = _shortened(tmp_path, "never-worth-it", 300)
 
     @contextlib.asynccontextmanager
@@ -135,11 +136,16 @@ def test_the_deployed_oracle_bounds_a_policy_that_moves_between_its_boundaries(t
 
     policy = asyncio.run(run_policy(bench, PolicySpec(name="off-at-35", initial_k=3, controller=off_at_35),
                                     duration_s=300))
-    schedule = schedule_of(3, policy)
+    schedule = schedule_of(3, policy, interval_s=5.0)
     assert schedule == Schedule(3, ((EPOCH_S + 35.0, 0),))
     statics = [asyncio.run(run_policy(bench, PolicySpec(name=f"g{g}", initial_k=g), duration_s=300)) for g in (0, 3)]
     objective = scenario_objective(bench, statics)
-    assert headline_of(policy, objective) > headline_of(statics[1], objective)  # better than holding k=3
-    spec = deployed_oracle_spec(bench, 300, objective, replays=[schedule])
+    holding, own = headline_of(statics[1], objective), headline_of(policy, objective)
+    assert own > holding
+    spec, oracle = deployed_oracle_spec(bench, 300, objective, replays=[schedule, schedule])
+    assert oracle.log == [(0.0, holding, own)]
     run = asyncio.run(run_policy(bench, spec, duration_s=300))
-    assert headline_of(run, objective) >= headline_of(policy, objective)
+    assert headline_of(run, objective) >= own
+    # The oracle that does not see the advisor starts as the best static run, whatever the replay.
+    assert hindsight_spec(bench, 300, [(PolicySpec(name=f"g{g}", initial_k=g), r)
+                                       for g, r in zip((0, 3), statics, strict=True)], objective)[1].log == []

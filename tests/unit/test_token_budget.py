@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import replace
 
 import pytest
@@ -12,7 +13,7 @@ from policies.model.acceptance import acceptance_curve
 from policies.model.costmodel import ModelContext, curve_for
 from policies.model.objectives import Objective, ObjectiveConfig, objective_curve, workload_from
 from policies.model.roofline import Shape
-from policies.model.token_budget import BudgetLoad, budget_limited, budget_load, capacity_tokens_per_s
+from policies.model.token_budget import BudgetLoad, Regime, budget_limited, budget_load, capacity_tokens_per_s
 from policies.types import DraftMethod
 
 # E[L] = 1, 1.78, 2.36, 2.79, 3.08 at gamma 0..4.
@@ -66,7 +67,8 @@ def test_deeper_drafts_serve_less_when_prompts_fill_the_budget() -> None:
 def test_a_budget_that_cannot_fill_leaves_the_curve_alone() -> None:
     curve = _curve(8.0)
     load = _load(served=500.0, tokens_per_step=140.0, budget=8192.0, batch=8.0, prefill=100.0, running=0)
-    limited, note = budget_limited(curve, CTX, ACCEPTANCE, load, queued=False)  # 8 x 5 + 100 < 8192 at any gamma
+    # 8 x 5 + 100 < 8192 at any gamma
+    limited, note = budget_limited(curve, CTX, ACCEPTANCE, load, regime=Regime.LATENCY)
     assert limited == curve
     assert note == ""
 
@@ -76,7 +78,8 @@ def test_latency_counts_an_option_that_cannot_hold_the_load_at_what_it_serves() 
     probe = _load(served=1.0, tokens_per_step=440.0, batch=30.0, prefill=420.0, running=0)
     caps = [capacity_tokens_per_s(CTX, ACCEPTANCE, probe, g) for g in range(5)]
     served = (caps[1] + caps[2]) / 2  # off and gamma 1 hold it; gamma 2..4 do not
-    limited, note = budget_limited(curve, CTX, ACCEPTANCE, replace(probe, served_tokens_per_s=served), queued=False)
+    limited, note = budget_limited(curve, CTX, ACCEPTANCE, replace(probe, served_tokens_per_s=served),
+                                   regime=Regime.LATENCY)
     assert limited[1] == curve[1]
     for g in (2, 3, 4):
         assert limited[g].speedup == pytest.approx(caps[g] / served)
@@ -90,7 +93,7 @@ def test_with_every_step_full_each_option_serves_its_budget_capacity() -> None:
     curve = _curve(41.0)
     load = _load(served=900.0, tokens_per_step=505.0)
     caps = [capacity_tokens_per_s(CTX, ACCEPTANCE, load, g) for g in range(5)]
-    limited, note = budget_limited(curve, CTX, ACCEPTANCE, load, queued=True)
+    limited, note = budget_limited(curve, CTX, ACCEPTANCE, load, regime=Regime.CAPACITY)
     assert curve[3].speedup > 1.0
     for g in range(1, 5):
         assert limited[g].speedup == pytest.approx(caps[g] / caps[0])
@@ -102,7 +105,7 @@ def test_with_every_step_full_each_option_serves_its_budget_capacity() -> None:
 def test_a_queue_below_the_budget_keeps_the_held_batch_curve_until_a_cap_binds() -> None:
     curve = _curve(41.0)
     roomy = _load(served=300.0, tokens_per_step=300.0)  # steps not full; every cap far above 300 tokens/s
-    limited, _ = budget_limited(curve, CTX, ACCEPTANCE, roomy, queued=True)
+    limited, _ = budget_limited(curve, CTX, ACCEPTANCE, roomy, regime=Regime.CAPACITY)
     assert [p.speedup for p in limited] == pytest.approx([p.speedup for p in curve])
 
 
@@ -125,3 +128,87 @@ def test_the_objective_prices_the_budget_from_the_evidence() -> None:
 def test_a_budget_below_one_token_is_refused() -> None:
     with pytest.raises(ValueError, match="step_token_budget"):
         replace(CTX, step_token_budget=0.5)
+
+
+def test_cap_is_the_full_budget_split_by_the_served_mix() -> None:
+    # By hand: N 512, r 3, gamma 3 with E[L] 2.79: B = 512 / (3 x 2.79 + 4) = 41.39 sequences verifying 4 tokens
+    # (165.6) and P = 512 x 8.37 / 12.37 = 346.4 prompt tokens; the step at that shape, drafting included.
+    load = _load(served=1.0, tokens_per_step=512.0)
+    e = ACCEPTANCE[3].expected_length
+    batch = 512.0 / (3.0 * e + 4.0)
+    prefill = 512.0 - 4.0 * batch
+    assert batch == pytest.approx(41.39, abs=0.01) and prefill == pytest.approx(346.4, abs=0.1)
+    step = curve_for(CTX, ACCEPTANCE[:4], Shape(batch=batch, context_tokens=800.0, prefill_tokens=prefill))[0][3]
+    assert capacity_tokens_per_s(CTX, ACCEPTANCE, load, 3) == pytest.approx(batch * e / step.step_time_s)
+
+
+def test_the_load_served_is_one_engines() -> None:
+    # Four data-parallel engines summed on one page: the load one engine serves is a quarter of the page's rate;
+    # with a measured step, B x E[L] / T from the window's own steps (what a fleet summed by Prometheus needs).
+    evidence = make_evidence(batch=110.0, speculation_on=False, deployed_k=0, prompt_tokens_per_s=13200.0,
+                             generation_tokens_per_s=4400.0, engines=4)
+    load = budget_load(512.0, evidence, tokens_per_seq=1.0, prefill_tokens=330.0, context_tokens=800.0)
+    assert load is not None and load.step_time_s is None
+    assert load.served_tokens_per_s == pytest.approx(1100.0) and load.served(1.0) == pytest.approx(1100.0)
+    assert load.prompt_per_output == pytest.approx(3.0)
+    timed = replace(load, step_time_s=0.1)
+    assert timed.served(1.0) == pytest.approx(1100.0)  # 110 sequences x 1 token / 0.1 s
+    assert timed.served(2.79) == pytest.approx(110.0 * 2.79 / 0.1)
+
+
+def test_an_option_the_model_underprices_is_anchored_on_what_runs() -> None:
+    # Running gamma 1 without a queue at 1.5 x the capacity the model gives it: every cap is scaled by 1.5, so off
+    # (more capacity than gamma 1) holds the load and gamma 2..4 (less) are counted at cap(g) / cap(1).
+    curve = _curve(30.0)
+    probe = _load(served=1.0, tokens_per_step=440.0, batch=30.0, prefill=380.0, running=1)
+    caps = [capacity_tokens_per_s(CTX, ACCEPTANCE, probe, g) for g in range(5)]
+    assert caps[0] > caps[1] > caps[2]
+    limited, note = budget_limited(curve, CTX, ACCEPTANCE, replace(probe, served_tokens_per_s=caps[1] * 1.5),
+                                   regime=Regime.LATENCY)
+    assert limited[1] == curve[1]
+    for g in (2, 3, 4):
+        assert limited[g].speedup == pytest.approx(min(curve[g].speedup, caps[g] / caps[1]))
+    assert "gamma 2, 3, 4 cannot hold" in note
+
+
+def test_the_running_option_always_holds_its_own_load() -> None:
+    # D a hair above the running option's scaled cap (floating point): it still holds, its speedup stays.
+    curve = _curve(30.0)
+    probe = _load(served=1.0, tokens_per_step=440.0, batch=30.0, prefill=300.0, running=3)
+    cap3 = capacity_tokens_per_s(CTX, ACCEPTANCE, probe, 3)
+    for served in (cap3 * 1.7, cap3 * (1.7 + 1e-12), 4082.21):
+        limited, note = budget_limited(curve, CTX, ACCEPTANCE, replace(probe, served_tokens_per_s=served),
+                                       regime=Regime.LATENCY)
+        assert limited[3] == curve[3]
+        short = re.search(r"gamma ([\d, ]+) cannot hold", note)
+        assert short is None or "3" not in short.group(1).split(", ")
+
+
+def test_with_steps_full_while_off_runs_each_option_serves_its_cap() -> None:
+    curve = _curve(120.0)
+    load = _load(served=1500.0, tokens_per_step=500.0, batch=120.0, prefill=380.0, running=0)
+    caps = [capacity_tokens_per_s(CTX, ACCEPTANCE, load, g) for g in range(5)]
+    limited, _ = budget_limited(curve, CTX, ACCEPTANCE, load, regime=Regime.CAPACITY)
+    for g in range(1, 5):
+        assert limited[g].speedup == pytest.approx(caps[g] / caps[0])
+
+
+def test_a_kv_bound_queue_keeps_the_held_batch_as_a_limit() -> None:
+    # The KV cache limits the held batch: each option serves min(its held-batch rate, its cap), off included,
+    # where with the budget the only limit (test above) every option serves its cap.
+    curve = _curve(41.0)
+    load = _load(served=900.0, tokens_per_step=505.0)
+    caps = [capacity_tokens_per_s(CTX, ACCEPTANCE, load, g) for g in range(5)]
+    scale = 900.0 / caps[3]
+    kv, _ = budget_limited(curve, CTX, ACCEPTANCE, load, regime=Regime.CAPACITY_KV)
+    plain = min(900.0 / curve[3].speedup, caps[0] * scale)
+    for g in range(1, 5):
+        rate = min(900.0 * curve[g].speedup / curve[3].speedup, caps[g] * scale)
+        assert kv[g].speedup == pytest.approx(rate / plain)
+    assert kv[1].speedup > 1.0 > budget_limited(curve, CTX, ACCEPTANCE, load, regime=Regime.CAPACITY)[0][1].speedup
+
+
+def test_a_running_gamma_past_the_curve_leaves_it_alone() -> None:
+    curve = _curve(41.0)
+    load = _load(served=900.0, tokens_per_step=505.0, running=6)
+    assert budget_limited(curve, CTX, ACCEPTANCE, load, regime=Regime.CAPACITY) == (curve, "")
