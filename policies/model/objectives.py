@@ -226,24 +226,6 @@ def objective_curve(
     Example: latency-bound at B = 1 -> the plain curve; capacity-bound with the cache not full -> the same
     numbers (every option holds the same batch) under the name "capacity".
     """
-    curve, objective, why = _objective_curve(ctx, acceptance, workload, config=config, scales=scales)
-    if workload.budget is None or objective is Objective.GOODPUT_SLO:
-        return curve, objective, why
-    kv = workload.kv_usage_ratio
-    regime = Regime.LATENCY if objective is Objective.LATENCY else (
-        Regime.CAPACITY_KV if kv is not None and kv >= config.kv_full_ratio else Regime.CAPACITY)
-    curve, note = budget_limited(curve, ctx, acceptance, workload.budget, regime=regime, scales=scales)
-    return curve, objective, why + note
-
-
-def _objective_curve(
-    ctx: ModelContext,
-    acceptance: Sequence[AcceptancePoint],
-    workload: Workload,
-    *,
-    config: ObjectiveConfig,
-    scales: CostScales | None = None,
-) -> tuple[tuple[CurvePoint, ...], Objective, str]:
     objective, capacity, why = choose_objective(workload, config)
     kv = workload.kv_usage_ratio
     kv_full = capacity and kv is not None and kv >= config.kv_full_ratio
@@ -253,7 +235,7 @@ def _objective_curve(
 
     base_curve, base_step = at(held_batch(workload, 0, kv_full=kv_full))
     if objective is Objective.LATENCY or (objective is Objective.CAPACITY and not kv_full):
-        return base_curve, objective, why
+        return _budgeted(ctx, acceptance, workload, (base_curve, objective, why), kv_full=kv_full, scales=scales)
     b0 = held_batch(workload, 0, kv_full=kv_full)
     cache: dict[float, tuple[CurvePoint, ...]] = {b0: base_curve}
 
@@ -339,7 +321,27 @@ def _objective_curve(
         )
     if slo and _slo_unmet(points, config):
         why += "; no option meets it (every share at the floor): no change can gain tokens meeting it"
-    return tuple(points), objective, why
+    return _budgeted(ctx, acceptance, workload, (tuple(points), objective, why), kv_full=kv_full, scales=scales)
+
+
+def _budgeted(
+    ctx: ModelContext,
+    acceptance: Sequence[AcceptancePoint],
+    workload: Workload,
+    priced: tuple[tuple[CurvePoint, ...], Objective, str],
+    *,
+    kv_full: bool,
+    scales: CostScales | None,
+) -> tuple[tuple[CurvePoint, ...], Objective, str]:
+    """`priced` (curve, objective, why) with each option held to what the step's token budget lets it serve
+    (policies/model/token_budget.py), under latency and capacity; unchanged without a budget or under an SLO."""
+    curve, objective, why = priced
+    if workload.budget is None or objective is Objective.GOODPUT_SLO:
+        return priced
+    regime = Regime.LATENCY if objective is Objective.LATENCY else (
+        Regime.CAPACITY_KV if kv_full else Regime.CAPACITY)
+    limited, note = budget_limited(curve, ctx, acceptance, workload.budget, regime=regime, scales=scales)
+    return limited, objective, why + note
 
 
 def _slo_unmet(points: Sequence[CurvePoint], config: ObjectiveConfig) -> bool:
