@@ -432,9 +432,8 @@ def _trial(tick: _Tick, prices: _Prices, choice: Key) -> tuple[Key, float, float
     """Where a turn-on that pays goes: the on option with the greatest trial value (value.trial_value: running it
     measures its acceptance, and a worse setting can be left at one change's cost), among the gammas whose
     acceptance is measured and the next one the curve offers past them (every gamma when none is). Returns (that
-    key, its V_try, the V_try of `choice`, the option the band's low end chose), or None when either cannot be
-    priced. Ties: the smaller gamma. For a drafter whose shorter drafts are not prefixes of longer ones (suffix
-    decoding) the way back is priced at its band's low end once the trial has run, so V_try is optimistic there."""
+    key, its V_try, and the V_try of `choice`, the option the band's low end chose), or None when either cannot
+    be priced. Ties: the smaller gamma."""
     config = tick.config
     on = sorted(key for key in prices.options if key[0] and point_at(prices.curve, key[1]) is not None)
     measured = [key[1] for key in on if not _extrapolated(prices.curve, key)]

@@ -17,8 +17,9 @@ that is rejected takes a prompt token's place, so at a budget-bound load deeper 
 
 How it enters the objectives (policies/model/objectives.py), only when some option's step at this batch could
 fill the budget (B (1 + gamma_max) + P >= N; else the budget never binds and the curve is unchanged):
-- D, the output tokens/s one engine serves now: B E[L](running) / T_obs from the window's own steps (so a fleet
-  summed by Prometheus or a data-parallel pod reads per engine), else the generation rate over the engines;
+- D, the output tokens/s one engine serves now: the lesser of B E[L](running) / T_obs from the window's own
+  steps (a fleet summed by Prometheus reads per engine) and the generation rate over the engines (an engine idle
+  part of the window serves less than while it steps);
 - the option that runs holds D: where the model gives it less capacity, every cap is scaled by D / cap(running)
   (the model's absolute step time is off, the ratios stand); where its steps are full and requests wait it
   serves exactly its cap, and the caps are scaled to D either way;
@@ -79,11 +80,14 @@ class BudgetLoad:
     step_time_s: float | None = None
 
     def served(self, emitted_per_seq: float) -> float:
-        """D (tokens/s of one engine): B x `emitted_per_seq` (E[L] of the running option) / the observed step, else
-        `served_tokens_per_s`. Example: B 41, E[L] 2.79, step 0.127 s -> 901 tokens/s."""
+        """D (tokens/s of one engine): the lesser of B x `emitted_per_seq` (E[L] of the running option) / the
+        observed step and `served_tokens_per_s`. The first is one engine's rate while it steps (a fleet summed by
+        Prometheus reads as one engine with every replica's tokens); the second the average over the window (an
+        engine idle part of it serves less than while it steps). Example: B 41, E[L] 2.79, step 0.127 s -> 901
+        tokens/s, or 500 when the generation rate over the engines is 500."""
         step = self.step_time_s
         if step is not None and math.isfinite(step) and step > 0 and emitted_per_seq >= 1:
-            return self.batch * emitted_per_seq / step
+            return min(self.batch * emitted_per_seq / step, self.served_tokens_per_s)
         return self.served_tokens_per_s
 
     @property

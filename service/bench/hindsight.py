@@ -53,7 +53,8 @@ holding nor the planner's plan does. The bench reports a policy above both oracl
 Cost: at each of D / segment_s boundaries (and each replayed change), 2 x (gamma_max + 1) simulated runs of the
 rest of the run, i.e.
 (gamma_max + 1) x D^2 / segment_s simulated seconds: a 1200 s scenario with gamma 0..5 and 60 s segments
-simulates ~140 k seconds (one to three minutes on one core). The run from the deployed k costs as much again.
+simulates ~140 k seconds (one to three minutes on one core). The run from the deployed k costs as much again, and
+its replays one run each from the start and 2 x (gamma_max + 1) runs at each replayed change.
 """
 
 from __future__ import annotations
@@ -182,9 +183,10 @@ class HindsightOracle:
         """Make the bound hold for the bench's own dynamic policies too: each `schedules` entry (a policy's run,
         k over time) is replayed from its start, its change times added as boundaries, and the oracle starts as the
         best of them when it is worth at least `static_value` (what it would start as otherwise: a start is not a
-        crossing, so no margin, and the bound is exact). A planned start must then beat it. Call it after
-        `decide_first_at`, before `planned_start` and before the run (the boundaries every future is computed on
-        must not change after). Returns the replay's initial k, or None when no replay is better.
+        crossing, so no margin, and the bound is exact). Call it after `decide_first_at` and before the run (the
+        boundaries every future is computed on must not change after), not with `planned_start` (which would
+        replace it). Returns the replay's initial k, or None when every replay is worth less (the boundaries are
+        then left as they were).
 
         A replayed run is the policy's own run (the world is deterministic given the changes, made at the same
         times), so the oracle ends at or above every policy replayed. Example: an advisor that moved k=1 -> 4 at
@@ -194,8 +196,9 @@ class HindsightOracle:
             raise ValueError("replayed starts are set before any other start and before the run")
         extra = {round(at, 6) for schedule in schedules for at, _ in schedule.changes
                  if self._start_s < at < self._end_s}
-        self._extra = tuple(sorted(extra - {round(b, 6) for b in self._boundaries}))
-        self._boundaries = tuple(sorted({*self._boundaries, *self._extra}))
+        before = self._boundaries
+        self._extra = tuple(sorted(extra - {round(b, 6) for b in before}))
+        self._boundaries = tuple(sorted({*before, *self._extra}))
         best: Candidate | None = None
         for schedule in schedules:
             future = future_of(world_at(schedule.initial_k), schedule.initial_k, now_s=self._start_s,
@@ -203,11 +206,13 @@ class HindsightOracle:
             value = self._value(future)  # a start is not a crossing: no margin, so the bound is exact
             if value >= static_value and (best is None or value > best.value):
                 best = Candidate(schedule.initial_k, schedule.k_at, value, future)
-        if best is not None:
-            self._chosen = best
-            self._completed_at_boundary = 0
-            self.log.append((0.0, static_value, best.value))
-        return None if best is None else best.k
+        if best is None:
+            self._boundaries, self._extra = before, ()
+            return None
+        self._chosen = best
+        self._completed_at_boundary = 0
+        self.log.append((0.0, static_value, best.value))
+        return best.k
 
     def planned_start(self, world_at: Callable[[int], World], *, static_value: float) -> int | None:
         """The gamma to start at when starting there and following the planner's plan from the first boundary beats
@@ -216,8 +221,6 @@ class HindsightOracle:
         if len(self._bases) < 2:
             return None
         plan = self._bases[1]
-        if self._chosen is not None:  # a replayed start: the plan must beat it too
-            static_value = max(static_value, self._chosen.value)
         best: Candidate | None = None
         for k in self._gammas:
             world = world_at(k)

@@ -1,5 +1,5 @@
 """The results table: scenario x policy, then the headline ratios (advisor / best known policy, advisor / best
-static), the yardstick's own defects (a policy above the oracle), and the advisor's quality checks."""
+static), the yardstick's own defects (a policy above both oracles), and the advisor's quality checks."""
 
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ def _ms(value: float | None) -> str:
 
 
 def best_known(result: ScenarioResult) -> float:
-    """The best known headline: the oracle's, or a static policy's (or the oracle's run from the deployed k) where
-    one is higher (a yardstick defect)."""
+    """The best known headline: the better of the oracle's and the oracle's run from the deployed k, or a static
+    policy's where one is higher (a yardstick defect)."""
     return max(result.headline(p) for p in (ORACLE, ORACLE_DEPLOYED, *STATIC_POLICIES))
 
 

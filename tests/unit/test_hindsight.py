@@ -162,3 +162,22 @@ def test_a_replayed_run_is_a_start_the_oracle_acts_from_between_its_segments() -
         _world_at, [schedule], static_value=float("inf")) is None
     with pytest.raises(ValueError, match="replayed starts"):
         oracle.replayed_start(_world_at, [schedule], static_value=0.0)
+
+
+def test_a_replay_worth_exactly_the_static_value_is_taken() -> None:
+    # A start is not a crossing: a replay worth what the oracle would otherwise start as is taken, so the bound on
+    # the replayed policy is exact (no 0.1% margin above it).
+    schedule = Schedule(3, ((START + 35.0, 1),))
+
+    def oracle() -> HindsightOracle:
+        return HindsightOracle(start_s=START, end_s=START + 120.0, segment_s=60.0, gammas=range(4),
+                               objective=Objective("throughput"))
+
+    probe = oracle()
+    probe.replayed_start(_world_at, [schedule], static_value=0.0)
+    [(_, _, value)] = probe.log
+    tied = oracle()
+    assert tied.replayed_start(_world_at, [schedule], static_value=value) == 3
+    worse = oracle()
+    assert worse.replayed_start(_world_at, [schedule], static_value=value * 1.0001 + 1e-9) is None
+    assert not worse._at_boundary(START + 35.0)  # a replay not taken leaves the boundaries as they were

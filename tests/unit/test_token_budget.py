@@ -144,16 +144,16 @@ def test_cap_is_the_full_budget_split_by_the_served_mix() -> None:
 
 def test_the_load_served_is_one_engines() -> None:
     # Four data-parallel engines summed on one page: the load one engine serves is a quarter of the page's rate;
-    # with a measured step, B x E[L] / T from the window's own steps (what a fleet summed by Prometheus needs).
+    # with a measured step, the lesser of that and B x E[L] / T from the window's own steps.
     evidence = make_evidence(batch=110.0, speculation_on=False, deployed_k=0, prompt_tokens_per_s=13200.0,
                              generation_tokens_per_s=4400.0, engines=4)
     load = budget_load(512.0, evidence, tokens_per_seq=1.0, prefill_tokens=330.0, context_tokens=800.0)
     assert load is not None and load.step_time_s is None
     assert load.served_tokens_per_s == pytest.approx(1100.0) and load.served(1.0) == pytest.approx(1100.0)
     assert load.prompt_per_output == pytest.approx(3.0)
-    timed = replace(load, step_time_s=0.1)
-    assert timed.served(1.0) == pytest.approx(1100.0)  # 110 sequences x 1 token / 0.1 s
-    assert timed.served(2.79) == pytest.approx(110.0 * 2.79 / 0.1)
+    timed = replace(load, step_time_s=0.2)
+    assert timed.served(1.0) == pytest.approx(550.0)  # 110 sequences x 1 token / 0.2 s: less than 1100
+    assert timed.served(2.79) == pytest.approx(1100.0)  # 1534 while stepping, 1100 on average
 
 
 def test_an_option_the_model_underprices_is_anchored_on_what_runs() -> None:
@@ -212,3 +212,36 @@ def test_a_running_gamma_past_the_curve_leaves_it_alone() -> None:
     curve = _curve(41.0)
     load = _load(served=900.0, tokens_per_step=505.0, running=6)
     assert budget_limited(curve, CTX, ACCEPTANCE, load, regime=Regime.CAPACITY) == (curve, "")
+
+
+def test_a_fleet_summed_page_prices_one_engines_load() -> None:
+    # Ten replicas summed by Prometheus read as one engine with ten times the tokens: the load the budget is
+    # weighed against is one engine's, B x E[L] / T from the window's steps, so the curve is the one engine's.
+    curve = _curve(30.0)
+    probe = _load(served=1.0, tokens_per_step=440.0, batch=30.0, prefill=420.0, running=0)
+    caps = [capacity_tokens_per_s(CTX, ACCEPTANCE, probe, g) for g in range(5)]
+    one = (caps[1] + caps[2]) / 2
+    engine, _ = budget_limited(curve, CTX, ACCEPTANCE, replace(probe, served_tokens_per_s=one), regime=Regime.LATENCY)
+    fleet = replace(probe, served_tokens_per_s=10 * one, step_time_s=30.0 * 1.0 / one)
+    assert fleet.served(1.0) == pytest.approx(one)
+    summed, _ = budget_limited(curve, CTX, ACCEPTANCE, fleet, regime=Regime.LATENCY)
+    assert [p.speedup for p in summed] == pytest.approx([p.speedup for p in engine])
+    assert summed[1] == curve[1] and summed[2].speedup < 1.0
+    # An engine idle half the window serves half its stepping rate: the average is the load.
+    idle = replace(probe, served_tokens_per_s=one, step_time_s=30.0 * 1.0 / (2 * one))
+    assert idle.served(1.0) == pytest.approx(one)
+
+
+def test_the_objective_keeps_the_kv_limit_when_the_cache_is_full() -> None:
+    evidence = make_evidence(batch=41.0, waiting=60.0, kv_cache_usage_ratio=0.95, context_tokens_per_seq=800.0,
+                             prompt_tokens_per_s=2700.0, generation_tokens_per_s=900.0, prefill_tokens_per_step=390.0)
+    ctx: ModelContext = replace(CTX, step_token_budget=512.0)
+    workload = workload_from(evidence, context_tokens=800.0, prefill_tokens=390.0, tokens_per_seq=3.79,
+                             budget_tokens=512.0)
+    curve, objective, why = objective_curve(ctx, ACCEPTANCE, workload, config=ObjectiveConfig())
+    assert objective is Objective.CAPACITY
+    assert "KV 95%" in why and "token budget 512 per step (every step full" in why
+    bare = workload_from(evidence, context_tokens=800.0, prefill_tokens=390.0, tokens_per_seq=3.79)
+    held = objective_curve(CTX, ACCEPTANCE, bare, config=ObjectiveConfig())[0]
+    # The budget only lowers what the KV-held batch serves, never raises it.
+    assert all(p.speedup <= h.speedup * (1 + 1e-9) for p, h in zip(curve[1:], held[1:], strict=True))
