@@ -43,8 +43,8 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from policies.model.acceptance import AcceptancePoint
-from policies.model.costmodel import ModelContext, curve_for, observed_step_s, step_batch
-from policies.model.roofline import CostScales, Shape
+from policies.model.costmodel import ModelContext, OperatingPoint, observed_step_s, step_batch, step_time_at
+from policies.model.roofline import CostScales
 from policies.types import CurvePoint, Evidence
 
 # The share of the budget the running option's measured steps must carry to count as budget-bound (a full step
@@ -148,8 +148,9 @@ def capacity_tokens_per_s(
     share = load.prompt_per_output * e + verified
     batch = max(load.budget_tokens / share, 1.0)
     prefill = load.budget_tokens * load.prompt_per_output * e / share
-    shape = Shape(batch=batch, context_tokens=load.context_tokens, prefill_tokens=prefill)
-    step = curve_for(ctx, acceptance[: gamma + 1], shape, scales=scales)[0][gamma].step_time_s
+    point_at = OperatingPoint(batch=batch, context_tokens=load.context_tokens, tokens_per_seq=verified,
+                              draft_steps=gamma, prefill_tokens=prefill)
+    step = step_time_at(ctx, point_at, scales=scales)  # gamma's step alone, as curve_for prices it
     return batch * e / step if step > 0 else math.inf
 
 
