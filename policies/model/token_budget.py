@@ -31,8 +31,20 @@ fill the budget (B (1 + gamma_max) + P >= N; else the budget never binds and the
   budget is, and every option serves cap(g): S(g) = cap(g) / cap(0). max_num_seqs is not known here: where B_0
   passes it, off's cap is too high.
 The band: E[L] low/high give B_g, P_g, T and cap again. Prefix caching lowers the computed prompt tokens and the
-prompt counter may count cached ones: r is then too high and the budget's cost of drafts too low. The what-if
-(policies/offline/whatif.py) prices one operating point without a load mix and leaves the budget out.
+prompt counter may count cached ones: r is then too high and the budget's cost of drafts too low.
+
+At one operating point (the what-if and the per-batch schedules, policies/offline/: B sequences running, P prompt
+tokens offered per step, no load mix) the budget is the scheduler's: running requests are scheduled first, each
+taking 1 + gamma tokens (q, the tokens it verifies), and chunked prefill gets what is left (vLLM's V1 scheduler).
+So a step holds n_g = min(B, N / q_g) of the B sequences and P'_g = min(P, N - n_g q_g) prompt tokens, and a
+sequence steps n_g / B of the steps (`curve_within_budget`):
+
+    T_eff(g) = T(n_g, g, P'_g) x B / n_g        s between one sequence's steps
+    S(g)     = E[L](g) x T_eff(0) / T_eff(g)
+
+Example (N 512, B 128, P 0): off holds all 128 (q 1); gamma 4 (q 5) holds 102.4 a step, so each sequence steps
+80% of the steps: with T(102.4, 4) 30 ms and T(128, 0) 25 ms, S(4) = 2.99 x 25 / (30 / 0.8) = 1.99, where the
+unbudgeted step T(128, 4) 36 ms would give 2.08.
 """
 
 from __future__ import annotations
@@ -43,8 +55,15 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from policies.model.acceptance import AcceptancePoint
-from policies.model.costmodel import ModelContext, OperatingPoint, observed_step_s, step_batch, step_time_at
-from policies.model.roofline import CostScales
+from policies.model.costmodel import (
+    ModelContext,
+    OperatingPoint,
+    curve_for,
+    observed_step_s,
+    step_batch,
+    step_time_at,
+)
+from policies.model.roofline import CostScales, Shape
 from policies.types import CurvePoint, Evidence
 
 # The share of the budget the running option's measured steps must carry to count as budget-bound (a full step
@@ -213,3 +232,54 @@ def budget_limited(
     if short:
         note += f": gamma {', '.join(map(str, short))} cannot hold {served:.0f} tokens/s"
     return tuple(points), note
+
+
+def curve_within_budget(
+    ctx: ModelContext,
+    acceptance: Sequence[AcceptancePoint],
+    at: Shape,
+    *,
+    scales: CostScales | None = None,
+    tree_tokens: float | None = None,
+) -> tuple[tuple[CurvePoint, ...], float]:
+    """`costmodel.curve_for` at one operating point under the engine's step budget N (`ctx.step_token_budget`;
+    None: `curve_for` as it is), as the scheduler fills it (module docstring): each point's `step_time_s` and the
+    returned plain step are T_eff, the seconds between one sequence's steps (the step itself where every sequence
+    fits), and S is E[L] x T_eff(0) / T_eff(gamma), its band at E[L]'s ends. Same arguments and errors as
+    `curve_for`.
+
+    Example: N 512, B 128, P 0, gamma 4 -> 102.4 sequences a step, T_eff(4) = T(102.4, 4) / 0.8 (module docstring).
+    """
+    curve, base = curve_for(ctx, acceptance, at, scales=scales, tree_tokens=tree_tokens)
+    budget = ctx.step_token_budget
+    if budget is None:
+        return curve, base
+
+    def fitted(tokens_per_seq: float) -> tuple[float, Shape] | None:
+        """(n / B, the step's shape) where the budget holds n < B sequences or squeezes the prefill, else None."""
+        held = min(at.batch, budget / tokens_per_seq)
+        prefill = min(at.prefill_tokens, max(budget - held * tokens_per_seq, 0.0))
+        if held >= at.batch and prefill >= at.prefill_tokens:
+            return None
+        return held / at.batch, replace(at, batch=max(held, 1.0), prefill_tokens=prefill)
+
+    plain = fitted(1.0)
+    if plain is not None:
+        base = curve_for(ctx, acceptance[:1], plain[1], scales=scales)[1] / plain[0]
+    points = [replace(curve[0], step_time_s=base)]
+    for point in curve[1:]:
+        acc = acceptance[point.gamma]
+        if tree_tokens is not None:
+            verified = tree_tokens + 1.0
+        else:
+            verified = acc.verified_tokens if acc.verified_tokens is not None else point.gamma + 1.0
+        squeezed = fitted(verified)
+        step = point.step_time_s
+        if squeezed is not None:
+            priced = curve_for(ctx, acceptance[: point.gamma + 1], squeezed[1], scales=scales, tree_tokens=tree_tokens)
+            step = priced[0][point.gamma].step_time_s / squeezed[0]
+        points.append(replace(
+            point, step_time_s=step, speedup=acc.expected_length * base / step,
+            speedup_low=acc.expected_length_low * base / step, speedup_high=acc.expected_length_high * base / step,
+        ))
+    return tuple(points), base

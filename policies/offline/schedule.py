@@ -51,8 +51,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from policies.model.acceptance import AcceptancePoint, acceptance_curve
-from policies.model.costmodel import DEFAULT_CONTEXT_TOKENS, ModelContext, curve_for, evaluate
+from policies.model.costmodel import DEFAULT_CONTEXT_TOKENS, ModelContext, evaluate
 from policies.model.roofline import CostScales, Shape, dynamic_sd_k0_overhead_s
+from policies.model.token_budget import curve_within_budget
 from policies.types import DraftMethod, Evidence
 
 MAX_NUM_SEQS_LIMIT = 16384
@@ -130,7 +131,7 @@ def best_choice(
     largest; S0(1) = 7.01 / (7.01 + 0.86) = 0.89 ms/ms (the K=1 step, 8.57 ms, does not cap it) -> K* = 5.
     """
     scales = scales or CostScales()
-    curve, base = curve_for(ctx, acceptance, at, scales=scales)
+    curve, base = curve_within_budget(ctx, acceptance, at, scales=scales)  # curve_for under ctx's step budget
     k0_step = base + scales.overhead * dynamic_sd_k0_overhead_s(at.batch)
     if len(curve) > 1:
         k0_step = min(k0_step, curve[1].step_time_s)  # K=0 never costs more than a K=1 step (module docstring)

@@ -51,7 +51,7 @@ from policies.model.calibrate import (
     split_observed,
     unidentified,
 )
-from policies.model.costmodel import ModelContext, curve_for
+from policies.model.costmodel import ModelContext
 from policies.model.kv_capacity import VLLM_GPU_MEMORY_UTILIZATION, MemoryFit, memory_fit
 from policies.model.measured_profile import MeasuredProfile, ProfileError, fit_profile, observations
 from policies.model.profiles import (
@@ -65,6 +65,7 @@ from policies.model.profiles import (
     model_from_hf_config,
 )
 from policies.model.roofline import CostScales, Shape
+from policies.model.token_budget import curve_within_budget
 from policies.model.uncertainty import Spread, banded
 from policies.offline.schedule import ScheduleInputs
 from policies.types import AcceptanceEvidence, CurvePoint, DraftMethod
@@ -78,6 +79,7 @@ MAX_CONTEXT_TOKENS = 4_194_304.0  # 4M tokens: longer than any served context wi
 MAX_PREFILL_TOKENS_PER_STEP = 1_048_576.0
 MAX_TENSOR_PARALLEL = 64
 PRIOR_COVARIANCE = prior_covariance(CalibrationConfig())
+MAX_BATCHED_TOKENS = 1_048_576  # vLLM's --max-num-batched-tokens: far above any served step
 MAX_TREE_TOKENS = 256  # SGLang and TensorRT-LLM trees verify up to a few dozen to ~100 tokens per sequence
 CROSSOVER_SEARCH_MAX_BATCH = 4096.0
 CROSSOVER_GRID_FACTOR = 1.25
@@ -131,6 +133,7 @@ class WhatIfInput:
     gpu_memory_utilization: float = VLLM_GPU_MEMORY_UTILIZATION
     tree_tokens: int | None = None
     draft_tensor_parallel: int | None = None
+    max_num_batched_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -267,7 +270,11 @@ def build_context(inp: WhatIfInput) -> ModelContext:
     hardware = resolve_hardware(inp.hardware)
     model = resolve_model(inp.target_model, field="target_model")
     drafter = _drafter(inp, model)
-    return ModelContext(hardware=hardware, model=model, drafter=drafter, tensor_parallel=inp.tensor_parallel)
+    budget = inp.max_num_batched_tokens
+    if budget is not None and not 1 <= budget <= MAX_BATCHED_TOKENS:
+        raise WhatIfInputError("max_num_batched_tokens", f"must be 1..{MAX_BATCHED_TOKENS}, got {budget}")
+    return ModelContext(hardware=hardware, model=model, drafter=drafter, tensor_parallel=inp.tensor_parallel,
+                        step_token_budget=None if budget is None else float(budget))
 
 
 def _drafter(inp: WhatIfInput, model: ModelProfile) -> DrafterProfile:
@@ -558,9 +565,10 @@ class WhatIfPricing:
     scales: CostScales = field(default_factory=CostScales)
 
     def curve_at(self, at: Shape, scales: CostScales | None = None) -> tuple[tuple[CurvePoint, ...], float]:
-        """`curve_for` at `at` with these profiles, at `scales` (None: the pricing's own)."""
+        """`curve_for` at `at` with these profiles, at `scales` (None: the pricing's own), under the context's step
+        token budget where it is set (policies/model/token_budget.py `curve_within_budget`)."""
         tree = None if self.tree_tokens is None else float(self.tree_tokens)
-        return curve_for(self.ctx, self.acceptance, at, tree_tokens=tree, scales=scales or self.scales)
+        return curve_within_budget(self.ctx, self.acceptance, at, tree_tokens=tree, scales=scales or self.scales)
 
 
 def _curve(pricing: WhatIfPricing, at: Shape) -> tuple[tuple[CurvePoint, ...], float]:
@@ -791,6 +799,13 @@ def _notes(
         )
     if inp.prefill_tokens_per_step > 0:
         notes.append("prefill tokens per step are priced into every step, with or without speculation")
+    if inp.max_num_batched_tokens is not None:
+        notes.append(
+            f"step budget {inp.max_num_batched_tokens} tokens (max_num_batched_tokens): running sequences take 1 + "
+            "gamma tokens each first and chunked prefill the rest; where B (1 + gamma) passes it, a step holds "
+            "fewer than B sequences and step_time_s is the time between one sequence's steps "
+            "(policies/model/token_budget.py)"
+        )
     if inp.tree_tokens is not None:
         notes.append(
             f"tree drafting: the target verifies {inp.tree_tokens} draft tokens + 1 per sequence at every gamma >= 1 "

@@ -43,6 +43,7 @@ from policies.offline.whatif import (
     GAMMA_LIMIT,
     MAX_BATCH,
     MAX_BATCH_SIZES,
+    MAX_BATCHED_TOKENS,
     MAX_CONTEXT_LENGTHS,
     MAX_CONTEXT_TOKENS,
     MAX_POINTS,
@@ -163,6 +164,11 @@ class WhatIfRequest(_Strict):
         default=0.0, ge=0.0, le=MAX_PREFILL_TOKENS_PER_STEP,
         description="Prompt tokens chunked into every step (chunked prefill); the same with and without speculation.",
     )
+    max_num_batched_tokens: int | None = Field(
+        default=None, ge=1, le=MAX_BATCHED_TOKENS, strict=True,
+        description="The engine's most tokens per step (vLLM's --max-num-batched-tokens); running sequences take "
+        "1 + gamma each first and chunked prefill the rest, so a step may hold fewer than the batch. None: unbounded.",
+    )
     gpu_memory_utilization: float = Field(
         default=VLLM_GPU_MEMORY_UTILIZATION, gt=0.0, le=1.0,
         description="Share of each GPU's memory the engine may use for weights and KV (vLLM's flag, default 0.9).",
@@ -188,6 +194,7 @@ class WhatIfRequest(_Strict):
             tensor_parallel=self.tensor_parallel,
             prefill_tokens_per_step=self.prefill_tokens_per_step,
             gpu_memory_utilization=self.gpu_memory_utilization,
+            max_num_batched_tokens=self.max_num_batched_tokens,
             tree_tokens=self.drafter.tree_tokens,
             draft_tensor_parallel=self.drafter.tensor_parallel,
         )

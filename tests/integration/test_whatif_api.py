@@ -200,6 +200,8 @@ BAD_BODIES: list[tuple[str, Any, list[str | int] | None]] = [
     ("tree shallower than gamma", with_(drafter={"method": "eagle3", "tree_tokens": 3}),
      ["body", "drafter", "tree_tokens"]),
     ("memory share above 1", with_(gpu_memory_utilization=1.2), ["body", "gpu_memory_utilization"]),
+    ("step budget 0", with_(max_num_batched_tokens=0), ["body", "max_num_batched_tokens"]),
+    ("step budget fractional", with_(max_num_batched_tokens=512.5), ["body", "max_num_batched_tokens"]),
     ("draft coverage 0", with_(acceptance={"per_position": [0.8, 0.6], "draft_coverage": 0}),
      ["body", "acceptance", "draft_coverage"]),
     ("draft coverage above 1", with_(acceptance={"per_position": [0.8, 0.6], "draft_coverage": 1.2}),
@@ -462,5 +464,21 @@ def test_a_stated_draft_coverage_reaches_the_prices() -> None:
         assert reply.status_code == 200, reply.text
         lengths = [p["expected_accepted_length"] for p in reply.json()["points"] if p["gamma"] == 3]
         assert lengths and lengths == pytest.approx([1 + 0.58 * (0.78 + 0.58 + 0.43)] * len(lengths))
+
+    run_api(check)
+
+
+def test_a_stated_step_budget_reaches_the_prices() -> None:
+    # 256 sequences at gamma 3 verify 1024 tokens: a 512-token budget holds 128 of them a step.
+    async def check(client: httpx.AsyncClient, _board: Board) -> None:
+        def speedups(answer: dict[str, Any]) -> list[float]:
+            return [p["speedup"] for p in answer["points"] if p["gamma"] == 3 and p["batch"] == 256]
+
+        body = with_(batch_sizes=[1, 256], gammas=[0, 3])
+        free = await client.post("/v1/whatif", json=body)
+        tight = await client.post("/v1/whatif", json={**body, "max_num_batched_tokens": 512})
+        assert free.status_code == tight.status_code == 200, tight.text
+        assert speedups(tight.json())[0] < speedups(free.json())[0]
+        assert any("max_num_batched_tokens" in note for note in tight.json()["notes"])
 
     run_api(check)
