@@ -5,6 +5,7 @@ The rule: publish the option worth most over the payback horizon H, once waiting
     V(o) = H x g(o) - C             C = (change_cost_s + in-flight work + weighed queue) x cost_scale    (s)
     V_try(gamma) = T x mu + (H - T) x E[max(g, -C / (H - T))] - C      g ~ N(mu = S - 1, sigma = band / 3.29)
     wait = C / r, clipped to [confirm_s, dwell_s]                      r = the candidate's expected gain now
+      or: sum over ticks of r_t x dt >= C                              since r_t on its side first reached the margin
 
 Every option o (off, or on at gamma 1..gamma_max; while on, at most one gamma past the measured k) is valued
 against the one that runs, c: g(o) is its gain over c per delivered token at the pessimistic end of its 90% band
@@ -18,7 +19,8 @@ a sure move up goes, and whether to explore one gamma past the measured k with n
 cost model is unsure (moves down, off, a measured gamma) the low end stands: while one k runs the point estimate
 of the verification cost is its prior (policies/model/calibrate.py), which can be off by a factor
 (policies/model/profiles.py `per_token_step_s`). The candidate is published once some change has been worth
-making for its wait, has kept its side (more speculation, or less) for min(wait, confirm_s) (one outlying window
+making for its wait (or the gain expected on its side, forgone since it was first expected, sure or not yet, has
+paid C: `_forgone`), has kept its side (more speculation, or less) for min(wait, confirm_s) (one outlying window
 cannot publish a change), and the last change is dwell_s old: the break-even rule, which loses at most twice what
 hindsight would on a condition of any length. Hysteresis and dwell follow from the band and the cost: to switch
 on, S's low end must clear 1 + margin; to switch off, the running option's high end must fall short of 1 by
@@ -103,6 +105,9 @@ class DecideState:
     tried_s: float | None = None  # when a move to more drafts was last published as a trial (`_try_more`)
     tried_gamma: int | None = None  # the gamma that trial went to, until the next published change
     trial_left_s: float | None = None  # when a move down from it was published within H: the trial was left
+    forgone_s: float = 0.0  # service forgone in expectation by not changing to `forgone_side` (`_forgone`), s
+    forgone_side: int | None = None  # the side of the option expected to gain most (None: none >= margin)
+    forgone_at_s: float | None = None  # the tick `forgone_s` was last counted at
 
 
 def best_point(curve: Sequence[CurvePoint], gamma_max: int) -> CurvePoint | None:
@@ -211,6 +216,8 @@ class _Candidate:
     text: str = ""
     why: tuple[Why, ...] = ()
     trying: bool = False  # a move to more drafts while on, valued as a trial (`_try_more`)
+    cost_s: float = math.inf  # C today (s of this window's service), which the forgone service must pay (`_forgone`)
+    paid_s: float = 0.0  # the service forgone in expectation on its side so far (`_forgone`), s
 
 
 @dataclass(frozen=True, slots=True)
@@ -372,7 +379,7 @@ def _change(tick: _Tick, current: Key, choice: Valued, prices: _Prices, *, note:
     if kept:
         point = point_at(prices.curve, key[1])
         whys.append(_why(WhyCode.KEPT_MEASURING, gamma=key[1], speedup=point.speedup if point else math.nan))
-    return _Candidate(key=key, wait_s=wait, side=side, text=text + kept, why=tuple(whys))
+    return _Candidate(key=key, wait_s=wait, side=side, text=text + kept, why=tuple(whys), cost_s=prices.today_s)
 
 
 def _try_more(
@@ -420,7 +427,7 @@ def _try_more(
     whys = (_why(WhyCode.GAIN, to_gamma=key[1], gain=rent, cost_s=prices.cost_s, wait_s=wait),
             _why(WhyCode.TRIAL, gamma=key[1], value_s=value, against_s=against if math.isfinite(against) else 0.0,
                  expected=rent))
-    return _Candidate(key=key, wait_s=wait, side=1, text=text, why=whys, trying=True)
+    return _Candidate(key=key, wait_s=wait, side=1, text=text, why=whys, trying=True, cost_s=prices.today_s)
 
 
 def _trial_s(config: DecideConfig) -> float:
@@ -564,6 +571,7 @@ def _publish(
     near the optimum, neighbouring gammas alternate within noise, and the side, not the gamma, must hold."""
     now_s, key = tick.now_s, candidate.key
     current, pending = _key(published), _pending(state)
+    forgone_side, forgone_s = _forgone(tick, state, current)
     changed, since, steady, tail, whys = False, None, None, "", candidate.why
     if key == current:
         tail = f"; candidate {_describe(pending)} withdrawn" if pending is not None else ""
@@ -573,7 +581,8 @@ def _publish(
         since = state.pending_since_s if pending is not None and state.pending_since_s is not None else now_s
         same_side = pending is not None and state.candidate_side == candidate.side
         steady = state.candidate_since_s if same_side and state.candidate_since_s is not None else now_s
-        changed, tail, clock = _clock(tick, state, published, candidate, since_s=since, steady_s=steady)
+        paid = replace(candidate, paid_s=forgone_s if forgone_side == candidate.side else 0.0)
+        changed, tail, clock = _clock(tick, state, published, paid, since_s=since, steady_s=steady)
         whys += clock
         if changed:
             since, steady = None, None
@@ -596,8 +605,37 @@ def _publish(
         tried_s=now_s if changed and candidate.trying else state.tried_s,
         tried_gamma=(key[1] if candidate.trying else None) if changed else state.tried_gamma,
         trial_left_s=now_s if changed and _left_trial(tick, state, current, key) else state.trial_left_s,
+        forgone_s=0.0 if changed else forgone_s,
+        forgone_side=None if changed else forgone_side,
+        forgone_at_s=now_s,
     )
     return decision, next_state
+
+
+def _forgone(tick: _Tick, state: DecideState, current: Key) -> tuple[int | None, float]:
+    """The side (`_side`) of the option expected to gain most over `current` on this tick's curve
+    (`value.expected_gain`) when that gain r is at least the margin (else None), and the service forgone in
+    expectation by not changing to that side since it began: sum of r x (seconds since the last tick) (s).
+
+    The wait is the break-even rule: a change is published once the service forgone by not making it has paid
+    for it. That service is forgone from the tick the change began to be expected to gain, not from the tick its
+    band first made it sure: a band that needs a few windows to narrow (one k running, the verification cost the
+    prior's) must not add those windows to the wait. So a sure change is also published once the forgone sum
+    reaches C today (`_clock`). Example: k=5 running, gamma 3 expected +40% from 35 s, sure (V > 0) from 120 s,
+    C 53 s: the sum reaches 53 s at 35 + 53 / 0.40 = 168 s, where the wait C / r from 120 s ends at 240 s."""
+    best, side = -math.inf, None
+    for option in _options(current, tick.evidence, tick.config):
+        if option == current:
+            continue
+        gain = expected_gain(tick.curve, current, option)
+        if gain is not None and gain > best:
+            best, side = gain, _side(option, current)
+    if side is None or best < tick.config.margin:
+        return None, 0.0
+    last = state.forgone_at_s
+    if state.forgone_side != side or last is None:
+        return side, 0.0
+    return side, state.forgone_s + best * max(0.0, tick.now_s - last)
 
 
 def _left_trial(tick: _Tick, state: DecideState, current: Key, published: Key) -> bool:
@@ -615,7 +653,8 @@ def _clock(
     tick: _Tick, state: DecideState, published: Decision, candidate: _Candidate, *, since_s: float, steady_s: float
 ) -> tuple[bool, str, tuple[Why, ...]]:
     """Whether the candidate is published now, the reason's tail and its causes: it has been worth a change for its
-    wait, has held its side for min(wait, confirm_s), and the last change is dwell_s old."""
+    wait, or the service forgone in expectation on its side (`candidate.paid_s`, `_forgone`) has reached its cost
+    C today; it has held its side for min(wait, confirm_s); and the last change is dwell_s old."""
     config, now_s = tick.config, tick.now_s
     current, wait = _key(published), candidate.wait_s
     waited, held_s = max(0.0, now_s - since_s), max(0.0, now_s - steady_s)
@@ -625,7 +664,8 @@ def _clock(
     spacing = 0.0 if last is None else max(0.0, last + config.dwell_s - now_s)
     move = _transition(current, candidate.key)
     to_gamma = candidate.key[1]
-    if waited >= wait and held_s >= min(wait, config.confirm_s) and spacing <= 0:
+    paid = candidate.paid_s >= candidate.cost_s
+    if (waited >= wait or paid) and held_s >= min(wait, config.confirm_s) and spacing <= 0:
         changed = _why(WhyCode.CHANGED, from_gamma=current[1], to_gamma=to_gamma, waited_s=waited)
         return True, f"; {move} after {waited:.0f}s", (changed,)
     tail = f"; waiting {waited:.0f}s of {wait:.0f}s before {move}"
