@@ -34,17 +34,19 @@ The band: E[L] low/high give B_g, P_g, T and cap again. Prefix caching lowers th
 prompt counter may count cached ones: r is then too high and the budget's cost of drafts too low.
 
 At one operating point (the what-if and the per-batch schedules, policies/offline/: B sequences running, P prompt
-tokens offered per step, no load mix) the budget is the scheduler's: running requests are scheduled first, each
-taking 1 + gamma tokens (q, the tokens it verifies), and chunked prefill gets what is left (vLLM's V1 scheduler).
-So a step holds n_g = min(B, N / q_g) of the B sequences and P'_g = min(P, N - n_g q_g) prompt tokens, and a
-sequence steps n_g / B of the steps (`curve_within_budget`):
+tokens per step, no load mix) the load's prompt tokens are the same for every gamma (prefill deferred is not work
+saved: the prompts must be computed for the requests to run at all), and the running sequences share the rest of
+the budget, q_g tokens each (1 + gamma, or a tree's nodes + 1). So a step holds n_g = min(B, (N - P) / q_g) of the
+B sequences, and a sequence steps n_g / B of the steps on average (vLLM takes the running requests in order, so
+which ones wait varies; the mean is what a sequence's speed averages to) (`curve_within_budget`):
 
-    T_eff(g) = T(n_g, g, P'_g) x B / n_g        s between one sequence's steps
+    T_eff(g) = T(n_g, g, P) x B / n_g        s between one sequence's steps
     S(g)     = E[L](g) x T_eff(0) / T_eff(g)
 
-Example (N 512, B 128, P 0): off holds all 128 (q 1); gamma 4 (q 5) holds 102.4 a step, so each sequence steps
-80% of the steps: with T(102.4, 4) 30 ms and T(128, 0) 25 ms, S(4) = 2.99 x 25 / (30 / 0.8) = 1.99, where the
-unbudgeted step T(128, 4) 36 ms would give 2.08.
+N - P must hold at least one whole sequence (q_g tokens) at every gamma priced (ValueError otherwise; vLLM would
+trim the drafts to fit, `fitting_gammas` says which gammas fit). Example (N 512, B 128, P 0): off holds all 128
+(q 1); gamma 4 (q 5) holds 102.4 a step, so each sequence steps 80% of the steps: with T(102.4, 4) 30 ms and
+T(128, 0) 25 ms, S(4) = 2.99 x 25 / (30 / 0.8) = 1.99, where the unbudgeted step T(128, 4) 36 ms would give 2.08.
 """
 
 from __future__ import annotations
@@ -234,6 +236,32 @@ def budget_limited(
     return tuple(points), note
 
 
+def verified_tokens(acceptance: AcceptancePoint, *, tree_tokens: float | None = None) -> float:
+    """q: the tokens one sequence takes of a step at this point's gamma (1 + gamma for a chain, the tree's nodes +
+    1 for a tree drafter at gamma >= 1, the point's own count where an n-gram drafts shorter; 1 at gamma 0)."""
+    if acceptance.gamma == 0:
+        return 1.0
+    if tree_tokens is not None:
+        return tree_tokens + 1.0
+    return acceptance.verified_tokens if acceptance.verified_tokens is not None else acceptance.gamma + 1.0
+
+
+def fitting_gammas(
+    budget_tokens: float | None, acceptance: Sequence[AcceptancePoint], at: Shape, *, tree_tokens: float | None = None
+) -> int:
+    """How many of `acceptance`'s points (gamma 0, 1, ...) fit one whole sequence in a step with `at`'s prompt
+    tokens (q_g <= N - P, module docstring); all of them without a budget. Example: N 8, P 4 -> gamma 0..3."""
+    if budget_tokens is None:
+        return len(acceptance)
+    room = budget_tokens - at.prefill_tokens
+    count = 0
+    for point in acceptance:
+        if verified_tokens(point, tree_tokens=tree_tokens) > room:
+            break
+        count += 1
+    return count
+
+
 def curve_within_budget(
     ctx: ModelContext,
     acceptance: Sequence[AcceptancePoint],
@@ -243,10 +271,10 @@ def curve_within_budget(
     tree_tokens: float | None = None,
 ) -> tuple[tuple[CurvePoint, ...], float]:
     """`costmodel.curve_for` at one operating point under the engine's step budget N (`ctx.step_token_budget`;
-    None: `curve_for` as it is), as the scheduler fills it (module docstring): each point's `step_time_s` and the
-    returned plain step are T_eff, the seconds between one sequence's steps (the step itself where every sequence
-    fits), and S is E[L] x T_eff(0) / T_eff(gamma), its band at E[L]'s ends. Same arguments and errors as
-    `curve_for`.
+    None: `curve_for` as it is), as the module docstring fills a step: each point's `step_time_s` and the returned
+    plain step are T_eff, the seconds between one sequence's steps (the step itself where every sequence fits),
+    and S is E[L] x T_eff(0) / T_eff(gamma), its band at E[L]'s ends. Same arguments and errors as `curve_for`, and
+    ValueError where N - P cannot hold one sequence at some gamma of `acceptance` (`fitting_gammas`).
 
     Example: N 512, B 128, P 0, gamma 4 -> 102.4 sequences a step, T_eff(4) = T(102.4, 4) / 0.8 (module docstring).
     """
@@ -254,30 +282,28 @@ def curve_within_budget(
     budget = ctx.step_token_budget
     if budget is None:
         return curve, base
+    if fitting_gammas(budget, acceptance, at, tree_tokens=tree_tokens) < len(acceptance):
+        raise ValueError(f"a step budget of {budget:g} tokens with {at.prefill_tokens:g} prompt tokens a step holds "
+                         f"no whole sequence at gamma {len(acceptance) - 1}")
+    room = budget - at.prefill_tokens
 
-    def fitted(tokens_per_seq: float) -> tuple[float, Shape] | None:
-        """(n / B, the step's shape) where the budget holds n < B sequences or squeezes the prefill, else None."""
-        held = min(at.batch, budget / tokens_per_seq)
-        prefill = min(at.prefill_tokens, max(budget - held * tokens_per_seq, 0.0))
-        if held >= at.batch and prefill >= at.prefill_tokens:
-            return None
-        return held / at.batch, replace(at, batch=max(held, 1.0), prefill_tokens=prefill)
+    def held(tokens_per_seq: float) -> float:
+        """n / B: the share of the B sequences one step holds."""
+        return min(1.0, room / (tokens_per_seq * at.batch))
 
-    plain = fitted(1.0)
-    if plain is not None:
-        base = curve_for(ctx, acceptance[:1], plain[1], scales=scales)[1] / plain[0]
+    def effective(point: CurvePoint, share: float) -> float:
+        """T_eff: the step with n = share x B sequences, over the share."""
+        if share >= 1.0:
+            return point.step_time_s
+        fewer = replace(at, batch=share * at.batch)  # >= 1: room >= q (fitting_gammas)
+        priced = curve_for(ctx, acceptance[: point.gamma + 1], fewer, scales=scales, tree_tokens=tree_tokens)
+        return priced[0][point.gamma].step_time_s / share
+
+    base = effective(curve[0], held(1.0))
     points = [replace(curve[0], step_time_s=base)]
     for point in curve[1:]:
         acc = acceptance[point.gamma]
-        if tree_tokens is not None:
-            verified = tree_tokens + 1.0
-        else:
-            verified = acc.verified_tokens if acc.verified_tokens is not None else point.gamma + 1.0
-        squeezed = fitted(verified)
-        step = point.step_time_s
-        if squeezed is not None:
-            priced = curve_for(ctx, acceptance[: point.gamma + 1], squeezed[1], scales=scales, tree_tokens=tree_tokens)
-            step = priced[0][point.gamma].step_time_s / squeezed[0]
+        step = effective(point, held(verified_tokens(acc, tree_tokens=tree_tokens)))
         points.append(replace(
             point, step_time_s=step, speedup=acc.expected_length * base / step,
             speedup_low=acc.expected_length_low * base / step, speedup_high=acc.expected_length_high * base / step,

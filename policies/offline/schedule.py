@@ -7,6 +7,10 @@ per sequence (so also total tokens/s at that B), among K = 0..gamma_max:
     S0(B)    = T_target(B, 1) / min(T_target(B, 1) + overhead_scale x k0_overhead(B), T(1, B))  K = 0 in a schedule
     K*(B)    = argmax_K>=1 S(K, B) if that S > (1 + margin) S0(B), else 0      (ties keep K = 0)
 
+With the engine's step budget N known (`ModelContext.step_token_budget`, vLLM's --max-num-batched-tokens) a step
+holds min(B, (N - P) / (K + 1)) sequences, each T is the time between one sequence's steps, and a K whose
+sequence does not fit N - P is no choice (policies/model/token_budget.py `curve_within_budget`).
+
 K = 0 is not free: an engine running a schedule keeps the speculative machinery configured, and vLLM's Dynamic SD
 at K=0 measured +0.943 ms per step at concurrency 2 and +16.656 ms at 189 over speculation disabled
 (tests/fixtures/published/dynamic-sd-k0-overhead.csv, vLLM issue #49548; priced by
@@ -53,7 +57,7 @@ from dataclasses import dataclass, field, replace
 from policies.model.acceptance import AcceptancePoint, acceptance_curve
 from policies.model.costmodel import DEFAULT_CONTEXT_TOKENS, ModelContext, evaluate
 from policies.model.roofline import CostScales, Shape, dynamic_sd_k0_overhead_s
-from policies.model.token_budget import curve_within_budget
+from policies.model.token_budget import curve_within_budget, fitting_gammas
 from policies.types import DraftMethod, Evidence
 
 MAX_NUM_SEQS_LIMIT = 16384
@@ -131,7 +135,9 @@ def best_choice(
     largest; S0(1) = 7.01 / (7.01 + 0.86) = 0.89 ms/ms (the K=1 step, 8.57 ms, does not cap it) -> K* = 5.
     """
     scales = scales or CostScales()
-    curve, base = curve_within_budget(ctx, acceptance, at, scales=scales)  # curve_for under ctx's step budget
+    # A K whose sequence cannot fit the step's budget beside the prompt tokens is no choice (token_budget.py).
+    fits = max(1, fitting_gammas(ctx.step_token_budget, acceptance, at))
+    curve, base = curve_within_budget(ctx, acceptance[:fits], at, scales=scales)  # curve_for under the budget
     k0_step = base + scales.overhead * dynamic_sd_k0_overhead_s(at.batch)
     if len(curve) > 1:
         k0_step = min(k0_step, curve[1].step_time_s)  # K=0 never costs more than a K=1 step (module docstring)
@@ -246,7 +252,9 @@ def inputs_from_evidence(
     every answer about a target; CostScales() before its first fit), its observed context per sequence (unless
     `ask.context_tokens` overrides it). `ask.gamma_max` 1..16. No prompt tokens per step: as in the decision's curve, a
     prompt load set by the clients' rate costs every option the same share of its steps and cancels in S
-    (policies/model/costmodel.py), so the schedule and the recommendation price one operating point alike.
+    (policies/model/costmodel.py). With a step budget the schedule prices how one step fills (P = 0 here: all of N
+    for the running sequences), where the recommendation prices the served mix's cap (policies/model/token_budget.py):
+    the two agree where the budget does not bind.
     Example: evidence at batch 12 with r = (0.78, 0.58, 0.43) and the fitted scales -> acceptance E[L] 1, 1.78,
     2.36, 2.79 then extrapolated, priced with those scales at the evidence's operating point.
     """

@@ -271,8 +271,6 @@ def build_context(inp: WhatIfInput) -> ModelContext:
     model = resolve_model(inp.target_model, field="target_model")
     drafter = _drafter(inp, model)
     budget = inp.max_num_batched_tokens
-    if budget is not None and not 1 <= budget <= MAX_BATCHED_TOKENS:
-        raise WhatIfInputError("max_num_batched_tokens", f"must be 1..{MAX_BATCHED_TOKENS}, got {budget}")
     return ModelContext(hardware=hardware, model=model, drafter=drafter, tensor_parallel=inp.tensor_parallel,
                         step_token_budget=None if budget is None else float(budget))
 
@@ -430,12 +428,32 @@ def check_grid(inp: WhatIfInput) -> None:
     if not (math.isfinite(utilization) and 0 < utilization <= 1):
         raise WhatIfInputError("gpu_memory_utilization", f"must be in (0, 1], got {utilization}")
     _check_tree(inp)
+    _check_budget(inp)
     points = len(inp.batch_sizes) * len(inp.context_lengths) * len(inp.gammas)
     if points > MAX_POINTS:
         raise WhatIfInputError(
             "batch_sizes",
             f"{len(inp.batch_sizes)} batch sizes x {len(inp.context_lengths)} context lengths x {len(inp.gammas)} "
             f"gammas = {points} points, more than the {MAX_POINTS} one what-if may price; split the request",
+        )
+
+
+def _check_budget(inp: WhatIfInput) -> None:
+    """A step budget (1..MAX_BATCHED_TOKENS) must hold the prompt tokens of a step and one whole sequence at the
+    deepest gamma priced (1 + gamma, or the tree's nodes + 1; policies/model/token_budget.py). Example: budget 64,
+    prefill 60, gammas up to 5 -> refused (4 tokens left, 6 needed)."""
+    budget = inp.max_num_batched_tokens
+    if budget is None:
+        return
+    if not 1 <= budget <= MAX_BATCHED_TOKENS:
+        raise WhatIfInputError("max_num_batched_tokens", f"must be 1..{MAX_BATCHED_TOKENS}, got {budget}")
+    deepest = max(inp.gammas)
+    needed = 1 + (inp.tree_tokens if inp.tree_tokens is not None and deepest > 0 else deepest)
+    if budget - inp.prefill_tokens_per_step < needed:
+        raise WhatIfInputError(
+            "max_num_batched_tokens",
+            f"{budget} tokens a step leave {budget - inp.prefill_tokens_per_step:g} beside "
+            f"{inp.prefill_tokens_per_step:g} prompt tokens: not one sequence at gamma {deepest} ({needed:g} tokens)",
         )
 
 
@@ -801,9 +819,9 @@ def _notes(
         notes.append("prefill tokens per step are priced into every step, with or without speculation")
     if inp.max_num_batched_tokens is not None:
         notes.append(
-            f"step budget {inp.max_num_batched_tokens} tokens (max_num_batched_tokens): running sequences take 1 + "
-            "gamma tokens each first and chunked prefill the rest; where B (1 + gamma) passes it, a step holds "
-            "fewer than B sequences and step_time_s is the time between one sequence's steps "
+            f"step budget {inp.max_num_batched_tokens} tokens (max_num_batched_tokens): the prompt tokens of a step "
+            "and 1 + gamma tokens per running sequence share it; where B (1 + gamma) passes what the prompt tokens "
+            "leave, a step holds fewer than B sequences and step_time_s is the time between one sequence's steps "
             "(policies/model/token_budget.py)"
         )
     if inp.tree_tokens is not None:

@@ -166,8 +166,8 @@ class WhatIfRequest(_Strict):
     )
     max_num_batched_tokens: int | None = Field(
         default=None, ge=1, le=MAX_BATCHED_TOKENS, strict=True,
-        description="The engine's most tokens per step (vLLM's --max-num-batched-tokens); running sequences take "
-        "1 + gamma each first and chunked prefill the rest, so a step may hold fewer than the batch. None: unbounded.",
+        description="The engine's most tokens per step (vLLM's --max-num-batched-tokens): the step's prompt tokens "
+        "and 1 + gamma per running sequence share it, so a step may hold fewer than the batch. None: unbounded.",
     )
     gpu_memory_utilization: float = Field(
         default=VLLM_GPU_MEMORY_UTILIZATION, gt=0.0, le=1.0,
@@ -232,12 +232,14 @@ class AcceptanceUsedOut(BaseModel):
 
 
 class PointOut(BaseModel):
-    batch: float = Field(description="Running sequences per step, as asked.")
+    batch: float = Field(description="Running sequences, as asked (a step holds fewer where max_num_batched_tokens "
+                         "binds).")
     context_tokens: float = Field(description="Mean context per sequence, tokens, as asked.")
     gamma: int = Field(description="Draft tokens per step; 0 = speculation off.")
     step_time_s: float = Field(
         description="Predicted time of one engine step (drafting + verification), seconds: the inter-token latency "
-        "is this over expected_accepted_length."
+        "is this over expected_accepted_length. Where max_num_batched_tokens holds fewer than the batch a step, the "
+        "time between one sequence's steps (the step over the share of the batch it holds)."
     )
     expected_accepted_length: float = Field(
         description="Tokens each sequence gains per step, bonus token included (E[L], 1 + c (E[L] - 1) with draft "

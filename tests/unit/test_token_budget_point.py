@@ -10,7 +10,7 @@ from costmodel_builders import make_context, make_evidence
 from policies.model.acceptance import acceptance_curve
 from policies.model.costmodel import curve_for
 from policies.model.roofline import Shape
-from policies.model.token_budget import curve_within_budget
+from policies.model.token_budget import curve_within_budget, fitting_gammas
 from policies.offline.schedule import ScheduleInputs, schedule_for
 from policies.offline.whatif import AcceptanceSpec, WhatIfInput, WhatIfInputError, WhatIfResult, evaluate_whatif
 from policies.types import DraftMethod
@@ -44,15 +44,48 @@ def test_a_step_holds_n_of_b_sequences_and_each_steps_n_over_b_of_the_time() -> 
     assert curve[4].speedup < free[4].speedup
 
 
-def test_chunked_prefill_gets_what_the_running_sequences_leave() -> None:
-    # 64 sequences at gamma 4 take 320 of 512 tokens: 192 prompt tokens fit of the 300 offered, so that step is
-    # priced with 192 (admissions slow down; the running sequences do not).
+def test_the_prompt_tokens_are_the_loads_and_the_sequences_share_the_rest() -> None:
+    # 300 prompt tokens a step leave 212 of 512: off holds all 64 sequences (64 tokens), gamma 4 (5 tokens each)
+    # 42.4 of them, so each steps 66.25% of the steps, at the same 300 prompt tokens. Deferring prompts would make
+    # a step cheaper but not the load: speculation gains nothing from the budget.
     ctx = replace(CTX, step_token_budget=512.0)
     at = Shape(batch=64.0, context_tokens=800.0, prefill_tokens=300.0)
     curve, base = curve_within_budget(ctx, ACCEPTANCE, at)
-    assert base == curve_for(CTX, ACCEPTANCE, at)[1]  # off: 64 + 300 = 364 tokens fit
-    squeezed = curve_for(CTX, ACCEPTANCE, replace(at, prefill_tokens=192.0))[0][4]
-    assert curve[4].step_time_s == pytest.approx(squeezed.step_time_s, rel=1e-12)
+    free, free_base = curve_for(CTX, ACCEPTANCE, at)
+    assert base == free_base
+    step = curve_for(CTX, ACCEPTANCE, replace(at, batch=42.4))[0][4].step_time_s / (42.4 / 64.0)
+    assert curve[4].step_time_s == pytest.approx(step, rel=1e-12)
+    assert curve[4].speedup < free[4].speedup
+
+
+def test_a_budget_under_the_batch_slows_plain_decoding_too() -> None:
+    # 600 sequences against 512 tokens: off holds 512 a step (each steps 85.3% of them), gamma 1 256.
+    ctx = replace(CTX, step_token_budget=512.0)
+    at = Shape(batch=600.0, context_tokens=800.0)
+    curve, base = curve_within_budget(ctx, ACCEPTANCE, at)
+    plain = curve_for(CTX, ACCEPTANCE[:1], replace(at, batch=512.0))[1] / (512.0 / 600.0)
+    assert base == pytest.approx(plain, rel=1e-12)
+    one = curve_for(CTX, ACCEPTANCE[:2], replace(at, batch=256.0))[0][1].step_time_s / (256.0 / 600.0)
+    assert curve[1].speedup == pytest.approx(ACCEPTANCE[1].expected_length * plain / one, rel=1e-12)
+
+
+def test_a_tree_takes_its_nodes_of_the_budget() -> None:
+    # A 25-node tree verifies 26 tokens a sequence at every gamma >= 1: 512 / 26 = 19.7 of 32 sequences a step.
+    ctx = replace(CTX, step_token_budget=512.0)
+    at = Shape(batch=32.0, context_tokens=800.0)
+    curve = curve_within_budget(ctx, ACCEPTANCE, at, tree_tokens=25.0)[0]
+    share = 512.0 / 26.0 / 32.0
+    step = curve_for(CTX, ACCEPTANCE[:3], replace(at, batch=share * 32.0), tree_tokens=25.0)[0][2].step_time_s
+    assert curve[2].step_time_s == pytest.approx(step / share, rel=1e-12)
+
+
+def test_a_budget_that_holds_no_whole_sequence_is_refused() -> None:
+    ctx = replace(CTX, step_token_budget=8.0)
+    at = Shape(batch=4.0, context_tokens=800.0, prefill_tokens=4.0)
+    assert fitting_gammas(8.0, ACCEPTANCE, at) == 4  # 4 tokens left: gamma 0..3
+    with pytest.raises(ValueError, match="no whole sequence at gamma 4"):
+        curve_within_budget(ctx, ACCEPTANCE, at)
+    assert len(curve_within_budget(ctx, ACCEPTANCE[:4], at)[0]) == 4
 
 
 def test_a_small_budget_moves_the_schedule_to_fewer_drafts_at_high_batch() -> None:
@@ -95,7 +128,9 @@ def test_the_whatif_prices_the_budget_and_says_so() -> None:
     assert not any("max_num_batched_tokens" in note for note in free.notes)
 
 
-@pytest.mark.parametrize("budget", [0, -5, 2_000_000])
-def test_the_whatif_refuses_a_budget_out_of_range(budget: int) -> None:
-    with pytest.raises(WhatIfInputError, match="max_num_batched_tokens"):
+@pytest.mark.parametrize("budget", [0, -5, 2_000_000, 4])
+def test_the_whatif_refuses_a_budget_out_of_range_or_too_small_for_one_sequence(budget: int) -> None:
+    # 4 tokens cannot hold one sequence at gamma 4 (5 tokens).
+    with pytest.raises(WhatIfInputError, match="max_num_batched_tokens") as error:
         evaluate_whatif(_whatif(budget))
+    assert error.value.field == "max_num_batched_tokens"
