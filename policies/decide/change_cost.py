@@ -12,7 +12,10 @@ vLLM cannot change speculation without restarting the engine, and a restart lose
   `queue_cost_s`).
 
 B and W are the requests running and waiting at the newest scrape (`Evidence.running_now` / `waiting_now`; the
-window's means where those are missing): a restart drops what is there when it happens.
+window's means where those are missing): a restart drops what is there when it happens. G stays the window's rate:
+C is the tokens a restart drops now (B x O/2, W x O) in seconds of the service the gains are counted in (this
+window's, or the plan's through `cost_scale`), so on a spike it grows with B_now / B_mean, as the loss does. One
+scrape's gauge is noisier than a mean; a change still has to hold its side for confirm_s (policies/decide/rule.py).
 
 "Seconds of full service" is the unit a relative gain is in: a gain g (a share of the service) held for H seconds
 wins back g x H of them. An engine that adapts per batch (change_cost_s = 0) loses nothing, in flight included.
@@ -73,7 +76,7 @@ def queued_work_s(evidence: Evidence) -> float:
 def _now(latest: float | None, mean: float) -> float:
     """The requests a restart now would drop: the newest snapshot's gauge (`Evidence.running_now` / `waiting_now`),
     else the window's mean. The mean lags a load that just rose: a few seconds into a spike from 6 to 256
-    running, a 60 s window's mean is still ~25."""
+    running, a 60 s window's mean of 5 s scrapes is still ~27."""
     return latest if latest is not None and math.isfinite(latest) and latest >= 0 else mean
 
 

@@ -164,14 +164,13 @@ def test_the_wait_counts_the_gain_forgone_since_it_was_expected_not_since_it_was
     assert (s.pending_enabled, s.pending_gamma, s.pending_since_s) == (True, 3, T0 + 45.0)
     d, s = tick(s, T0 + 75.0, curve(0.01), on5, COST)
     assert (d.enabled, d.num_speculative_tokens) == (True, 3)
-    assert s.forgone_side is None and s.forgone_s == 0.0  # a published change starts the count again
+    assert s.forgone == ()  # a published change starts every count again
 
 
-def test_a_gain_expected_on_the_other_side_does_not_count_toward_the_wait() -> None:
+def test_the_gain_forgone_on_another_option_does_not_pay_for_this_one() -> None:
     # k=3 running at S 1.00. Until 45 s more drafts were expected to gain (gamma 4 at 1.30, unsure: gain_sd 0.5);
-    # from 45 s gamma 1 at 1.50 is a sure move down. The gain forgone until then was toward the other side, so
-    # the move down waits C / r = 20 / 0.50 = 40 s from 45 s: 85 s. (Counted toward it, 0.30 x 45 = 13.5 s by 45 s
-    # and 0.50 a second after would pay the 20 s at 58 s, and the side has held 30 s at 75 s.)
+    # from 45 s gamma 1 at 1.50 is a sure move down. What waiting forwent until then was gamma 4's gain, not gamma
+    # 1's, so the move down waits C / r = 20 / 0.50 = 40 s from 45 s (its own sum, 0.5 x 40 = 20 s, agrees): 85 s.
     def curve(sure: bool) -> tuple[CurvePoint, ...]:
         points = make_curve(1.50 if sure else 0.90, 0.95, 1.00, 1.01 if sure else 1.30)
         return tuple(replace(p, gain_sd=0.01 if sure else 0.5) if p.gamma in (1, 4) else p for p in points)
@@ -179,11 +178,26 @@ def test_a_gain_expected_on_the_other_side_does_not_count_toward_the_wait() -> N
     s = DecideState()
     for t in range(0, 45, 5):
         d, s = tick(s, T0 + t, curve(False), ON3, COST)
-        assert s.pending_gamma is None and s.forgone_side == 1, t
+        assert s.pending_gamma is None and [(e, g) for e, g, _ in s.forgone] == [(True, 4)], t
     for t in range(45, 85, 5):
         d, s = tick(s, T0 + t, curve(True), ON3, COST)
         assert d.num_speculative_tokens == 3, t
     d, s = tick(s, T0 + 85.0, curve(True), ON3, COST)
+    assert (d.enabled, d.num_speculative_tokens) == (True, 1)
+
+
+def test_an_unsure_larger_gain_does_not_shorten_a_sure_smaller_ones_wait() -> None:
+    # k=3 at S 1.00; gamma 1 at 1.30 is sure from the start (gain_sd 0.01), gamma 2 at 1.60 is not (0.5: its low
+    # end 0.70). Gamma 1 is the change: its wait is 20 / 0.30 = 66.7 s, and its own forgone sum reaches 20 s then
+    # too (0.30 x 66.7); gamma 2's 0.60 a second is not what waiting for gamma 1 forgoes.
+    points = make_curve(1.30, 1.60, 1.00)
+    curve = tuple(replace(p, gain_sd={1: 0.01, 2: 0.5}.get(p.gamma, 0.0)) for p in points)
+    s = DecideState()
+    for t in range(0, 70, 5):
+        d, s = tick(s, T0 + t, curve, ON3, COST)
+        assert d.num_speculative_tokens == 3, t
+    assert "forgone for 19.5s of its 20.0s cost" in d.reason
+    d, s = tick(s, T0 + 70.0, curve, ON3, COST)
     assert (d.enabled, d.num_speculative_tokens) == (True, 1)
 
 

@@ -44,7 +44,7 @@ def test_a_restart_drops_the_requests_there_now_not_the_windows_mean() -> None:
     assert abs(queued_work_s(now) - 12.8) < 1e-9
     # Without the newest gauges (or with a value that is not a count) the window's means stand in.
     assert abs(inflight_work_s(replace(now, running_now=None)) - 2.56) < 1e-9
-    assert queued_work_s(replace(now, waiting_now=float("nan"))) == 0.0
+    assert abs(queued_work_s(replace(now, waiting=64.0, waiting_now=float("nan"))) - 10.24) < 1e-9
 
 
 def test_waiting_requests_add_no_cost() -> None:
