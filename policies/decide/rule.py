@@ -106,7 +106,8 @@ class DecideState:
     tried_gamma: int | None = None  # the gamma that trial went to, until the next published change
     trial_left_s: float | None = None  # when a move down from it was published within H: the trial was left
     # Per option (enabled, gamma) expected to gain >= margin on every tick since it first did: the service forgone
-    # in expectation by not changing to it since then, s (`_forgone`).
+    # in expectation by not changing to it since then, s (`_forgone`; only the options `_options` values: a trial
+    # past them builds none and waits its C / r).
     forgone: tuple[tuple[bool, int, float], ...] = ()
     forgone_at_s: float | None = None  # the tick `forgone` was last counted at
 
@@ -588,7 +589,11 @@ def _publish(
         same_side = pending is not None and state.candidate_side == candidate.side
         steady = state.candidate_since_s if same_side and state.candidate_since_s is not None else now_s
         sums = {(enabled, gamma): seconds for enabled, gamma, seconds in forgone}
-        paid = replace(candidate, paid_s=sums.get(candidate.paid_key, 0.0) if candidate.paid_key else 0.0)
+        key_paid = candidate.paid_key
+        # Paid for by its own forgone gain, at the rate `_forgone` counts it (a trial's rent is its point gain).
+        rate = expected_gain(tick.curve, current, key_paid) if key_paid is not None else None
+        paid = replace(candidate, paid_s=sums.get(key_paid, 0.0) if key_paid is not None else 0.0,
+                       rent=rate if rate is not None else 0.0)
         changed, tail, clock = _clock(tick, state, published, paid, since_s=since, steady_s=steady)
         whys += clock
         if changed:
@@ -660,8 +665,9 @@ def _clock(
     tick: _Tick, state: DecideState, published: Decision, candidate: _Candidate, *, since_s: float, steady_s: float
 ) -> tuple[bool, str, tuple[Why, ...]]:
     """Whether the candidate is published now, the reason's tail and its causes: it has been worth a change for its
-    wait, or the service forgone in expectation on its side (`candidate.paid_s`, `_forgone`) has reached its cost
-    C today; it has held its side for min(wait, confirm_s); and the last change is dwell_s old."""
+    wait, or the service forgone in expectation by not changing to `candidate.paid_key` (`candidate.paid_s`,
+    `_forgone`) has reached its cost C today; it has held its side for min(wait, confirm_s); and the last change
+    is dwell_s old."""
     config, now_s = tick.config, tick.now_s
     current, wait = _key(published), candidate.wait_s
     waited, held_s = max(0.0, now_s - since_s), max(0.0, now_s - steady_s)
@@ -673,7 +679,7 @@ def _clock(
     to_gamma = candidate.key[1]
     paid, cost = candidate.paid_s, candidate.cost_s
     counted = paid > 0 and 0 < cost < math.inf  # a restart, and some of its cost paid in forgone gain
-    forgone = f" (the gain it was expected to bring has been forgone for {paid:.1f}s of its {cost:.1f}s cost)"
+    forgone = f" ({paid:.1f}s of service forgone in its expected gain, against its {cost:.1f}s cost)"
     if (waited >= wait or paid >= cost) and held_s >= min(wait, config.confirm_s) and spacing <= 0:
         changed = _why(WhyCode.CHANGED, from_gamma=current[1], to_gamma=to_gamma, waited_s=waited)
         return True, f"; {move} after {waited:.0f}s" + (forgone if counted and waited < wait else ""), (changed,)

@@ -250,7 +250,8 @@ def fitting_gammas(
     budget_tokens: float | None, acceptance: Sequence[AcceptancePoint], at: Shape, *, tree_tokens: float | None = None
 ) -> int:
     """How many of `acceptance`'s points (gamma 0, 1, ...) fit one whole sequence in a step with `at`'s prompt
-    tokens (q_g <= N - P, module docstring); all of them without a budget. Example: N 8, P 4 -> gamma 0..3."""
+    tokens (the mean q_g <= N - P, module docstring; an n-gram's q is its mean verified tokens, below 1 + gamma);
+    all of them without a budget. Example: N 8, P 4 -> gamma 0..3."""
     if budget_tokens is None:
         return len(acceptance)
     room = budget_tokens - at.prefill_tokens

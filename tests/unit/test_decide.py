@@ -161,6 +161,9 @@ def test_the_wait_counts_the_gain_forgone_since_it_was_expected_not_since_it_was
     for t in range(45, 75, 5):
         d, s = tick(s, T0 + t, curve(0.01), on5, COST)
         assert d.num_speculative_tokens == 5, t
+        if t == 50:  # paid for (20 s) at 50 s: what is left is its side's 25 s more, not the 45 s of C / r
+            waiting = next(w for w in d.why if w.code is WhyCode.WAITING)
+            assert waiting.number("left_s") == pytest.approx(25.0)
     assert (s.pending_enabled, s.pending_gamma, s.pending_since_s) == (True, 3, T0 + 45.0)
     d, s = tick(s, T0 + 75.0, curve(0.01), on5, COST)
     assert (d.enabled, d.num_speculative_tokens) == (True, 3)
@@ -196,7 +199,7 @@ def test_an_unsure_larger_gain_does_not_shorten_a_sure_smaller_ones_wait() -> No
     for t in range(0, 70, 5):
         d, s = tick(s, T0 + t, curve, ON3, COST)
         assert d.num_speculative_tokens == 3, t
-    assert "forgone for 19.5s of its 20.0s cost" in d.reason
+    assert "19.5s of service forgone in its expected gain, against its 20.0s cost" in d.reason
     d, s = tick(s, T0 + 70.0, curve, ON3, COST)
     assert (d.enabled, d.num_speculative_tokens) == (True, 1)
 
