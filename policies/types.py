@@ -223,10 +223,6 @@ class Evidence:
     # vllm:request_time_per_output_token_seconds, cumulative buckets, without the requests of at most one output
     # token (vLLM records those as 0). None when not exported or not differenceable.
     request_itl: HistogramReading | None = None
-    # The newest snapshot's running and waiting requests (vLLM's num_requests_running / _waiting gauges): what a
-    # restart now would drop (policies/decide/change_cost.py). None: not known (the window means stand in).
-    running_now: float | None = None
-    waiting_now: float | None = None
 
 
 # ------------------------------------------------------------------------------------------------------------

@@ -11,12 +11,6 @@ vLLM cannot change speculation without restarting the engine, and a restart lose
   which the caller weighs by the chance the server would have caught up with them (policies/decide/horizon.py
   `queue_cost_s`).
 
-B and W are the requests running and waiting at the newest scrape (`Evidence.running_now` / `waiting_now`; the
-window's means where those are missing): a restart drops what is there when it happens. G stays the window's rate:
-C is the tokens a restart drops now (B x O/2, W x O) in seconds of the service the gains are counted in (this
-window's, or the plan's through `cost_scale`), so on a spike it grows with B_now / B_mean, as the loss does. One
-scrape's gauge is noisier than a mean; a change still has to hold its side for confirm_s (policies/decide/rule.py).
-
 "Seconds of full service" is the unit a relative gain is in: a gain g (a share of the service) held for H seconds
 wins back g x H of them. An engine that adapts per batch (change_cost_s = 0) loses nothing, in flight included.
 """
@@ -54,7 +48,7 @@ def inflight_work_s(evidence: Evidence) -> float:
     Example: B 32, G 1600 tokens/s, prompt rate 3200 tokens/s (rho 2), c 640: O = 640 / 2.5 = 256, so 128 tokens
     x 32 / 1600 = 2.56 s.
     """
-    b = _now(evidence.running_now, evidence.batch)
+    b = evidence.batch
     if not (math.isfinite(b) and b > 0):
         return 0.0
     return b * _request_output_s(evidence) / 2.0
@@ -67,17 +61,10 @@ def queued_work_s(evidence: Evidence) -> float:
 
     Example: W 64, G 1600 tokens/s, prompt rate 3200 (rho 2), c 640: O = 256, 64 x 256 / 1600 = 10.24 s.
     """
-    w = _now(evidence.waiting_now, evidence.waiting)
+    w = evidence.waiting
     if not (math.isfinite(w) and w > 0):
         return 0.0
     return w * _request_output_s(evidence)
-
-
-def _now(latest: float | None, mean: float) -> float:
-    """The requests a restart now would drop: the newest snapshot's gauge (`Evidence.running_now` / `waiting_now`),
-    else the window's mean. The mean lags a load that just rose: a few seconds into a spike from 6 to 256
-    running, a 60 s window's mean of 5 s scrapes is still ~27."""
-    return latest if latest is not None and math.isfinite(latest) and latest >= 0 else mean
 
 
 def _request_output_s(evidence: Evidence) -> float:

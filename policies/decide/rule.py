@@ -5,7 +5,6 @@ The rule: publish the option worth most over the payback horizon H, once waiting
     V(o) = H x g(o) - C             C = (change_cost_s + in-flight work + weighed queue) x cost_scale    (s)
     V_try(gamma) = T x mu + (H - T) x E[max(g, -C / (H - T))] - C      g ~ N(mu = S - 1, sigma = band / 3.29)
     wait = C / r, clipped to [confirm_s, dwell_s]                      r = the candidate's expected gain now
-      or: sum over ticks of r_t x dt >= C                              since the candidate's r_t last reached the margin
 
 Every option o (off, or on at gamma 1..gamma_max; while on, at most one gamma past the measured k) is valued
 against the one that runs, c: g(o) is its gain over c per delivered token at the pessimistic end of its 90% band
@@ -19,8 +18,7 @@ a sure move up goes, and whether to explore one gamma past the measured k with n
 cost model is unsure (moves down, off, a measured gamma) the low end stands: while one k runs the point estimate
 of the verification cost is its prior (policies/model/calibrate.py), which can be off by a factor
 (policies/model/profiles.py `per_token_step_s`). The candidate is published once some change has been worth
-making for its wait (or its expected gain, forgone since it was first expected, sure or not yet, has paid C:
-`_forgone`), has kept its side (more speculation, or less) for min(wait, confirm_s) (one outlying window
+making for its wait, has kept its side (more speculation, or less) for min(wait, confirm_s) (one outlying window
 cannot publish a change), and the last change is dwell_s old: the break-even rule, which loses at most twice what
 hindsight would on a condition of any length. Hysteresis and dwell follow from the band and the cost: to switch
 on, S's low end must clear 1 + margin; to switch off, the running option's high end must fall short of 1 by
@@ -105,11 +103,6 @@ class DecideState:
     tried_s: float | None = None  # when a move to more drafts was last published as a trial (`_try_more`)
     tried_gamma: int | None = None  # the gamma that trial went to, until the next published change
     trial_left_s: float | None = None  # when a move down from it was published within H: the trial was left
-    # Per option (enabled, gamma) expected to gain >= margin on every tick since it first did: the service forgone
-    # in expectation by not changing to it since then, s (`_forgone`; only the options `_options` values: a trial
-    # past them builds none and waits its C / r).
-    forgone: tuple[tuple[bool, int, float], ...] = ()
-    forgone_at_s: float | None = None  # the tick `forgone` was last counted at
 
 
 def best_point(curve: Sequence[CurvePoint], gamma_max: int) -> CurvePoint | None:
@@ -218,10 +211,6 @@ class _Candidate:
     text: str = ""
     why: tuple[Why, ...] = ()
     trying: bool = False  # a move to more drafts while on, valued as a trial (`_try_more`)
-    cost_s: float = math.inf  # C today (s of this window's service), which the forgone service must pay (`_forgone`)
-    paid_key: Key | None = None  # the option whose forgone service counts (`_forgone`; None: none)
-    rent: float = 0.0  # its expected gain now (what each second of waiting forgoes)
-    paid_s: float = 0.0  # the service forgone in expectation by not changing to `paid_key` so far, s
 
 
 @dataclass(frozen=True, slots=True)
@@ -377,15 +366,13 @@ def _change(tick: _Tick, current: Key, choice: Valued, prices: _Prices, *, note:
     text += f", wait {wait:.0f}s (cost today {prices.today_s:.1f}s / gain "
     text += f"expected now {rent:+.1%}, in {config.confirm_s:.0f}..{config.dwell_s:.0f}s)"
     side = _side(choice.key, current)  # the option valued: a turn-off kept measuring is still a turn-off
-    paid_key = key  # the option the wait forgoes: a turn-off kept measuring is paid for by off's gain
     key, kept = _keep_measuring(key, prices.curve, prices.options)
     if math.isinf(choice.gain):
         whys.append(_why(WhyCode.OFF_CURVE, to_gamma=choice.key[1]))
     if kept:
         point = point_at(prices.curve, key[1])
         whys.append(_why(WhyCode.KEPT_MEASURING, gamma=key[1], speedup=point.speedup if point else math.nan))
-    return _Candidate(key=key, wait_s=wait, side=side, text=text + kept, why=tuple(whys), cost_s=prices.today_s,
-                      paid_key=paid_key, rent=rent)
+    return _Candidate(key=key, wait_s=wait, side=side, text=text + kept, why=tuple(whys))
 
 
 def _try_more(
@@ -433,8 +420,7 @@ def _try_more(
     whys = (_why(WhyCode.GAIN, to_gamma=key[1], gain=rent, cost_s=prices.cost_s, wait_s=wait),
             _why(WhyCode.TRIAL, gamma=key[1], value_s=value, against_s=against if math.isfinite(against) else 0.0,
                  expected=rent))
-    return _Candidate(key=key, wait_s=wait, side=1, text=text, why=whys, trying=True, cost_s=prices.today_s,
-                      paid_key=key, rent=rent)
+    return _Candidate(key=key, wait_s=wait, side=1, text=text, why=whys, trying=True)
 
 
 def _trial_s(config: DecideConfig) -> float:
@@ -578,7 +564,6 @@ def _publish(
     near the optimum, neighbouring gammas alternate within noise, and the side, not the gamma, must hold."""
     now_s, key = tick.now_s, candidate.key
     current, pending = _key(published), _pending(state)
-    forgone = _forgone(tick, state, current)
     changed, since, steady, tail, whys = False, None, None, "", candidate.why
     if key == current:
         tail = f"; candidate {_describe(pending)} withdrawn" if pending is not None else ""
@@ -588,13 +573,7 @@ def _publish(
         since = state.pending_since_s if pending is not None and state.pending_since_s is not None else now_s
         same_side = pending is not None and state.candidate_side == candidate.side
         steady = state.candidate_since_s if same_side and state.candidate_since_s is not None else now_s
-        sums = {(enabled, gamma): seconds for enabled, gamma, seconds in forgone}
-        key_paid = candidate.paid_key
-        # Paid for by its own forgone gain, at the rate `_forgone` counts it (a trial's rent is its point gain).
-        rate = expected_gain(tick.curve, current, key_paid) if key_paid is not None else None
-        paid = replace(candidate, paid_s=sums.get(key_paid, 0.0) if key_paid is not None else 0.0,
-                       rent=rate if rate is not None else 0.0)
-        changed, tail, clock = _clock(tick, state, published, paid, since_s=since, steady_s=steady)
+        changed, tail, clock = _clock(tick, state, published, candidate, since_s=since, steady_s=steady)
         whys += clock
         if changed:
             since, steady = None, None
@@ -617,37 +596,8 @@ def _publish(
         tried_s=now_s if changed and candidate.trying else state.tried_s,
         tried_gamma=(key[1] if candidate.trying else None) if changed else state.tried_gamma,
         trial_left_s=now_s if changed and _left_trial(tick, state, current, key) else state.trial_left_s,
-        forgone=() if changed else forgone,
-        forgone_at_s=now_s,
     )
     return decision, next_state
-
-
-def _forgone(tick: _Tick, state: DecideState, current: Key) -> tuple[tuple[bool, int, float], ...]:
-    """For each option o expected to gain r_o >= margin over `current` on this tick's curve (`value.expected_gain`),
-    the service forgone in expectation by not changing to it since it first did, without a break:
-    sum over those ticks of r_o x (seconds since the previous tick) (s); an option below the margin on a tick
-    starts again from 0 on its next.
-
-    The wait is the break-even rule: a change is published once the service forgone by not making it has paid
-    for it. That service is forgone from the tick the change began to be expected to gain, not from the tick its
-    band first made it sure: a band that needs a few windows to narrow (one k running, the verification cost the
-    prior's) must not add those windows to the wait. So a sure change is also published once its own forgone sum
-    reaches C today (`_clock`). Example: k=5 running, gamma 3 expected +40% from 35 s, sure (V > 0) from 120 s,
-    C 53 s: the sum reaches 53 s at 35 + 53 / 0.40 = 168 s, where the wait C / r from 120 s ends at 240 s."""
-    before = {(enabled, gamma): seconds for enabled, gamma, seconds in state.forgone}
-    last = state.forgone_at_s
-    elapsed = max(0.0, tick.now_s - last) if last is not None else 0.0
-    out: list[tuple[bool, int, float]] = []
-    for option in _options(current, tick.evidence, tick.config):
-        if option == current:
-            continue
-        gain = expected_gain(tick.curve, current, option)
-        if gain is None or gain < tick.config.margin:
-            continue
-        seconds = before.get(option)
-        out.append((*option, 0.0 if seconds is None else seconds + gain * elapsed))
-    return tuple(out)
 
 
 def _left_trial(tick: _Tick, state: DecideState, current: Key, published: Key) -> bool:
@@ -665,9 +615,7 @@ def _clock(
     tick: _Tick, state: DecideState, published: Decision, candidate: _Candidate, *, since_s: float, steady_s: float
 ) -> tuple[bool, str, tuple[Why, ...]]:
     """Whether the candidate is published now, the reason's tail and its causes: it has been worth a change for its
-    wait, or the service forgone in expectation by not changing to `candidate.paid_key` (`candidate.paid_s`,
-    `_forgone`) has reached its cost C today; it has held its side for min(wait, confirm_s); and the last change
-    is dwell_s old."""
+    wait, has held its side for min(wait, confirm_s), and the last change is dwell_s old."""
     config, now_s = tick.config, tick.now_s
     current, wait = _key(published), candidate.wait_s
     waited, held_s = max(0.0, now_s - since_s), max(0.0, now_s - steady_s)
@@ -677,17 +625,13 @@ def _clock(
     spacing = 0.0 if last is None else max(0.0, last + config.dwell_s - now_s)
     move = _transition(current, candidate.key)
     to_gamma = candidate.key[1]
-    paid, cost = candidate.paid_s, candidate.cost_s
-    counted = paid > 0 and 0 < cost < math.inf  # a restart, and some of its cost paid in forgone gain
-    forgone = f" ({paid:.1f}s of service forgone in its expected gain, against its {cost:.1f}s cost)"
-    if (waited >= wait or paid >= cost) and held_s >= min(wait, config.confirm_s) and spacing <= 0:
+    if waited >= wait and held_s >= min(wait, config.confirm_s) and spacing <= 0:
         changed = _why(WhyCode.CHANGED, from_gamma=current[1], to_gamma=to_gamma, waited_s=waited)
-        return True, f"; {move} after {waited:.0f}s" + (forgone if counted and waited < wait else ""), (changed,)
-    tail = f"; waiting {waited:.0f}s of {wait:.0f}s before {move}" + (forgone if counted else "")
+        return True, f"; {move} after {waited:.0f}s", (changed,)
+    tail = f"; waiting {waited:.0f}s of {wait:.0f}s before {move}"
     if held_s < min(wait, config.confirm_s) <= waited:
         tail += f" (its side held {held_s:.0f}s of {config.confirm_s:.0f}s)"
-    unpaid = (cost - paid) / candidate.rent if candidate.rent > 0 and math.isfinite(cost) else math.inf
-    left_s = max(min(wait - waited, max(0.0, unpaid)), min(wait, config.confirm_s) - held_s, spacing)
+    left_s = max(wait - waited, min(wait, config.confirm_s) - held_s, spacing)
     whys = [_why(WhyCode.WAITING, to_gamma=to_gamma, waited_s=waited, wait_s=wait, left_s=left_s)]
     if last is not None and spacing > 0:
         tail += f" ({spacing:.0f}s more: last change {now_s - last:.0f}s ago)"

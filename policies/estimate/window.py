@@ -330,8 +330,6 @@ def estimate(
         decode_seqs_per_step=_decode_seqs_per_step(span),
         engines=max(1, newest.engines),
         request_itl=_without_single_token(span, _histogram_change(span, lambda s: s.request_itl)),
-        running_now=newest.num_requests_running,
-        waiting_now=newest.num_requests_waiting,
     ))
 
 
@@ -340,7 +338,6 @@ _REQUIRED_NUMBERS = ("batch", "waiting", "step_samples", "window_s")
 _OPTIONAL_NUMBERS = (
     "kv_cache_usage_ratio", "context_tokens_per_seq", "step_time_s", "generation_tokens_per_s", "prompt_tokens_per_s",
     "achieved_flops_per_s", "achieved_read_bytes_per_s", "prefill_tokens_per_step", "decode_seqs_per_step",
-    "running_now", "waiting_now",
 )
 _ACCEPTANCE_NUMBERS = ("mean_acceptance_length", "acceptance_rate", "mean_proposed_length", "draft_coverage")
 

@@ -143,67 +143,6 @@ def test_an_unsure_but_large_gain_waits_its_expected_rent_not_its_band_end() -> 
     assert (d.enabled, d.num_speculative_tokens) == (True, 3)
 
 
-def test_the_wait_counts_the_gain_forgone_since_it_was_expected_not_since_it_was_sure() -> None:
-    # k=5 running at S 1.00; gamma 3 at S 1.40 is expected to gain 40% from the start, but the cost model is unsure
-    # of the ratio (gain_sd 0.5: 1.40 x exp(-1.645 x 0.5) = 0.62 at the low end) until 45 s (gain_sd 0.01: low end
-    # 1.377, +37.7% x 600 = 226 s > C 20 s). The wait from then would be C / r = 20 / 0.40 = 50 s (95 s); by 45 s
-    # the expected gain forgone is 0.40 x 45 = 18 s, 20 s at 50 s, so the change is paid for and goes once its side
-    # has held confirm_s (30 s from 45 s): at 75 s.
-    def curve(gain_sd: float) -> tuple[CurvePoint, ...]:
-        points = make_curve(0.90, 0.95, 1.40, 0.98, 1.00)
-        return tuple(replace(p, gain_sd=gain_sd) if p.gamma == 3 else p for p in points)
-
-    on5 = make_evidence(speculation_on=True, deployed_k=5)
-    s = DecideState()
-    for t in range(0, 45, 5):
-        d, s = tick(s, T0 + t, curve(0.5), on5, COST)
-        assert s.pending_gamma is None, t  # not sure yet: nothing is pending
-    for t in range(45, 75, 5):
-        d, s = tick(s, T0 + t, curve(0.01), on5, COST)
-        assert d.num_speculative_tokens == 5, t
-        if t == 50:  # paid for (20 s) at 50 s: what is left is its side's 25 s more, not the 45 s of C / r
-            waiting = next(w for w in d.why if w.code is WhyCode.WAITING)
-            assert waiting.number("left_s") == pytest.approx(25.0)
-    assert (s.pending_enabled, s.pending_gamma, s.pending_since_s) == (True, 3, T0 + 45.0)
-    d, s = tick(s, T0 + 75.0, curve(0.01), on5, COST)
-    assert (d.enabled, d.num_speculative_tokens) == (True, 3)
-    assert s.forgone == ()  # a published change starts every count again
-
-
-def test_the_gain_forgone_on_another_option_does_not_pay_for_this_one() -> None:
-    # k=3 running at S 1.00. Until 45 s more drafts were expected to gain (gamma 4 at 1.30, unsure: gain_sd 0.5);
-    # from 45 s gamma 1 at 1.50 is a sure move down. What waiting forwent until then was gamma 4's gain, not gamma
-    # 1's, so the move down waits C / r = 20 / 0.50 = 40 s from 45 s (its own sum, 0.5 x 40 = 20 s, agrees): 85 s.
-    def curve(sure: bool) -> tuple[CurvePoint, ...]:
-        points = make_curve(1.50 if sure else 0.90, 0.95, 1.00, 1.01 if sure else 1.30)
-        return tuple(replace(p, gain_sd=0.01 if sure else 0.5) if p.gamma in (1, 4) else p for p in points)
-
-    s = DecideState()
-    for t in range(0, 45, 5):
-        d, s = tick(s, T0 + t, curve(False), ON3, COST)
-        assert s.pending_gamma is None and [(e, g) for e, g, _ in s.forgone] == [(True, 4)], t
-    for t in range(45, 85, 5):
-        d, s = tick(s, T0 + t, curve(True), ON3, COST)
-        assert d.num_speculative_tokens == 3, t
-    d, s = tick(s, T0 + 85.0, curve(True), ON3, COST)
-    assert (d.enabled, d.num_speculative_tokens) == (True, 1)
-
-
-def test_an_unsure_larger_gain_does_not_shorten_a_sure_smaller_ones_wait() -> None:
-    # k=3 at S 1.00; gamma 1 at 1.30 is sure from the start (gain_sd 0.01), gamma 2 at 1.60 is not (0.5: its low
-    # end 0.70). Gamma 1 is the change: its wait is 20 / 0.30 = 66.7 s, and its own forgone sum reaches 20 s then
-    # too (0.30 x 66.7); gamma 2's 0.60 a second is not what waiting for gamma 1 forgoes.
-    points = make_curve(1.30, 1.60, 1.00)
-    curve = tuple(replace(p, gain_sd={1: 0.01, 2: 0.5}.get(p.gamma, 0.0)) for p in points)
-    s = DecideState()
-    for t in range(0, 70, 5):
-        d, s = tick(s, T0 + t, curve, ON3, COST)
-        assert d.num_speculative_tokens == 3, t
-    assert "19.5s of service forgone in its expected gain, against its 20.0s cost" in d.reason
-    d, s = tick(s, T0 + 70.0, curve, ON3, COST)
-    assert (d.enabled, d.num_speculative_tokens) == (True, 1)
-
-
 def test_a_grossly_wrong_setting_is_corrected_after_the_confirm_not_a_dwell() -> None:
     # k=8 at moderate load: S(8) 0.70; gamma 2 at 1.30 gains (1.30 - 0.70) / 0.70 = 85.7%; C = 20 s: 23 s -> 30 s.
     wrong = make_curve(1.10, 1.30, 1.25, 1.20, 1.10, 1.00, 0.90, 0.70)

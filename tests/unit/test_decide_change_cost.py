@@ -3,8 +3,6 @@ pessimistic end, scaled into the plan's units) and the re-measuring probe (polic
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from policies.decide.change_cost import change_cost_of, inflight_work_s, queued_work_s
 from policies.decide.probe import Remembered, probe_for
 from policies.decide.rule import DecideConfig, DecideInputs, DecideState, HorizonCurve, Probe, decide
@@ -34,17 +32,6 @@ def test_in_flight_work_is_half_a_requests_decode_time() -> None:
     # rho = 3200 / 1600 = 2, O = 640 / (2 + 0.5) = 256 tokens; half of it, 128 tokens, at one sequence's
     # 32 / 1600 = 0.02 s per token: 2.56 s of full service.
     assert abs(inflight_work_s(_evidence()) - 2.56) < 1e-9
-
-
-def test_a_restart_drops_the_requests_there_now_not_the_windows_mean() -> None:
-    # A spike began: the window's mean is 32 running and none waiting, the newest scrape 256 running and 80 waiting.
-    # O / G = 256 / 1600 = 0.16 s per request: 256 x 0.08 = 20.48 s in flight, 80 x 0.16 = 12.8 s queued.
-    now = replace(_evidence(), running_now=256.0, waiting_now=80.0)
-    assert abs(inflight_work_s(now) - 20.48) < 1e-9
-    assert abs(queued_work_s(now) - 12.8) < 1e-9
-    # Without the newest gauges (or with a value that is not a count) the window's means stand in.
-    assert abs(inflight_work_s(replace(now, running_now=None)) - 2.56) < 1e-9
-    assert abs(queued_work_s(replace(now, waiting=64.0, waiting_now=float("nan"))) - 10.24) < 1e-9
 
 
 def test_waiting_requests_add_no_cost() -> None:
