@@ -165,7 +165,7 @@ def capacity_tokens_per_s(
     """
     point = acceptance[gamma]
     e = max(point.expected_length if length is None else length, 1.0)
-    verified = point.verified_tokens if point.verified_tokens is not None else gamma + 1.0
+    verified = verified_tokens(point)
     share = load.prompt_per_output * e + verified
     batch = max(load.budget_tokens / share, 1.0)
     prefill = load.budget_tokens * load.prompt_per_output * e / share
@@ -292,19 +292,21 @@ def curve_within_budget(
         """n / B: the share of the B sequences one step holds."""
         return min(1.0, room / (tokens_per_seq * at.batch))
 
-    def effective(point: CurvePoint, share: float) -> float:
-        """T_eff: the step with n = share x B sequences, over the share."""
+    def effective(point: CurvePoint, tokens_per_seq: float) -> float:
+        """T_eff: the step with n = share x B sequences (gamma's step alone, as curve_for prices it), over the
+        share."""
+        share = held(tokens_per_seq)
         if share >= 1.0:
             return point.step_time_s
-        fewer = replace(at, batch=share * at.batch)  # >= 1: room >= q (fitting_gammas)
-        priced = curve_for(ctx, acceptance[: point.gamma + 1], fewer, scales=scales, tree_tokens=tree_tokens)
-        return priced[0][point.gamma].step_time_s / share
+        fewer = OperatingPoint(batch=share * at.batch, context_tokens=at.context_tokens, tokens_per_seq=tokens_per_seq,
+                               draft_steps=point.gamma, prefill_tokens=at.prefill_tokens)  # batch >= 1: room >= q
+        return step_time_at(ctx, fewer, scales=scales) / share
 
-    base = effective(curve[0], held(1.0))
+    base = effective(curve[0], 1.0)
     points = [replace(curve[0], step_time_s=base)]
     for point in curve[1:]:
         acc = acceptance[point.gamma]
-        step = effective(point, held(verified_tokens(acc, tree_tokens=tree_tokens)))
+        step = effective(point, verified_tokens(acc, tree_tokens=tree_tokens))
         points.append(replace(
             point, step_time_s=step, speedup=acc.expected_length * base / step,
             speedup_low=acc.expected_length_low * base / step, speedup_high=acc.expected_length_high * base / step,
