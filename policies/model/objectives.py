@@ -64,9 +64,9 @@ Three objectives, chosen per tick from the evidence:
   33.7 x 1.69 / 1.72 = 33 ms. (Pricing P against the 21.5 ms plain step instead gave rho = 0.62, stretch 2.65:
   every option far past a 30 ms SLO, and no option worth choosing.)
 Bands: E[L] low/high give throughput (and ITL) low/high at the same step time.
-The step's token budget (latency and capacity; not goodput_slo): with `ModelContext.step_token_budget` known, each
-option is held to the output tokens/s it can serve with every step full at the served prompt/output mix
-(policies/model/token_budget.py, with its maths and an example).
+The step's token budget: with `ModelContext.step_token_budget` known, each option is held to the output tokens/s it
+can serve with every step full at the served prompt/output mix, and under goodput_slo an option so held is priced
+at its full step's ITL (policies/model/token_budget.py, with its maths and an example).
 """
 
 from __future__ import annotations
@@ -80,7 +80,7 @@ from policies.model.acceptance import AcceptancePoint
 from policies.model.costmodel import ModelContext, curve_for, step_batch
 from policies.model.roofline import CostScales, Shape
 from policies.model.slo_share import fit_request_itl, modelled_share, shifted_share
-from policies.model.token_budget import BudgetLoad, Regime, budget_limited, budget_load
+from policies.model.token_budget import BudgetLimits, BudgetLoad, Regime, budget_limited, budget_limits, budget_load
 from policies.types import CurvePoint, Evidence, HistogramReading
 
 
@@ -244,22 +244,7 @@ def objective_curve(
             cache[batch] = at(batch)[0]
         return cache[batch]
 
-    stretch = 1.0
-    if workload.prefill_tokens > 0:
-        # rho is the prompt tokens' share of the step the server runs now: the prefill per step was measured over
-        # steps of the deployed gamma, so it is priced against that step, not against a plain one (a plain step is
-        # shorter: the same prefill would read as a larger share of it and stretch every option too far).
-        k = min(max(workload.deployed_k, 0), len(acceptance) - 1)
-        mixed = curve_for(
-            ctx, acceptance[: k + 1],
-            Shape(batch=workload.batch, context_tokens=workload.context_tokens, prefill_tokens=workload.prefill_tokens),
-            scales=scales,
-        )[0][k].step_time_s
-        plain_now = curve_for(
-            ctx, acceptance[: k + 1], Shape(batch=workload.batch, context_tokens=workload.context_tokens),
-            scales=scales,
-        )[0][k].step_time_s
-        stretch = mixed / plain_now  # 1 / (1 - rho)
+    stretch = _prefill_stretch(ctx, acceptance, workload, scales=scales)
     plain_rate = b0 / base_step
     slo = objective is Objective.GOODPUT_SLO
     # Latency-bound under an SLO: every option delivers the offered load; only the share meeting the SLO differs,
@@ -288,23 +273,47 @@ def objective_curve(
             return 1.0
         return min(1.0, batch * length / step * running_itl_s / workload.batch)
 
+    limits = _slo_limits(ctx, acceptance, workload, capacity=capacity, kv_full=kv_full, scales=scales) if slo else None
+    run_rate = held_batch(workload, running, kv_full=kv_full) * max(acceptance[running].expected_length, 1.0) / (
+        at_batch(held_batch(workload, running, kv_full=kv_full))[running].step_time_s)
+
+    def budgeted(gamma: int, length: float, rate: float, itl_s: float) -> tuple[float, float]:
+        """(rate, ITL) held to the step's token budget (module docstring): an option whose cap binds serves its
+        cap with every step full, at the full step's ITL (what runs keeps its own). `rate` is the share of the
+        offered load served when latency-bound, the model's tokens/s when capacity-bound (D x rate / run_rate in
+        measured tokens/s; with every step full, each option but what runs serves exactly its cap)."""
+        if limits is None or (delivered_fixed and limits.holds(gamma, length)):
+            return rate, itl_s
+        cap = limits.capacity(gamma, length)
+        if delivered_fixed:
+            return min(rate, cap / limits.served), limits.full_itl_s(gamma, length)
+        held = math.inf if limits.budget_only and gamma != running else limits.served * rate / run_rate
+        if held < cap or gamma == running:  # what runs keeps its measured ITL; its band's ends, its cap
+            return min(held, cap) * run_rate / limits.served, itl_s
+        return cap * run_rate / limits.served, limits.full_itl_s(gamma, length)
+
+    def goodput(gamma: int, length: float, batch: float, step: float) -> tuple[float, float]:
+        """(rate x share meeting the SLO, that share) of option gamma at `batch`, its step `step` (s)."""
+        rate = served(batch, length, step) if delivered_fixed else batch * length / step
+        rate, itl_s = budgeted(gamma, length, rate, step * stretch / max(length, 1.0))
+        met = share(itl_s)
+        return rate * met, met
+
     b_plain = batch_for(0, 1.0)
     plain_step = at_batch(b_plain)[0].step_time_s
-    plain_served = served(b_plain, 1.0, plain_step)
-    plain_goodput = (plain_served if delivered_fixed else plain_rate) * share(plain_step * stretch)
+    plain_goodput, plain_share = goodput(0, 1.0, b_plain, plain_step)
     points: list[CurvePoint] = []
     for acc in acceptance:
         b = batch_for(acc.gamma, acc.expected_length)
         point = at_batch(b)[acc.gamma]
         if acc.gamma == 0:
-            points.append(replace(point, slo_share=share(plain_step * stretch)) if slo else point)
+            points.append(replace(point, slo_share=plain_share) if slo else point)
             continue
 
-        def ratio(length: float, step: float = point.step_time_s, batch: float = b) -> float:
-            rate = served(batch, length, step) if delivered_fixed else batch * length / step
+        def ratio(length: float, step: float = point.step_time_s, batch: float = b, gamma: int = acc.gamma) -> float:
             if slo:
-                return rate * share(step * stretch / max(length, 1.0)) / plain_goodput if plain_goodput > 0 else 0.0
-            return rate / plain_rate
+                return goodput(gamma, length, batch, step)[0] / plain_goodput if plain_goodput > 0 else 0.0
+            return batch * length / step / plain_rate
 
         points.append(
             CurvePoint(
@@ -316,12 +325,32 @@ def objective_curve(
                 step_time_s=point.step_time_s,
                 extrapolated=acc.extrapolated,
                 extrapolated_share=acc.extrapolated_share,
-                slo_share=share(point.step_time_s * stretch / max(acc.expected_length, 1.0)) if slo else None,
+                slo_share=goodput(acc.gamma, acc.expected_length, b, point.step_time_s)[1] if slo else None,
             )
         )
     if slo and _slo_unmet(points, config):
         why += "; no option meets it (every share at the floor): no change can gain tokens meeting it"
+    if limits is not None:
+        short = [] if limits.queued else [g for g in range(1, len(points)) if not limits.holds(g)]
+        why += limits.note(short)
     return _budgeted(ctx, acceptance, workload, (tuple(points), objective, why), kv_full=kv_full, scales=scales)
+
+
+def _prefill_stretch(
+    ctx: ModelContext, acceptance: Sequence[AcceptancePoint], workload: Workload, *, scales: CostScales | None
+) -> float:
+    """1 / (1 - rho), rho the prompt tokens' share of the step the server runs now (module docstring); 1.0 without
+    prefill. The prefill per step was measured over steps of the deployed gamma, so it is priced against that step,
+    not against a plain one (a plain step is shorter: the same prefill would read as a larger share of it and
+    stretch every option too far)."""
+    if workload.prefill_tokens <= 0:
+        return 1.0
+    k = min(max(workload.deployed_k, 0), len(acceptance) - 1)
+    shape = Shape(batch=workload.batch, context_tokens=workload.context_tokens)
+    mixed = curve_for(ctx, acceptance[: k + 1], replace(shape, prefill_tokens=workload.prefill_tokens),
+                      scales=scales)[0][k].step_time_s
+    plain_now = curve_for(ctx, acceptance[: k + 1], shape, scales=scales)[0][k].step_time_s
+    return mixed / plain_now
 
 
 def _budgeted(
@@ -342,6 +371,17 @@ def _budgeted(
         Regime.CAPACITY_KV if kv_full else Regime.CAPACITY)
     limited, note = budget_limited(curve, ctx, acceptance, workload.budget, regime=regime, scales=scales)
     return limited, objective, why + note
+
+
+def _slo_limits(
+    ctx: ModelContext, acceptance: Sequence[AcceptancePoint], workload: Workload, *, capacity: bool, kv_full: bool,
+    scales: CostScales | None,
+) -> BudgetLimits | None:
+    """The budget's limits for the SLO objective (None without a budget, or where it cannot bind)."""
+    if workload.budget is None:
+        return None
+    regime = Regime.LATENCY if not capacity else (Regime.CAPACITY_KV if kv_full else Regime.CAPACITY)
+    return budget_limits(ctx, acceptance, workload.budget, regime=regime, scales=scales)
 
 
 def _slo_unmet(points: Sequence[CurvePoint], config: ObjectiveConfig) -> bool:

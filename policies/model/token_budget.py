@@ -30,6 +30,15 @@ fill the budget (B (1 + gamma_max) + P >= N; else the budget never binds and the
   already fill the budget (measured tokens per step >= BUDGET_FULL x N) and the KV cache is not the limit, the
   budget is, and every option serves cap(g): S(g) = cap(g) / cap(0). max_num_seqs is not known here: where B_0
   passes it, off's cap is too high.
+- goodput_slo: each option's rate is held to its cap as above (a share of the offered load when latency-bound,
+  tokens/s when capacity-bound), and an option whose cap binds runs full steps: its requests' mean ITL is
+  T(B_g, g, P_g) / E[L], with B_g sequences a step rather than the held batch, so its share meeting the SLO is
+  taken there (what runs keeps its own ITL). goodput(g) = rate x share, S = goodput(g) / goodput(0). A full
+  budget throttles admission: fewer requests run, and they step sooner, so under an ITL SLO a drafting option
+  can meet it where it would not at the held batch (the requests it leaves queued count against TTFT, which the
+  ITL SLO does not grade). Example: off running 120 sequences, 390 prompt tokens a step, N 512, r 3: gamma 1
+  holds 512 / (3 x 1.78 + 2) = 70 sequences a step, its full step at 35 ms gives 20 ms per token, inside a 40 ms
+  SLO its 120-sequence step misses (tests/unit/test_token_budget_slo.py).
 The band: E[L] low/high give B_g, P_g, T and cap again. Prefix caching lowers the computed prompt tokens and the
 prompt counter may count cached ones: r is then too high and the budget's cost of drafts too low.
 
@@ -155,14 +164,12 @@ def _non_negative(value: float) -> float:
     return value if math.isfinite(value) and value > 0 else 0.0
 
 
-def capacity_tokens_per_s(
+def _full_step(
     ctx: ModelContext, acceptance: Sequence[AcceptancePoint], load: BudgetLoad, gamma: int, *,
-    length: float | None = None, scales: CostScales | None = None,
-) -> float:
-    """cap(gamma) (module docstring), output tokens/s, > 0; `length` replaces E[L] (the band's ends).
-
-    Example: N 512, r 3.0, gamma 4, E[L] 2.99, T(36.6, 4, 329) 80 ms -> 36.6 x 2.99 / 0.080 = 1368 tokens/s.
-    """
+    length: float | None, scales: CostScales | None,
+) -> tuple[float, float, float]:
+    """(B_g, E[L], T(B_g, g, P_g)): option gamma's step with every step full at the served mix (module docstring);
+    `length` replaces E[L] (the band's ends)."""
     point = acceptance[gamma]
     e = max(point.expected_length if length is None else length, 1.0)
     verified = verified_tokens(point)
@@ -171,8 +178,85 @@ def capacity_tokens_per_s(
     prefill = load.budget_tokens * load.prompt_per_output * e / share
     point_at = OperatingPoint(batch=batch, context_tokens=load.context_tokens, tokens_per_seq=verified,
                               draft_steps=gamma, prefill_tokens=prefill)
-    step = step_time_at(ctx, point_at, scales=scales)  # gamma's step alone, as curve_for prices it
+    return batch, e, step_time_at(ctx, point_at, scales=scales)  # gamma's step alone, as curve_for prices it
+
+
+def capacity_tokens_per_s(
+    ctx: ModelContext, acceptance: Sequence[AcceptancePoint], load: BudgetLoad, gamma: int, *,
+    length: float | None = None, scales: CostScales | None = None,
+) -> float:
+    """cap(gamma) (module docstring), output tokens/s, > 0; `length` replaces E[L] (the band's ends).
+
+    Example: N 512, r 3.0, gamma 4, E[L] 2.99, T(36.6, 4, 329) 80 ms -> 36.6 x 2.99 / 0.080 = 1368 tokens/s.
+    """
+    batch, e, step = _full_step(ctx, acceptance, load, gamma, length=length, scales=scales)
     return batch * e / step if step > 0 else math.inf
+
+
+@dataclass(frozen=True, slots=True)
+class BudgetLimits:
+    """What the budget lets each option serve in one window (module docstring): `served` D (tokens/s of one
+    engine), `scale` (the measured-over-model factor every cap is multiplied by), `queued` (a queue: each option
+    serves at most its cap; else an option under D cannot hold the load), `budget_only` (the running option's
+    steps fill the budget and the KV cache is not the limit: every option serves exactly its cap)."""
+
+    ctx: ModelContext
+    acceptance: tuple[AcceptancePoint, ...]
+    load: BudgetLoad
+    scales: CostScales | None
+    caps: tuple[float, ...]
+    served: float
+    scale: float
+    queued: bool
+    budget_only: bool
+
+    def capacity(self, gamma: int, length: float | None = None) -> float:
+        """cap(gamma) x scale: tokens/s option gamma serves with every step full (`length` replaces E[L])."""
+        if length is None or length == self.acceptance[gamma].expected_length:
+            return self.caps[gamma] * self.scale
+        return capacity_tokens_per_s(self.ctx, self.acceptance, self.load, gamma, length=length,
+                                     scales=self.scales) * self.scale
+
+    def holds(self, gamma: int, length: float | None = None) -> bool:
+        """The option serves the load D without a queue (the running option does by definition)."""
+        return gamma == self.load.running or self.capacity(gamma, length) >= self.served * (1.0 - 1e-9)
+
+    def full_itl_s(self, gamma: int, length: float | None = None) -> float:
+        """The model's inter-token latency of option gamma with every step full: T(B_g, g, P_g) / E[L] (s)."""
+        _, e, step = _full_step(self.ctx, self.acceptance, self.load, gamma, length=length, scales=self.scales)
+        return step / e
+
+    def note(self, short: Sequence[int] = ()) -> str:
+        """The reason's words: the budget, how full the running steps are, and the options that cannot hold D."""
+        load = self.load
+        state = "every step full" if load.full else f"{load.tokens_per_step:.0f} tokens per step"
+        note = f"; token budget {load.budget_tokens:.0f} per step ({state}, prompt/output {load.prompt_per_output:.1f})"
+        if short:
+            note += f": gamma {', '.join(map(str, short))} cannot hold {self.served:.0f} tokens/s"
+        return note
+
+
+def budget_limits(
+    ctx: ModelContext, acceptance: Sequence[AcceptancePoint], load: BudgetLoad, *, regime: Regime,
+    scales: CostScales | None = None,
+) -> BudgetLimits | None:
+    """The window's BudgetLimits, or None when the budget cannot bind at this batch (no option's step could fill
+    it: B (1 + gamma_max) + P < N) or the running gamma is past the curve. The running option serves D: at its cap
+    when its steps are full and requests wait, within it otherwise, so the caps are scaled by D / cap(running)
+    then, and by at least 1 otherwise (module docstring)."""
+    top = len(acceptance) - 1
+    run = load.running
+    if top < 1 or run > top or load.batch * (top + 1) + load.prefill_tokens < load.budget_tokens:
+        return None
+    caps = tuple(capacity_tokens_per_s(ctx, acceptance, load, g, scales=scales) for g in range(top + 1))
+    served = load.served(acceptance[run].expected_length)
+    queued = regime is not Regime.LATENCY
+    anchor = served / caps[run] if caps[run] > 0 else 1.0
+    return BudgetLimits(
+        ctx=ctx, acceptance=tuple(acceptance), load=load, scales=scales, caps=caps, served=served,
+        scale=anchor if queued and load.full else max(1.0, anchor), queued=queued,
+        budget_only=load.full and regime is Regime.CAPACITY,
+    )
 
 
 def budget_limited(
@@ -186,38 +270,25 @@ def budget_limited(
 ) -> tuple[tuple[CurvePoint, ...], str]:
     """The curve with each option held to what the budget lets it serve (module docstring), and a note for the
     reason ("" when the budget cannot bind at this batch, or the running gamma is past the curve: the curve is
-    returned unchanged).
+    returned unchanged). The curve is a throughput or per-sequence speed ratio (latency, capacity).
 
     Example: latency, D 1100 tokens/s, running off with cap(0) 1300: cap(4) 1040 < 1100 -> S(4) 2.1 becomes
     1040 / 1100 = 0.95; cap(1) 1260 holds the load and S(1) stays.
     """
-    top = len(curve) - 1
-    run = load.running
-    if top < 1 or run > top or load.batch * (top + 1) + load.prefill_tokens < load.budget_tokens:
+    limits = budget_limits(ctx, acceptance[: len(curve)], load, regime=regime, scales=scales)
+    if limits is None:
         return tuple(curve), ""
-
-    def cap(gamma: int, length: float | None = None) -> float:
-        return capacity_tokens_per_s(ctx, acceptance, load, gamma, length=length, scales=scales)
-
-    caps = [cap(g) for g in range(top + 1)]
-    served = load.served(acceptance[run].expected_length)
-    queued = regime is not Regime.LATENCY
-    # The running option serves D: at its cap when its steps are full and requests wait, within it otherwise.
-    anchor = served / caps[run] if caps[run] > 0 else 1.0
-    scale = anchor if queued and load.full else max(1.0, anchor)
-    budget_only = load.full and regime is Regime.CAPACITY  # the held batch is no limit: the budget is
+    run, served = load.running, limits.served
+    plain_cap = limits.capacity(0)
     base = curve[run].speedup
 
-    def holds(gamma: int, capacity: float) -> bool:
-        return gamma == run or capacity >= served * (1.0 - 1e-9)
-
     def limited(gamma: int, speedup: float, length: float) -> float:
-        capacity = (caps[gamma] if length == acceptance[gamma].expected_length else cap(gamma, length)) * scale
-        if not queued:
-            return speedup if holds(gamma, capacity) else min(speedup, capacity / min(served, caps[0] * scale))
-        held = math.inf if budget_only and gamma != run else served * speedup / base
-        plain_held = math.inf if budget_only and run != 0 else served / base
-        return min(held, capacity) / min(plain_held, caps[0] * scale)
+        capacity = limits.capacity(gamma, length)
+        if not limits.queued:
+            return speedup if limits.holds(gamma, length) else min(speedup, capacity / min(served, plain_cap))
+        held = math.inf if limits.budget_only and gamma != run else served * speedup / base
+        plain_held = math.inf if limits.budget_only and run != 0 else served / base
+        return min(held, capacity) / min(plain_held, plain_cap)
 
     points = [curve[0]]
     for p in curve[1:]:
@@ -228,12 +299,8 @@ def budget_limited(
             speedup_low=limited(p.gamma, p.speedup_low, acc.expected_length_low),
             speedup_high=limited(p.gamma, p.speedup_high, acc.expected_length_high),
         ))
-    short = [] if queued else [p.gamma for p in points[1:] if not holds(p.gamma, caps[p.gamma] * scale)]
-    state = "every step full" if load.full else f"{load.tokens_per_step:.0f} tokens per step"
-    note = f"; token budget {load.budget_tokens:.0f} per step ({state}, prompt/output {load.prompt_per_output:.1f})"
-    if short:
-        note += f": gamma {', '.join(map(str, short))} cannot hold {served:.0f} tokens/s"
-    return tuple(points), note
+    short = [] if limits.queued else [p.gamma for p in points[1:] if not limits.holds(p.gamma)]
+    return tuple(points), limits.note(short)
 
 
 def verified_tokens(acceptance: AcceptancePoint, *, tree_tokens: float | None = None) -> float:
