@@ -191,7 +191,7 @@ def _price(
     )
     workload = workload_from(
         evidence, context_tokens=point.context_tokens, prefill_tokens=point.prefill_tokens,
-        tokens_per_seq=point.tokens_per_seq, budget_tokens=ctx.step_token_budget,
+        tokens_per_seq=point.tokens_per_seq, budget_tokens=ctx.step_token_budget, max_seqs=ctx.max_num_seqs,
     )
     curve, chosen, why = objective_curve(ctx, acceptance, workload, config=config.objective, scales=fit.scales)
     if fit.covariance is not None:

@@ -539,7 +539,7 @@ def context_resolver(target: TargetSettings, *, fallback_hardware: str) -> Conte
         if target.drafter.prefix_stable is not None:
             drafter = replace(drafter, prefix_stable=target.drafter.prefix_stable)
         return ModelContext(hardware=hardware, model=model, drafter=drafter, tensor_parallel=target.tensor_parallel,
-                            step_token_budget=target.max_num_batched_tokens)
+                            step_token_budget=target.max_num_batched_tokens, max_num_seqs=target.max_num_seqs)
 
     return resolve
 

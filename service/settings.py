@@ -228,6 +228,12 @@ class TargetSettings(_Section):
         "with chunked prefill, so where steps fill it, speculation admits fewer prompts. Default None: unknown, "
         "and the budget is not priced (docs/model.md).",
     )
+    max_num_seqs: int | None = Field(
+        default=None, ge=1, le=16384,
+        description="The engine's most sequences per step (vLLM --max-num-seqs): with max_num_batched_tokens, it caps "
+        "the batch a full step budget would hold, which plain decoding reaches first. Default None: unknown, and "
+        "the budget's batch is not capped (docs/model.md).",
+    )
     profile: Path | None = Field(
         default=None,
         description="A measured profile of this deployment (`spec-advisor profile`, docs/profile.md): its step "

@@ -68,13 +68,15 @@ _CLOCK_SLACK = 2.0
 class ModelContext:
     """The profiles a cost evaluation needs: target hardware (per GPU), target model, drafter, and TP degree;
     `step_token_budget` the engine's most tokens per step (vLLM's max_num_batched_tokens; None = unknown), which
-    verified drafts share with chunked prefill (policies/model/token_budget.py)."""
+    verified drafts share with chunked prefill, and `max_num_seqs` its most sequences per step (None = unknown),
+    which caps the batch a full budget would hold (policies/model/token_budget.py)."""
 
     hardware: HardwareProfile
     model: ModelProfile
     drafter: DrafterProfile
     tensor_parallel: int = 1
     step_token_budget: float | None = None
+    max_num_seqs: float | None = None
 
     def __post_init__(self) -> None:
         if self.tensor_parallel < 1:
@@ -86,6 +88,9 @@ class ModelContext:
         budget = self.step_token_budget
         if budget is not None and not (math.isfinite(budget) and budget >= 1):
             raise ValueError(f"step_token_budget must be a number of tokens >= 1, got {budget}")
+        seqs = self.max_num_seqs
+        if seqs is not None and not (math.isfinite(seqs) and seqs >= 1):
+            raise ValueError(f"max_num_seqs must be a number of sequences >= 1, got {seqs}")
 
 
 @dataclass(frozen=True, slots=True)

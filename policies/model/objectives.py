@@ -152,6 +152,7 @@ def workload_from(
     prefill_tokens: float,
     tokens_per_seq: float = 1.0,
     budget_tokens: float | None = None,
+    max_seqs: float | None = None,
 ) -> Workload:
     """The evidence's workload with the cost model's resolved context, prefill and tokens verified per sequence
     (costmodel.operating_point) and the engine's step token budget (None = unknown).
@@ -174,7 +175,7 @@ def workload_from(
         deployed_k=evidence.deployed_k if evidence.speculation_on else 0,
         request_itl=evidence.request_itl,
         budget=budget_load(budget_tokens, evidence, tokens_per_seq=tokens_per_seq, prefill_tokens=prefill_tokens,
-                           context_tokens=context_tokens),
+                           context_tokens=context_tokens, max_seqs=max_seqs),
     )
 
 

@@ -5,11 +5,16 @@ vLLM schedules at most N = `max_num_batched_tokens` tokens per step. A decoding 
 request of p prompt and o output tokens therefore uses p + o (1 + gamma) / E[L] of budget. When every step is
 full, the served mix sets how the budget splits (r = p / o, the served prompt-to-output ratio):
 
-    B_g = N / (r E[L] + 1 + g)              sequences decoding per step
-    P_g = N r E[L] / (r E[L] + 1 + g)       prompt tokens per step           (B_g (1 + g) + P_g = N)
+    B_g = min(N / (r E[L] + 1 + g), M)      sequences decoding per step      (M: max_num_seqs, where known)
+    P_g = B_g r E[L]                         prompt tokens per step           (B_g (1 + g) + P_g = N below M)
     cap(g) = B_g E[L] / T(B_g, g, P_g)      output tokens/s                  (T: the calibrated step with drafting)
 
-cap(g) is the most option g can serve on one engine: other limits (the KV cache, max_num_seqs) only lower it.
+cap(g) is the most option g can serve on one engine: the KV cache only lowers it. Where the budget would hold
+more sequences than max_num_seqs M, M holds them and the step is not full: off, which takes the fewest tokens per
+sequence, is the option M caps first (N 2048, r 2, M 256: B_0 = 2048 / 3 = 683 -> 256, while gamma 4 with E[L]
+3.08, B_4 = 2048 / 11.2 = 183; unknown M credits off with 2.7x the sequences, and gamma 1 reads 0.92 of off's
+throughput where M makes it 0.97: tests/unit/test_token_budget.py). The less the prompts leave of the step to
+decoding, the less it matters: the step then grows with its prompt tokens, whoever runs.
 Units: N tokens per step, r >= 0, E[L] tokens per verification (1 at g = 0), T seconds, cap tokens/s. Example
 (A100, an 8B model, N 512, r 3.0): off, B_0 = 512 / 4 = 128, P_0 = 384; gamma 4 with E[L] 2.99, B_4 = 512 /
 13.97 = 36.6, P_4 = 329; at equal step times cap(4) / cap(0) = 36.6 x 2.99 / 128 = 0.86: every verified draft
@@ -28,8 +33,8 @@ fill the budget (B (1 + gamma_max) + P >= N; else the budget never binds and the
   instead of its per-sequence speed (the running option holds D by definition);
 - capacity (a queue): each option serves min(its rate at the held batch, cap(g)); when the running option's steps
   already fill the budget (measured tokens per step >= BUDGET_FULL x N) and the KV cache is not the limit, the
-  budget is, and every option serves cap(g): S(g) = cap(g) / cap(0). max_num_seqs is not known here: where B_0
-  passes it, off's cap is too high.
+  budget is, and every option serves cap(g): S(g) = cap(g) / cap(0). Where max_num_seqs is not known
+  (`targets[].max_num_seqs` unset) and B_0 passes it, off's cap is too high.
 - goodput_slo: each option's rate is held to its cap as above (a share of the offered load when latency-bound,
   tokens/s when capacity-bound), and an option whose cap binds runs full steps: its requests' mean ITL is
   T(B_g, g, P_g) / E[L], with B_g sequences a step rather than the held batch, so its share meeting the SLO is
@@ -97,7 +102,8 @@ class BudgetLoad:
     r (served prompt tokens per output token, >= 0), `served_tokens_per_s` (output tokens/s of one engine, > 0: the
     generation rate over the engines; `served` prefers the window's steps), and the running option's step: `batch`
     sequences decoding (>= 1), `prefill_tokens` (>= 0), `tokens_per_step` (decode + prefill, >= 0),
-    `context_tokens` (>= 0), its gamma `running` (0 = off) and its observed `step_time_s` (None = not measured)."""
+    `context_tokens` (>= 0), its gamma `running` (0 = off) and its observed `step_time_s` (None = not measured);
+    `max_seqs` M, the engine's max_num_seqs (None = unknown)."""
 
     budget_tokens: float
     prompt_per_output: float
@@ -108,6 +114,7 @@ class BudgetLoad:
     prefill_tokens: float = 0.0
     running: int = 0
     step_time_s: float | None = None
+    max_seqs: float | None = None
 
     def served(self, emitted_per_seq: float) -> float:
         """D (tokens/s of one engine): the lesser of B x `emitted_per_seq` (E[L] of the running option) / the
@@ -128,7 +135,7 @@ class BudgetLoad:
 
 def budget_load(
     budget_tokens: float | None, evidence: Evidence, *, tokens_per_seq: float, prefill_tokens: float,
-    context_tokens: float,
+    context_tokens: float, max_seqs: float | None = None,
 ) -> BudgetLoad | None:
     """The window's BudgetLoad, or None when the budget is unknown, the generation rate is missing, non-finite or
     zero, or the prompt rate is missing, non-finite or negative. The running step carries B x tokens_per_seq +
@@ -157,6 +164,7 @@ def budget_load(
         prefill_tokens=prefill,
         running=evidence.deployed_k if evidence.speculation_on else 0,
         step_time_s=observed_step_s(evidence),
+        max_seqs=max_seqs,
     )
 
 
@@ -173,9 +181,10 @@ def _full_step(
     point = acceptance[gamma]
     e = max(point.expected_length if length is None else length, 1.0)
     verified = verified_tokens(point)
-    share = load.prompt_per_output * e + verified
-    batch = max(load.budget_tokens / share, 1.0)
-    prefill = load.budget_tokens * load.prompt_per_output * e / share
+    batch = max(load.budget_tokens / (load.prompt_per_output * e + verified), 1.0)
+    if load.max_seqs is not None:
+        batch = min(batch, max(load.max_seqs, 1.0))
+    prefill = batch * load.prompt_per_output * e
     point_at = OperatingPoint(batch=batch, context_tokens=load.context_tokens, tokens_per_seq=verified,
                               draft_steps=gamma, prefill_tokens=prefill)
     return batch, e, step_time_at(ctx, point_at, scales=scales)  # gamma's step alone, as curve_for prices it

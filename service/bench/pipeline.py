@@ -119,6 +119,7 @@ def bench_advisor_settings(bench: BenchScenario, *, extra: Mapping[str, Any] | N
         "model_config_path": advisor.model_config_path,
         "tensor_parallel": advisor.tensor_parallel,
         "max_num_batched_tokens": bench.scenario.engine.max_num_batched_tokens,
+        "max_num_seqs": bench.scenario.engine.max_num_seqs,
         "drafter": drafter,
     }
     return advisor_settings(

@@ -54,6 +54,7 @@ def _run(bench: BenchScenario, policy: PolicySpec) -> RunResult:
 def test_the_scenario_passes_the_engine_budget_to_the_advisor(bench: BenchScenario) -> None:
     (target,) = bench_advisor_settings(bench).targets
     assert target.max_num_batched_tokens == bench.scenario.engine.max_num_batched_tokens == 512
+    assert target.max_num_seqs == bench.scenario.engine.max_num_seqs
 
 
 def test_told_the_budget_the_advisor_leaves_k4_and_serves_more_than_holding_it(bench: BenchScenario) -> None:

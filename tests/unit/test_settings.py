@@ -123,6 +123,9 @@ def test_target_names_must_be_unique() -> None:
         ({"targets": ONE_TARGET, "gpu": {"telemetry": "dcgm"}}, "gpu"),
         ({"targets": [{"name": "a", "url": "http://x", "drafter": {"method": "draft_model"}}]}, "targets.0.drafter"),
         ({"targets": [{"name": "a", "url": "http://x", "tensor_parallel": 0}]}, "targets.0.tensor_parallel"),
+        ({"targets": [{"name": "a", "url": "http://x", "max_num_seqs": 0}]}, "targets.0.max_num_seqs"),
+        ({"targets": [{"name": "a", "url": "http://x", "max_num_batched_tokens": 0}]},
+         "targets.0.max_num_batched_tokens"),
         ({"targets": ONE_TARGET, "gpu": {"telemetry": "dcgm", "dcgm_url": "notaurl"}}, "gpu.dcgm_url"),
         ({"targets": ONE_TARGET, "gpu": {"dcgm_url": "ftp://dcgm:9400/metrics"}}, "gpu.dcgm_url"),
         ({"targets": ONE_TARGET, "gpu": {"dcgm_url": "http://dcgm:notaport/metrics"}}, "gpu.dcgm_url"),
@@ -311,3 +314,12 @@ def test_a_draft_model_on_fewer_gpus_reaches_the_cost_model_and_other_drafters_r
     head = {**target, "drafter": {"method": "eagle3", "tensor_parallel": 1}}
     with pytest.raises(SettingsError, match="draft_model only"):
         load_settings(overrides={"targets": [head]})
+
+
+def test_the_engine_limits_reach_the_cost_model() -> None:
+    target = {**ONE_TARGET[0], "model_profile": "llama-3.1-8b", "max_num_batched_tokens": 2048, "max_num_seqs": 128}
+    [loaded] = load_settings(overrides={"targets": [target]}).targets
+    ctx = context_resolver(loaded, fallback_hardware="h100-sxm")("x", GpuSnapshot(taken_at_s=0.0, source="absent"))
+    assert (ctx.step_token_budget, ctx.max_num_seqs) == (2048, 128)
+    [bare] = load_settings(overrides={"targets": [ONE_TARGET[0]]}).targets
+    assert (bare.max_num_batched_tokens, bare.max_num_seqs) == (None, None)

@@ -245,3 +245,41 @@ def test_the_objective_keeps_the_kv_limit_when_the_cache_is_full() -> None:
     held = objective_curve(CTX, ACCEPTANCE, bare, config=ObjectiveConfig())[0]
     # The budget only lowers what the KV-held batch serves, never raises it.
     assert all(p.speedup <= h.speedup * (1 + 1e-9) for p, h in zip(curve[1:], held[1:], strict=True))
+
+
+def test_max_num_seqs_caps_the_batch_a_full_budget_would_hold() -> None:
+    # N 8192, r 8: off's share is 8 + 1 = 9 tokens a sequence, so the budget alone would hold 910 sequences; with
+    # max_num_seqs 256 it holds 256 and 256 x 8 = 2048 prompt tokens, the step no longer full.
+    load = replace(_load(served=1.0, tokens_per_step=8192.0, budget=8192.0, batch=256.0), prompt_per_output=8.0)
+    capped = replace(load, max_seqs=256.0)
+    step = curve_for(CTX, ACCEPTANCE[:1], Shape(batch=256.0, context_tokens=800.0, prefill_tokens=2048.0))[0][0]
+    assert capacity_tokens_per_s(CTX, ACCEPTANCE, capped, 0) == pytest.approx(256.0 / step.step_time_s)
+    assert capacity_tokens_per_s(CTX, ACCEPTANCE, load, 0) > capacity_tokens_per_s(CTX, ACCEPTANCE, capped, 0)
+    # A cap above what the budget holds changes nothing.
+    roomy = replace(load, max_seqs=4096.0)
+    assert capacity_tokens_per_s(CTX, ACCEPTANCE, roomy, 0) == capacity_tokens_per_s(CTX, ACCEPTANCE, load, 0)
+
+
+def test_known_max_num_seqs_keeps_off_from_looking_like_it_admits_more() -> None:
+    # Running gamma 4 at max_num_seqs 256 with a queue, N 2048, r 2: every step full. Unknown max_num_seqs credits
+    # off with 2048 / 3 = 683 sequences a step; known, off runs at most 256 like every other option, so each
+    # drafting option loses less to it (gamma 1: 0.92 -> 0.97 of off).
+    evidence = make_evidence(batch=256.0, waiting=200.0, kv_cache_usage_ratio=0.3, context_tokens_per_seq=800.0,
+                             prompt_tokens_per_s=16000.0, generation_tokens_per_s=8000.0,
+                             prefill_tokens_per_step=1500.0, speculation_on=True, deployed_k=4)
+    ctx: ModelContext = replace(CTX, step_token_budget=2048.0)
+
+    def curve(max_seqs: float | None) -> tuple:  # type: ignore[type-arg]
+        workload = workload_from(evidence, context_tokens=800.0, prefill_tokens=1500.0, tokens_per_seq=5.0,
+                                 budget_tokens=2048.0, max_seqs=max_seqs)
+        assert workload.budget is not None and workload.budget.full
+        return objective_curve(ctx, ACCEPTANCE, workload, config=ObjectiveConfig())[0]
+
+    blind, told = curve(None), curve(256.0)
+    assert all(t.speedup >= b.speedup for t, b in zip(told[1:], blind[1:], strict=True))
+    assert told[1].speedup > blind[1].speedup + 0.03
+
+
+def test_max_num_seqs_below_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        replace(CTX, max_num_seqs=0.0)
