@@ -42,12 +42,12 @@ Three objectives, chosen per tick from the evidence:
       S_slo = share(gamma) / share(0)          (latency-bound)
   and each option's ITL is priced at the batch that load gives it, not at the measured one: by Little's law the
   batch follows the ITL, B(gamma) = B x ITL_gamma(B(gamma)) / ITL_running (`open_loop_batch`). An option whose
-  batch would pass what the KV cache holds (or 4x the measured one) cannot hold the load: it stops there and is
-  counted at the share it serves, (B_cap / ITL_gamma(B_cap)) / (B / ITL_running), times its share meeting the
-  SLO. A deployed k past the curve has no point to anchor this on: every option then keeps the measured batch.
-  Speed beyond the SLO earns nothing: a faster token stream is not more tokens meeting the SLO, and counting
-  it (as throughput at the current B) would restart a server whose every option meets the SLO for a gain that
-  delivers nothing. Example:
+  batch would pass what the KV cache holds (or 4x the measured one, or max_num_seqs where known) cannot hold the
+  load: it stops there and is counted at the share it serves, (B_cap / ITL_gamma(B_cap)) / (B / ITL_running),
+  times its share meeting the SLO. A deployed k past the curve has no point to anchor this on: every option then
+  keeps the measured batch. Speed beyond the SLO earns nothing: a faster token stream is not more tokens meeting
+  the SLO, and counting it (as throughput at the current B) would restart a server whose every option meets the
+  SLO for a gain that delivers nothing. Example:
   SLO 8 ms, off at 11 ms: share(0) = max(0.01, Phi(ln(8/11) / 0.1) = Phi(-3.18) = 0.0007) = 0.01; gamma 2 at
   5.3 ms (Phi(4.12) = 0.99998) and gamma 3 at 4.7 ms (Phi(5.32) = 1.0): S(2) = 99.998, S(3) = 100.0, so decide's
   minimum-change rule keeps whichever runs. When every option's share sits at the floor (an overload that holds
@@ -126,7 +126,8 @@ class Workload:
     """The operating point an objective is evaluated at: running `batch` (>= 1), `waiting` requests (>= 0),
     `context_tokens` per sequence, `prefill_tokens` per step, `kv_usage_ratio` (None = unknown), `deployed_k`,
     `request_itl` the window's per-request mean ITLs while the deployed option ran (None = not measured), `budget`
-    the step's token budget and the load on it (policies/model/token_budget.py; None = the budget is unknown)."""
+    the step's token budget and the load on it (policies/model/token_budget.py; None = the budget is unknown),
+    `max_seqs` the engine's max_num_seqs (None = unknown): no option runs more sequences than it, nor than B."""
 
     batch: float
     waiting: float
@@ -136,6 +137,7 @@ class Workload:
     deployed_k: int = 0
     request_itl: HistogramReading | None = None
     budget: BudgetLoad | None = None
+    max_seqs: float | None = None
 
     @property
     def kv_capacity_tokens(self) -> float | None:
@@ -176,6 +178,7 @@ def workload_from(
         request_itl=evidence.request_itl,
         budget=budget_load(budget_tokens, evidence, tokens_per_seq=tokens_per_seq, prefill_tokens=prefill_tokens,
                            context_tokens=context_tokens, max_seqs=max_seqs),
+        max_seqs=max_seqs,
     )
 
 
@@ -200,15 +203,22 @@ def choose_objective(workload: Workload, config: ObjectiveConfig) -> tuple[Objec
 
 def held_batch(workload: Workload, gamma: int, *, kv_full: bool) -> float:
     """Sequences an option with `gamma` drafts can run (>= 1): the current batch unless the KV cache is the limit,
-    then min(B + waiting, capacity / (ctx - deployed_k + gamma)) (module docstring).
+    then min(B + waiting, capacity / (ctx - deployed_k + gamma)) (module docstring), and never more than the
+    engine's max_num_seqs where it is known (or B, where a summed page reads more).
 
-    Example: B 64, ctx 264, k 3, usage 1.0, 20 waiting, kv_full: gamma 0 -> min(84, 16896 / 261) = 64.7.
+    Example: B 64, ctx 264, k 3, usage 1.0, 20 waiting, kv_full: gamma 0 -> min(84, 16896 / 261) = 64.7; with
+    max_num_seqs 64 -> 64.
     """
     capacity = workload.kv_capacity_tokens
     if not kv_full or capacity is None:
         return workload.batch
     per_seq = max(workload.context_tokens - workload.deployed_k, 1.0) + gamma
-    return max(1.0, min(workload.batch + workload.waiting, capacity / per_seq))
+    return max(1.0, min(workload.batch + workload.waiting, capacity / per_seq, _seq_limit(workload)))
+
+
+def _seq_limit(workload: Workload) -> float:
+    """The most sequences an option can run: max(B, max_num_seqs), or unbounded where max_num_seqs is unknown."""
+    return math.inf if workload.max_seqs is None else max(workload.batch, workload.max_seqs)
 
 
 def objective_curve(
@@ -221,8 +231,8 @@ def objective_curve(
 ) -> tuple[tuple[CurvePoint, ...], Objective, str]:
     """The curve S(gamma) in the objective that applies (module docstring), with the objective and why.
     `acceptance` starts at gamma 0, contiguous. Latency objective: exactly `costmodel.curve_for` at B, unless the
-    step's token budget binds (latency and capacity: each option held to what the budget lets it serve,
-    policies/model/token_budget.py).
+    step's token budget binds (each option held to what the budget lets it serve, and under an SLO priced at its
+    full step's ITL: policies/model/token_budget.py).
 
     Example: latency-bound at B = 1 -> the plain curve; capacity-bound with the cache not full -> the same
     numbers (every option holds the same batch) under the name "capacity".
@@ -431,8 +441,9 @@ _OPEN_LOOP_TOLERANCE = 0.005
 
 
 def _open_loop_cap(workload: Workload) -> float:
-    """OPEN_LOOP_MAX_GROWTH x the batch, and no more sequences than the KV cache holds at this context."""
-    cap = OPEN_LOOP_MAX_GROWTH * workload.batch
+    """OPEN_LOOP_MAX_GROWTH x the batch, and no more sequences than the KV cache holds at this context nor than the
+    engine runs (max_num_seqs, where known)."""
+    cap = min(OPEN_LOOP_MAX_GROWTH * workload.batch, _seq_limit(workload))
     capacity = workload.kv_capacity_tokens
     if capacity is not None and workload.context_tokens > 0:
         cap = min(cap, max(workload.batch, capacity / workload.context_tokens))

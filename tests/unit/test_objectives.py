@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 from statistics import NormalDist
 
 import pytest
@@ -224,3 +225,24 @@ def test_workload_from_evidence() -> None:
     off = workload_from(make_evidence(speculation_on=False, waiting=float("nan")), context_tokens=1.0,
                         prefill_tokens=0.0)
     assert off.deployed_k == 0 and off.waiting == 0.0
+
+
+def test_max_num_seqs_bounds_the_batch_an_option_holds() -> None:
+    # The cache full at B 64 with 20 waiting and room for more: 84 sequences would run, the engine runs at most
+    # 70; a max_num_seqs under the measured batch (a summed page) never cuts below it.
+    workload = Workload(64.0, 20.0, 264.0, kv_usage_ratio=0.5, deployed_k=3)
+    assert held_batch(workload, 0, kv_full=True) == pytest.approx(84.0)
+    assert held_batch(replace(workload, max_seqs=70.0), 0, kv_full=True) == pytest.approx(70.0)
+    assert held_batch(replace(workload, max_seqs=32.0), 0, kv_full=True) == pytest.approx(64.0)
+
+
+def test_under_an_slo_no_option_grows_past_max_num_seqs() -> None:
+    # No queue at B 20 under an SLO: off's longer ITL would hold more requests in flight (Little's law); with the
+    # engine capped at 22 it stops there, cannot hold the load, and serves less of it than unbounded.
+    ctx = make_context()
+    workload = Workload(20.0, 0.0, 512.0, deployed_k=3)
+    config = ObjectiveConfig(itl_slo_s=10.0)
+    free = objective_curve(ctx, ACCEPTANCE, workload, config=config)[0]
+    capped = objective_curve(ctx, ACCEPTANCE, replace(workload, max_seqs=22.0), config=config)[0]
+    assert free[3].speedup == pytest.approx(1.0)  # every option meets a 10 s SLO and, unbounded, holds the load
+    assert capped[3].speedup > free[3].speedup  # off, held to 22 sequences, serves less: speculation gains

@@ -283,3 +283,12 @@ def test_known_max_num_seqs_keeps_off_from_looking_like_it_admits_more() -> None
 def test_max_num_seqs_below_one_is_refused() -> None:
     with pytest.raises(ValueError, match="max_num_seqs"):
         replace(CTX, max_num_seqs=0.0)
+
+
+def test_a_prompt_longer_than_the_step_spans_steps() -> None:
+    # N 512, r 1000: a sequence and its prompt share (1001 tokens an output token) do not fit one step, so about
+    # half a sequence decodes a step (priced as one) beside 512 x 1000 / 1001 = 511.5 prompt tokens, never more
+    # than the budget holds.
+    load = replace(_load(served=1.0, tokens_per_step=512.0), prompt_per_output=1000.0)
+    step = curve_for(CTX, ACCEPTANCE[:1], Shape(batch=1.0, context_tokens=800.0, prefill_tokens=512.0 * 1000 / 1001))
+    assert capacity_tokens_per_s(CTX, ACCEPTANCE, load, 0) == pytest.approx(1.0 / step[0][0].step_time_s)

@@ -8,8 +8,16 @@ import pytest
 from costmodel_builders import make_context, make_evidence
 
 from policies.model.acceptance import acceptance_curve
-from policies.model.costmodel import ModelContext
-from policies.model.objectives import Objective, ObjectiveConfig, Workload, objective_curve, workload_from
+from policies.model.costmodel import ModelContext, curve_for
+from policies.model.objectives import (
+    Objective,
+    ObjectiveConfig,
+    Workload,
+    objective_curve,
+    slo_share,
+    workload_from,
+)
+from policies.model.roofline import Shape
 from policies.model.token_budget import capacity_tokens_per_s
 from policies.types import DraftMethod
 
@@ -95,3 +103,21 @@ def test_latency_bound_an_option_that_cannot_hold_the_load_serves_its_cap() -> N
         assert curve[gamma].speedup == pytest.approx(caps[gamma] * scale / 2100.0, rel=1e-6)
     assert f"gamma {', '.join(map(str, short))} cannot hold 2100 tokens/s" in why
     assert curve[3].speedup == pytest.approx(1.0)  # what runs holds its load; every option meets the SLO
+
+
+def test_latency_bound_an_option_that_cannot_hold_the_load_meets_the_slo_at_its_full_step() -> None:
+    # The workload above under a 19.5 ms SLO: gamma 4 cannot hold the load, so it runs full steps: N 512, r 3, E[L]
+    # 3.08: B_4 = 512 / (3 x 3.08 + 5) = 36.0 sequences and P_4 = 36.0 x 9.24 = 332.6 prompt tokens a step; its
+    # share meeting the SLO is the modelled share at that step / E[L], the step priced by hand here.
+    evidence = make_evidence(batch=41.0, waiting=0.0, kv_cache_usage_ratio=0.1, context_tokens_per_seq=800.0,
+                             prompt_tokens_per_s=6300.0, generation_tokens_per_s=2100.0, prefill_tokens_per_step=390.0)
+    workload = workload_from(evidence, context_tokens=800.0, prefill_tokens=390.0, tokens_per_seq=3.79,
+                             budget_tokens=512.0)
+    config = ObjectiveConfig(itl_slo_s=0.0195)  # gamma 4's full step: 58 ms / 3.08 = 18.9 ms per token
+    curve = objective_curve(CTX, ACCEPTANCE, workload, config=config)[0]
+    e = ACCEPTANCE[4].expected_length
+    batch = 512.0 / (3.0 * e + 5.0)
+    full = curve_for(CTX, ACCEPTANCE, Shape(batch=batch, context_tokens=800.0, prefill_tokens=batch * 3.0 * e))[0]
+    share = curve[4].slo_share
+    assert share is not None and 0.02 < share < 0.98  # the example is one where the step decides the share
+    assert share == pytest.approx(slo_share(full[4].step_time_s / e, config), rel=1e-6)
