@@ -654,7 +654,9 @@ class ScheduleSettings(_Section):
     """schedule mode: the engine the per-batch schedule is written for."""
 
     max_num_seqs: int = Field(
-        default=256, ge=1, le=16384, description="schedule mode: the engine's --max-num-seqs (the schedule's range)."
+        default=256, ge=1, le=16384,
+        description="schedule mode: the engine's --max-num-seqs (the schedule's range), for a target whose own "
+        "targets[].max_num_seqs is unset.",
     )
 
 

@@ -420,8 +420,8 @@ class ActuationRunner:
             plan = inputs_from_evidence(
                 status.evidence, status.context,
                 ScheduleAsk(
-                    max_num_seqs=self._options.schedule_max_num_seqs, gamma_max=self._options.schedule_gamma_max,
-                    margin=self._options.schedule_margin,
+                    max_num_seqs=int(status.context.max_num_seqs or self._options.schedule_max_num_seqs),
+                    gamma_max=self._options.schedule_gamma_max, margin=self._options.schedule_margin,
                 ),
                 scales=scales,
             )

@@ -167,8 +167,9 @@ def _add_whatif_commands(commands: Any) -> None:
     schedule.add_argument("--url", help="instead of a file: a running sidecar's base URL (its live schedules)")
     schedule.add_argument("--target", help="with --url: only this target")
     schedule.add_argument(
-        "--max-num-seqs", type=_bounded_int(1, MAX_NUM_SEQS_LIMIT), default=DEFAULT_MAX_NUM_SEQS,
-        help=f"the engine's --max-num-seqs (default {DEFAULT_MAX_NUM_SEQS})",
+        "--max-num-seqs", type=_bounded_int(1, MAX_NUM_SEQS_LIMIT),
+        help=f"the engine's --max-num-seqs (default {DEFAULT_MAX_NUM_SEQS}; with --url, the target's "
+        "targets[].max_num_seqs where set)",
     )
     schedule.add_argument(
         "--context-tokens", type=_non_negative_float,
@@ -497,7 +498,8 @@ def _schedule(args: argparse.Namespace) -> int:
     profile = _profile_arg(args)
     try:
         plan = whatif_schedule_plan(
-            request.to_input(), max_num_seqs=args.max_num_seqs, context_tokens=args.context_tokens,
+            request.to_input(), max_num_seqs=args.max_num_seqs or DEFAULT_MAX_NUM_SEQS,
+            context_tokens=args.context_tokens,
             margin=args.margin, profile=profile,
         )
     except WhatIfInputError as exc:
@@ -514,7 +516,9 @@ def _schedule(args: argparse.Namespace) -> int:
 
 
 def _schedule_from_sidecar(args: argparse.Namespace) -> int:
-    params: dict[str, str | int | float] = {"max_num_seqs": args.max_num_seqs, "margin": args.margin}
+    params: dict[str, str | int | float] = {"margin": args.margin}
+    if args.max_num_seqs is not None:
+        params["max_num_seqs"] = args.max_num_seqs
     if args.target is not None:
         params["target"] = args.target
     if args.context_tokens is not None:

@@ -650,8 +650,10 @@ def create_whatif_router(
     async def schedule(
         target: Annotated[str | None, Query(min_length=1, max_length=64, description="Only this target.")] = None,
         max_num_seqs: Annotated[
-            int, Query(ge=1, le=MAX_NUM_SEQS_LIMIT, description="The engine's --max-num-seqs.")
-        ] = DEFAULT_MAX_NUM_SEQS,
+            int | None, Query(ge=1, le=MAX_NUM_SEQS_LIMIT, description=(
+                "The engine's --max-num-seqs. Default: the target's targets[].max_num_seqs, else "
+                f"{DEFAULT_MAX_NUM_SEQS}."))
+        ] = None,
         context_tokens: Annotated[
             float | None, Query(ge=0, le=MAX_CONTEXT_TOKENS, description="Override the observed context/seq.")
         ] = None,
@@ -669,14 +671,20 @@ def create_whatif_router(
 
         def compute() -> SchedulesOut:
             return SchedulesOut(targets=[
-                _live_schedule(t, max_num_seqs=max_num_seqs, context_tokens=context_tokens, margin=margin,
-                               gamma_max=deepest)
+                _live_schedule(t, max_num_seqs=max_num_seqs or _engine_max_num_seqs(t.context),
+                               context_tokens=context_tokens, margin=margin, gamma_max=deepest)
                 for t in chosen
             ])
 
         return await run_in_threadpool(compute)
 
     return router
+
+
+def _engine_max_num_seqs(context: ModelContext | None) -> int:
+    """The target's max_num_seqs where its settings give it (`ModelContext.max_num_seqs`), else the default."""
+    known = context.max_num_seqs if context is not None else None
+    return DEFAULT_MAX_NUM_SEQS if known is None else max(1, min(MAX_NUM_SEQS_LIMIT, int(known)))
 
 
 def _live_schedule(

@@ -56,10 +56,15 @@ def speculative_config(deployment: dict[str, Any]) -> tuple[list[str], dict[str,
     return args[:i] + args[i + 2:], config
 
 
-def advisor_settings(capture_url: str, api_url: str, token_file: Path, state: Path, **actuation: Any) -> Settings:
-    """A fast-ticking sidecar on the capture, acting in mode kubernetes on NAME through the loopback API server."""
+def advisor_settings(
+    capture_url: str, api_url: str, token_file: Path, state: Path, *, target: dict[str, Any] | None = None,
+    **actuation: Any,
+) -> Settings:
+    """A fast-ticking sidecar on the capture, acting in mode kubernetes on NAME through the loopback API server;
+    `target` adds to the target's settings."""
     return load_settings(overrides={
-        "targets": [{"name": "llama", "url": capture_url, "hardware": "h100-sxm", "drafter": {"method": "eagle"}}],
+        "targets": [{"name": "llama", "url": capture_url, "hardware": "h100-sxm", "drafter": {"method": "eagle"},
+                     **(target or {})}],
         "scrape_interval_s": 0.1,
         "scrape_timeout_s": 0.1,
         "estimator": {"window_s": 0.4, "stale_after_s": 1.0},

@@ -46,16 +46,18 @@ def http_route(on_weight: int, off_weight: int) -> dict[str, Any]:
     }
 
 
-def act_once(api: FakeKubeApiServer, tmp_path: Path, **actuation: Any) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Run the sidecar on the eagle k=3 capture, acting through `api` as `actuation` says, until one action is
-    applied; return (that action's audit record, the recommendation then)."""
+def act_once(
+    api: FakeKubeApiServer, tmp_path: Path, *, target: dict[str, Any] | None = None, **actuation: Any
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Run the sidecar on the eagle k=3 capture, acting through `api` as `actuation` says (`target`: more target
+    settings), until one action is applied; return (that action's audit record, the recommendation then)."""
     token_file = tmp_path / "sa-token"
     token_file.write_text(KUBE_TOKEN, encoding="utf-8")
 
     async def scenario() -> tuple[dict[str, Any], dict[str, Any]]:
         capture = CaptureServer(FIXTURES / "synthetic-eagle-k3.txt")
         async with serving(capture) as capture_url:
-            settings = advisor_settings(capture_url, api.url, token_file, tmp_path / "state",
+            settings = advisor_settings(capture_url, api.url, token_file, tmp_path / "state", target=target,
                                         api={"write_endpoints": False}, **actuation)
             sidecar = build_sidecar(settings, gpu_source=NoGpuSource())
             async with serving(sidecar.app) as url, httpx.AsyncClient(base_url=url, timeout=5.0) as client:
@@ -93,6 +95,17 @@ def test_schedule_mode_writes_vllms_per_batch_schedule_into_the_deployment(tmp_p
             assert config["num_speculative_tokens"] == max(band[2] for band in bands)
         (patch,) = list(patches(api.requests))
         assert patch.content_type == "application/strategic-merge-patch+json"
+
+
+def test_schedule_mode_covers_the_targets_own_max_num_seqs(tmp_path: Path) -> None:
+    grants = {(USER, verb, "deployments", NAME) for verb in ("get", "patch")}
+    with FakeKubeApiServer(tokens={KUBE_TOKEN: USER}, grants=grants) as api:
+        api.put(DEPLOYMENTS, vllm_deployment())
+        api.finish_rollout(NS, NAME)
+        action, _ = act_once(api, tmp_path, mode="schedule", target={"max_num_seqs": 128})
+        schedule = action["desired"]["schedule"]
+        assert schedule, "the capture's schedule drafts at some batch"
+        assert schedule[-1][0] == 128  # [upper batch, K]: the engine's own 128, not schedule.max_num_seqs 256
 
 
 def test_routing_mode_moves_the_traffic_between_the_pools_on_the_httproute(tmp_path: Path) -> None:

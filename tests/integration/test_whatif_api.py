@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -480,5 +481,28 @@ def test_a_stated_step_budget_reaches_the_prices() -> None:
         assert free.status_code == tight.status_code == 200, tight.text
         assert speedups(tight.json())[0] < speedups(free.json())[0]
         assert any("max_num_batched_tokens" in note for note in tight.json()["notes"])
+
+    run_api(check)
+
+
+def test_a_schedule_covers_the_targets_own_max_num_seqs_unless_asked_for_another() -> None:
+    async def check(client: httpx.AsyncClient, board: Board) -> None:
+        publish(board)
+        (own,) = (await client.get("/v1/schedule", params={"target": "llama"})).json()["targets"]
+        assert own["max_num_seqs"] == 64 and own["bands"][-1]["hi"] == 64
+        (asked,) = (await client.get("/v1/schedule", params={"target": "llama", "max_num_seqs": 128})).json()[
+            "targets"]
+        assert asked["max_num_seqs"] == 128 and asked["bands"][-1]["hi"] == 128
+
+    run_api(check, live=lambda board: live_targets_from_board(
+        board, context_for=lambda name: replace(catalog_context(), max_num_seqs=64) if name == "llama" else None
+    ))
+
+
+def test_without_its_own_max_num_seqs_a_schedule_covers_vllms_default() -> None:
+    async def check(client: httpx.AsyncClient, board: Board) -> None:
+        publish(board)
+        (out,) = (await client.get("/v1/schedule", params={"target": "llama"})).json()["targets"]
+        assert out["max_num_seqs"] == 256 and out["bands"][-1]["hi"] == 256
 
     run_api(check)
