@@ -272,7 +272,8 @@ def build_sidecar(
         return status.context if status is not None else None
 
     whatif = create_whatif_router(
-        live_targets=live_targets_from_board(board, context_for=context_for), gamma_max=settings.decide.gamma_max
+        live_targets=live_targets_from_board(board, context_for=context_for), gamma_max=settings.decide.gamma_max,
+        default_max_num_seqs=settings.actuation.schedule.max_num_seqs,
     )
     app = create_api(
         board,

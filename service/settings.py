@@ -230,9 +230,10 @@ class TargetSettings(_Section):
     )
     max_num_seqs: int | None = Field(
         default=None, ge=1, le=16384,
-        description="The engine's most sequences per step (vLLM --max-num-seqs): with max_num_batched_tokens, it caps "
-        "the batch a full step budget would hold, which plain decoding reaches first. Default None: unknown, and "
-        "the budget's batch is not capped (docs/model.md).",
+        description="The engine's most sequences per step (vLLM --max-num-seqs): it caps the batch a full step "
+        "budget (max_num_batched_tokens) would hold, which plain decoding reaches first, and the batch any option "
+        "is priced at; the range a live schedule covers. Default None: unknown; the budget's batch is then not "
+        "capped and schedules cover actuation.schedule.max_num_seqs (docs/model.md).",
     )
     profile: Path | None = Field(
         default=None,

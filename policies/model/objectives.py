@@ -127,7 +127,8 @@ class Workload:
     `context_tokens` per sequence, `prefill_tokens` per step, `kv_usage_ratio` (None = unknown), `deployed_k`,
     `request_itl` the window's per-request mean ITLs while the deployed option ran (None = not measured), `budget`
     the step's token budget and the load on it (policies/model/token_budget.py; None = the budget is unknown),
-    `max_seqs` the engine's max_num_seqs (None = unknown): no option runs more sequences than it, nor than B."""
+    `max_seqs` the engine's max_num_seqs (None = unknown): no option runs more than max(B, max_num_seqs) sequences
+    (B may pass it where a page sums several engines)."""
 
     batch: float
     waiting: float

@@ -178,16 +178,17 @@ def _full_step(
     length: float | None, scales: CostScales | None,
 ) -> tuple[float, float, float]:
     """(B_g, E[L], T(B_g, g, P_g)): option gamma's step with every step full at the served mix (module docstring);
-    `length` replaces E[L] (the band's ends)."""
+    `length` replaces E[L] (the band's ends). B_g may be under 1: where one sequence and its prompt share pass N,
+    prompts span steps and fewer than one sequence decodes a step on average; the step is then priced with one."""
     point = acceptance[gamma]
     e = max(point.expected_length if length is None else length, 1.0)
     verified = verified_tokens(point)
-    fits = load.budget_tokens / (load.prompt_per_output * e + verified)
-    if load.max_seqs is not None:
-        fits = min(fits, max(load.max_seqs, 1.0))
-    prefill = fits * load.prompt_per_output * e  # a prompt longer than the step spans steps: under one sequence
-    batch = max(fits, 1.0)  # decodes a step, priced as one
-    point_at = OperatingPoint(batch=batch, context_tokens=load.context_tokens, tokens_per_seq=verified,
+    share = load.prompt_per_output * e + verified
+    batch, prefill = load.budget_tokens / share, load.budget_tokens * load.prompt_per_output * e / share
+    if load.max_seqs is not None and batch > load.max_seqs:
+        batch = max(load.max_seqs, 1.0)
+        prefill = batch * load.prompt_per_output * e
+    point_at = OperatingPoint(batch=max(batch, 1.0), context_tokens=load.context_tokens, tokens_per_seq=verified,
                               draft_steps=gamma, prefill_tokens=prefill)
     return batch, e, step_time_at(ctx, point_at, scales=scales)  # gamma's step alone, as curve_for prices it
 

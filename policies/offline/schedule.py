@@ -244,6 +244,13 @@ class ScheduleAsk:
     margin: float = 0.0
 
 
+def engine_max_num_seqs(ctx: ModelContext | None, default: int) -> int:
+    """The batch range a live schedule covers: the target's own max_num_seqs where its settings give it
+    (`ModelContext.max_num_seqs`), else `default`; within 1..MAX_NUM_SEQS_LIMIT. Example: 128 -> 128; None -> 256."""
+    known = ctx.max_num_seqs if ctx is not None else None
+    return default if known is None else max(1, min(MAX_NUM_SEQS_LIMIT, int(known)))
+
+
 def inputs_from_evidence(
     evidence: Evidence, ctx: ModelContext, ask: ScheduleAsk, *, scales: CostScales
 ) -> ScheduleInputs:

@@ -47,7 +47,13 @@ from policies.act.gate import (
     judged_decision,
 )
 from policies.model.roofline import CostScales
-from policies.offline.schedule import BatchSchedule, ScheduleAsk, inputs_from_evidence, schedule_for
+from policies.offline.schedule import (
+    BatchSchedule,
+    ScheduleAsk,
+    engine_max_num_seqs,
+    inputs_from_evidence,
+    schedule_for,
+)
 from policies.types import DataState, Decision
 from service.actuators.audit import AuditLog, SkipThrottle, rfc3339
 from service.actuators.base import Actuator
@@ -420,7 +426,7 @@ class ActuationRunner:
             plan = inputs_from_evidence(
                 status.evidence, status.context,
                 ScheduleAsk(
-                    max_num_seqs=int(status.context.max_num_seqs or self._options.schedule_max_num_seqs),
+                    max_num_seqs=engine_max_num_seqs(status.context, self._options.schedule_max_num_seqs),
                     gamma_max=self._options.schedule_gamma_max, margin=self._options.schedule_margin,
                 ),
                 scales=scales,

@@ -33,6 +33,7 @@ from policies.offline.schedule import (
     BatchSchedule,
     ScheduleAsk,
     ScheduleInputs,
+    engine_max_num_seqs,
     inputs_from_evidence,
     schedule_for,
     sglang_adaptive_config,
@@ -622,10 +623,12 @@ def create_whatif_router(
     live_targets: LiveTargets | None = None,
     gamma_max: int = DEFAULT_GAMMA_MAX,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    default_max_num_seqs: int = DEFAULT_MAX_NUM_SEQS,
 ) -> APIRouter:
     """`POST /v1/whatif` and `GET /v1/schedule`. `live_targets` lists the configured targets with their evidence
     and profiles (None: /v1/schedule answers 404 for every target, what-if still works); `gamma_max` is the deepest
-    K a schedule may use by default (the decision's gamma_max)."""
+    K a schedule may use by default (the decision's gamma_max); `default_max_num_seqs` the batch range of a target
+    without its own max_num_seqs (schedule.max_num_seqs, as the schedule actuator's)."""
     router = APIRouter(route_class=bounded_route(max_body_bytes, what="what-if"), tags=["what-if"])
     errors: dict[int | str, dict[str, Any]] = {
         404: {"description": "Unknown target."},
@@ -652,7 +655,7 @@ def create_whatif_router(
         max_num_seqs: Annotated[
             int | None, Query(ge=1, le=MAX_NUM_SEQS_LIMIT, description=(
                 "The engine's --max-num-seqs. Default: the target's targets[].max_num_seqs, else "
-                f"{DEFAULT_MAX_NUM_SEQS}."))
+                f"actuation.schedule.max_num_seqs ({DEFAULT_MAX_NUM_SEQS} unless set)."))
         ] = None,
         context_tokens: Annotated[
             float | None, Query(ge=0, le=MAX_CONTEXT_TOKENS, description="Override the observed context/seq.")
@@ -671,7 +674,7 @@ def create_whatif_router(
 
         def compute() -> SchedulesOut:
             return SchedulesOut(targets=[
-                _live_schedule(t, max_num_seqs=max_num_seqs or _engine_max_num_seqs(t.context),
+                _live_schedule(t, max_num_seqs=max_num_seqs or engine_max_num_seqs(t.context, default_max_num_seqs),
                                context_tokens=context_tokens, margin=margin, gamma_max=deepest)
                 for t in chosen
             ])
@@ -679,12 +682,6 @@ def create_whatif_router(
         return await run_in_threadpool(compute)
 
     return router
-
-
-def _engine_max_num_seqs(context: ModelContext | None) -> int:
-    """The target's max_num_seqs where its settings give it (`ModelContext.max_num_seqs`), else the default."""
-    known = context.max_num_seqs if context is not None else None
-    return DEFAULT_MAX_NUM_SEQS if known is None else max(1, min(MAX_NUM_SEQS_LIMIT, int(known)))
 
 
 def _live_schedule(

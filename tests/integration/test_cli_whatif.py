@@ -122,6 +122,9 @@ def test_schedule_from_a_whatif_file(tmp_path: Path) -> None:
     bands = out["vllm"]["speculative_config"]["num_speculative_tokens_per_batch_size"]
     assert bands[0][0] == 1 and bands[-1][1] == 512 and out["context_tokens"] == 4096.0
     assert max(k for _, _, k in bands) <= 5  # max(gammas) bounds K
+    default = json.loads(cli("schedule", str(path), "--format", "json").stdout)  # no flag: vLLM's usual 256
+    assert default["max_num_seqs"] == 256
+    assert default["vllm"]["speculative_config"]["num_speculative_tokens_per_batch_size"][-1][1] == 256
 
 
 def test_schedule_usage_errors_exit_2(tmp_path: Path) -> None:
@@ -168,19 +171,23 @@ def test_schedule_from_a_running_sidecar() -> None:
         extensions=ApiExtensions(routers=[create_whatif_router(live_targets=live_targets_from_board(board))]),
     )
 
-    async def scenario() -> tuple[int, str, str]:
+    async def scenario(*flags: str) -> tuple[int, str, str]:
         async with serving(app) as url:
             process = await asyncio.create_subprocess_exec(
-                *COMMAND, "schedule", "--url", url, "--target", "llama", "--max-num-seqs", "64",
+                *COMMAND, "schedule", "--url", url, "--target", "llama", *flags,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=clean_env(),
             )
             out, err = await asyncio.wait_for(process.communicate(), timeout=DEADLINE_S)
             return process.returncode or 0, out.decode(), err.decode()
 
-    code, out, err = asyncio.run(scenario())
+    code, out, err = asyncio.run(scenario("--max-num-seqs", "64"))
     assert code == 0, err
     assert out.startswith("target llama (meta-llama/Llama-3.1-8B-Instruct): state ok")
     assert "context 600 tokens/seq, batch 1..64" in out and "--speculative-config '" in out
+    # Without the flag the sidecar's own default range (the target sets no max_num_seqs here).
+    code, out, err = asyncio.run(scenario())
+    assert code == 0, err
+    assert "context 600 tokens/seq, batch 1..256" in out
 
     unreachable = cli("schedule", "--url", f"http://127.0.0.1:{closed_port()}")
     assert unreachable.returncode == 1 and "cannot reach" in unreachable.stderr

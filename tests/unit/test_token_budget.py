@@ -286,9 +286,11 @@ def test_max_num_seqs_below_one_is_refused() -> None:
 
 
 def test_a_prompt_longer_than_the_step_spans_steps() -> None:
-    # N 512, r 1000: a sequence and its prompt share (1001 tokens an output token) do not fit one step, so about
-    # half a sequence decodes a step (priced as one) beside 512 x 1000 / 1001 = 511.5 prompt tokens, never more
-    # than the budget holds.
+    # N 512, r 1000: a sequence and its prompt share (1001 tokens an output token) do not fit one step, so 512 /
+    # 1001 = 0.51 sequences decode a step on average beside 511.5 prompt tokens: the step is priced with one
+    # decoding sequence, the tokens served at 0.51 a step. Deeper drafts take more of the step and serve less.
     load = replace(_load(served=1.0, tokens_per_step=512.0), prompt_per_output=1000.0)
     step = curve_for(CTX, ACCEPTANCE[:1], Shape(batch=1.0, context_tokens=800.0, prefill_tokens=512.0 * 1000 / 1001))
-    assert capacity_tokens_per_s(CTX, ACCEPTANCE, load, 0) == pytest.approx(1.0 / step[0][0].step_time_s)
+    assert capacity_tokens_per_s(CTX, ACCEPTANCE, load, 0) == pytest.approx(512.0 / 1001 / step[0][0].step_time_s)
+    caps = [capacity_tokens_per_s(CTX, ACCEPTANCE, load, g) for g in range(5)]
+    assert caps == sorted(caps, reverse=True)

@@ -37,6 +37,14 @@ def _queued(*, k: int = 3, on: bool = True, batch: float = 41.0) -> Workload:
                          budget_tokens=CTX.step_token_budget)
 
 
+def _unqueued() -> Workload:
+    """No queue, k=3 running 41 sequences with 390 prompt tokens a step at 2100 tokens/s (r 3): every step full."""
+    evidence = make_evidence(batch=41.0, waiting=0.0, kv_cache_usage_ratio=0.1, context_tokens_per_seq=800.0,
+                             prompt_tokens_per_s=6300.0, generation_tokens_per_s=2100.0, prefill_tokens_per_step=390.0)
+    return workload_from(evidence, context_tokens=800.0, prefill_tokens=390.0, tokens_per_seq=3.79,
+                         budget_tokens=CTX.step_token_budget)
+
+
 def test_a_full_budget_under_a_loose_slo_prices_as_throughput_does() -> None:
     # Every option meets a 10 s SLO, so the tokens meeting it are the tokens served: each option serves its cap,
     # S(gamma) = cap(gamma) / cap(0), the same curve the capacity objective gives under the same budget.
@@ -89,10 +97,7 @@ def test_latency_bound_an_option_that_cannot_hold_the_load_serves_its_cap() -> N
     # No queue, k=3 running with every step full at 2100 tokens/s, past the model's cap(3) of ~2040: the caps are
     # scaled up to it, and gamma 4's is still under the load. Under a loose SLO it serves cap(4) x scale of the
     # 2100 tokens/s offered, and the reason says it cannot hold the load.
-    evidence = make_evidence(batch=41.0, waiting=0.0, kv_cache_usage_ratio=0.1, context_tokens_per_seq=800.0,
-                             prompt_tokens_per_s=6300.0, generation_tokens_per_s=2100.0, prefill_tokens_per_step=390.0)
-    workload = workload_from(evidence, context_tokens=800.0, prefill_tokens=390.0, tokens_per_seq=3.79,
-                             budget_tokens=512.0)
+    workload = _unqueued()
     assert workload.budget is not None
     curve, _, why = objective_curve(CTX, ACCEPTANCE, workload, config=LOOSE)
     caps = [capacity_tokens_per_s(CTX, ACCEPTANCE, workload.budget, g) for g in range(5)]
@@ -107,12 +112,9 @@ def test_latency_bound_an_option_that_cannot_hold_the_load_serves_its_cap() -> N
 
 def test_latency_bound_an_option_that_cannot_hold_the_load_meets_the_slo_at_its_full_step() -> None:
     # The workload above under a 19.5 ms SLO: gamma 4 cannot hold the load, so it runs full steps: N 512, r 3, E[L]
-    # 3.08: B_4 = 512 / (3 x 3.08 + 5) = 36.0 sequences and P_4 = 36.0 x 9.24 = 332.6 prompt tokens a step; its
+    # 3.08: B_4 = 512 / (3 x 3.08 + 5) = 36.0 sequences and P_4 = 36.0 x 9.24 = 332.1 prompt tokens a step; its
     # share meeting the SLO is the modelled share at that step / E[L], the step priced by hand here.
-    evidence = make_evidence(batch=41.0, waiting=0.0, kv_cache_usage_ratio=0.1, context_tokens_per_seq=800.0,
-                             prompt_tokens_per_s=6300.0, generation_tokens_per_s=2100.0, prefill_tokens_per_step=390.0)
-    workload = workload_from(evidence, context_tokens=800.0, prefill_tokens=390.0, tokens_per_seq=3.79,
-                             budget_tokens=512.0)
+    workload = _unqueued()
     config = ObjectiveConfig(itl_slo_s=0.0195)  # gamma 4's full step: 58 ms / 3.08 = 18.9 ms per token
     curve = objective_curve(CTX, ACCEPTANCE, workload, config=config)[0]
     e = ACCEPTANCE[4].expected_length
