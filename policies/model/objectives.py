@@ -80,7 +80,7 @@ from policies.model.acceptance import AcceptancePoint
 from policies.model.costmodel import ModelContext, curve_for, step_batch
 from policies.model.roofline import CostScales, Shape
 from policies.model.slo_share import fit_request_itl, modelled_share, shifted_share
-from policies.model.token_budget import BudgetLimits, BudgetLoad, Regime, budget_limited, budget_limits, budget_load
+from policies.model.token_budget import BudgetLoad, Regime, budget_limited, budget_limits, budget_load
 from policies.types import CurvePoint, Evidence, HistogramReading
 
 
@@ -285,9 +285,12 @@ def objective_curve(
             return 1.0
         return min(1.0, batch * length / step * running_itl_s / workload.batch)
 
-    limits = _slo_limits(ctx, acceptance, workload, capacity=capacity, kv_full=kv_full, scales=scales) if slo else None
-    run_rate = held_batch(workload, running, kv_full=kv_full) * max(acceptance[running].expected_length, 1.0) / (
-        at_batch(held_batch(workload, running, kv_full=kv_full))[running].step_time_s)
+    limits = None if not slo or workload.budget is None else budget_limits(
+        ctx, acceptance, workload.budget, regime=Regime.of(capacity=capacity, kv_full=kv_full), scales=scales)
+    b_run = held_batch(workload, running, kv_full=kv_full)
+    # The running option's model tokens/s at its held batch: converts rates to and from the measured D.
+    run_rate = b_run * max(acceptance[running].expected_length, 1.0) / at_batch(b_run)[running].step_time_s if (
+        limits is not None) else 1.0
 
     def budgeted(gamma: int, length: float, rate: float, itl_s: float) -> tuple[float, float]:
         """(rate, ITL) held to the step's token budget (module docstring): an option whose cap binds serves its
@@ -327,17 +330,19 @@ def objective_curve(
                 return goodput(gamma, length, batch, step)[0] / plain_goodput if plain_goodput > 0 else 0.0
             return batch * length / step / plain_rate
 
+        at_length = goodput(acc.gamma, acc.expected_length, b, point.step_time_s) if slo else None
         points.append(
             CurvePoint(
                 gamma=acc.gamma,
-                speedup=ratio(acc.expected_length),
+                speedup=ratio(acc.expected_length) if at_length is None else (
+                    at_length[0] / plain_goodput if plain_goodput > 0 else 0.0),
                 speedup_low=ratio(acc.expected_length_low),
                 speedup_high=ratio(acc.expected_length_high),
                 expected_accepted_length=acc.expected_length,
                 step_time_s=point.step_time_s,
                 extrapolated=acc.extrapolated,
                 extrapolated_share=acc.extrapolated_share,
-                slo_share=goodput(acc.gamma, acc.expected_length, b, point.step_time_s)[1] if slo else None,
+                slo_share=None if at_length is None else at_length[1],
             )
         )
     if slo and _slo_unmet(points, config):
@@ -379,21 +384,9 @@ def _budgeted(
     curve, objective, why = priced
     if workload.budget is None or objective is Objective.GOODPUT_SLO:
         return priced
-    regime = Regime.LATENCY if objective is Objective.LATENCY else (
-        Regime.CAPACITY_KV if kv_full else Regime.CAPACITY)
+    regime = Regime.of(capacity=objective is not Objective.LATENCY, kv_full=kv_full)
     limited, note = budget_limited(curve, ctx, acceptance, workload.budget, regime=regime, scales=scales)
     return limited, objective, why + note
-
-
-def _slo_limits(
-    ctx: ModelContext, acceptance: Sequence[AcceptancePoint], workload: Workload, *, capacity: bool, kv_full: bool,
-    scales: CostScales | None,
-) -> BudgetLimits | None:
-    """The budget's limits for the SLO objective (None without a budget, or where it cannot bind)."""
-    if workload.budget is None:
-        return None
-    regime = Regime.LATENCY if not capacity else (Regime.CAPACITY_KV if kv_full else Regime.CAPACITY)
-    return budget_limits(ctx, acceptance, workload.budget, regime=regime, scales=scales)
 
 
 def _slo_unmet(points: Sequence[CurvePoint], config: ObjectiveConfig) -> bool:

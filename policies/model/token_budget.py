@@ -96,6 +96,11 @@ class Regime(StrEnum):
     CAPACITY = "capacity"
     CAPACITY_KV = "capacity_kv"
 
+    @classmethod
+    def of(cls, *, capacity: bool, kv_full: bool) -> Regime:
+        """The regime of a capacity-bound (or not) window, with the KV cache full (or not)."""
+        return (cls.CAPACITY_KV if kv_full else cls.CAPACITY) if capacity else cls.LATENCY
+
 
 @dataclass(frozen=True, slots=True)
 class BudgetLoad:
@@ -201,7 +206,11 @@ def capacity_tokens_per_s(
 
     Example: N 512, r 3.0, gamma 4, E[L] 2.99, T(36.6, 4, 329) 80 ms -> 36.6 x 2.99 / 0.080 = 1368 tokens/s.
     """
-    batch, e, step = _full_step(ctx, acceptance, load, gamma, length=length, scales=scales)
+    return _cap(*_full_step(ctx, acceptance, load, gamma, length=length, scales=scales))
+
+
+def _cap(batch: float, e: float, step: float) -> float:
+    """B_g E[L] / T: tokens/s of one full step (`_full_step`'s triple)."""
     return batch * e / step if step > 0 else math.inf
 
 
@@ -210,13 +219,14 @@ class BudgetLimits:
     """What the budget lets each option serve in one window (module docstring): `served` D (tokens/s of one
     engine), `scale` (the measured-over-model factor every cap is multiplied by), `queued` (a queue: each option
     serves at most its cap; else an option under D cannot hold the load), `budget_only` (the running option's
-    steps fill the budget and the KV cache is not the limit: every option serves exactly its cap)."""
+    steps fill the budget and the KV cache is not the limit: every option serves exactly its cap); `steps` each
+    gamma's full step at its E[L] (`_full_step`), priced once for its cap and its ITL."""
 
     ctx: ModelContext
     acceptance: tuple[AcceptancePoint, ...]
     load: BudgetLoad
     scales: CostScales | None
-    caps: tuple[float, ...]
+    steps: tuple[tuple[float, float, float], ...]
     served: float
     scale: float
     queued: bool
@@ -224,10 +234,7 @@ class BudgetLimits:
 
     def capacity(self, gamma: int, length: float | None = None) -> float:
         """cap(gamma) x scale: tokens/s option gamma serves with every step full (`length` replaces E[L])."""
-        if length is None or length == self.acceptance[gamma].expected_length:
-            return self.caps[gamma] * self.scale
-        return capacity_tokens_per_s(self.ctx, self.acceptance, self.load, gamma, length=length,
-                                     scales=self.scales) * self.scale
+        return _cap(*self._step(gamma, length)) * self.scale
 
     def holds(self, gamma: int, length: float | None = None) -> bool:
         """The option serves the load D without a queue (the running option does by definition)."""
@@ -235,8 +242,13 @@ class BudgetLimits:
 
     def full_itl_s(self, gamma: int, length: float | None = None) -> float:
         """The model's inter-token latency of option gamma with every step full: T(B_g, g, P_g) / E[L] (s)."""
-        _, e, step = _full_step(self.ctx, self.acceptance, self.load, gamma, length=length, scales=self.scales)
+        _, e, step = self._step(gamma, length)
         return step / e
+
+    def _step(self, gamma: int, length: float | None) -> tuple[float, float, float]:
+        if length is None or length == self.acceptance[gamma].expected_length:
+            return self.steps[gamma]
+        return _full_step(self.ctx, self.acceptance, self.load, gamma, length=length, scales=self.scales)
 
     def note(self, short: Sequence[int] = ()) -> str:
         """The reason's words: the budget, how full the running steps are, and the options that cannot hold D."""
@@ -260,12 +272,13 @@ def budget_limits(
     run = load.running
     if top < 1 or run > top or load.batch * (top + 1) + load.prefill_tokens < load.budget_tokens:
         return None
-    caps = tuple(capacity_tokens_per_s(ctx, acceptance, load, g, scales=scales) for g in range(top + 1))
+    steps = tuple(_full_step(ctx, acceptance, load, g, length=None, scales=scales) for g in range(top + 1))
     served = load.served(acceptance[run].expected_length)
     queued = regime is not Regime.LATENCY
-    anchor = served / caps[run] if caps[run] > 0 else 1.0
+    running_cap = _cap(*steps[run])
+    anchor = served / running_cap if running_cap > 0 else 1.0
     return BudgetLimits(
-        ctx=ctx, acceptance=tuple(acceptance), load=load, scales=scales, caps=caps, served=served,
+        ctx=ctx, acceptance=tuple(acceptance), load=load, scales=scales, steps=steps, served=served,
         scale=anchor if queued and load.full else max(1.0, anchor), queued=queued,
         budget_only=load.full and regime is Regime.CAPACITY,
     )
