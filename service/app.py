@@ -71,6 +71,7 @@ from service.sources.nvml import NvmlSource
 from service.sources.prometheus import MAX_CONCURRENT_QUERIES, FleetSelection, PrometheusFleetSource
 from service.sources.scraper import EngineScraper
 from service.stores.memory import MemoryStore
+from service.tasks import cancel_and_wait
 
 if TYPE_CHECKING:  # recommend-only never imports the Kubernetes client library
     from lightkube import AsyncClient
@@ -260,9 +261,7 @@ def build_sidecar(
             try:
                 yield
             finally:
-                task.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await task
+                await cancel_and_wait(task)
                 await loop.flush_memory(clock())  # keep the last minute's acceptance memory across a clean stop
                 _log.info("advisor stopped", extra=fields(iterations=board.iterations))
 

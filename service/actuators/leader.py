@@ -48,6 +48,7 @@ from policies.act.leader import (
 )
 from service.actuators.kube_errors import error_for_exception
 from service.logs import fields, get_logger
+from service.tasks import cancel_and_wait
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 _MICROSECOND = timedelta(microseconds=1)
@@ -158,10 +159,8 @@ class LeaseElector:
         """Stop competing at once, an attempt in flight included, without giving the lease back (what a crash looks
         like to the others)."""
         task, self._task = self._task, None
-        if task is not None and not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        if task is not None:
+            await cancel_and_wait(task)
 
     async def aclose(self) -> None:
         """At a clean shutdown: let an attempt in flight finish (it is bounded by the renew deadline; cut short, a
@@ -170,18 +169,20 @@ class LeaseElector:
         self._closing = True
         task, self._task = self._task, None
         if task is not None and not task.done():
-            if not self._attempting:
-                task.cancel()  # it is waiting between attempts
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            if self._attempting:
+                await asyncio.wait({task})  # the attempt is bounded by the renew deadline; then run() returns
+            else:
+                await cancel_and_wait(task)  # it is waiting between attempts
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.release(), self._config.renew_deadline_s)
+            async with asyncio.timeout(self._config.renew_deadline_s):
+                await self.release()
 
     async def attempt(self) -> bool:
         """One attempt to acquire or renew, bounded by the renew deadline; whether this replica leads after it."""
         now_s = self._clock()
         try:
-            await asyncio.wait_for(self._attempt(now_s), self._config.renew_deadline_s)
+            async with asyncio.timeout(self._config.renew_deadline_s):  # unlike 3.11's wait_for, never eats a cancel
+                await self._attempt(now_s)
         except TimeoutError:
             self._failed(f"no answer within the renew deadline ({self._config.renew_deadline_s:g} s)")
         except _AttemptFailedError as exc:

@@ -59,6 +59,7 @@ from service.actuators.audit import AuditLog, SkipThrottle, rfc3339
 from service.actuators.base import Actuator
 from service.board import Board, BoardEntry
 from service.logs import fields, get_logger
+from service.tasks import cancel_and_wait
 
 RESULTS = ("applied", "dry_run", "noop", "failed")
 # Results of an "action" record that count against the cooldown and caps at restore ("dry_run" only in dry run).
@@ -240,10 +241,7 @@ class ActuationRunner:
             return
         with contextlib.suppress(TimeoutError, asyncio.CancelledError):
             await asyncio.wait_for(asyncio.shield(task), grace_s)
-        if not task.done():
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await cancel_and_wait(task)
 
     async def _pass(self, now_s: float) -> None:
         for runtime in self._runtimes.values():
@@ -375,7 +373,8 @@ class ActuationRunner:
 
     async def _observe(self, runtime: _Runtime, now_s: float) -> DeploymentObservation:
         try:
-            return await asyncio.wait_for(runtime.actuator.observe(now_s), self._options.actuator_timeout_s)
+            async with asyncio.timeout(self._options.actuator_timeout_s):
+                return await runtime.actuator.observe(now_s)
         except TimeoutError:
             return DeploymentObservation(
                 at_s=now_s, setting=None, rollout_in_progress=False, error=ActuatorError.UNREACHABLE,
@@ -392,9 +391,8 @@ class ActuationRunner:
         self, runtime: _Runtime, desired: SpeculationSetting, observation: DeploymentObservation, *, dry_run: bool
     ) -> ApplyResult:
         try:
-            return await asyncio.wait_for(
-                runtime.actuator.apply(desired, observation, dry_run=dry_run), self._options.actuator_timeout_s
-            )
+            async with asyncio.timeout(self._options.actuator_timeout_s):
+                return await runtime.actuator.apply(desired, observation, dry_run=dry_run)
         except TimeoutError:
             return ApplyResult(applied=False, dry_run=dry_run, patch=None, patch_type=None,
                                error=ActuatorError.UNREACHABLE,

@@ -39,6 +39,7 @@ from service.actuators.runner import ActuationRunner, RunnerOptions
 from service.app import build_sidecar
 from service.board import Board
 from service.sources.gpu import NoGpuSource
+from service.tasks import cancel_and_wait
 
 NS = "llm-serving"
 NAME = "vllm-llama-8b"
@@ -158,9 +159,7 @@ class Replica:
 
     async def _stop_ticking(self) -> None:
         if self.ticking is not None:
-            self.ticking.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self.ticking
+            await cancel_and_wait(self.ticking)
         await self.runner.aclose(grace_s=0)
 
     async def die(self) -> None:
