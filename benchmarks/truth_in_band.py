@@ -9,7 +9,8 @@ The real sidecar pipeline runs against the simulated server in simulated time (t
 scrape -> estimate -> model -> decide). After every tick whose decision is ok and whose objective compares options
 at one batch (latency, or capacity while every option holds the same batch), the world's true S at the published
 gamma (the running one while off is not judged) is computed from the world's own physics at the window's mean
-running batch and context:
+decoding batch and its context (the requests whose prompt is computed, sampled at each tick: the sequences a step
+verifies; a request still prefilling is running but verifies nothing, and a MoE world's S moves with the batch):
 
     S_true(gamma) = E[L]_true(gamma) x T_true(B, 0) / T_true(B, gamma)      (service/sim/physics.py)
 
@@ -81,7 +82,7 @@ class Coverage:
 
 
 def true_speedup(scenario: Scenario, *, elapsed_s: float, batch: float, context: float, gamma: int) -> float:
-    """S_true(gamma) at `batch` running sequences (rounded, >= 1) and `context` tokens (module docstring)."""
+    """S_true(gamma) at `batch` decoding sequences (rounded, >= 1) and `context` tokens (module docstring)."""
     if gamma == 0:
         return 1.0
     seqs = max(1, round(batch))
@@ -111,13 +112,13 @@ def coverage(bench: BenchScenario, *, name: str, forced: Sequence[tuple[float, i
     settings = pipeline.bench_advisor_settings(bench)
     window_s = settings.estimator.window_s
     rates = [point.requests_per_s for point in scenario.workload.arrival_rate]
-    history: list[tuple[float, int, float, float]] = []  # (now, running, context, arrival rate)
+    history: list[tuple[float, int, float, float]] = []  # (now, decoding, their context, arrival rate)
     decisions: list[tuple[float, Decision, int]] = []
 
     class Watching(pipeline.AdvisorController):
         async def choose(self, world: World, now_s: float) -> int:
             k = await super().choose(world, now_s)
-            history.append((now_s, world.num_running, world.mean_context_tokens, world.arrival_rate_per_s))
+            history.append((now_s, world.num_decoding, world.mean_decode_context_tokens, world.arrival_rate_per_s))
             status = self._sidecar.board.get(pipeline.TARGET)
             if status is not None and status.decision is not None:
                 decisions.append((now_s, status.decision, world.num_speculative_tokens))

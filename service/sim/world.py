@@ -249,6 +249,18 @@ class World:
         return len(self._running)
 
     @property
+    def num_decoding(self) -> int:
+        """Running requests whose prompt is computed: the sequences the next step verifies (the running count less
+        those still prefilling, whose chunks the step computes instead)."""
+        return sum(1 for r in self._running if r.prefill_left == 0)
+
+    @property
+    def mean_decode_context_tokens(self) -> float:
+        """Mean context (prompt + generated tokens) of the decoding requests now; 0.0 when none decode."""
+        contexts = [r.prompt_tokens + r.generated for r in self._running if r.prefill_left == 0]
+        return sum(contexts) / len(contexts) if contexts else 0.0
+
+    @property
     def num_waiting(self) -> int:
         return len(self._waiting)
 

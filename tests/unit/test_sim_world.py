@@ -249,6 +249,26 @@ def test_more_load_means_bigger_batches_and_slower_steps() -> None:
     assert high_step > low_step
 
 
+def test_requests_still_prefilling_run_but_do_not_decode() -> None:
+    """Long prompts through a small token budget take several steps to prefill: those requests are running (vLLM's
+    gauge counts them) but the step verifies only the others, whose context is what they attend to."""
+    scenario = make_scenario(
+        engine={"max_num_batched_tokens": 512},
+        workload={"arrival_rate": [{"t_s": 0, "requests_per_s": 4.0}],
+                  "prompt_tokens": {"kind": "uniform", "min_tokens": 2000, "max_tokens": 3000}},
+    )
+    world = World(scenario, start_s=T0)
+    samples = []
+    for i in range(1, 121):
+        world.advance_to(T0 + 0.5 * i)
+        samples.append((world.num_running, world.num_decoding, world.mean_decode_context_tokens))
+    assert all(0 <= decoding <= running for running, decoding, _ in samples)
+    assert sum(running - decoding for running, decoding, _ in samples) >= 60  # several prefilling at a time
+    assert all(ctx == 0.0 for _, decoding, ctx in samples if decoding == 0)
+    # A decoding request has its whole prompt computed: its context is at least the shortest prompt.
+    assert all(ctx >= 2000 for _, decoding, ctx in samples if decoding > 0)
+
+
 def test_truth_step_time_grows_with_batch_and_with_k() -> None:
     scenario = make_scenario()
     times = [
