@@ -46,12 +46,36 @@ class SpeculationSetting:
 
 
 @dataclass(frozen=True, slots=True)
+class EngineFlags:
+    """vLLM's parallelism and scheduler limits as the managed container's args give them; None where the args leave a
+    flag out (vLLM's default applies, which the args do not show). Each given value is an integer >= 1.
+
+    `tensor_parallel_size` (--tensor-parallel-size / -tp): GPUs one replica is sharded over; `max_num_seqs`
+    (--max-num-seqs): the most sequences a step runs; `max_num_batched_tokens` (--max-num-batched-tokens): the
+    most tokens a step computes. Example: args [..., "-tp", "2", "--max-num-seqs=128"] -> EngineFlags(2, 128, None).
+    """
+
+    tensor_parallel_size: int | None = None
+    max_num_seqs: int | None = None
+    max_num_batched_tokens: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("tensor_parallel_size", "max_num_seqs", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be an integer >= 1 or None, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
 class DeploymentObservation:
     """One read of the object the actuator manages, at `at_s` (Unix seconds).
 
     `setting` is None when it could not be read; then `error` says why and `detail` says what. For routing,
     `setting` is the pool that carries the traffic (num_speculative_tokens of the on-pool when its weight share is
-    at least half, else 0) and `on_weight_share` the on-pool's share of the weights in [0, 1].
+    at least half, else 0) and `on_weight_share` the on-pool's share of the weights in [0, 1]. `engine`: the vLLM
+    container's parallelism and scheduler flags (a Deployment's; None where they were not read);
+    `engine_mismatch`: how they differ from the engine the advice was priced for (policies/act/engine.py), filled
+    in by whoever knows both (the actuation runner); None when they agree or either is unknown.
     """
 
     at_s: float
@@ -61,6 +85,8 @@ class DeploymentObservation:
     on_weight_share: float | None = None
     error: ActuatorError | None = None
     detail: str = ""
+    engine: EngineFlags | None = None
+    engine_mismatch: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

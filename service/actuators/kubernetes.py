@@ -114,7 +114,8 @@ class DeploymentActuator:
                 error=exc.reason, detail=f"{self.target_ref}: {exc.detail}",
             )
         return DeploymentObservation(
-            at_s=now_s, setting=setting, rollout_in_progress=in_progress, resource_version=version, detail=why
+            at_s=now_s, setting=setting, rollout_in_progress=in_progress, resource_version=version, detail=why,
+            engine=command.engine,
         )
 
     def patch_for(self, deployment: Mapping[str, Any], desired: SpeculationSetting) -> dict[str, Any] | None:

@@ -31,6 +31,7 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 from policies.act.deployment import ActuatorError, ApplyResult, DeploymentObservation, SpeculationSetting
+from policies.act.engine import engine_mismatch, priced_engine
 from policies.act.gate import (
     DAY_S,
     HOUR_S,
@@ -261,6 +262,10 @@ class ActuationRunner:
         # the recommendation in force now, not the one from before the wait.
         status = self._board.get(runtime.target)
         decision, thin_evidence = _gate_decision(status)
+        if observation.engine is not None and status is not None and status.context is not None:
+            # What runs against what the advice priced: the gate holds a change back while they differ.
+            why = engine_mismatch(observation.engine, priced_engine(status.context))
+            observation = replace(observation, engine_mismatch=why)
         runtime.last_observation = observation
         if observation.error is not None:
             runtime.errors[observation.error.value] = runtime.errors.get(observation.error.value, 0) + 1

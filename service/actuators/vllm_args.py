@@ -23,10 +23,10 @@ from __future__ import annotations
 import json
 import shlex
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from policies.act.deployment import ActuatorError, SpeculationSetting
+from policies.act.deployment import ActuatorError, EngineFlags, SpeculationSetting
 
 FLAG = "--speculative-config"
 CONFIG_FILE_FLAG = "--config"  # vLLM's `--config file.yaml`: flags from a file we cannot read
@@ -67,12 +67,14 @@ class _Located:
 @dataclass(frozen=True, slots=True)
 class VllmCommand:
     """What a container runs: the model (positional after `serve`, or `--model`), the effective speculative config
-    (None = speculation off), which form carries it, and whether the command is a shell string."""
+    (None = speculation off), which form carries it, whether the command is a shell string, and the engine's
+    parallelism and scheduler flags (`engine_flags`)."""
 
     model: str | None
     speculative_config: dict[str, Any] | None
     form: Form
     shell: bool
+    engine: EngineFlags = field(default_factory=EngineFlags)
 
 
 # --------------------------------------------------------------------------------------------------------------
@@ -409,7 +411,35 @@ def read_vllm_command(command: Sequence[str], args: Sequence[str]) -> VllmComman
     """
     located = _locate(command, args)
     config, form = _config(_spec_args(located.words))
-    return VllmCommand(model=_model(located), speculative_config=config, form=form, shell=located.shell)
+    return VllmCommand(model=_model(located), speculative_config=config, form=form, shell=located.shell,
+                       engine=engine_flags([w.value for w in located.words]))
+
+
+# vLLM's spellings of the flags `EngineFlags` reads (after `_flag_name`'s normalisation), by field.
+_ENGINE_FLAGS: Mapping[str, str] = {
+    "--tensor-parallel-size": "tensor_parallel_size",
+    "-tp": "tensor_parallel_size",
+    "--max-num-seqs": "max_num_seqs",
+    "--max-num-batched-tokens": "max_num_batched_tokens",
+}
+
+
+def engine_flags(words: Sequence[str]) -> EngineFlags:
+    """The parallelism and scheduler flags in a vLLM invocation's `words`, each as `--flag N` or `--flag=N`
+    (underscores accepted, as vLLM's parser does; the last of a repeated flag wins, as argparse's does). A value that
+    is not an integer >= 1 reads as not given: vLLM refuses to start with it, so no step runs under it.
+
+    Example: ["vllm", "serve", "m", "-tp", "2", "--max_num_seqs=128"] -> EngineFlags(2, 128, None).
+    """
+    found: dict[str, int | None] = {}
+    for i, word in enumerate(words):
+        name, inline = _flag_name(word)
+        attribute = _ENGINE_FLAGS.get(name)
+        if attribute is None:
+            continue
+        raw = inline if inline is not None else (words[i + 1] if i + 1 < len(words) else "")
+        found[attribute] = int(raw) if raw.isascii() and raw.isdigit() and int(raw) >= 1 else None
+    return EngineFlags(**found)
 
 
 # --------------------------------------------------------------------------------------------------------------

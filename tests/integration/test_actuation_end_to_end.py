@@ -170,3 +170,36 @@ def test_a_forbidden_patch_is_recorded_counted_and_the_advice_keeps_flowing(tmp_
         api.put(DEPLOYMENTS, vllm_deployment())
         api.finish_rollout(NS, NAME)
         asyncio.run(scenario(api))
+
+
+def test_a_deployment_running_another_engine_than_priced_is_never_patched(tmp_path: Path) -> None:
+    """The Deployment runs vLLM at tensor parallelism 2 while the target is priced at the default 1: the runner
+    holds every change back and names the setting to fix; the advice keeps flowing."""
+    token_file = tmp_path / "sa-token"
+    token_file.write_text(KUBE_TOKEN, encoding="utf-8")
+    state = tmp_path / "state"
+    grants = {(USER, verb, "deployments", NAME) for verb in ("get", "patch")}
+    deployment = vllm_deployment()
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    container["args"] = [*container["args"], "--tensor-parallel-size", "2"]
+
+    async def scenario(api: FakeKubeApiServer) -> None:
+        capture = CaptureServer(FIXTURES / "synthetic-eagle-k3.txt")
+        async with serving(capture) as capture_url:
+            settings = advisor_settings(capture_url, api.url, token_file, state)
+            sidecar = build_sidecar(settings, gpu_source=NoGpuSource(),
+                                    environ={"SPEC_ADVISOR_ACTIONS_TOKEN": WRITE_TOKEN})
+            async with serving(sidecar.app) as url, httpx.AsyncClient(base_url=url, timeout=5.0) as client:
+                body = (await wait_for(client, "/v1/actions", lambda r: any(
+                    rec.get("reason") == "engine_mismatch" for rec in r.json()["records"]))).json()
+                (skip, *_) = [r for r in body["records"] if r.get("reason") == "engine_mismatch"]
+                assert "--tensor-parallel-size 2" in skip["detail"] and "tensor_parallel to 2" in skip["detail"]
+                await asyncio.sleep(0.5)  # several more ticks past the gate's 0.3 s dwell
+                assert list(patches(api.requests)) == []
+                recommendation = (await client.get("/v1/recommendation")).json()
+                assert recommendation["targets"][0]["state"] == "ok"
+
+    with FakeKubeApiServer(tokens={KUBE_TOKEN: USER}, grants=grants) as api:
+        api.put(DEPLOYMENTS, deployment)
+        api.finish_rollout(NS, NAME)
+        asyncio.run(scenario(api))

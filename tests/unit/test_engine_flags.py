@@ -1,0 +1,102 @@
+"""The engine a Deployment runs against the one the advice priced: reading vLLM's flags from the args
+(service/actuators/vllm_args.py), comparing them (policies/act/engine.py) and the gate's rule 5 hold."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from policies.act.deployment import DeploymentObservation, EngineFlags, SpeculationSetting
+from policies.act.engine import engine_mismatch, priced_engine
+from policies.act.gate import ActuationConfig, ActuationState, Override, SkipReason, gate_action
+from policies.model.costmodel import ModelContext
+from policies.model.profiles import drafter_for, hardware_by_name, model_by_name
+from policies.types import DataState, Decision, DraftMethod
+from service.actuators.vllm_args import engine_flags, read_vllm_command
+
+T0 = 1_700_000_000.0
+
+
+@pytest.mark.parametrize(("words", "expected"), [
+    (["vllm", "serve", "m"], EngineFlags()),
+    (["vllm", "serve", "m", "--tensor-parallel-size", "8"], EngineFlags(tensor_parallel_size=8)),
+    (["vllm", "serve", "m", "-tp", "2", "--max_num_seqs=128"], EngineFlags(2, 128, None)),
+    (["vllm", "serve", "m", "--max-num-batched-tokens=8192", "--max-num-seqs", "64"], EngineFlags(None, 64, 8192)),
+    # argparse keeps the last of a repeated flag.
+    (["vllm", "serve", "m", "--max-num-seqs", "64", "--max-num-seqs", "32"], EngineFlags(max_num_seqs=32)),
+    # A value vLLM would refuse to start with reads as not given; so does a flag with no value.
+    (["vllm", "serve", "m", "--max-num-seqs", "0", "-tp", "two", "--max-num-batched-tokens"], EngineFlags()),
+    (["vllm", "serve", "m", "--max-num-seqs", "--port", "8000"], EngineFlags()),
+])
+def test_the_flags_are_read_in_every_spelling_vllm_accepts(words: list[str], expected: EngineFlags) -> None:
+    assert engine_flags(words) == expected
+
+
+def test_a_shell_string_and_the_image_entrypoint_are_read_too() -> None:
+    shell = read_vllm_command(["/bin/sh", "-c", "exec vllm serve m --tensor-parallel-size 4 --max-num-seqs 96"], [])
+    assert shell.engine == EngineFlags(4, 96, None)
+    entrypoint = read_vllm_command([], ["m", "-tp", "2"])
+    assert entrypoint.engine == EngineFlags(tensor_parallel_size=2)
+
+
+def test_flags_are_integers_of_at_least_one() -> None:
+    with pytest.raises(ValueError, match="max_num_seqs"):
+        EngineFlags(max_num_seqs=0)
+
+
+def _context(tp: int = 1, budget: float | None = None, seqs: float | None = None) -> ModelContext:
+    model = model_by_name("llama-3.1-8b")
+    return ModelContext(hardware=hardware_by_name("h100-sxm"), model=model,
+                        drafter=drafter_for(DraftMethod.EAGLE, model), tensor_parallel=tp, step_token_budget=budget,
+                        max_num_seqs=seqs)
+
+
+def test_the_priced_engine_is_the_context_s_limits() -> None:
+    assert priced_engine(_context()) == EngineFlags(1, None, None)
+    assert priced_engine(_context(2, 8192.0, 256.0)) == EngineFlags(
+        2, 256, 8192)
+
+
+def test_tensor_parallelism_is_always_compared_and_absent_means_one() -> None:
+    assert engine_mismatch(EngineFlags(), EngineFlags(1, None, None)) is None
+    assert engine_mismatch(EngineFlags(tensor_parallel_size=8), EngineFlags(8, None, None)) is None
+    why = engine_mismatch(EngineFlags(), EngineFlags(2, None, None))
+    assert why == ("the Deployment runs --tensor-parallel-size 1, the advice is priced for 2 (set the target's "
+                   "tensor_parallel to 1)")
+
+
+def test_step_limits_are_compared_only_where_both_sides_give_one() -> None:
+    # Unset in the settings (priced without the cap) or left to vLLM's default: nothing to compare.
+    assert engine_mismatch(EngineFlags(max_num_seqs=128), EngineFlags(1, None, None)) is None
+    assert engine_mismatch(EngineFlags(), EngineFlags(1, 256, 8192)) is None
+    why = engine_mismatch(EngineFlags(4, 128, 4096), EngineFlags(2, 256, 4096))
+    assert why is not None
+    assert "--tensor-parallel-size 4" in why and "tensor_parallel to 4" in why
+    assert "--max-num-seqs 128, the advice is priced for 256 (set the target's max_num_seqs to 128)" in why
+    assert "max-num-batched-tokens" not in why
+
+
+def _decision() -> Decision:
+    return Decision(target="llama", model="m", state=DataState.OK, enabled=True, num_speculative_tokens=3,
+                    expected_speedup=1.4, expected_speedup_low=1.3, expected_speedup_high=1.5, reason="on",
+                    evaluated_at_s=T0)
+
+
+def _observed(mismatch: str | None) -> DeploymentObservation:
+    return DeploymentObservation(at_s=T0, setting=SpeculationSetting(0), rollout_in_progress=False,
+                                 resource_version="7", engine=EngineFlags(2, None, None), engine_mismatch=mismatch)
+
+
+def test_the_gate_holds_the_advice_back_but_not_an_override() -> None:
+    config = ActuationConfig(dwell_s=300, cooldown_s=900)
+    held = ActuationState(wanted=SpeculationSetting(3), wanted_since_s=T0 - 400)  # past the dwell
+    plan, _ = gate_action(_decision(), _observed("tp differs"), SpeculationSetting(3), config=config, state=held,
+                          now_s=T0)
+    assert not plan.act and plan.skip is SkipReason.ENGINE_MISMATCH and plan.detail == "tp differs"
+    plan, _ = gate_action(_decision(), _observed(None), SpeculationSetting(3), config=config, state=held, now_s=T0)
+    assert plan.act
+    override = Override(setting=SpeculationSetting(0, ()), expires_at_s=T0 + 60, reason="incident", set_at_s=T0)
+    plan, _ = gate_action(_decision(), replace(_observed("tp differs"), setting=SpeculationSetting(3)),
+                          SpeculationSetting(3), config=config, state=replace(held, override=override), now_s=T0)
+    assert plan.act and plan.via_override
