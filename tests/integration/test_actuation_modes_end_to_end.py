@@ -99,8 +99,12 @@ def test_schedule_mode_writes_vllms_per_batch_schedule_into_the_deployment(tmp_p
 
 def test_schedule_mode_covers_the_targets_own_max_num_seqs(tmp_path: Path) -> None:
     grants = {(USER, verb, "deployments", NAME) for verb in ("get", "patch")}
+    deployment = vllm_deployment()
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    args = container["args"]
+    args[args.index("--max-num-seqs") + 1] = "128"  # the engine the settings describe (else: engine_mismatch)
     with FakeKubeApiServer(tokens={KUBE_TOKEN: USER}, grants=grants) as api:
-        api.put(DEPLOYMENTS, vllm_deployment())
+        api.put(DEPLOYMENTS, deployment)
         api.finish_rollout(NS, NAME)
         action, _ = act_once(api, tmp_path, mode="schedule", target={"max_num_seqs": 128})
         schedule = action["desired"]["schedule"]
