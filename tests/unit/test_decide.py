@@ -309,14 +309,40 @@ def test_a_candidate_moving_between_off_and_fewer_drafts_keeps_its_side() -> Non
     assert (d.enabled, d.num_speculative_tokens) == (True, 1)
 
 
-def test_a_window_where_the_pending_change_no_longer_gains_withdraws_it() -> None:
-    # On at 2, BAD makes off the candidate (less speculation). In the next window off gains (1 - 1.00) / 1.00 = 0:
-    # the candidate is withdrawn, although gamma 3 is now expected to gain +3% (the other side).
+def test_a_pending_change_that_no_longer_gains_is_withdrawn_after_confirm_s() -> None:
+    # On at 2, BAD makes off the candidate (less speculation). In the next window off gains (1 - 1.00) / 1.00 = 0,
+    # although gamma 3 is now expected to gain +3% (the other side). One window cannot withdraw the candidate (as
+    # one cannot publish it): it keeps its wait until it has not been worth a change for confirm_s (30 s).
     _, s = tick(DecideState(), T0, BAD, ON2, COST)
     assert (published(s), s.pending_enabled) == ((True, 2), False)
     lean_up = make_curve((0.78, 0.82, 0.88), (0.90, 1.00, 1.10), (0.80, 1.03, 1.30))
     d, s = tick(s, T0 + 10.0, lean_up, ON2, COST)
-    assert d.named(WhyCode.WITHDRAWN) is not None and s.pending_since_s is None
+    assert d.named(WhyCode.WITHDRAWN) is None and (published(s), s.pending_enabled) == ((True, 2), False)
+    assert (s.pending_since_s, s.withdrawn_since_s) == (T0, T0 + 10.0)
+    assert "not worth a change this window, withdrawn after 30s of it (0s so far)" in d.reason
+    d, s = tick(s, T0 + 40.0, lean_up, ON2, COST)  # 30 s of it
+    assert d.named(WhyCode.WITHDRAWN) is not None and s.pending_since_s is None and s.withdrawn_since_s is None
+
+
+def test_one_window_without_a_gain_keeps_the_wait_and_a_longer_spell_restarts_it() -> None:
+    _, s = tick(DecideState(), T0, GOOD)  # off -> on at 3 worth it from T0: a 30 s wait (no change cost)
+    d, s = tick(s, T0 + 10.0, FLAT)
+    assert d.enabled is False and s.pending_since_s == T0
+    d, s = tick(s, T0 + 20.0, GOOD)
+    assert d.enabled is False and s.withdrawn_since_s is None
+    d, s = tick(s, T0 + 30.0, GOOD)  # 30 s since T0: the one window without a gain did not restart the wait
+    assert (d.enabled, d.num_speculative_tokens, d.changed_at_s) == (True, 3, T0 + 30.0)
+    # The same start, but 35 s without a gain before the candidate is back: a new wait from then.
+    _, s = tick(DecideState(), T0, GOOD)
+    _, s = tick(s, T0 + 10.0, FLAT)
+    _, s = tick(s, T0 + 25.0, FLAT)  # 15 s of it: still waiting since T0
+    assert s.pending_since_s == T0
+    d, s = tick(s, T0 + 45.0, GOOD)
+    assert d.enabled is False and s.pending_since_s == T0 + 45.0
+    d, s = tick(s, T0 + 74.0, GOOD)
+    assert d.enabled is False
+    d, s = tick(s, T0 + 75.0, GOOD)
+    assert (d.enabled, d.num_speculative_tokens) == (True, 3)
 
 
 def test_a_broken_point_prices_nothing() -> None:
@@ -334,17 +360,20 @@ def test_candidate_returning_to_published_clears_the_clock() -> None:
     s = DecideState()
     _, s = tick(s, T0, GOOD)
     _, s = tick(s, T0 + 20.0, GOOD)
-    d, s = tick(s, T0 + 25.0, FLAT)  # no gamma expected to gain the margin: candidate == published
+    d, s = tick(s, T0 + 25.0, FLAT)  # no gamma expected to gain the margin: candidate == published, one window
+    assert s.pending_since_s == T0 and d.named(WhyCode.WITHDRAWN) is None
+    d, s = tick(s, T0 + 55.0, FLAT)  # 30 s of it
     assert s.pending_since_s is None
     assert "withdrawn" in d.reason and d.named(WhyCode.WITHDRAWN) is not None
     # On BAND (every low end below 1.02, gamma 2's point +3%) the pending gamma 3 is withdrawn too.
     _, s2 = tick(DecideState(), T0, GOOD)
-    d, s2 = tick(s2, T0 + 20.0, BAND)
+    _, s2 = tick(s2, T0 + 20.0, BAND)
+    d, s2 = tick(s2, T0 + 50.0, BAND)
     assert s2.pending_since_s is None and d.named(WhyCode.WITHDRAWN) is not None
-    d, s = tick(s, T0 + 40.0, GOOD)  # the clock starts again at T0+40
-    d, s = tick(s, T0 + 69.0, GOOD)
+    d, s = tick(s, T0 + 70.0, GOOD)  # the clock starts again at T0+70
+    d, s = tick(s, T0 + 99.0, GOOD)
     assert d.enabled is False
-    d, s = tick(s, T0 + 70.0, GOOD)
+    d, s = tick(s, T0 + 100.0, GOOD)
     assert (d.enabled, d.num_speculative_tokens) == (True, 3)
 
 
