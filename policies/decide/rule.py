@@ -19,9 +19,9 @@ cost model is unsure (moves down, off, a measured gamma) the low end stands: whi
 of the verification cost is its prior (policies/model/calibrate.py), which can be off by a factor
 (policies/model/profiles.py `per_token_step_s`). The candidate is published once some change has been worth
 making for its wait, has kept its side (more speculation, or less) for min(wait, confirm_s) (one outlying window
-cannot publish a change, nor withdraw one: a waiting candidate is withdrawn once it has not been worth a change for
-confirm_s), and the last change is dwell_s old: the break-even rule, which loses at most twice what hindsight
-would on a condition of any length. Hysteresis and dwell follow from the band and the cost: to switch
+cannot publish a change, nor withdraw one: a spell of windows without the change being worth it holds its wait,
+which is lost once the spell reaches confirm_s), and the last change is dwell_s old: the break-even rule, which
+loses at most twice what hindsight would on a condition of any length. Hysteresis and dwell follow from the band and the cost: to switch
 on, S's low end must clear 1 + margin; to switch off, the running option's high end must fall short of 1 by
 margin x S(c); a grossly wrong setting (r >= C / confirm_s) is corrected after confirm_s, a gain below
 C / dwell_s waits dwell_s.
@@ -98,7 +98,8 @@ class DecideState:
     pending_since_s: float | None = None  # since when some change has been worth making (the wait's clock)
     candidate_since_s: float | None = None  # since when the candidate has kept its side (more or less speculation)
     candidate_side: int | None = None  # that side: +1 more speculation than runs, -1 less (fewer drafts or off)
-    withdrawn_since_s: float | None = None  # since when the waiting candidate has not been worth a change
+    not_worth_since_s: float | None = None  # since when the waiting candidate has not been worth a change (its
+    # wait is held meanwhile, and lost after confirm_s of it)
     probe_since_s: float | None = None  # when a probe was published; held until a live window is measured
     probe_after_s: float | None = None  # no probe before this time (back-off after a probe nobody applied)
     last_change_s: float | None = None  # when a change (not the first baseline) was last published
@@ -568,24 +569,27 @@ def _publish(
     current, pending = _key(published), _pending(state)
     changed, since, steady, tail, whys = False, None, None, "", candidate.why
     confirm_s = tick.config.confirm_s
-    not_worth_since = state.withdrawn_since_s if state.withdrawn_since_s is not None else now_s
-    withdrawn: float | None = None  # since when the waiting candidate has not been worth a change
+    not_worth_since = state.not_worth_since_s if state.not_worth_since_s is not None else now_s
+    not_worth: float | None = None  # since when the waiting candidate has not been worth a change
     if key == current and pending is not None and now_s - not_worth_since < confirm_s:
-        # One outlying window can no more withdraw a waiting change than publish one: its wait goes on.
-        withdrawn, key = not_worth_since, pending
+        # One outlying window can no more withdraw a waiting change than publish one: the wait is held, not lost.
+        not_worth, key = not_worth_since, pending
         since, steady = state.pending_since_s, state.candidate_since_s
         tail = (f"; candidate {_describe(pending)} not worth a change this window, withdrawn after "
-                f"{confirm_s:.0f}s of it ({now_s - withdrawn:.0f}s so far)")
+                f"{confirm_s:.0f}s of it ({now_s - not_worth:.0f}s so far)")
     elif key == current:
         tail = f"; candidate {_describe(pending)} withdrawn" if pending is not None else ""
         if pending is not None:
             whys += (_why(WhyCode.WITHDRAWN, to_gamma=pending[1]),)
     else:
-        if now_s - not_worth_since >= confirm_s:
-            pending = None  # back after confirm_s or more without being worth a change: a new wait
-        since = state.pending_since_s if pending is not None and state.pending_since_s is not None else now_s
+        # Back after a spell without being worth a change: the clocks resume where they stood (they count only
+        # time the change was worth making), or, after confirm_s or more of it, a new wait begins.
+        spell = now_s - state.not_worth_since_s if state.not_worth_since_s is not None else 0.0
+        if state.not_worth_since_s is not None and spell >= confirm_s:
+            pending = None
+        since = state.pending_since_s + spell if pending is not None and state.pending_since_s is not None else now_s
         same_side = pending is not None and state.candidate_side == candidate.side
-        steady = state.candidate_since_s if same_side and state.candidate_since_s is not None else now_s
+        steady = state.candidate_since_s + spell if same_side and state.candidate_since_s is not None else now_s
         changed, tail, clock = _clock(tick, state, published, candidate, since_s=since, steady_s=steady)
         whys += clock
         if changed:
@@ -601,8 +605,8 @@ def _publish(
         pending_gamma=None if waiting is None else waiting[1],
         pending_since_s=since,
         candidate_since_s=steady,
-        candidate_side=None if steady is None else (state.candidate_side if withdrawn is not None else candidate.side),
-        withdrawn_since_s=withdrawn,
+        candidate_side=None if steady is None else (state.candidate_side if not_worth is not None else candidate.side),
+        not_worth_since_s=not_worth,
         # A probe published now is held until it is measured; any other change ends a hold.
         probe_since_s=now_s if candidate.probing and changed else (None if changed else hold.since_s),
         probe_after_s=hold.after_s,

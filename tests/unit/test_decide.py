@@ -318,20 +318,28 @@ def test_a_pending_change_that_no_longer_gains_is_withdrawn_after_confirm_s() ->
     lean_up = make_curve((0.78, 0.82, 0.88), (0.90, 1.00, 1.10), (0.80, 1.03, 1.30))
     d, s = tick(s, T0 + 10.0, lean_up, ON2, COST)
     assert d.named(WhyCode.WITHDRAWN) is None and (published(s), s.pending_enabled) == ((True, 2), False)
-    assert (s.pending_since_s, s.withdrawn_since_s) == (T0, T0 + 10.0)
+    assert (s.pending_since_s, s.not_worth_since_s) == (T0, T0 + 10.0)
     assert "not worth a change this window, withdrawn after 30s of it (0s so far)" in d.reason
     d, s = tick(s, T0 + 40.0, lean_up, ON2, COST)  # 30 s of it
-    assert d.named(WhyCode.WITHDRAWN) is not None and s.pending_since_s is None and s.withdrawn_since_s is None
+    assert d.named(WhyCode.WITHDRAWN) is not None and s.pending_since_s is None and s.not_worth_since_s is None
 
 
-def test_one_window_without_a_gain_keeps_the_wait_and_a_longer_spell_restarts_it() -> None:
+def test_a_spell_without_a_gain_holds_the_wait_and_a_longer_one_restarts_it() -> None:
     _, s = tick(DecideState(), T0, GOOD)  # off -> on at 3 worth it from T0: a 30 s wait (no change cost)
     d, s = tick(s, T0 + 10.0, FLAT)
-    assert d.enabled is False and s.pending_since_s == T0
-    d, s = tick(s, T0 + 20.0, GOOD)
-    assert d.enabled is False and s.withdrawn_since_s is None
-    d, s = tick(s, T0 + 30.0, GOOD)  # 30 s since T0: the one window without a gain did not restart the wait
-    assert (d.enabled, d.num_speculative_tokens, d.changed_at_s) == (True, 3, T0 + 30.0)
+    assert d.enabled is False and s.pending_since_s == T0 and s.not_worth_since_s == T0 + 10.0
+    d, s = tick(s, T0 + 20.0, GOOD)  # back: the 10 s spell is not counted, the wait resumes from T0 + 10
+    assert d.enabled is False and s.not_worth_since_s is None and s.pending_since_s == T0 + 10.0
+    d, s = tick(s, T0 + 39.0, GOOD)
+    assert d.enabled is False
+    d, s = tick(s, T0 + 40.0, GOOD)  # 30 s worth making: published
+    assert (d.enabled, d.num_speculative_tokens, d.changed_at_s) == (True, 3, T0 + 40.0)
+    # Windows without a gain between two that have one do not publish the change by themselves.
+    _, s = tick(DecideState(), T0, GOOD)
+    for t in (10.0, 20.0, 29.0):
+        _, s = tick(s, T0 + t, FLAT)
+    d, s = tick(s, T0 + 30.0, GOOD)
+    assert d.enabled is False and s.pending_since_s == T0 + 20.0
     # The same start, but 35 s without a gain before the candidate is back: a new wait from then.
     _, s = tick(DecideState(), T0, GOOD)
     _, s = tick(s, T0 + 10.0, FLAT)
@@ -343,6 +351,16 @@ def test_one_window_without_a_gain_keeps_the_wait_and_a_longer_spell_restarts_it
     assert d.enabled is False
     d, s = tick(s, T0 + 75.0, GOOD)
     assert (d.enabled, d.num_speculative_tokens) == (True, 3)
+
+
+def test_without_a_confirm_time_a_change_still_waits_its_break_even_time_and_is_published() -> None:
+    config = replace(COST, confirm_s=0.0)  # no confirmation: a window without a gain withdraws at once
+    s, published_at = DecideState(), None
+    for i in range(13):
+        d, s = tick(s, T0 + 10.0 * i, GOOD, OFF, config)
+        if d.enabled and published_at is None:
+            published_at = 10.0 * i
+    assert published_at is not None and 0.0 < published_at <= 60.0
 
 
 def test_a_broken_point_prices_nothing() -> None:
