@@ -11,13 +11,27 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from service.logs import fields, get_logger
 
-async def cancel_and_wait(task: asyncio.Task[Any], *, retry_s: float = 0.1) -> None:
-    """Cancel `task` and wait until it has ended, cancelling it again every `retry_s` seconds while it runs.
+_log = get_logger("tasks")
+_SLOW_STOP_S = 1.0  # cancelling for this long without the task ending is logged (once): a bug somewhere below
 
-    What it raised, or its cancellation, is left on the task; a task already done is left as it is. Example: a task
-    that swallows the first CancelledError and sleeps on is cancelled again during that sleep and ends there.
+
+async def cancel_and_wait(task: asyncio.Task[Any], *, retry_s: float = 0.1) -> BaseException | None:
+    """Cancel `task` and wait until it has ended, cancelling it again every `retry_s` seconds while it runs; the
+    exception it ended with (None when it was cancelled, returned, or was already done with no error), retrieved
+    so the caller decides whether to log it. Cancelling the caller cancels the wait (the task is left cancelling).
+
+    Example: a task that swallows the first CancelledError and sleeps on is cancelled again during that sleep and
+    ends there; cancel_and_wait returns None.
     """
+    waited_s, logged = 0.0, False
     while not task.done():
         task.cancel()
         await asyncio.wait({task}, timeout=retry_s)
+        waited_s += retry_s
+        if waited_s >= _SLOW_STOP_S and not logged and not task.done():
+            logged = True
+            _log.warning("a background task keeps running after being cancelled; cancelling it again every "
+                         f"{retry_s:g} s", extra=fields(task=task.get_name()))
+    return None if task.cancelled() else task.exception()

@@ -51,6 +51,7 @@ from service.logs import fields, get_logger
 from service.tasks import cancel_and_wait
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_CLOSE_SLACK_S = 1.0  # s past the renew deadline aclose waits for an attempt in flight before cancelling it
 _MICROSECOND = timedelta(microseconds=1)
 
 
@@ -160,7 +161,7 @@ class LeaseElector:
         like to the others)."""
         task, self._task = self._task, None
         if task is not None:
-            await cancel_and_wait(task)
+            self._ended(await cancel_and_wait(task))
 
     async def aclose(self) -> None:
         """At a clean shutdown: let an attempt in flight finish (it is bounded by the renew deadline; cut short, a
@@ -170,9 +171,10 @@ class LeaseElector:
         task, self._task = self._task, None
         if task is not None and not task.done():
             if self._attempting:
-                await asyncio.wait({task})  # the attempt is bounded by the renew deadline; then run() returns
-            else:
-                await cancel_and_wait(task)  # it is waiting between attempts
+                # The attempt is bounded by the renew deadline, after which run() returns; the slack covers a
+                # timeout whose cancellation a library lost.
+                await asyncio.wait({task}, timeout=self._config.renew_deadline_s + _CLOSE_SLACK_S)
+            self._ended(await cancel_and_wait(task))  # it is waiting between attempts, or overran
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self._config.renew_deadline_s):
                 await self.release()
@@ -212,6 +214,11 @@ class LeaseElector:
                               extra=fields(lease=self.lease_ref, identity=self.identity, error=str(exc)))
         self.leading()
         return False
+
+    def _ended(self, error: BaseException | None) -> None:
+        if error is not None:  # run() catches every failure of an attempt: this is a bug of ours
+            self._log.error("leader election: the election loop failed", exc_info=error,
+                            extra=fields(lease=self.lease_ref, identity=self.identity))
 
     def _pause_s(self) -> float:
         if self._leading:

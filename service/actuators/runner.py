@@ -23,7 +23,6 @@ audit log and the counters, and the recommendation keeps being served.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -240,9 +239,10 @@ class ActuationRunner:
         task = self._task
         if task is None or task.done():
             return
-        with contextlib.suppress(TimeoutError, asyncio.CancelledError):
-            await asyncio.wait_for(asyncio.shield(task), grace_s)
-        await cancel_and_wait(task)
+        await asyncio.wait({task}, timeout=grace_s)
+        failed = await cancel_and_wait(task)
+        if failed is not None:
+            self._log.error("the last actuation pass failed", exc_info=failed)
 
     async def _pass(self, now_s: float) -> None:
         for runtime in self._runtimes.values():

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import json
 import os
 import sys
@@ -47,6 +46,7 @@ from service.settings import Settings, SettingsError, load_settings, target_name
 from service.sim.scenario import Scenario, ScenarioError, default_scenario, load_scenario
 from service.sim.server import SimServer
 from service.sim.world import World
+from service.tasks import cancel_and_wait
 
 EXIT_UNREACHABLE = 1
 EXIT_USAGE = 2
@@ -302,8 +302,7 @@ async def _start_api(sidecar: Sidecar) -> tuple[uvicorn.Server, asyncio.Task[Non
 
 async def _run_api(server: uvicorn.Server, task: asyncio.Task[None], *, duration_s: float | None) -> None:
     if duration_s is not None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(task), timeout=duration_s)
+        await asyncio.wait({task}, timeout=duration_s)
         server.should_exit = True
     await task
 
@@ -371,9 +370,7 @@ async def _demo(args: argparse.Namespace) -> int:
         return 0
     finally:
         if view is not None:
-            view.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await view
+            await cancel_and_wait(view)
         await sim.stop()
 
 
