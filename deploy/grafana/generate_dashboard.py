@@ -181,9 +181,9 @@ def _actuation_row(layout: Layout) -> None:
     layout.add(timeseries(
         "Skipped actions by reason",
         "Ticks on which the safety gate held an action back, by the first rule that held it (paused, "
-        "rollout_in_progress, stale, insufficient_data, already_applied, dwell, cooldown, hourly_cap, daily_cap, "
-        "...), per $__rate_interval; already_applied is the quiet steady state. Only reasons that occurred are "
-        "drawn.",
+        "rollout_in_progress, engine_mismatch, stale, insufficient_data, already_applied, dwell, cooldown, "
+        "hourly_cap, daily_cap, ...), per $__rate_interval; already_applied is the quiet steady state. Only "
+        "reasons that occurred are drawn.",
         [q(f"sum by (target, reason) (increase(specadvisor_actions_skipped_total{{{A}}}[$__rate_interval])) > 0",
            "{{target}} {{reason}}")],
         axis=Axis(minimum=0),

@@ -50,17 +50,22 @@ class EngineFlags:
     """vLLM's parallelism and scheduler limits as the managed container's args give them; None where the args leave a
     flag out (vLLM's default applies, which the args do not show). Each given value is an integer >= 1.
 
-    `tensor_parallel_size` (--tensor-parallel-size / -tp): GPUs one replica is sharded over; `max_num_seqs`
-    (--max-num-seqs): the most sequences a step runs; `max_num_batched_tokens` (--max-num-batched-tokens): the
-    most tokens a step computes. Example: args [..., "-tp", "2", "--max-num-seqs=128"] -> EngineFlags(2, 128, None).
+    `tensor_parallel_size` (--tensor-parallel-size / -tp): GPUs one replica's layers are sharded over;
+    `pipeline_parallel_size` (--pipeline-parallel-size / -pp): stages its layers are split into; `max_num_seqs`
+    (--max-num-seqs): the most sequences a step runs; `max_num_batched_tokens` (--max-num-batched-tokens): the most
+    tokens a step computes. `unreadable`: (field, text) of each flag given a value that could not be read (an
+    unset `$(VAR)`, a word that is not an integer). Example: args [..., "-tp", "2", "--max-num-seqs=128"] ->
+    EngineFlags(tensor_parallel_size=2, max_num_seqs=128).
     """
 
     tensor_parallel_size: int | None = None
     max_num_seqs: int | None = None
     max_num_batched_tokens: int | None = None
+    pipeline_parallel_size: int | None = None
+    unreadable: tuple[tuple[str, str], ...] = ()
 
     def __post_init__(self) -> None:
-        for name in ("tensor_parallel_size", "max_num_seqs", "max_num_batched_tokens"):
+        for name in ("tensor_parallel_size", "max_num_seqs", "max_num_batched_tokens", "pipeline_parallel_size"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be an integer >= 1 or None, got {value!r}")
@@ -75,7 +80,8 @@ class DeploymentObservation:
     at least half, else 0) and `on_weight_share` the on-pool's share of the weights in [0, 1]. `engine`: the vLLM
     container's parallelism and scheduler flags (a Deployment's; None where they were not read);
     `engine_mismatch`: how they differ from the engine the advice was priced for (policies/act/engine.py), filled
-    in by whoever knows both (the actuation runner); None when they agree or either is unknown.
+    in by whoever knows both (the actuation runner); None when they agree or were not compared (no flags read, as
+    in routing and shadow modes, or no priced context yet).
     """
 
     at_s: float

@@ -10,9 +10,9 @@ Pure: every input, the time included (`now_s`, Unix seconds), comes in as an arg
    asked for it, so its first attempt is immediate; a retry after an attempt under the same override (one that
    failed: a success shows as ALREADY_APPLIED or ROLLOUT_IN_PROGRESS) waits out the cooldown -> COOLDOWN.
    It expires by itself at `expires_at_s`; from then on the recommendation rules again.
-5. the Deployment runs another engine than the advice was priced for (tensor parallelism, or a step limit both
-   sides give: policies/act/engine.py) -> ENGINE_MISMATCH (the advice is about an engine that does not run here)
-   no decision / decision not ok -> NO_DECISION, STALE, ERROR, INSUFFICIENT_DATA; no desired setting -> NO_DESIRED
+5a. the Deployment runs another engine than the advice was priced for (parallelism, a step limit both sides give,
+   or a flag that cannot be read: policies/act/engine.py) -> ENGINE_MISMATCH (the advice is not about this engine)
+5b. no decision / decision not ok -> NO_DECISION, STALE, ERROR, INSUFFICIENT_DATA; no desired setting -> NO_DESIRED
 6. already running it            -> ALREADY_APPLIED; schedule differs only immaterially -> BELOW_CHANGE_THRESHOLD
 7. dwell: the wanted setting must have been the same, on every tick with an `ok` decision, for `dwell_s`
    (a tick that is not ok restarts the dwell: a spell without good data must not count toward it)   -> DWELL
@@ -197,7 +197,7 @@ def gate_action(
 
     `desired` is `desired_setting(decision, ...)` for this tick (None when unknown); `observation` the actuator's
     read of the deployment this tick, with how its engine differs from the one the decision was priced for
-    (`observation.engine_mismatch`, rule 5). Times in Unix seconds.
+    (`observation.engine_mismatch`, rule 5a). Times in Unix seconds.
     Example: dwell 300, cooldown 900, last action at t=0; a decision ok wanting k 3 since t=600, deployment at k 0,
     now t=950: held 350 >= 300, cooldown 950 >= 900 since the last action, 1 action in the past hour < 2 -> act,
     and the new state counts the action at 950 (the next one waits until 950 + 900 = 1850).
@@ -235,8 +235,8 @@ def _deployment_skip(
 
 
 def _engine_skip(observation: DeploymentObservation, desired: SpeculationSetting | None) -> ActionPlan | None:
-    """Rule 5's engine check: the Deployment's flags against the engine the advice priced (None: they agree, or
-    either is unknown)."""
+    """Rule 5a: the Deployment's flags against the engine the advice priced (None: they agree, or no one compared
+    them)."""
     why = observation.engine_mismatch
     return None if why is None else _skip(SkipReason.ENGINE_MISMATCH, desired, why)
 

@@ -21,10 +21,10 @@ of the verification cost is its prior (policies/model/calibrate.py), which can b
 making for its wait, has kept its side (more speculation, or less) for min(wait, confirm_s) (one outlying window
 cannot publish a change, nor withdraw one: a spell of windows without the change being worth it holds its wait,
 which is lost once the spell reaches confirm_s), and the last change is dwell_s old: the break-even rule, which
-loses at most twice what hindsight would on a condition of any length. Hysteresis and dwell follow from the band and the cost: to switch
-on, S's low end must clear 1 + margin; to switch off, the running option's high end must fall short of 1 by
-margin x S(c); a grossly wrong setting (r >= C / confirm_s) is corrected after confirm_s, a gain below
-C / dwell_s waits dwell_s.
+loses at most twice what hindsight would on a condition of any length. Hysteresis and dwell follow from the band
+and the cost: to switch on, S's low end must clear 1 + margin; to switch off, the running option's high end must
+fall short of 1 by margin x S(c); a grossly wrong setting (r >= C / confirm_s) is corrected after confirm_s, a gain
+below C / dwell_s waits dwell_s.
 
 Worked example (H 600 s, C 22.6 s, margin 0.02, confirm 30 s, dwell 120 s): running gamma 3 at S 1.40, gamma 2
 priced at 1.48 with gain_sd 0.01: g = (1.48 x 0.984 - 1.40) / 1.40 = 4.0%, V = 23.9 - 22.6 = +1.3 s, r = 0.08 /

@@ -106,7 +106,8 @@ class DeploymentActuator:
         in_progress, why = rollout_status(deployment)
         try:
             container = select_vllm_container(_containers(deployment), self._container)
-            command = read_vllm_command(container.get("command") or [], container.get("args") or [])
+            command = read_vllm_command(container.get("command") or [], container.get("args") or [],
+                                        _literal_env(container))
             setting = setting_from_config(command.speculative_config)
         except ArgsError as exc:
             return DeploymentObservation(
@@ -171,6 +172,13 @@ class DeploymentActuator:
             unchanged=f"{self.target_ref} already runs the desired setting; nothing to send",
         )
         return await guarded_apply(write, observed, dry_run=dry_run)
+
+def _literal_env(container: Mapping[str, Any]) -> dict[str, str]:
+    """The container's env variables that have a literal `value` (one from a ConfigMap or Secret is not known
+    here), which Kubernetes substitutes for `$(NAME)` in the command and args."""
+    return {e["name"]: str(e["value"]) for e in container.get("env") or []
+            if isinstance(e, Mapping) and isinstance(e.get("name"), str) and e.get("value") is not None}
+
 
 def _containers(deployment: Mapping[str, Any]) -> list[dict[str, Any]]:
     spec = (((deployment.get("spec") or {}).get("template") or {}).get("spec")) or {}

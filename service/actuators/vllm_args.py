@@ -21,6 +21,7 @@ Failures raise `ArgsError` with an `ActuatorError` reason and a detail that says
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -402,8 +403,11 @@ def _model(located: _Located) -> str | None:
     return None
 
 
-def read_vllm_command(command: Sequence[str], args: Sequence[str]) -> VllmCommand:
-    """The model and the effective speculative config a container's command + args give vLLM.
+def read_vllm_command(
+    command: Sequence[str], args: Sequence[str], env: Mapping[str, str] | None = None
+) -> VllmCommand:
+    """The model and the effective speculative config a container's command + args give vLLM, and its engine flags
+    (`engine_flags`, with `$(NAME)` expanded from `env`, the container's literal env values).
 
     Example: command ["vllm", "serve"], args ["m", "--speculative-config", '{"method": "ngram",
     "num_speculative_tokens": 3}'] -> VllmCommand(model="m", speculative_config={"method": "ngram",
@@ -412,34 +416,92 @@ def read_vllm_command(command: Sequence[str], args: Sequence[str]) -> VllmComman
     located = _locate(command, args)
     config, form = _config(_spec_args(located.words))
     return VllmCommand(model=_model(located), speculative_config=config, form=form, shell=located.shell,
-                       engine=engine_flags([w.value for w in located.words]))
+                       engine=engine_flags([w.value for w in located.words], env))
 
 
-# vLLM's spellings of the flags `EngineFlags` reads (after `_flag_name`'s normalisation), by field.
-_ENGINE_FLAGS: Mapping[str, str] = {
-    "--tensor-parallel-size": "tensor_parallel_size",
-    "-tp": "tensor_parallel_size",
-    "--max-num-seqs": "max_num_seqs",
-    "--max-num-batched-tokens": "max_num_batched_tokens",
+# vLLM's spellings of the flags `EngineFlags` reads (after `_flag_name`'s normalisation), by field, and whether the
+# value may carry vLLM's human-readable suffixes (`human_readable_int`: 8k = 8000, 8K = 8192).
+_ENGINE_FLAGS: Mapping[str, tuple[str, bool]] = {
+    "--tensor-parallel-size": ("tensor_parallel_size", False),
+    "-tp": ("tensor_parallel_size", False),
+    "--pipeline-parallel-size": ("pipeline_parallel_size", False),
+    "-pp": ("pipeline_parallel_size", False),
+    "--max-num-seqs": ("max_num_seqs", True),
+    "--max-num-batched-tokens": ("max_num_batched_tokens", True),
 }
+_PLAIN_INT = re.compile(r"\+?(\d+)")
+_HUMAN_INT = re.compile(r"(\d+(?:\.\d+)?)([kmgtKMGT]?)")
+_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12}
+_BINARY = {"K": 2**10, "M": 2**20, "G": 2**30, "T": 2**40}
+_ENV_REFERENCE = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_.-]*)\)")
 
 
-def engine_flags(words: Sequence[str]) -> EngineFlags:
+def _flag_int(text: str, *, human: bool) -> int | None:
+    """`text` as vLLM's parser reads it: an integer (argparse's int: surrounding blanks and a '+' allowed), or with
+    `human` a number with vLLM's suffix (lowercase decimal, uppercase binary; decimals only with a decimal suffix).
+    None when it is none of these or below 1. Example: "16K" -> 16384, "25.6k" -> 25600, "8.5K" -> None."""
+    text = text.strip()
+    plain = _PLAIN_INT.fullmatch(text)
+    if plain is not None:
+        value = int(plain.group(1))
+        return value if value >= 1 else None
+    found = _HUMAN_INT.fullmatch(text) if human else None
+    if found is None or not found.group(2):
+        return None
+    number, suffix = found.groups()
+    if suffix in _DECIMAL:
+        value = int(float(number) * _DECIMAL[suffix])
+    elif "." in number:
+        return None
+    else:
+        value = int(number) * _BINARY[suffix]
+    return value if value >= 1 else None
+
+
+def _engine_flag(name: str) -> tuple[str, bool] | None:
+    """The `_ENGINE_FLAGS` entry `name` spells, also as an abbreviation argparse accepts (a prefix of exactly one
+    long flag: were it a prefix of another vLLM flag too, vLLM would refuse to start, and nothing runs to mistake).
+    Example: "--tensor-parallel" -> ("tensor_parallel_size", False); "--max-num" (two of them) -> None."""
+    known = _ENGINE_FLAGS.get(name)
+    if known is not None or not name.startswith("--") or "." in name:
+        return known
+    matches = {entry for flag, entry in _ENGINE_FLAGS.items() if flag.startswith("--") and flag.startswith(name)}
+    return matches.pop() if len(matches) == 1 else None
+
+
+def _expanded(text: str, env: Mapping[str, str]) -> str:
+    """Kubernetes' expansion of `$(NAME)` in a container's command and args from its env (a reference to a name not
+    in `env`, or whose value is not a literal, stays as written; `$$` escapes a `$`)."""
+    parts = text.split("$$")
+    return "$".join(_ENV_REFERENCE.sub(lambda m: env.get(m.group(1), m.group(0)), part) for part in parts)
+
+
+def engine_flags(words: Sequence[str], env: Mapping[str, str] | None = None) -> EngineFlags:
     """The parallelism and scheduler flags in a vLLM invocation's `words`, each as `--flag N` or `--flag=N`
-    (underscores accepted, as vLLM's parser does; the last of a repeated flag wins, as argparse's does). A value that
-    is not an integer >= 1 reads as not given: vLLM refuses to start with it, so no step runs under it.
+    (underscores and argparse's abbreviations accepted, as vLLM's parser does; the last of a repeated flag wins, as
+    argparse's does), with `$(NAME)`
+    expanded from `env` (the container's literal env values) as Kubernetes does. A value that cannot be read is kept
+    in `unreadable` rather than taken as absent: what runs is then unknown, not vLLM's default.
 
-    Example: ["vllm", "serve", "m", "-tp", "2", "--max_num_seqs=128"] -> EngineFlags(2, 128, None).
+    Example: ["vllm", "serve", "m", "-tp", "$(TP)", "--max_num_batched_tokens=16K"] with env {"TP": "2"} ->
+    EngineFlags(tensor_parallel_size=2, max_num_batched_tokens=16384).
     """
     found: dict[str, int | None] = {}
+    unreadable: dict[str, str] = {}
     for i, word in enumerate(words):
         name, inline = _flag_name(word)
-        attribute = _ENGINE_FLAGS.get(name)
-        if attribute is None:
+        known = _engine_flag(name)
+        if known is None:
             continue
+        attribute, human = known
         raw = inline if inline is not None else (words[i + 1] if i + 1 < len(words) else "")
-        found[attribute] = int(raw) if raw.isascii() and raw.isdigit() and int(raw) >= 1 else None
-    return EngineFlags(**found)
+        value = _flag_int(_expanded(raw, env or {}), human=human)
+        found[attribute] = value
+        if value is None:
+            unreadable[attribute] = raw
+        else:
+            unreadable.pop(attribute, None)
+    return EngineFlags(**found, unreadable=tuple(sorted(unreadable.items())))
 
 
 # --------------------------------------------------------------------------------------------------------------

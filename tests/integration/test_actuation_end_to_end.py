@@ -13,6 +13,7 @@ from typing import Any
 
 import httpx
 from kube_apiserver import DEPLOYMENTS, FakeKubeApiServer, patches
+from prometheus_client.parser import text_string_to_metric_families
 from sidecar_http import FIXTURES, CaptureServer, serving, wait_for
 
 from service.app import build_sidecar
@@ -194,7 +195,8 @@ def test_a_deployment_running_another_engine_than_priced_is_never_patched(tmp_pa
                     rec.get("reason") == "engine_mismatch" for rec in r.json()["records"]))).json()
                 (skip, *_) = [r for r in body["records"] if r.get("reason") == "engine_mismatch"]
                 assert "--tensor-parallel-size 2" in skip["detail"] and "tensor_parallel to 2" in skip["detail"]
-                await asyncio.sleep(0.5)  # several more ticks past the gate's 0.3 s dwell
+                # Ten skips at 0.1 s ticks: well past the gate's 0.3 s dwell, where an agreeing engine is patched.
+                await wait_for(client, "/metrics", lambda r: _skips(r.text, "engine_mismatch") >= 10)
                 assert list(patches(api.requests)) == []
                 recommendation = (await client.get("/v1/recommendation")).json()
                 assert recommendation["targets"][0]["state"] == "ok"
@@ -203,3 +205,12 @@ def test_a_deployment_running_another_engine_than_priced_is_never_patched(tmp_pa
         api.put(DEPLOYMENTS, deployment)
         api.finish_rollout(NS, NAME)
         asyncio.run(scenario(api))
+
+
+def _skips(page: str, reason: str) -> float:
+    """specadvisor_actions_skipped_total for `reason` on a /metrics page (0 when absent)."""
+    for family in text_string_to_metric_families(page):
+        for sample in family.samples:
+            if sample.name == "specadvisor_actions_skipped_total" and sample.labels.get("reason") == reason:
+                return sample.value
+    return 0.0

@@ -21,22 +21,46 @@ T0 = 1_700_000_000.0
 @pytest.mark.parametrize(("words", "expected"), [
     (["vllm", "serve", "m"], EngineFlags()),
     (["vllm", "serve", "m", "--tensor-parallel-size", "8"], EngineFlags(tensor_parallel_size=8)),
-    (["vllm", "serve", "m", "-tp", "2", "--max_num_seqs=128"], EngineFlags(2, 128, None)),
-    (["vllm", "serve", "m", "--max-num-batched-tokens=8192", "--max-num-seqs", "64"], EngineFlags(None, 64, 8192)),
-    # argparse keeps the last of a repeated flag.
+    (["vllm", "serve", "m", "-tp", "2", "--max_num_seqs=128"], EngineFlags(tensor_parallel_size=2, max_num_seqs=128)),
+    (["vllm", "serve", "m", "-tp=2", "--tensor_parallel_size=4"], EngineFlags(tensor_parallel_size=4)),
+    (["vllm", "serve", "m", "--max-num-batched-tokens=8192", "--max-num-seqs", "64"],
+     EngineFlags(max_num_seqs=64, max_num_batched_tokens=8192)),
+    # vLLM's human-readable integers for the step limits: lowercase decimal, uppercase binary.
+    (["vllm", "serve", "m", "--max-num-batched-tokens", "16K", "--max-num-seqs", "1k"],
+     EngineFlags(max_num_seqs=1000, max_num_batched_tokens=16384)),
+    (["vllm", "serve", "m", "-pp", "2", "-tp", " +4 "], EngineFlags(tensor_parallel_size=4, pipeline_parallel_size=2)),
+    # argparse's abbreviations: a prefix of exactly one of these flags (two is ambiguous, and vLLM refuses it).
+    (["vllm", "serve", "m", "--tensor-parallel", "8", "--max-num-b=4096", "--max-num", "7"],
+     EngineFlags(tensor_parallel_size=8, max_num_batched_tokens=4096)),
+    # argparse keeps the last of a repeated flag, unreadable or not.
     (["vllm", "serve", "m", "--max-num-seqs", "64", "--max-num-seqs", "32"], EngineFlags(max_num_seqs=32)),
-    # A value vLLM would refuse to start with reads as not given; so does a flag with no value.
-    (["vllm", "serve", "m", "--max-num-seqs", "0", "-tp", "two", "--max-num-batched-tokens"], EngineFlags()),
-    (["vllm", "serve", "m", "--max-num-seqs", "--port", "8000"], EngineFlags()),
+    (["vllm", "serve", "m", "--max-num-seqs", "x", "--max-num-seqs", "32"], EngineFlags(max_num_seqs=32)),
 ])
 def test_the_flags_are_read_in_every_spelling_vllm_accepts(words: list[str], expected: EngineFlags) -> None:
     assert engine_flags(words) == expected
 
 
+def test_a_value_that_cannot_be_read_is_kept_as_unreadable_not_taken_as_absent() -> None:
+    flags = engine_flags(["vllm", "serve", "m", "-tp", "$(TP)", "--max-num-seqs", "0", "--max-num-batched-tokens",
+                          "8.5K", "-pp"])
+    assert (flags.tensor_parallel_size, flags.max_num_seqs, flags.max_num_batched_tokens) == (None, None, None)
+    assert flags.unreadable == (("max_num_batched_tokens", "8.5K"), ("max_num_seqs", "0"),
+                                ("pipeline_parallel_size", ""), ("tensor_parallel_size", "$(TP)"))
+
+
+def test_env_references_are_expanded_as_kubernetes_does() -> None:
+    env = {"TP": "2", "SEQS": "96"}
+    flags = engine_flags(["vllm", "serve", "m", "-tp", "$(TP)", "--max-num-seqs=$(SEQS)"], env)
+    assert flags == EngineFlags(tensor_parallel_size=2, max_num_seqs=96)
+    # `$$` escapes the reference (the literal "$(TP)" reaches vLLM); an unknown name stays as written.
+    assert engine_flags(["-tp", "$$(TP)"], env).unreadable == (("tensor_parallel_size", "$$(TP)"),)
+    assert engine_flags(["-tp", "$(GPUS)"], env).unreadable == (("tensor_parallel_size", "$(GPUS)"),)
+
+
 def test_a_shell_string_and_the_image_entrypoint_are_read_too() -> None:
     shell = read_vllm_command(["/bin/sh", "-c", "exec vllm serve m --tensor-parallel-size 4 --max-num-seqs 96"], [])
-    assert shell.engine == EngineFlags(4, 96, None)
-    entrypoint = read_vllm_command([], ["m", "-tp", "2"])
+    assert shell.engine == EngineFlags(tensor_parallel_size=4, max_num_seqs=96)
+    entrypoint = read_vllm_command([], ["m", "-tp", "$(TP)"], {"TP": "2"})
     assert entrypoint.engine == EngineFlags(tensor_parallel_size=2)
 
 
@@ -53,22 +77,40 @@ def _context(tp: int = 1, budget: float | None = None, seqs: float | None = None
 
 
 def test_the_priced_engine_is_the_context_s_limits() -> None:
-    assert priced_engine(_context()) == EngineFlags(1, None, None)
-    assert priced_engine(_context(2, 8192.0, 256.0)) == EngineFlags(
-        2, 256, 8192)
+    assert priced_engine(_context()) == EngineFlags(tensor_parallel_size=1, pipeline_parallel_size=1)
+    assert priced_engine(_context(2, 8192.0, 256.0)) == EngineFlags(2, 256, 8192, 1)
+    assert priced_engine(_context(1, None, 128.5)).max_num_seqs is None  # no setting gives a fraction
 
 
 def test_tensor_parallelism_is_always_compared_and_absent_means_one() -> None:
-    assert engine_mismatch(EngineFlags(), EngineFlags(1, None, None)) is None
-    assert engine_mismatch(EngineFlags(tensor_parallel_size=8), EngineFlags(8, None, None)) is None
-    why = engine_mismatch(EngineFlags(), EngineFlags(2, None, None))
-    assert why == ("the Deployment runs --tensor-parallel-size 1, the advice is priced for 2 (set the target's "
-                   "tensor_parallel to 1)")
+    one, two = EngineFlags(tensor_parallel_size=1), EngineFlags(tensor_parallel_size=2)
+    assert engine_mismatch(EngineFlags(), one) is None
+    assert engine_mismatch(EngineFlags(tensor_parallel_size=8), EngineFlags(tensor_parallel_size=8)) is None
+    assert engine_mismatch(EngineFlags(), two) == (
+        "the Deployment runs without --tensor-parallel-size (vLLM's 1), the advice is priced for 2 (set the "
+        "target's tensor_parallel to 1)")
+    assert engine_mismatch(EngineFlags(tensor_parallel_size=8), one) == (
+        "the Deployment runs --tensor-parallel-size 8, the advice is priced for 1 (set the target's "
+        "tensor_parallel to 8)")
+
+
+def test_pipeline_stages_and_unreadable_parallelism_are_never_priced() -> None:
+    one = EngineFlags(tensor_parallel_size=1)
+    why = engine_mismatch(EngineFlags(pipeline_parallel_size=2), one)
+    assert why is not None and "--pipeline-parallel-size 2: pipeline parallelism is not priced" in why
+    assert engine_mismatch(EngineFlags(pipeline_parallel_size=1), one) is None
+    why = engine_mismatch(EngineFlags(unreadable=(("tensor_parallel_size", "$(TP)"),)), one)
+    assert why is not None and why.startswith("cannot read --tensor-parallel-size '$(TP)'")
+    assert "priced for" not in why  # the unreadable flag is not also taken as vLLM's default
+    # An unreadable step limit matters only where the setting prices one.
+    seqs = EngineFlags(unreadable=(("max_num_seqs", "x"),))
+    assert engine_mismatch(seqs, one) is None
+    assert engine_mismatch(seqs, EngineFlags(tensor_parallel_size=1, max_num_seqs=256)) is not None
 
 
 def test_step_limits_are_compared_only_where_both_sides_give_one() -> None:
     # Unset in the settings (priced without the cap) or left to vLLM's default: nothing to compare.
-    assert engine_mismatch(EngineFlags(max_num_seqs=128), EngineFlags(1, None, None)) is None
+    assert engine_mismatch(EngineFlags(max_num_seqs=128), EngineFlags(tensor_parallel_size=1)) is None
     assert engine_mismatch(EngineFlags(), EngineFlags(1, 256, 8192)) is None
     why = engine_mismatch(EngineFlags(4, 128, 4096), EngineFlags(2, 256, 4096))
     assert why is not None
