@@ -9,8 +9,8 @@ The real sidecar pipeline runs against the simulated server in simulated time (t
 scrape -> estimate -> model -> decide). After every tick whose decision is ok and whose objective compares options
 at one batch (latency, or capacity while every option holds the same batch), the world's true S at the published
 gamma (the running one while off is not judged) is computed from the world's own physics at the window's mean
-decoding batch and its context (the requests whose prompt is computed, sampled at each tick: the sequences a step
-verifies; a request still prefilling is running but verifies nothing, and a MoE world's S moves with the batch):
+decoding batch and its context (the requests whose prompt is computed, sampled at each tick: about the sequences a
+step verifies; a request still prefilling is running but verifies nothing, and a MoE world's S moves with the batch):
 
     S_true(gamma) = E[L]_true(gamma) x T_true(B, 0) / T_true(B, gamma)      (service/sim/physics.py)
 

@@ -121,6 +121,11 @@ class _Request:
     request_class: int = 0  # how well the drafter predicts it (physics.request_classes)
 
 
+def _decodes(request: _Request) -> bool:
+    """Whether `request` decodes in the next step: its prompt (after a preemption, its whole context) is computed."""
+    return request.prefill_left == 0
+
+
 @dataclass(frozen=True, slots=True)
 class _GroupPlan:
     start_s: float
@@ -252,12 +257,12 @@ class World:
     def num_decoding(self) -> int:
         """Running requests whose prompt is computed: the sequences the next step verifies (the running count less
         those still prefilling, whose chunks the step computes instead)."""
-        return sum(1 for r in self._running if r.prefill_left == 0)
+        return sum(1 for r in self._running if _decodes(r))
 
     @property
     def mean_decode_context_tokens(self) -> float:
         """Mean context (prompt + generated tokens) of the decoding requests now; 0.0 when none decode."""
-        contexts = [r.prompt_tokens + r.generated for r in self._running if r.prefill_left == 0]
+        contexts = [r.prompt_tokens + r.generated for r in self._running if _decodes(r)]
         return sum(contexts) / len(contexts) if contexts else 0.0
 
     @property
@@ -555,7 +560,7 @@ class World:
         prefill_list: list[_Request] = []
         decode_kv = prefill_kv = prefill_full = pending = 0
         for r in self._running:
-            if r.prefill_left == 0:
+            if _decodes(r):
                 decode_list.append(r)
                 decode_kv += r.prompt_tokens + r.generated
             else:
