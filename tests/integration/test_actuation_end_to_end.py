@@ -7,7 +7,9 @@ rollout in progress holds further actions back, and pause (with the bearer token
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -79,61 +81,69 @@ def advisor_settings(
     })
 
 
-def test_the_sidecar_patches_the_deployment_through_the_gate_and_records_it(tmp_path: Path) -> None:
+DEPLOYMENT_GRANTS = {(USER, verb, "deployments", NAME) for verb in ("get", "patch")}
+
+
+@contextlib.asynccontextmanager
+async def acting_sidecar(api: FakeKubeApiServer, tmp_path: Path) -> AsyncIterator[httpx.AsyncClient]:
+    """The sidecar on the eagle k=3 capture, acting on NAME through `api` (audit log under tmp_path/state), and a
+    client on its API."""
     token_file = tmp_path / "sa-token"
     token_file.write_text(KUBE_TOKEN, encoding="utf-8")
+    async with serving(CaptureServer(FIXTURES / "synthetic-eagle-k3.txt")) as capture_url:
+        settings = advisor_settings(capture_url, api.url, token_file, tmp_path / "state")
+        sidecar = build_sidecar(settings, gpu_source=NoGpuSource(), environ={"SPEC_ADVISOR_ACTIONS_TOKEN": WRITE_TOKEN})
+        async with serving(sidecar.app) as url, httpx.AsyncClient(base_url=url, timeout=5.0) as client:
+            yield client
+
+
+def test_the_sidecar_patches_the_deployment_through_the_gate_and_records_it(tmp_path: Path) -> None:
     state = tmp_path / "state"
-    grants = {(USER, verb, "deployments", NAME) for verb in ("get", "patch")}
 
     async def scenario(api: FakeKubeApiServer) -> None:
-        capture = CaptureServer(FIXTURES / "synthetic-eagle-k3.txt")
-        async with serving(capture) as capture_url:
-            settings = advisor_settings(capture_url, api.url, token_file, state)
-            sidecar = build_sidecar(settings, gpu_source=NoGpuSource(),
-                                    environ={"SPEC_ADVISOR_ACTIONS_TOKEN": WRITE_TOKEN})
-            async with serving(sidecar.app) as url, httpx.AsyncClient(base_url=url, timeout=5.0) as client:
-                body = (await wait_for(client, "/v1/actions",
-                                       lambda r: r.json()["targets"][0]["actions"].get("applied") == 1)).json()
-                (action,) = [r for r in body["records"] if r["kind"] == "action"]
-                assert action["result"] == "applied" and action["observed"]["num_speculative_tokens"] == 7
+        async with acting_sidecar(api, tmp_path) as client:
+            body = (await wait_for(client, "/v1/actions",
+                                   lambda r: r.json()["targets"][0]["actions"].get("applied") == 1)).json()
+            (action,) = [r for r in body["records"] if r["kind"] == "action"]
+            assert action["result"] == "applied" and action["observed"]["num_speculative_tokens"] == 7
 
-                # What the API server now holds is what the audit record says was wanted, and nothing else moved.
-                others, config = speculative_config(api.get(DEPLOYMENTS, NS, NAME))
-                assert others == ["meta-llama/Llama-3.1-8B-Instruct", *OTHER_ARGS]
-                wanted = action["desired"]["num_speculative_tokens"]
-                if wanted == 0:
-                    assert config is None
-                else:
-                    assert config == {**DEPLOYED, "num_speculative_tokens": wanted}
-                (patch,) = list(patches(api.requests))
-                # Authenticated as the ServiceAccount the RBAC names, as a strategic merge patch of the Deployment.
-                assert patch.user == USER and patch.path == f"/apis/apps/v1/namespaces/{NS}/deployments/{NAME}"
-                assert patch.content_type == "application/strategic-merge-patch+json"
+            # What the API server now holds is what the audit record says was wanted, and nothing else moved.
+            others, config = speculative_config(api.get(DEPLOYMENTS, NS, NAME))
+            assert others == ["meta-llama/Llama-3.1-8B-Instruct", *OTHER_ARGS]
+            wanted = action["desired"]["num_speculative_tokens"]
+            if wanted == 0:
+                assert config is None
+            else:
+                assert config == {**DEPLOYED, "num_speculative_tokens": wanted}
+            (patch,) = list(patches(api.requests))
+            # Authenticated as the ServiceAccount the RBAC names, as a strategic merge patch of the Deployment.
+            assert patch.user == USER and patch.path == f"/apis/apps/v1/namespaces/{NS}/deployments/{NAME}"
+            assert patch.content_type == "application/strategic-merge-patch+json"
 
-                # The rollout has not finished (the fake's status lags until told): nothing more is sent.
-                await wait_for(client, "/v1/actions", lambda r: any(
-                    rec.get("skip") == "rollout_in_progress" or rec.get("reason") == "rollout_in_progress"
-                    for rec in r.json()["records"]))
-                assert len(list(patches(api.requests))) == 1
+            # The rollout has not finished (the fake's status lags until told): nothing more is sent.
+            await wait_for(client, "/v1/actions", lambda r: any(
+                rec.get("skip") == "rollout_in_progress" or rec.get("reason") == "rollout_in_progress"
+                for rec in r.json()["records"]))
+            assert len(list(patches(api.requests))) == 1
 
-                # Pausing needs the write token; once paused, the runner says so for every later tick.
-                pause = {"target": "llama", "reason": "maintenance window"}
-                denied = await client.post("/v1/actions/pause", json=pause)
-                assert denied.status_code == 401
-                paused = await client.post("/v1/actions/pause", json=pause,
-                                           headers={"Authorization": f"Bearer {WRITE_TOKEN}"})
-                assert paused.status_code == 200
-                api.finish_rollout(NS, NAME)
-                await wait_for(client, "/v1/actions", lambda r: r.json()["targets"][0]["paused"] is True)
-                await asyncio.sleep(0.5)  # several ticks after the rollout finished, while paused
-                assert len(list(patches(api.requests))) == 1
+            # Pausing needs the write token; once paused, the runner says so for every later tick.
+            pause = {"target": "llama", "reason": "maintenance window"}
+            denied = await client.post("/v1/actions/pause", json=pause)
+            assert denied.status_code == 401
+            paused = await client.post("/v1/actions/pause", json=pause,
+                                       headers={"Authorization": f"Bearer {WRITE_TOKEN}"})
+            assert paused.status_code == 200
+            api.finish_rollout(NS, NAME)
+            await wait_for(client, "/v1/actions", lambda r: r.json()["targets"][0]["paused"] is True)
+            await asyncio.sleep(0.5)  # several ticks after the rollout finished, while paused
+            assert len(list(patches(api.requests))) == 1
 
         # Every record is on disk as one JSON line; the applied action is among them.
         lines = (state / "actions.jsonl").read_text(encoding="utf-8").splitlines()
         records = [json.loads(line) for line in lines]
         assert [r["result"] for r in records if r["kind"] == "action"] == ["applied"]
 
-    with FakeKubeApiServer(tokens={KUBE_TOKEN: USER}, grants=grants) as api:
+    with FakeKubeApiServer(tokens={KUBE_TOKEN: USER}, grants=DEPLOYMENT_GRANTS) as api:
         api.put(DEPLOYMENTS, vllm_deployment())
         api.finish_rollout(NS, NAME)  # a settled Deployment: its status caught up with its spec
         asyncio.run(scenario(api))
@@ -176,32 +186,23 @@ def test_a_forbidden_patch_is_recorded_counted_and_the_advice_keeps_flowing(tmp_
 def test_a_deployment_running_another_engine_than_priced_is_never_patched(tmp_path: Path) -> None:
     """The Deployment runs vLLM at tensor parallelism 2 while the target is priced at the default 1: the runner
     holds every change back and names the setting to fix; the advice keeps flowing."""
-    token_file = tmp_path / "sa-token"
-    token_file.write_text(KUBE_TOKEN, encoding="utf-8")
-    state = tmp_path / "state"
-    grants = {(USER, verb, "deployments", NAME) for verb in ("get", "patch")}
     deployment = vllm_deployment()
     (container,) = deployment["spec"]["template"]["spec"]["containers"]
     container["args"] = [*container["args"], "--tensor-parallel-size", "2"]
 
     async def scenario(api: FakeKubeApiServer) -> None:
-        capture = CaptureServer(FIXTURES / "synthetic-eagle-k3.txt")
-        async with serving(capture) as capture_url:
-            settings = advisor_settings(capture_url, api.url, token_file, state)
-            sidecar = build_sidecar(settings, gpu_source=NoGpuSource(),
-                                    environ={"SPEC_ADVISOR_ACTIONS_TOKEN": WRITE_TOKEN})
-            async with serving(sidecar.app) as url, httpx.AsyncClient(base_url=url, timeout=5.0) as client:
-                body = (await wait_for(client, "/v1/actions", lambda r: any(
-                    rec.get("reason") == "engine_mismatch" for rec in r.json()["records"]))).json()
-                (skip, *_) = [r for r in body["records"] if r.get("reason") == "engine_mismatch"]
-                assert "--tensor-parallel-size 2" in skip["detail"] and "tensor_parallel to 2" in skip["detail"]
-                # Ten skips at 0.1 s ticks: well past the gate's 0.3 s dwell, where an agreeing engine is patched.
-                await wait_for(client, "/metrics", lambda r: _skips(r.text, "engine_mismatch") >= 10)
-                assert list(patches(api.requests)) == []
-                recommendation = (await client.get("/v1/recommendation")).json()
-                assert recommendation["targets"][0]["state"] == "ok"
+        async with acting_sidecar(api, tmp_path) as client:
+            body = (await wait_for(client, "/v1/actions", lambda r: any(
+                rec.get("reason") == "engine_mismatch" for rec in r.json()["records"]))).json()
+            (skip, *_) = [r for r in body["records"] if r.get("reason") == "engine_mismatch"]
+            assert "--tensor-parallel-size 2" in skip["detail"] and "tensor_parallel to 2" in skip["detail"]
+            # Ten skips at 0.1 s ticks: well past the gate's 0.3 s dwell, where an agreeing engine is patched.
+            await wait_for(client, "/metrics", lambda r: _skips(r.text, "engine_mismatch") >= 10)
+            assert list(patches(api.requests)) == []
+            recommendation = (await client.get("/v1/recommendation")).json()
+            assert recommendation["targets"][0]["state"] == "ok"
 
-    with FakeKubeApiServer(tokens={KUBE_TOKEN: USER}, grants=grants) as api:
+    with FakeKubeApiServer(tokens={KUBE_TOKEN: USER}, grants=DEPLOYMENT_GRANTS) as api:
         api.put(DEPLOYMENTS, deployment)
         api.finish_rollout(NS, NAME)
         asyncio.run(scenario(api))
