@@ -585,8 +585,9 @@ def _publish(
         # Back after a spell without being worth a change: the clocks resume where they stood (they count only
         # time the change was worth making), or, after confirm_s or more of it, a new wait begins.
         spell = now_s - state.not_worth_since_s if state.not_worth_since_s is not None else 0.0
-        if state.not_worth_since_s is not None and spell >= confirm_s:
-            pending = None
+        if pending is not None and state.not_worth_since_s is not None and spell >= confirm_s:
+            whys += (_why(WhyCode.WITHDRAWN, to_gamma=pending[1]),)  # withdrawn in the gap between two ticks
+            pending, spell = None, 0.0
         since = state.pending_since_s + spell if pending is not None and state.pending_since_s is not None else now_s
         same_side = pending is not None and state.candidate_side == candidate.side
         steady = state.candidate_since_s + spell if same_side and state.candidate_since_s is not None else now_s

@@ -353,8 +353,35 @@ def test_a_spell_without_a_gain_holds_the_wait_and_a_longer_one_restarts_it() ->
     assert (d.enabled, d.num_speculative_tokens) == (True, 3)
 
 
+def test_a_spell_moves_the_side_clock_on_too() -> None:
+    # Running gamma 2: off is worth it from T0 (one wait clock), gamma 3 from T0 + 10 (the side clock restarts: more
+    # speculation now). A 10 s spell without a gain at T0 + 20 moves both clocks on by 10 s: the wait (30 s since
+    # T0 + 10) is served at T0 + 40, the side (30 s since T0 + 20) only at T0 + 50.
+    lean_up = make_curve((0.78, 0.82, 0.88), (0.90, 1.00, 1.10), (0.80, 1.03, 1.30))
+    _, s = tick(DecideState(), T0, BAD, ON2)
+    _, s = tick(s, T0 + 10.0, lean_up, ON2)
+    assert (s.pending_gamma, s.pending_since_s, s.candidate_since_s) == (3, T0, T0 + 10.0)
+    _, s = tick(s, T0 + 20.0, BAND, ON2)
+    d, s = tick(s, T0 + 30.0, lean_up, ON2)
+    assert (s.pending_since_s, s.candidate_since_s) == (T0 + 10.0, T0 + 20.0)
+    d, s = tick(s, T0 + 45.0, lean_up, ON2)
+    assert published(s) == (True, 2) and "its side held 25s of 30s" in d.reason
+    d, s = tick(s, T0 + 50.0, lean_up, ON2)
+    assert published(s) == (True, 3)
+
+
+def test_a_spell_of_confirm_s_noticed_only_when_the_candidate_returns_withdraws_it() -> None:
+    _, s = tick(DecideState(), T0, GOOD)
+    _, s = tick(s, T0 + 10.0, FLAT)
+    d, s = tick(s, T0 + 40.0, GOOD)  # the spell ran from T0 + 10 to now: 30 s, a new wait from T0 + 40
+    assert d.named(WhyCode.WITHDRAWN) is not None and s.pending_since_s == T0 + 40.0
+
+
 def test_without_a_confirm_time_a_change_still_waits_its_break_even_time_and_is_published() -> None:
     config = replace(COST, confirm_s=0.0)  # no confirmation: a window without a gain withdraws at once
+    _, s = tick(DecideState(), T0, GOOD, OFF, config)
+    d, s = tick(s, T0 + 10.0, FLAT, OFF, config)
+    assert d.named(WhyCode.WITHDRAWN) is not None and s.pending_since_s is None and s.not_worth_since_s is None
     s, published_at = DecideState(), None
     for i in range(13):
         d, s = tick(s, T0 + 10.0 * i, GOOD, OFF, config)
