@@ -46,8 +46,8 @@ def engine_mismatch(running: EngineFlags, priced: EngineFlags) -> str | None:
     1 (set the target's tensor_parallel to 8)"."""
     unreadable = dict(running.unreadable)
     differences = [
-        f"cannot read {_FLAGS[field][0]} {text!r} from the Deployment's args: what runs is unknown (write the value "
-        "as a literal integer, or a $(NAME) whose env value is one)"
+        f"cannot read {_FLAGS[field][0]} from the Deployment's args ({text!r}): what runs is unknown (write it as a "
+        "literal integer, or as a $(NAME) whose env value is a literal)"
         for field, text in running.unreadable
         if field in ("tensor_parallel_size", "pipeline_parallel_size") or getattr(priced, field) is not None
     ]

@@ -174,10 +174,19 @@ class DeploymentActuator:
         return await guarded_apply(write, observed, dry_run=dry_run)
 
 def _literal_env(container: Mapping[str, Any]) -> dict[str, str]:
-    """The container's env variables that have a literal `value` (one from a ConfigMap or Secret is not known
-    here), which Kubernetes substitutes for `$(NAME)` in the command and args."""
-    return {e["name"]: str(e["value"]) for e in container.get("env") or []
-            if isinstance(e, Mapping) and isinstance(e.get("name"), str) and e.get("value") is not None}
+    """The container's env variables whose (last) entry has a literal `value`, which Kubernetes substitutes for
+    `$(NAME)` in the command and args. One set by `valueFrom` (a ConfigMap, a Secret, a field) is not known here,
+    nor is a value that refers to another variable: both are left out, so a reference to them stays unread."""
+    env: dict[str, str] = {}
+    for entry in container.get("env") or []:
+        if not isinstance(entry, Mapping) or not isinstance(entry.get("name"), str):
+            continue
+        value = entry.get("value")
+        if value is not None and "$(" not in str(value):
+            env[entry["name"]] = str(value)
+        else:
+            env.pop(entry["name"], None)  # the last entry wins, in the kubelet too
+    return env
 
 
 def _containers(deployment: Mapping[str, Any]) -> list[dict[str, Any]]:

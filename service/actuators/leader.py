@@ -169,12 +169,12 @@ class LeaseElector:
         lease if this replica holds it."""
         self._closing = True
         task, self._task = self._task, None
-        if task is not None and not task.done():
-            if self._attempting:
+        if task is not None:
+            if self._attempting and not task.done():
                 # The attempt is bounded by the renew deadline, after which run() returns; the slack covers a
                 # timeout whose cancellation a library lost.
                 await asyncio.wait({task}, timeout=self._config.renew_deadline_s + _CLOSE_SLACK_S)
-            self._ended(await cancel_and_wait(task))  # it is waiting between attempts, or overran
+            self._ended(await cancel_and_wait(task))  # waiting between attempts, overran, or already failed
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self._config.renew_deadline_s):
                 await self.release()

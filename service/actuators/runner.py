@@ -237,7 +237,7 @@ class ActuationRunner:
     async def aclose(self, *, grace_s: float = 5.0) -> None:
         """Let a pass in flight finish for up to `grace_s`, then cancel it (at shutdown)."""
         task = self._task
-        if task is None or task.done():
+        if task is None:
             return
         await asyncio.wait({task}, timeout=grace_s)
         failed = await cancel_and_wait(task)

@@ -397,10 +397,15 @@ def _model(located: _Located) -> str | None:
         name, inline = _flag_name(value)
         if name == "--model":
             return inline if inline is not None else (values[i + 1] if i + 1 < len(values) else None)
+    at = _model_at(located)
+    return values[at] if at is not None else None
+
+
+def _model_at(located: _Located) -> int | None:
+    """Index in `located.words` of `vllm serve`'s positional model_tag (None when there is none)."""
+    values = [w.value for w in located.words]
     after = 0 if located.entrypoint else (2 if values[1:2] == ["serve"] else len(values))
-    if after < len(values) and not values[after].startswith("-"):
-        return values[after]  # vllm serve's positional model_tag
-    return None
+    return after if after < len(values) and not values[after].startswith("-") else None
 
 
 def read_vllm_command(
@@ -416,17 +421,18 @@ def read_vllm_command(
     located = _locate(command, args)
     config, form = _config(_spec_args(located.words))
     return VllmCommand(model=_model(located), speculative_config=config, form=form, shell=located.shell,
-                       engine=engine_flags([w.value for w in located.words], env))
+                       engine=engine_flags([w.value for w in located.words], env, model_at=_model_at(located)))
 
 
 # vLLM's spellings of the flags `EngineFlags` reads (after `_flag_name`'s normalisation), by field, and whether the
-# value may carry vLLM's human-readable suffixes (`human_readable_int`: 8k = 8000, 8K = 8192).
+# value may carry vLLM's human-readable suffixes (its `human_readable_int`, for --max-num-batched-tokens only:
+# 8k = 8000, 8K = 8192).
 _ENGINE_FLAGS: Mapping[str, tuple[str, bool]] = {
     "--tensor-parallel-size": ("tensor_parallel_size", False),
     "-tp": ("tensor_parallel_size", False),
     "--pipeline-parallel-size": ("pipeline_parallel_size", False),
     "-pp": ("pipeline_parallel_size", False),
-    "--max-num-seqs": ("max_num_seqs", True),
+    "--max-num-seqs": ("max_num_seqs", False),
     "--max-num-batched-tokens": ("max_num_batched_tokens", True),
 }
 _PLAIN_INT = re.compile(r"\+?(\d+)")
@@ -459,13 +465,16 @@ def _flag_int(text: str, *, human: bool) -> int | None:
 
 
 def _engine_flag(name: str) -> tuple[str, bool] | None:
-    """The `_ENGINE_FLAGS` entry `name` spells, also as an abbreviation argparse accepts (a prefix of exactly one
-    long flag: were it a prefix of another vLLM flag too, vLLM would refuse to start, and nothing runs to mistake).
-    Example: "--tensor-parallel" -> ("tensor_parallel_size", False); "--max-num" (two of them) -> None."""
+    """The `_ENGINE_FLAGS` entry `name` spells, also as an abbreviation argparse accepts (a prefix of exactly one of
+    the long flags, or of the short ones -tp/-pp: were it a prefix of another vLLM option too, vLLM would refuse to
+    start, and nothing runs to mistake). Example: "--tensor-parallel" -> ("tensor_parallel_size", False); "-t" ->
+    the same; "--max-num" (two of them) -> None."""
     known = _ENGINE_FLAGS.get(name)
-    if known is not None or not name.startswith("--") or "." in name:
+    if known is not None or not name.startswith("-") or len(name) < 2 or "." in name:
         return known
-    matches = {entry for flag, entry in _ENGINE_FLAGS.items() if flag.startswith("--") and flag.startswith(name)}
+    double = name.startswith("--")
+    matches = {entry for flag, entry in _ENGINE_FLAGS.items()
+               if flag.startswith("--") == double and flag.startswith(name)}
     return matches.pop() if len(matches) == 1 else None
 
 
@@ -476,32 +485,50 @@ def _expanded(text: str, env: Mapping[str, str]) -> str:
     return "$".join(_ENV_REFERENCE.sub(lambda m: env.get(m.group(1), m.group(0)), part) for part in parts)
 
 
-def engine_flags(words: Sequence[str], env: Mapping[str, str] | None = None) -> EngineFlags:
+def engine_flags(
+    words: Sequence[str], env: Mapping[str, str] | None = None, *, model_at: int | None = None
+) -> EngineFlags:
     """The parallelism and scheduler flags in a vLLM invocation's `words`, each as `--flag N` or `--flag=N`
     (underscores and argparse's abbreviations accepted, as vLLM's parser does; the last of a repeated flag wins, as
-    argparse's does), with `$(NAME)`
-    expanded from `env` (the container's literal env values) as Kubernetes does. A value that cannot be read is kept
-    in `unreadable` rather than taken as absent: what runs is then unknown, not vLLM's default.
+    argparse's does), after `$(NAME)` is expanded from `env` (the container's literal env values) as Kubernetes does.
+    A value that cannot be read is kept in `unreadable` rather than taken as absent: what runs is then unknown, not
+    vLLM's default. So is the parallelism when a reference left unexpanded stands where flags could (not at
+    `model_at`, the positional model's index, nor right after a flag that takes it as its value): it may hold
+    `--tensor-parallel-size=8` or `-pp=2`.
 
     Example: ["vllm", "serve", "m", "-tp", "$(TP)", "--max_num_batched_tokens=16K"] with env {"TP": "2"} ->
     EngineFlags(tensor_parallel_size=2, max_num_batched_tokens=16384).
     """
+    expanded = [_expanded(word, env or {}) for word in words]
     found: dict[str, int | None] = {}
     unreadable: dict[str, str] = {}
-    for i, word in enumerate(words):
+    skip = -1
+    for i, word in enumerate(expanded):
+        if i == skip:
+            continue
         name, inline = _flag_name(word)
         known = _engine_flag(name)
         if known is None:
+            if _ENV_REFERENCE.search(word) and i != model_at and not _takes_value(expanded[i - 1] if i else ""):
+                for attribute in ("tensor_parallel_size", "pipeline_parallel_size"):
+                    found[attribute] = None
+                    unreadable[attribute] = word
             continue
         attribute, human = known
-        raw = inline if inline is not None else (words[i + 1] if i + 1 < len(words) else "")
-        value = _flag_int(_expanded(raw, env or {}), human=human)
+        raw = inline if inline is not None else (expanded[i + 1] if i + 1 < len(expanded) else "")
+        skip = i + 1 if inline is None else skip
+        value = _flag_int(raw, human=human)
         found[attribute] = value
         if value is None:
             unreadable[attribute] = raw
         else:
             unreadable.pop(attribute, None)
     return EngineFlags(**found, unreadable=tuple(sorted(unreadable.items())))
+
+
+def _takes_value(word: str) -> bool:
+    """Whether `word` is an option that would take the next word as its value (a flag without '=')."""
+    return word.startswith("-") and "=" not in word and len(word) > 1
 
 
 # --------------------------------------------------------------------------------------------------------------

@@ -369,8 +369,8 @@ async def _demo(args: argparse.Namespace) -> int:
         await _run_api(server, task, duration_s=args.duration_s)
         return 0
     finally:
-        if view is not None:
-            await cancel_and_wait(view)
+        if view is not None and (failed := await cancel_and_wait(view)) is not None:
+            print(f"spec-advisor: the live view failed: {failed!r}", file=sys.stderr)
         await sim.stop()
 
 

@@ -10,7 +10,6 @@ so an idle server costs nothing and a fake clock makes tests exact.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import socket
 import time
 from collections.abc import Callable
@@ -24,6 +23,9 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from service.sim.scenario import MAX_SPECULATIVE_TOKENS
 from service.sim.world import EngineUnavailableError, World
+from service.tasks import cancel_and_wait
+
+_STOP_GRACE_S = 5.0  # s uvicorn gets to finish open requests at stop() before its task is cancelled
 
 
 class SpeculationRequest(BaseModel):
@@ -97,10 +99,12 @@ class SimServer:
         if self._server is None or self._task is None:
             return
         self._server.should_exit = True
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
+        await asyncio.wait({self._task}, timeout=_STOP_GRACE_S)  # uvicorn finishes its open requests first
+        failed = await cancel_and_wait(self._task)
         self._server = None
         self._task = None
+        if failed is not None:
+            raise RuntimeError("the simulated server's task failed") from failed
 
     def _advance(self) -> float:
         now = self.sim_now_s()

@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 import pytest
 from kube_apiserver import DEPLOYMENTS, FakeKubeApiServer, patches
 
-from policies.act.deployment import ActuatorError, DeploymentObservation, SpeculationSetting
+from policies.act.deployment import ActuatorError, DeploymentObservation, EngineFlags, SpeculationSetting
 from service.actuators.base import Actuator
 from service.actuators.kube_client import kube_client
 from service.actuators.kubernetes import ANNOTATION, DeploymentActuator
@@ -151,6 +151,26 @@ def test_off_then_on_restores_the_config_and_touches_nothing_else(api: FakeKubeA
     args = vllm_container(api)["args"]
     assert spec_json(args) == SPEC
     assert args[:5] == ["meta-llama/Llama-3.1-8B-Instruct", *OTHER]
+
+
+def test_the_engine_flags_are_read_with_the_container_s_env(api: FakeKubeApiServer, token_file: Path) -> None:
+    args = ["m", "-tp", "$(TP)", "--max-num-seqs", "$(SEQS)", "--pipeline-parallel-size=$(PP)", *OTHER[:2]]
+    manifest = deployment(args)
+    (vllm, _) = manifest["spec"]["template"]["spec"]["containers"]
+    vllm["env"] = [
+        {"name": "TP", "value": "4"},
+        {"name": "SEQS", "value": "64"}, {"name": "SEQS", "value": "128"},  # the kubelet takes the last
+        {"name": "PP", "value": "2"}, {"name": "PP", "valueFrom": {"configMapKeyRef": {"name": "c", "key": "pp"}}},
+    ]
+    api.put(DEPLOYMENTS, manifest)
+    api.finish_rollout(NS, NAME)
+
+    async def body(actuator: DeploymentActuator) -> DeploymentObservation:
+        return await actuator.observe(1.0)
+
+    engine = run(api.url, token_file, body).engine
+    assert engine == EngineFlags(tensor_parallel_size=4, max_num_seqs=128,
+                                 unreadable=(("pipeline_parallel_size", "$(PP)"),))
 
 
 def test_gamma_change_edits_only_num_speculative_tokens(api: FakeKubeApiServer, token_file: Path) -> None:

@@ -25,13 +25,14 @@ T0 = 1_700_000_000.0
     (["vllm", "serve", "m", "-tp=2", "--tensor_parallel_size=4"], EngineFlags(tensor_parallel_size=4)),
     (["vllm", "serve", "m", "--max-num-batched-tokens=8192", "--max-num-seqs", "64"],
      EngineFlags(max_num_seqs=64, max_num_batched_tokens=8192)),
-    # vLLM's human-readable integers for the step limits: lowercase decimal, uppercase binary.
-    (["vllm", "serve", "m", "--max-num-batched-tokens", "16K", "--max-num-seqs", "1k"],
-     EngineFlags(max_num_seqs=1000, max_num_batched_tokens=16384)),
+    # vLLM's human-readable integers for the token budget: lowercase decimal, uppercase binary.
+    (["vllm", "serve", "m", "--max-num-batched-tokens", "16K"], EngineFlags(max_num_batched_tokens=16384)),
+    (["vllm", "serve", "m", "--max-num-batched-tokens=25.6k"], EngineFlags(max_num_batched_tokens=25600)),
     (["vllm", "serve", "m", "-pp", "2", "-tp", " +4 "], EngineFlags(tensor_parallel_size=4, pipeline_parallel_size=2)),
     # argparse's abbreviations: a prefix of exactly one of these flags (two is ambiguous, and vLLM refuses it).
     (["vllm", "serve", "m", "--tensor-parallel", "8", "--max-num-b=4096", "--max-num", "7"],
      EngineFlags(tensor_parallel_size=8, max_num_batched_tokens=4096)),
+    (["vllm", "serve", "m", "-t", "4", "-p=2"], EngineFlags(tensor_parallel_size=4, pipeline_parallel_size=2)),
     # argparse keeps the last of a repeated flag, unreadable or not.
     (["vllm", "serve", "m", "--max-num-seqs", "64", "--max-num-seqs", "32"], EngineFlags(max_num_seqs=32)),
     (["vllm", "serve", "m", "--max-num-seqs", "x", "--max-num-seqs", "32"], EngineFlags(max_num_seqs=32)),
@@ -41,11 +42,25 @@ def test_the_flags_are_read_in_every_spelling_vllm_accepts(words: list[str], exp
 
 
 def test_a_value_that_cannot_be_read_is_kept_as_unreadable_not_taken_as_absent() -> None:
-    flags = engine_flags(["vllm", "serve", "m", "-tp", "$(TP)", "--max-num-seqs", "0", "--max-num-batched-tokens",
+    flags = engine_flags(["vllm", "serve", "m", "-tp", "$(TP)", "--max-num-seqs", "1k", "--max-num-batched-tokens",
                           "8.5K", "-pp"])
     assert (flags.tensor_parallel_size, flags.max_num_seqs, flags.max_num_batched_tokens) == (None, None, None)
-    assert flags.unreadable == (("max_num_batched_tokens", "8.5K"), ("max_num_seqs", "0"),
+    # --max-num-seqs is a plain int to vLLM (no suffixes); binary suffixes take whole numbers only.
+    assert flags.unreadable == (("max_num_batched_tokens", "8.5K"), ("max_num_seqs", "1k"),
                                 ("pipeline_parallel_size", ""), ("tensor_parallel_size", "$(TP)"))
+
+
+def test_a_reference_that_may_hold_flags_makes_the_parallelism_unreadable() -> None:
+    # Kubernetes expands a whole word too: `$(TP_ARGS)` can be a flag.
+    assert engine_flags(["vllm", "serve", "m", "$(TP_ARGS)"], {"TP_ARGS": "--tensor-parallel-size=8"}) == (
+        EngineFlags(tensor_parallel_size=8))
+    # Left unexpanded (from a ConfigMap, say) where flags could stand: the parallelism is unknown.
+    flags = engine_flags(["vllm", "serve", "m", "$(EXTRA_ARGS)", "--max-num-seqs", "64"])
+    assert flags.max_num_seqs == 64 and flags.tensor_parallel_size is None
+    assert flags.unreadable == (("pipeline_parallel_size", "$(EXTRA_ARGS)"), ("tensor_parallel_size", "$(EXTRA_ARGS)"))
+    # As a flag's value, or as the model's positional, it cannot hold a flag.
+    assert engine_flags(["vllm", "serve", "m", "--served-model-name", "$(NAME)"]).unreadable == ()
+    assert read_vllm_command(["vllm", "serve"], ["$(MODEL)", "--port", "8000"]).engine == EngineFlags()
 
 
 def test_env_references_are_expanded_as_kubernetes_does() -> None:
@@ -53,7 +68,7 @@ def test_env_references_are_expanded_as_kubernetes_does() -> None:
     flags = engine_flags(["vllm", "serve", "m", "-tp", "$(TP)", "--max-num-seqs=$(SEQS)"], env)
     assert flags == EngineFlags(tensor_parallel_size=2, max_num_seqs=96)
     # `$$` escapes the reference (the literal "$(TP)" reaches vLLM); an unknown name stays as written.
-    assert engine_flags(["-tp", "$$(TP)"], env).unreadable == (("tensor_parallel_size", "$$(TP)"),)
+    assert engine_flags(["-tp", "$$(TP)"], env).unreadable == (("tensor_parallel_size", "$(TP)"),)
     assert engine_flags(["-tp", "$(GPUS)"], env).unreadable == (("tensor_parallel_size", "$(GPUS)"),)
 
 
@@ -100,7 +115,7 @@ def test_pipeline_stages_and_unreadable_parallelism_are_never_priced() -> None:
     assert why is not None and "--pipeline-parallel-size 2: pipeline parallelism is not priced" in why
     assert engine_mismatch(EngineFlags(pipeline_parallel_size=1), one) is None
     why = engine_mismatch(EngineFlags(unreadable=(("tensor_parallel_size", "$(TP)"),)), one)
-    assert why is not None and why.startswith("cannot read --tensor-parallel-size '$(TP)'")
+    assert why is not None and why.startswith("cannot read --tensor-parallel-size from the Deployment's args ('$(TP)')")
     assert "priced for" not in why  # the unreadable flag is not also taken as vLLM's default
     # An unreadable step limit matters only where the setting prices one.
     seqs = EngineFlags(unreadable=(("max_num_seqs", "x"),))

@@ -252,8 +252,8 @@ def test_more_load_means_bigger_batches_and_slower_steps() -> None:
 def test_requests_still_prefilling_run_but_do_not_decode() -> None:
     """Long prompts through a small token budget take several steps to prefill: those requests are running (vLLM's
     gauge counts them) but a step verifies only the others. Sampled every 0.5 s for a minute, the decoding count
-    matches the sequences per step the page's own counters give (inter-token latencies over steps, which leave out
-    each request's first token: a little under), while the running count is far above it."""
+    matches the sequences per step the page's own counters give (inter-token latencies over steps: a time average
+    weighs the fewer, longer large-batch steps more, so a little over), while the running count is far above it."""
     scenario = make_scenario(
         engine={"max_num_batched_tokens": 512},
         workload={"arrival_rate": [{"t_s": 0, "requests_per_s": 4.0}],
