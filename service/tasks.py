@@ -17,14 +17,19 @@ _log = get_logger("tasks")
 _SLOW_STOP_S = 1.0  # cancelling for this long without the task ending is logged (once): a bug somewhere below
 
 
-async def cancel_and_wait(task: asyncio.Task[Any], *, retry_s: float = 0.1) -> BaseException | None:
-    """Cancel `task` and wait until it has ended, cancelling it again every `retry_s` seconds while it runs; the
-    exception it ended with (None when it was cancelled, returned, or was already done with no error), retrieved
-    so the caller decides whether to log it. Cancelling the caller cancels the wait (the task is left cancelling).
+async def cancel_and_wait(
+    task: asyncio.Task[Any], *, grace_s: float = 0.0, retry_s: float = 0.1
+) -> BaseException | None:
+    """Let `task` finish by itself for up to `grace_s` seconds, then cancel it and wait until it has ended,
+    cancelling it again every `retry_s` seconds while it runs; the exception it ended with (None when it was
+    cancelled, returned, or was already done with no error), retrieved so the caller decides whether to log it.
+    Cancelling the caller cancels the wait (the task is left cancelling).
 
     Example: a task that swallows the first CancelledError and sleeps on is cancelled again during that sleep and
     ends there; cancel_and_wait returns None.
     """
+    if grace_s > 0.0 and not task.done():
+        await asyncio.wait({task}, timeout=grace_s)
     waited_s, logged = 0.0, False
     while not task.done():
         task.cancel()

@@ -170,11 +170,10 @@ class LeaseElector:
         self._closing = True
         task, self._task = self._task, None
         if task is not None:
-            if self._attempting and not task.done():
-                # The attempt is bounded by the renew deadline, after which run() returns; the slack covers a
-                # timeout whose cancellation a library lost.
-                await asyncio.wait({task}, timeout=self._config.renew_deadline_s + _CLOSE_SLACK_S)
-            self._ended(await cancel_and_wait(task))  # waiting between attempts, overran, or already failed
+            # An attempt in flight is bounded by the renew deadline, after which run() returns; the slack covers a
+            # timeout whose cancellation a library lost. Between attempts it is cancelled at once.
+            grace_s = self._config.renew_deadline_s + _CLOSE_SLACK_S if self._attempting else 0.0
+            self._ended(await cancel_and_wait(task, grace_s=grace_s))
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self._config.renew_deadline_s):
                 await self.release()

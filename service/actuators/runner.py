@@ -239,8 +239,7 @@ class ActuationRunner:
         task = self._task
         if task is None:
             return
-        await asyncio.wait({task}, timeout=grace_s)
-        failed = await cancel_and_wait(task)
+        failed = await cancel_and_wait(task, grace_s=grace_s)
         if failed is not None:
             self._log.error("the last actuation pass failed", exc_info=failed)
 

@@ -99,8 +99,7 @@ class SimServer:
         if self._server is None or self._task is None:
             return
         self._server.should_exit = True
-        await asyncio.wait({self._task}, timeout=_STOP_GRACE_S)  # uvicorn finishes its open requests first
-        failed = await cancel_and_wait(self._task)
+        failed = await cancel_and_wait(self._task, grace_s=_STOP_GRACE_S)  # uvicorn finishes open requests first
         self._server = None
         self._task = None
         if failed is not None:
