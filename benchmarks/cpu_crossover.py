@@ -78,9 +78,11 @@ import httpx
 import yaml
 
 from benchmarks import cpu_models
+from policies.model.measured_profile import ProfileError
 from policies.offline.whatif import AcceptanceSpec, WhatIfInput, WhatIfInputError, evaluate_whatif
 from policies.types import DraftMethod, EngineSnapshot
 from service.loadgen import ClosedLoop, LevelResult, run_closed_loop
+from service.profile import read_profile
 from service.sources.errors import ScrapeError
 from service.sources.vllm import parse_vllm_metrics
 
@@ -626,6 +628,7 @@ class BenchSetup:
     logs: Path
     sidecar_src: Path
     on_level: Callable[[LevelRun], None]
+    on_failure: Callable[[str], None]  # told of a failure that does not stop the run (the profiled sidecar's)
     profile: Path | None = None  # this model's measured profile (`_measure_profile`): a second sidecar is given it
 
 
@@ -654,16 +657,21 @@ async def _server_run(run: ServerRun, model_dir: Path, setup: BenchSetup) -> lis
         )
         sidecars.append(sidecar)
         endpoints = Endpoints(vllm_url=vllm_url, sidecar_url=sidecar_url)
+        await _wait_ok(sidecar, f"{sidecar_url}/readyz", timeout_s=SIDECAR_READY_TIMEOUT_S)
         if setup.profile is not None:
-            # Both arms run both sidecars, so they cost the server the same CPU.
+            # Both arms run both sidecars, so they cost the server the same CPU. One that does not start costs
+            # this run its profiled readings, not the live ones.
             profiled, profiled_url = _start_sidecar(
                 vllm_url=vllm_url, plan=plan, logs=logs, stem=f"{stem}-profiled", src=setup.sidecar_src,
                 profile=setup.profile,
             )  # fmt: skip
             sidecars.append(profiled)
-            endpoints = Endpoints(vllm_url=vllm_url, sidecar_url=sidecar_url, profiled_url=profiled_url)
-            await _wait_ok(profiled, f"{profiled_url}/readyz", timeout_s=SIDECAR_READY_TIMEOUT_S)
-        await _wait_ok(sidecar, f"{sidecar_url}/readyz", timeout_s=SIDECAR_READY_TIMEOUT_S)
+            try:
+                await _wait_ok(profiled, f"{profiled_url}/readyz", timeout_s=SIDECAR_READY_TIMEOUT_S)
+                endpoints = Endpoints(vllm_url=vllm_url, sidecar_url=sidecar_url, profiled_url=profiled_url)
+            except BenchError as exc:
+                setup.on_failure(f"{stem} profiled sidecar: {exc}")
+                _log(f"FAILED {stem} profiled sidecar (the live one goes on): {str(exc)[:2000]}")
         # Two idle scrapes so the sidecar's first window starts from an idle baseline.
         await asyncio.sleep(2 * plan.scrape_interval_s)
         async with httpx.AsyncClient(timeout=SCRAPE_TIMEOUT_S) as client:
@@ -683,42 +691,60 @@ async def _server_run(run: ServerRun, model_dir: Path, setup: BenchSetup) -> lis
 
 async def _measure_profile(model: str, model_dir: Path, setup: BenchSetup) -> Path:
     """`spec-advisor profile` (docs/profile.md) of `model`'s server with n-gram k=3, then of a fresh server without
-    speculation appended to the same file, at the plan's profile levels (not the judged ones): the measurement
-    once, on purpose, that a deployment's sidecar can be given. Returns OUT/logs/MODEL-profile.json."""
-    plan, logs = setup.plan, setup.logs
-    path = logs / f"{model}-profile.json"
-    path.unlink(missing_ok=True)
-    for arm in ("on", "off"):
-        stem = f"{model}-profile-{arm}"
-        port = _free_port()
-        url = f"http://127.0.0.1:{port}"
-        _log(f"{stem}: starting vLLM ({'n-gram k=3' if arm == 'on' else 'no speculation'}) to profile")
-        vllm = _start_vllm(model_dir, speculate=arm == "on", port=port, log_path=logs / f"{stem}-vllm.log")
-        try:
-            await _wait_ok(vllm, f"{url}/health", timeout_s=HEALTH_TIMEOUT_S)
-            argv = [
-                sys.executable, "-c", _SIDECAR_MAIN, "profile", "--url", url, "--out", str(path), "--hardware", "cpu",
-                "--model-profile", "tiny-llama", "--drafter-method", "ngram",
-                "--concurrency", ",".join(str(c) for c in plan.profile_levels),
-                "--level-s", str(plan.profile_level_s), "--warmup-s", str(plan.profile_warmup_s),
-                "--max-tokens", str(MAX_TOKENS), *(["--append"] if arm == "off" else []),
-            ]  # fmt: skip
-            limit_s = len(plan.profile_levels) * (plan.profile_level_s + plan.profile_warmup_s + REQUEST_TIMEOUT_S)
-            result = await asyncio.to_thread(
-                subprocess.run, argv, cwd=setup.sidecar_src, env=_sidecar_env(setup.sidecar_src), capture_output=True,
-                text=True, timeout=limit_s, check=False,
-            )  # fmt: skip
-            (logs / f"{stem}.log").write_text(result.stdout + result.stderr, encoding="utf-8")
-            if result.returncode != 0:
-                raise BenchError(f"spec-advisor profile exited {result.returncode}:\n{result.stderr[-3000:]}")
-            for line in result.stderr.splitlines():
-                if line.startswith("["):
-                    _log(f"  {stem} {line}")
-        except subprocess.TimeoutExpired as exc:
-            raise BenchError(f"spec-advisor profile ran over {exc.timeout:.0f} s") from exc
-        finally:
-            await asyncio.to_thread(_stop, vllm)
+    speculation appended to the same file, at the plan's profile client counts (not the judged ones): the
+    measurement once, on purpose, that a deployment's sidecar can be given. Returns OUT/logs/MODEL-profile.json,
+    read back as the sidecar reads it; BenchError when it cannot be measured or lacks either kind of step (a level
+    the command skipped, e.g. for too few steps, is not written)."""
+    path = setup.logs / f"{model}-profile.json"
+    try:
+        path.unlink(missing_ok=True)
+        for arm in ("on", "off"):
+            await _profile_arm(model, model_dir, setup, arm=arm, path=path)
+        profile = read_profile(path)
+    except (OSError, ProfileError) as exc:
+        raise BenchError(f"the profile of {model}: {exc}") from exc
+    if profile.kinds_seen != (True, True) or not profile.complete:
+        raise BenchError(f"the profile of {model} lacks a kind of step (plain, speculative measured: "
+                         f"{profile.kinds_seen}; complete: {profile.complete})")  # fmt: skip
     return path
+
+
+async def _profile_arm(model: str, model_dir: Path, setup: BenchSetup, *, arm: str, path: Path) -> None:
+    """One `spec-advisor profile` run into `path` against a fresh server of `arm` (appended for `off`)."""
+    plan, logs = setup.plan, setup.logs
+    stem = f"{model}-profile-{arm}"
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    _log(f"{stem}: starting vLLM ({'n-gram k=3' if arm == 'on' else 'no speculation'}) to profile")
+    vllm = _start_vllm(model_dir, speculate=arm == "on", port=port, log_path=logs / f"{stem}-vllm.log")
+    try:
+        await _wait_ok(vllm, f"{url}/health", timeout_s=HEALTH_TIMEOUT_S)
+        argv = [
+            sys.executable, "-c", _SIDECAR_MAIN, "profile", "--url", url, "--out", str(path), "--hardware", "cpu",
+            "--model-profile", "tiny-llama", "--drafter-method", "ngram",
+            "--concurrency", ",".join(str(c) for c in plan.profile_levels),
+            "--level-s", str(plan.profile_level_s), "--warmup-s", str(plan.profile_warmup_s),
+            "--max-tokens", str(MAX_TOKENS), *(["--append"] if arm == "off" else []),
+        ]  # fmt: skip
+        # Each level's load and drain (its requests' own timeout), the command's idle check and start: a bound
+        # on a hung run, not a timing.
+        per_level_s = plan.profile_level_s + plan.profile_warmup_s + REQUEST_TIMEOUT_S
+        limit_s = 60.0 + len(plan.profile_levels) * per_level_s
+        result = await asyncio.to_thread(
+            subprocess.run, argv, cwd=setup.sidecar_src, env=_sidecar_env(setup.sidecar_src), capture_output=True,
+            text=True, timeout=limit_s, check=False,
+        )  # fmt: skip
+        (logs / f"{stem}.log").write_text(result.stdout + result.stderr, encoding="utf-8")
+        if result.returncode != 0:
+            raise BenchError(f"spec-advisor profile exited {result.returncode}:\n{result.stderr[-3000:]}")
+        for line in result.stderr.splitlines():
+            if line.startswith("["):
+                _log(f"  {stem} {line}")
+    except subprocess.TimeoutExpired as exc:
+        (logs / f"{stem}.log").write_text(f"{exc.stdout!s}\n{exc.stderr!s}", encoding="utf-8")
+        raise BenchError(f"spec-advisor profile ran over {exc.timeout:.0f} s") from exc
+    finally:
+        await asyncio.to_thread(_stop, vllm)
 
 
 def schedule(plan: Plan) -> Iterator[tuple[str, int, tuple[int, ...]]]:
@@ -897,8 +923,11 @@ def _judged(predictions: Sequence[dict[str, Any]], true_seq: float | None) -> di
 
 
 def profiled_points(points: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The points as the sidecar given the measured profile predicted them (those that have its readings)."""
-    return [{**p, **p["profiled"]} for p in points if p.get("profiled")]
+    """The points as the sidecar given the measured profile predicted them; a point without its readings is kept,
+    unjudged (so a summary counts it among the points, not among the judged). Empty when no point has them."""
+    if not any(p.get("profiled") for p in points):
+        return []
+    return [{**p, **(p["profiled"] or {"predictions": [], **_judged([], None)})} for p in points]
 
 
 def summarize(points: Sequence[dict[str, Any]]) -> dict[str, Any]:
@@ -1110,7 +1139,8 @@ async def run_benchmark(plan: Plan, *, models: Sequence[str], out: Path, profile
             f"{'' if run.reading_window_inside else ' (window not inside the level)'}"
         )
 
-    setup = BenchSetup(plan=plan, logs=logs, sidecar_src=Path(sidecar_code["source"]), on_level=on_level)
+    setup = BenchSetup(plan=plan, logs=logs, sidecar_src=Path(sidecar_code["source"]), on_level=on_level,
+                       on_failure=outcome.failures.append)  # fmt: skip
     for model in models:
         model_dir = await asyncio.to_thread(cpu_models.ensure_model, model, cache=cache, vllm_python=python,
                                             env=build_env)  # fmt: skip
@@ -1192,12 +1222,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     if unknown or not models:
         parser.error(f"--models: unknown {unknown}; choose from {cpu_models.VARIANTS}")
     plan = QUICK if args.quick else FULL
+    out = args.out.resolve()  # the children run from the sidecar's snapshot, so every path they get is absolute
     # SIGTERM (and SIGINT, which a shell ignores in background jobs) end the run through KeyboardInterrupt, so the
     # servers it started are stopped on the way out.
     signal.signal(signal.SIGTERM, signal.default_int_handler)
     signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
-        document = asyncio.run(run_benchmark(plan, models=models, out=args.out, profile=not args.no_profile))
+        document = asyncio.run(run_benchmark(plan, models=models, out=out, profile=not args.no_profile))
     except BenchError as exc:
         print(f"cpu_crossover: {exc}", file=sys.stderr)
         return 1
