@@ -80,6 +80,11 @@ MAX_PREFILL_TOKENS_PER_STEP = 1_048_576.0
 MAX_TENSOR_PARALLEL = 64
 PRIOR_COVARIANCE = prior_covariance(CalibrationConfig())
 MAX_BATCHED_TOKENS = 1_048_576  # vLLM's --max-num-batched-tokens: far above any served step
+# The most tokens one step runs inside a CUDA graph on vLLM by default: max_cudagraph_capture_size = min(2 x
+# max_num_seqs x (1 + num_speculative_tokens), 512), then at most max_num_batched_tokens (vllm/config/vllm.py
+# `_set_cudagraph_sizes`); a larger step is dispatched without a graph (CUDAGraphMode.NONE, vllm/v1/cudagraph_
+# dispatcher.py), every kernel launched from the host. 512 whenever max_num_seqs x (1 + k) >= 256.
+VLLM_CUDAGRAPH_MAX_TOKENS = 512
 MAX_TREE_TOKENS = 256  # SGLang and TensorRT-LLM trees verify up to a few dozen to ~100 tokens per sequence
 CROSSOVER_SEARCH_MAX_BATCH = 4096.0
 CROSSOVER_GRID_FACTOR = 1.25
@@ -798,6 +803,42 @@ def whatif_schedule_plan(
     )
 
 
+def graph_limit_tokens(inp: WhatIfInput) -> int:
+    """The most tokens a step runs in a CUDA graph on vLLM by default (`VLLM_CUDAGRAPH_MAX_TOKENS`, and at most the
+    step budget when one is given). Example: no budget -> 512; max_num_batched_tokens 256 -> 256."""
+    budget = inp.max_num_batched_tokens
+    return VLLM_CUDAGRAPH_MAX_TOKENS if budget is None else min(VLLM_CUDAGRAPH_MAX_TOKENS, budget)
+
+
+def _graph_notes(inp: WhatIfInput, points: Sequence[WhatIfPoint]) -> list[str]:
+    """A note when speculative points run steps past vLLM's default CUDA-graph capture while their plain step at
+    the same batch does not: tokens per step B (1 + c gamma) + P against `graph_limit_tokens` (c the draft coverage,
+    P the prefill tokens per step; a tree verifies its N + 1 per sequence). The model prices every step as
+    graphed, so there S is optimistic. Example: batch 256, gamma 3, no prefill: 1024 tokens > 512, plain 256 ->
+    noted; batch 64: 256 tokens -> not."""
+    limit = graph_limit_tokens(inp)
+    coverage = inp.acceptance.draft_coverage
+    prefill = inp.prefill_tokens_per_step
+
+    def tokens(point: WhatIfPoint) -> float:
+        per_seq = (inp.tree_tokens + 1 if inp.tree_tokens is not None else 1 + coverage * point.gamma) if (
+            point.gamma > 0) else 1
+        return point.batch * per_seq + prefill
+
+    past = [p for p in points if p.gamma > 0 and tokens(p) > limit >= p.batch + prefill]
+    if not past:
+        return []
+    first = min(past, key=lambda p: (p.batch, p.gamma))
+    return [
+        f"{len(past)} of {sum(1 for p in points if p.gamma > 0)} speculative points run steps of more tokens than "
+        f"vLLM captures in CUDA graphs by default ({limit}: min(2 x max_num_seqs x (1 + k), 512, "
+        "max_num_batched_tokens)) while their plain step at the same batch does not, e.g. batch "
+        f"{first.batch:g} at gamma {first.gamma}, {tokens(first):.0f} tokens per step. vLLM runs such a step "
+        "without a graph, launching every kernel from the host; this model prices it as graphed, so there S is "
+        "optimistic (compilation_config's max_cudagraph_capture_size or cudagraph_capture_sizes moves the limit)"
+    ]
+
+
 def _notes(
     inp: WhatIfInput, *, measured: int, gamma_max: int, points: Sequence[WhatIfPoint], calibration: WhatIfCalibration
 ) -> tuple[str, ...]:
@@ -830,6 +871,7 @@ def _notes(
             "(gamma = the tree's depth, drafted in gamma passes), and each reserves a KV slot; the acceptance is "
             "read as the tree's (tokens per step, measured with that tree)"
         )
+    notes.extend(_graph_notes(inp, points))
     misfits = [p for p in points if not p.fits_in_memory]
     if misfits:
         worst = max(misfits, key=lambda p: (p.batch, p.context_tokens, p.gamma))

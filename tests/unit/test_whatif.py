@@ -413,3 +413,35 @@ def test_crossover_ranges_close_where_the_speedup_falls_back_to_1() -> None:
     (crossing,) = evaluate_whatif(inp).crossovers
     assert crossing.helps_at_batch_1 and crossing.batch is not None
     assert crossing.helps_between == ((1.0, crossing.batch),)
+
+
+# ------------------------------------------------------------------------------------------------------------
+# What the model does not price, said in the answer
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _graph_notes(result: WhatIfResult) -> list[str]:
+    return [n for n in result.notes if "CUDA graphs" in n]
+
+
+def test_speculative_steps_past_vllms_default_graph_capture_are_noted() -> None:
+    # vLLM's default capture stops at 512 tokens: batch 256 at gamma 3 verifies 1024 per step, its plain step 256.
+    noted = _graph_notes(evaluate_whatif(make_input(batch_sizes=(64.0, 256.0), context_lengths=(512.0,),
+                                                    gammas=(0, 3))))
+    assert len(noted) == 1
+    assert "1 of 2 speculative points" in noted[0] and "batch 256 at gamma 3, 1024 tokens" in noted[0]
+    # Batch 64 at gamma 3 is 256 tokens: inside the limit, nothing to say.
+    assert _graph_notes(evaluate_whatif(make_input(batch_sizes=(1.0, 64.0), gammas=(0, 3)))) == []
+
+
+def test_the_graph_limit_follows_the_step_budget_and_the_drafts_actually_verified() -> None:
+    # A 256-token step budget caps the capture too: batch 64 at gamma 3 (256 tokens) fits, gamma 5 (384) does not.
+    budget = make_input(batch_sizes=(64.0,), context_lengths=(512.0,), gammas=(0, 3, 5), max_num_batched_tokens=256)
+    noted = _graph_notes(evaluate_whatif(budget))
+    assert len(noted) == 1 and "1 of 2 speculative points" in noted[0] and "gamma 5, 384 tokens" in noted[0]
+    # Drafts on half the sequence-steps verify 1 + 0.5 x 3 = 2.5 tokens per sequence: 640 at batch 256.
+    half = make_input(batch_sizes=(256.0,), gammas=(0, 3),
+                      acceptance=AcceptanceSpec(per_position=R_EAGLE3, draft_coverage=0.5))
+    assert "640 tokens" in _graph_notes(evaluate_whatif(half))[0]
+    # A plain step already past the limit runs without a graph too: the comparison is not skewed, no note.
+    assert _graph_notes(evaluate_whatif(make_input(batch_sizes=(600.0,), gammas=(0, 1)))) == []
