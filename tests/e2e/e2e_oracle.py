@@ -76,6 +76,21 @@ def read_raw_spec(metrics_text: str) -> RawSpec:
     )
 
 
+def read_raw_steps(metrics_text: str) -> tuple[float, float]:
+    """(ITL observations, engine steps) of a /metrics body, summed over engines: the counts of
+    `vllm:inter_token_latency_seconds` (one per running sequence per step) and `vllm:iteration_tokens_total` (one
+    per step). Their deltas over a span give the sequences each step decoded."""
+    itl = steps = 0.0
+    for line in metrics_text.splitlines():
+        series, _, value_text = line.rpartition(" ")
+        name = series.partition("{")[0]
+        if name == "vllm:inter_token_latency_seconds_count":
+            itl += float(value_text)
+        elif name == "vllm:iteration_tokens_total_count":
+            steps += float(value_text)
+    return itl, steps
+
+
 @dataclass(frozen=True, slots=True)
 class LoggedInterval:
     """One `SpecDecoding metrics` log line, as printed."""

@@ -18,7 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 from e2e_load import run_for, run_requests, run_waves
-from e2e_oracle import LogAggregate, RawSpec, aggregate_log, parse_spec_log, read_raw_spec
+from e2e_oracle import LogAggregate, RawSpec, aggregate_log, parse_spec_log, read_raw_spec, read_raw_steps
 from e2e_processes import free_port, log_tail, stop_process
 from e2e_sidecar import RunningSidecar, SidecarReading, SidecarSettings, read_sidecar, start_sidecar, write_settings
 from e2e_vllm import SKIP_REASON, VllmServer, e2e_enabled, record_timing
@@ -215,6 +215,16 @@ MIN_BATCH_RATIO = 2.0
 HIGH_PHASE_TRIES = 8
 
 
+def _high_phase(server: VllmServer, sidecar: RunningSidecar) -> tuple[SidecarReading, float | None]:
+    """A high-load phase, and the sequences per step the engine's own counters show over the whole of it (None
+    when it took no step)."""
+    itl_before, steps_before = read_raw_steps(httpx.get(f"{server.base_url}/metrics", timeout=30.0).text)
+    reading = asyncio.run(_phase(server, sidecar, concurrency=HIGH_CONCURRENCY))
+    itl_after, steps_after = read_raw_steps(httpx.get(f"{server.base_url}/metrics", timeout=30.0).text)
+    steps = steps_after - steps_before
+    return reading, (itl_after - itl_before) / steps if steps > 0 else None
+
+
 def _batched_more(low: SidecarReading, high: SidecarReading) -> bool:
     """Whether the high phase's steps verified clearly more sequences than the low phase's (the set-up worked)."""
     low_seqs, high_seqs = low.evidence.get("decode_seqs_per_step"), high.evidence.get("decode_seqs_per_step")
@@ -276,8 +286,8 @@ def test_sidecar_recommendation_on_live_vllm_follows_load(
 
     t0 = time.monotonic()
     low = asyncio.run(_phase(vllm_server, sidecar, concurrency=LOW_CONCURRENCY))
-    high = asyncio.run(_phase(vllm_server, sidecar, concurrency=HIGH_CONCURRENCY))
-    tries = [high]
+    high, engine_seqs = _high_phase(vllm_server, sidecar)
+    tries, engine_tries = [high], [engine_seqs]
     while not _batched_more(low, high) and len(tries) < HIGH_PHASE_TRIES:
         # The rig, not the product: vLLM's CPU backend leaves one of these 2 cores to its front end, which shares
         # it with this test's 32 clients and the sidecar, and on some CI machines it fed the engine one or two
@@ -286,11 +296,22 @@ def test_sidecar_recommendation_on_live_vllm_follows_load(
         # never reached the engine. Another high phase; if the engine never batched, the test fails with all the
         # readings.
         print(f"high phase reached the engine at {high.evidence.get('decode_seqs_per_step')} seqs/step; again")
-        high = asyncio.run(_phase(vllm_server, sidecar, concurrency=HIGH_CONCURRENCY))
+        high, engine_seqs = _high_phase(vllm_server, sidecar)
         tries.append(high)
-    assert _batched_more(low, high), (
-        "the engine never batched under load", low.evidence, [reading.evidence for reading in tries]
-    )
+        engine_tries.append(engine_seqs)
+    if not _batched_more(low, high):
+        # The rig, not the product, when the engine's own counters agree that it never batched (on some days
+        # this box's vLLM front end fed its engine one request at a time under 32 clients: 1.0-1.8 sequences per
+        # step in all eight phases, 'Running: 1 reqs' in its log). If the engine did batch and the sidecar did
+        # not see it, that is the product's failure.
+        low_seqs = low.evidence.get("decode_seqs_per_step")
+        assert low_seqs is not None, low.evidence
+        # A margin over the sidecar's test: its window is the last 24 s of a phase, the counters span all of it.
+        assert all(seqs is not None and seqs < 1.5 * MIN_BATCH_RATIO * low_seqs for seqs in engine_tries), (
+            "the engine batched but the sidecar did not see it", engine_tries, [r.evidence for r in tries])
+        pytest.xfail(f"rig: vLLM's engine never batched under {HIGH_CONCURRENCY} clients in {len(tries)} phases "
+                     f"(its counters: {[round(s or 0.0, 2) for s in engine_tries]} sequences per step; the sidecar's: "
+                     f"{[r.evidence.get('decode_seqs_per_step') for r in tries]}; {low_seqs} under one client)")
     record_timing(request.config, "sidecar load phases", time.monotonic() - t0)
     vllm_server.assert_alive()
     # The phases differ in load as intended: sequences each engine step verified (Δ ITL count / Δ engine steps over
