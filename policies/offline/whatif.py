@@ -831,8 +831,9 @@ def _graph_notes(inp: WhatIfInput, points: Sequence[WhatIfPoint]) -> list[str]:
     first = min(past, key=lambda p: (p.batch, p.gamma))
     return [
         f"{len(past)} of {sum(1 for p in points if p.gamma > 0)} speculative points run steps of more tokens than "
-        f"vLLM captures in CUDA graphs by default ({limit}: min(2 x max_num_seqs x (1 + k), 512, the step's "
-        "token budget)) while their plain step at the same batch does not, e.g. batch "
+        f"vLLM captures in CUDA graphs by default ({limit}: 512, or the step's token budget when lower; vLLM's "
+        "default is min(2 x max_num_seqs x (1 + k), 512)) while their plain step at the same batch does not, "
+        "e.g. batch "
         f"{first.batch:g} at gamma {first.gamma}, {tokens(first):.0f} tokens per step. vLLM runs such a step "
         "without a graph, launching every kernel from the host; this model prices it as graphed, so there S is "
         "optimistic (compilation_config's max_cudagraph_capture_size or cudagraph_capture_sizes moves the limit)"

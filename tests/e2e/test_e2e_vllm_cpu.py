@@ -218,9 +218,12 @@ HIGH_PHASE_TRIES = 8
 def _high_phase(server: VllmServer, sidecar: RunningSidecar) -> tuple[SidecarReading, float | None]:
     """A high-load phase, and the sequences per step the engine's own counters show over the whole of it (None
     when it took no step)."""
-    itl_before, steps_before = read_raw_steps(httpx.get(f"{server.base_url}/metrics", timeout=30.0).text)
+    def counters() -> tuple[float, float]:
+        return read_raw_steps(httpx.get(f"{server.base_url}/metrics", timeout=30.0).raise_for_status().text)
+
+    itl_before, steps_before = counters()
     reading = asyncio.run(_phase(server, sidecar, concurrency=HIGH_CONCURRENCY))
-    itl_after, steps_after = read_raw_steps(httpx.get(f"{server.base_url}/metrics", timeout=30.0).text)
+    itl_after, steps_after = counters()
     steps = steps_after - steps_before
     return reading, (itl_after - itl_before) / steps if steps > 0 else None
 
@@ -306,7 +309,10 @@ def test_sidecar_recommendation_on_live_vllm_follows_load(
         # not see it, that is the product's failure.
         low_seqs = low.evidence.get("decode_seqs_per_step")
         assert low_seqs is not None, low.evidence
-        # A margin over the sidecar's test: its window is the last 24 s of a phase, the counters span all of it.
+        assert all(r.evidence.get("decode_seqs_per_step") is not None for r in tries), [r.evidence for r in tries]
+        record_timing(request.config, "sidecar load phases", time.monotonic() - t0)
+        # A margin over the sidecar's test: its window is the first 24 s wholly inside a phase, while the counters
+        # span all of it, the drain's smaller steps included.
         assert all(seqs is not None and seqs < 1.5 * MIN_BATCH_RATIO * low_seqs for seqs in engine_tries), (
             "the engine batched but the sidecar did not see it", engine_tries, [r.evidence for r in tries])
         pytest.xfail(f"rig: vLLM's engine never batched under {HIGH_CONCURRENCY} clients in {len(tries)} phases "
