@@ -78,7 +78,7 @@ import httpx
 import yaml
 
 from benchmarks import cpu_models
-from policies.model.measured_profile import ProfileError
+from policies.model.measured_profile import MeasuredProfile, ProfileError
 from policies.offline.whatif import AcceptanceSpec, WhatIfInput, WhatIfInputError, evaluate_whatif
 from policies.types import DraftMethod, EngineSnapshot
 from service.loadgen import ClosedLoop, LevelResult, run_closed_loop
@@ -689,12 +689,12 @@ async def _server_run(run: ServerRun, model_dir: Path, setup: BenchSetup) -> lis
     return runs
 
 
-async def _measure_profile(model: str, model_dir: Path, setup: BenchSetup) -> Path:
+async def _measure_profile(model: str, model_dir: Path, setup: BenchSetup) -> tuple[Path, MeasuredProfile]:
     """`spec-advisor profile` (docs/profile.md) of `model`'s server with n-gram k=3, then of a fresh server without
     speculation appended to the same file, at the plan's profile client counts (not the judged ones): the
-    measurement once, on purpose, that a deployment's sidecar can be given. Returns OUT/logs/MODEL-profile.json,
-    read back as the sidecar reads it; BenchError when it cannot be measured or lacks either kind of step (a level
-    the command skipped, e.g. for too few steps, is not written)."""
+    measurement once, on purpose, that a deployment's sidecar can be given. Returns OUT/logs/MODEL-profile.json and
+    the profile read back from it as the sidecar reads it; BenchError when it cannot be measured or lacks either
+    kind of step (a level the command skipped, e.g. for too few steps, is not written)."""
     path = setup.logs / f"{model}-profile.json"
     try:
         path.unlink(missing_ok=True)
@@ -706,7 +706,7 @@ async def _measure_profile(model: str, model_dir: Path, setup: BenchSetup) -> Pa
     if profile.kinds_seen != (True, True) or not profile.complete:
         raise BenchError(f"the profile of {model} lacks a kind of step (plain, speculative measured: "
                          f"{profile.kinds_seen}; complete: {profile.complete})")  # fmt: skip
-    return path
+    return path, profile
 
 
 async def _profile_arm(model: str, model_dir: Path, setup: BenchSetup, *, arm: str, path: Path) -> None:
@@ -1148,8 +1148,8 @@ async def run_benchmark(plan: Plan, *, models: Sequence[str], out: Path, profile
         measured: Path | None = None
         if profile:
             try:
-                measured = await _measure_profile(model, model_dir, setup)
-                profiles[model] = json.loads(measured.read_text(encoding="utf-8"))
+                measured, read = await _measure_profile(model, model_dir, setup)
+                profiles[model] = read.to_json()
             except BenchError as exc:
                 outcome.failures.append(f"{model} profile: {exc}")
                 _log(f"FAILED {model} profile: {str(exc)[:2000]}")

@@ -65,7 +65,7 @@ from policies.model.profiles import (
     model_from_hf_config,
 )
 from policies.model.roofline import CostScales, Shape
-from policies.model.token_budget import curve_within_budget
+from policies.model.token_budget import curve_within_budget, verified_tokens
 from policies.model.uncertainty import Spread, banded
 from policies.offline.schedule import ScheduleInputs
 from policies.types import AcceptanceEvidence, CurvePoint, DraftMethod
@@ -546,7 +546,8 @@ def evaluate_whatif(inp: WhatIfInput, profile: MeasuredProfile | None = None) ->
         points=tuple(points),
         best=tuple(best),
         crossovers=crossovers,
-        notes=_notes(inp, measured=measured, gamma_max=gamma_max, points=points, calibration=calibration),
+        notes=_notes(inp, measured=measured, gamma_max=gamma_max, points=points, calibration=calibration,
+                     acceptance=acceptance),
     )
 
 
@@ -810,20 +811,21 @@ def graph_limit_tokens(inp: WhatIfInput) -> int:
     return VLLM_CUDAGRAPH_MAX_TOKENS if budget is None else min(VLLM_CUDAGRAPH_MAX_TOKENS, budget)
 
 
-def _graph_notes(inp: WhatIfInput, points: Sequence[WhatIfPoint]) -> list[str]:
+def _graph_notes(
+    inp: WhatIfInput, points: Sequence[WhatIfPoint], acceptance: Sequence[AcceptancePoint]
+) -> list[str]:
     """A note when speculative points run steps past vLLM's default CUDA-graph capture while their plain step at
-    the same batch does not: tokens per step B (1 + c gamma) + P against `graph_limit_tokens` (c the draft coverage,
-    P the prefill tokens per step; a tree verifies its N + 1 per sequence). The model prices every step as
-    graphed, so there S is optimistic. Example: batch 256, gamma 3, no prefill: 1024 tokens > 512, plain 256 ->
-    noted; batch 64: 256 tokens -> not."""
+    the same batch does not: tokens per step B q + P against `graph_limit_tokens` (q the tokens a sequence verifies,
+    token_budget.verified_tokens: 1 + c gamma with draft coverage c, a tree's N + 1; P the prefill tokens per step).
+    The model prices every step as graphed, so there S is optimistic. Example: batch 256, gamma 3, no prefill:
+    1024 tokens > 512, plain 256 -> noted; batch 64: 256 tokens -> not."""
     limit = graph_limit_tokens(inp)
-    coverage = inp.acceptance.draft_coverage
     prefill = inp.prefill_tokens_per_step
+    tree = None if inp.tree_tokens is None else float(inp.tree_tokens)
+    per_seq = {a.gamma: verified_tokens(a, tree_tokens=tree) for a in acceptance}
 
     def tokens(point: WhatIfPoint) -> float:
-        per_seq = (inp.tree_tokens + 1 if inp.tree_tokens is not None else 1 + coverage * point.gamma) if (
-            point.gamma > 0) else 1
-        return point.batch * per_seq + prefill
+        return point.batch * per_seq.get(point.gamma, 1.0 + point.gamma) + prefill
 
     past = [p for p in points if p.gamma > 0 and tokens(p) > limit >= p.batch + prefill]
     if not past:
@@ -841,7 +843,8 @@ def _graph_notes(inp: WhatIfInput, points: Sequence[WhatIfPoint]) -> list[str]:
 
 
 def _notes(
-    inp: WhatIfInput, *, measured: int, gamma_max: int, points: Sequence[WhatIfPoint], calibration: WhatIfCalibration
+    inp: WhatIfInput, *, measured: int, gamma_max: int, points: Sequence[WhatIfPoint], calibration: WhatIfCalibration,
+    acceptance: Sequence[AcceptancePoint],
 ) -> tuple[str, ...]:
     notes = _calibration_notes(calibration)
     if gamma_max > measured:
@@ -872,7 +875,7 @@ def _notes(
             "(gamma = the tree's depth, drafted in gamma passes), and each reserves a KV slot; the acceptance is "
             "read as the tree's (tokens per step, measured with that tree)"
         )
-    notes.extend(_graph_notes(inp, points))
+    notes.extend(_graph_notes(inp, points, acceptance))
     misfits = [p for p in points if not p.fits_in_memory]
     if misfits:
         worst = max(misfits, key=lambda p: (p.batch, p.context_tokens, p.gamma))
