@@ -110,6 +110,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 from policies.model.costmodel import ModelContext, observed_step_s, operating_point, step_batch
+from policies.model.profiles import DrafterProfile
 from policies.model.roofline import (
     GEMM_REFERENCE_TOKENS,
     SMOOTH_MAX_P,
@@ -119,7 +120,7 @@ from policies.model.roofline import (
     smooth_max,
     step_components,
 )
-from policies.types import DataState, Evidence
+from policies.types import DataState, DraftMethod, Evidence
 
 _PARAMS = ("memory", "compute", "overhead", "per_request", "per_token", "draft", "spec", "fill", "gemm_slope")
 # What steps of one kind (all speculative at one k, or all plain) cannot tell apart (module docstring).
@@ -147,9 +148,17 @@ class CalibrationConfig:
     overlap: consecutive scrapes describe mostly the same steps). `min_step_samples`: ITL samples a window needs.
     `prior_sigma`: per scale (memory, compute, overhead, per_request, draft); 0.5 = a 1.6x error is one sd,
     generous for datasheet peaks x 80-90% efficiencies; host overheads vary more between engine versions and CPUs
-    (0.7). `spec_sigma`: the speculative machinery's own cost, 0.7 like the other host costs (its prior is one
-    engine's measurement, policies/model/profiles.py `spec_step_overhead_s`). `per_token_sigma`: the per-token
-    term's, 0.8 (its prior is fitted across published servers that
+    (0.7). The draft scale multiplies terms the other scales already carry (its passes stream at the memory
+    scale, its launches cost the overhead scale, both fitted on the target's own steps), so it holds how the
+    drafter's kernels differ from the target's. For a head (EAGLE, MTP: one layer and the lm_head, a pass of
+    ~0.3 ms of which the launch is most) that is launch- and latency-bound work unlike the target's streaming:
+    `prior_sigma`'s 0.5. A draft model (`draft_model_sigma`, `for_drafter`) is a whole transformer stack whose
+    passes stream gigabytes through the same kernels as the target's steps, at smaller shapes: 0.3 (1.35x one
+    sd). Weight shapes on one GPU spread that much: DeepGEMM's 64-row GEMMs on an H800 streamed 1688 GB/s
+    (2112 x 7168) to 2668 GB/s (7168 x 16384) (tests/fixtures/published/gemm-efficiency-vs-m.csv, G-DEEPGEMM),
+    ln 0.46 over the whole range. `spec_sigma`: the speculative machinery's own cost, 0.7 like the other host
+    costs (its prior is one engine's measurement, policies/model/profiles.py `spec_step_overhead_s`).
+    `per_token_sigma`: the per-token term's, 0.8 (its prior is fitted across published servers that
     spread 2-3x either side of it: policies/model/profiles.py). `fill_sigma` (log-space) and `gemm_slope_sigma` (beta
     itself): the priors of the GEMM terms; a kernel's tiles put the floor anywhere from one 64-row tile to a few
     hundred rows (0.7: 2x is one sd), and small
@@ -169,6 +178,7 @@ class CalibrationConfig:
     min_spacing_s: float = 20.0
     min_step_samples: float = 20.0
     prior_sigma: tuple[float, float, float, float, float] = (0.5, 0.5, 0.7, 0.5, 0.5)
+    draft_model_sigma: float = 0.3
     per_token_sigma: float = 0.8
     spec_sigma: float = 0.7
     fill_sigma: float = 0.7
@@ -191,9 +201,10 @@ class CalibrationConfig:
         if len(self.prior_sigma) != 5 or min(self.prior_sigma) <= 0:
             raise ValueError("prior_sigma needs 5 positive values (memory compute overhead per_request draft)")
         if not (self.fill_sigma > 0 and self.gemm_slope_sigma > 0 and 0 < self.max_gemm_slope <= 1
-                and self.per_token_sigma > 0 and self.spec_sigma > 0):
+                and self.per_token_sigma > 0 and self.spec_sigma > 0 and self.draft_model_sigma > 0):
             raise ValueError(
-                "fill_sigma, gemm_slope_sigma, per_token_sigma, spec_sigma must be > 0, max_gemm_slope in (0, 1]")
+                "fill_sigma, gemm_slope_sigma, per_token_sigma, spec_sigma, draft_model_sigma must be > 0, "
+                "max_gemm_slope in (0, 1]")
         if not (self.max_scale > 1 and self.max_per_token_scale > 1 and self.step_noise > 0 and self.huber_delta > 0
                 and self.telemetry_sigma > 0):
             raise ValueError("max_scale, max_per_token_scale must be > 1; step_noise, huber_delta, telemetry_sigma > 0")
@@ -582,6 +593,15 @@ def _sigmas(config: CalibrationConfig) -> tuple[float, ...]:
             config.fill_sigma, config.gemm_slope_sigma)
 
 
+def for_drafter(config: CalibrationConfig, drafter: DrafterProfile) -> CalibrationConfig:
+    """`config` with the draft scale's prior sd for `drafter`: `draft_model_sigma` for a draft model, `prior_sigma`'s
+    fifth (a head's) otherwise (`CalibrationConfig`). Example: defaults and a Llama-3.2-1B draft model -> draft sd
+    0.3; an EAGLE-3 head -> 0.5."""
+    if drafter.method != DraftMethod.DRAFT_MODEL:
+        return config
+    return replace(config, prior_sigma=(*config.prior_sigma[:4], config.draft_model_sigma))
+
+
 def prior_covariance(config: CalibrationConfig) -> tuple[tuple[float, ...], ...]:
     """The prior's covariance of the parameters (`PARAMS` order): diagonal, sigma_j^2 (what nothing measured
     leaves). Example: the defaults give memory 0.25, compute 0.25, overhead 0.49, per_token 0.64 on the diagonal."""
@@ -784,6 +804,7 @@ def fit(
     Example: points from a server whose memory is really 2x slower than the profile says (every step's memory
     term doubled) at batches 1..256 -> memory scale ~2.0, compute/overhead near 1, error ~ the step noise.
     """
+    config = for_drafter(config, ctx.drafter)
     every = (*state.anchors, *state.points)
     if not every:
         empty = CalibrationFit(CostScales(), None, None, 0, covariance=prior_covariance(config))

@@ -47,6 +47,7 @@ from policies.model.acceptance import AcceptancePoint, acceptance_curve
 from policies.model.calibrate import (
     UNIDENTIFIED_WITHOUT_PLAIN,
     CalibrationConfig,
+    for_drafter,
     prior_covariance,
     split_observed,
     unidentified,
@@ -78,7 +79,6 @@ MAX_BATCH = 65536.0
 MAX_CONTEXT_TOKENS = 4_194_304.0  # 4M tokens: longer than any served context window today
 MAX_PREFILL_TOKENS_PER_STEP = 1_048_576.0
 MAX_TENSOR_PARALLEL = 64
-PRIOR_COVARIANCE = prior_covariance(CalibrationConfig())
 MAX_BATCHED_TOKENS = 1_048_576  # vLLM's --max-num-batched-tokens: far above any served step
 # The most tokens one step runs inside a CUDA graph on vLLM by default: max_cudagraph_capture_size = min(2 x
 # max_num_seqs x (1 + num_speculative_tokens), 512), then at most max_num_batched_tokens (vllm/config/vllm.py
@@ -567,13 +567,13 @@ class WhatIfCalibration:
 
 def _calibration(profile: MeasuredProfile | None, ctx: ModelContext) -> WhatIfCalibration:
     if profile is None:
-        return WhatIfCalibration(CostScales(), PRIOR_COVARIANCE)
+        return WhatIfCalibration(CostScales(), _prior_covariance(ctx))
     try:
         fitted = fit_profile(profile, ctx, config=CalibrationConfig())
     except ProfileError as exc:
         raise WhatIfInputError("profile", str(exc)) from None
     return WhatIfCalibration(
-        fitted.fit.scales, fitted.fit.covariance or PRIOR_COVARIANCE, profile=profile,
+        fitted.fit.scales, fitted.fit.covariance or _prior_covariance(ctx), profile=profile,
         form_error=fitted.max_error_ratio, split_alternative=fitted.fit.split_alternative,
     )
 
@@ -625,7 +625,12 @@ def with_band(
 def with_prior_band(pricing: WhatIfPricing, curve: tuple[CurvePoint, ...], at: Shape) -> tuple[CurvePoint, ...]:
     """`with_band` under the calibration prior (policies/model/calibrate.py `prior_covariance`): the band of a what-if
     without a measured profile."""
-    return with_band(pricing, curve, at, calibration=WhatIfCalibration(CostScales(), PRIOR_COVARIANCE))
+    return with_band(pricing, curve, at, calibration=WhatIfCalibration(CostScales(), _prior_covariance(pricing.ctx)))
+
+
+def _prior_covariance(ctx: ModelContext) -> tuple[tuple[float, ...], ...]:
+    """The calibration prior's covariance for `ctx`'s drafter (policies/model/calibrate.py `for_drafter`)."""
+    return prior_covariance(for_drafter(CalibrationConfig(), ctx.drafter))
 
 
 def _point(point: CurvePoint, *, batch: float, context: float, base: float, fit: MemoryFit) -> WhatIfPoint:

@@ -24,8 +24,9 @@ from policies.model.calibrate import (
     update,
     with_anchors,
 )
+from policies.model.profiles import drafter_for, model_by_name
 from policies.model.roofline import CostScales, Shape, step_components
-from policies.types import DataState, GpuSnapshot
+from policies.types import DataState, DraftMethod, GpuSnapshot
 
 T0 = 1_800_000_000.0
 CONFIG = CalibrationConfig()
@@ -352,6 +353,21 @@ def test_two_k_without_a_plain_step_leave_the_speculative_machinerys_cost_at_the
     _, measured = fit(with_plain, make_context(), now_s=T0 + 720.0, config=CONFIG)
     assert 0.25 < measured.scales.spec < 0.85
     assert measured.covariance is not None and measured.covariance[spec][spec] < 0.85 * prior
+
+
+def test_one_k_holds_a_draft_models_cost_nearer_its_prior_than_a_heads() -> None:
+    # Seen at one k, the drafting cost is the prior's. A draft model's passes stream its weights through the
+    # kernels the target's steps calibrate, so its prior is 1.35x per sd (log sd 0.3); a head's launch-bound
+    # pass keeps 1.65x (0.5). The band of a move between gammas (mostly their draft passes) follows.
+    draft = PARAMS.index("draft")
+    steps = _synthetic(CostScales(), kinds=((4.0, 3),))
+    target = model_by_name("llama-3.1-8b")
+    small = replace(make_context(), drafter=drafter_for(
+        DraftMethod.DRAFT_MODEL, target, draft_model=model_by_name("llama-3.2-1b")))
+    _, model_fit = fit(steps, small, now_s=T0 + 720.0, config=CONFIG)
+    _, head_fit = fit(steps, make_context(), now_s=T0 + 720.0, config=CONFIG)
+    assert model_fit.covariance is not None and model_fit.covariance[draft][draft] == pytest.approx(0.3**2)
+    assert head_fit.covariance is not None and head_fit.covariance[draft][draft] == pytest.approx(0.5**2)
 
 
 def test_one_k_leaves_the_split_of_the_steps_growth_open_and_the_fit_names_the_other_split() -> None:
