@@ -23,6 +23,7 @@ from policies.model.calibrate import (
     CalibrationFit,
     CalibrationState,
     StepObservation,
+    for_other_drafter,
     unidentified,
     update,
 )
@@ -216,7 +217,9 @@ def method_options(
     """Every other drafting method (not draft_model: it needs the draft model's own profile) priced at this tick's
     operating point from its prior acceptance (policies/model/acceptance.py METHOD_PRIORS) with the target's
     calibrated scales, as `_price` prices the deployed one: its best gamma in 1..gamma_max and that point's speedup
-    and band. Empty before the first calibration fit. What policies/decide/audit.py weighs a method switch with."""
+    and band; its drafter's own cost at its prior (`calibrate.for_other_drafter`: what the deployed drafter's
+    steps measured of drafting is not another's). Empty before the first calibration fit. What
+    policies/decide/audit.py weighs a method switch with."""
     fit = advice.calibration
     if fit is None:
         return ()
@@ -225,7 +228,8 @@ def method_options(
         if method in (ctx.drafter.method, DraftMethod.DRAFT_MODEL):
             continue
         other = replace(ctx, drafter=drafter_for(method, ctx.model))
-        priced = _price(evidence, None, other, fit, advice.state.calibration, config)
+        other_fit = for_other_drafter(fit, other.drafter, config.calibration)
+        priced = _price(evidence, None, other, other_fit, advice.state.calibration, config)
         best = best_point(priced.curve, config.decide.gamma_max)
         if best is not None:
             options.append(MethodOption(method.value, best.gamma, best.speedup, best.speedup_low, best.speedup_high))

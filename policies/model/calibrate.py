@@ -55,10 +55,10 @@ Objective (a damped, bounded, robust least squares; Levenberg-Marquardt on the n
     rho   = Huber with delta = `huber_delta` (in units of s): quadratic for small residuals, linear beyond, so a
             window dominated by a prefill burst or a stall pulls with a bounded force instead of a squared one
     s     = `step_noise` (0.05): the relative scatter one window's mean step time has (jitter, mix changes)
-    prior = x_j ~ N(0, sigma_j^2) (`prior_sigma`, `fill_sigma`, `gemm_slope_sigma` for beta itself): the
-            physics (datasheet peaks x documented efficiencies, one GEMM rate) is the starting
-            point; directions the data cannot tell apart (e.g. fixed overhead vs weight streaming when every
-            point is memory-bound at one batch) stay at the prior instead of wandering
+    prior = x_j ~ N(0, sigma_j^2) (`prior_sigma`, a draft model's `draft_model_sigma`, `fill_sigma`,
+            `gemm_slope_sigma` for beta itself): the physics (datasheet peaks x documented efficiencies, one GEMM
+            rate) is the starting point; directions the data cannot tell apart (e.g. fixed overhead vs weight
+            streaming when every point is memory-bound at one batch) stay at the prior instead of wandering
     bound = |x_j| <= log(`max_scale`) (default 8x either way) for the scales (per_token: `max_per_token_scale`,
             64x: engines spend from ~1 to ~150 us per verified token); 0 <= beta <= `max_gemm_slope`
 Incremental, as an online estimator: each tick starts from the previous tick's scales and damping (warm start)
@@ -156,7 +156,7 @@ class CalibrationConfig:
     passes stream gigabytes through the same kernels as the target's steps, at smaller shapes: 0.3 (1.35x one
     sd). Weight shapes on one GPU spread that much: DeepGEMM's 64-row GEMMs on an H800 streamed 1688 GB/s
     (2112 x 7168) to 2668 GB/s (7168 x 16384) (tests/fixtures/published/gemm-efficiency-vs-m.csv, G-DEEPGEMM),
-    ln 0.46 over the whole range. `spec_sigma`: the speculative machinery's own cost, 0.7 like the other host
+    a log range of 0.46. `spec_sigma`: the speculative machinery's own cost, 0.7 like the other host
     costs (its prior is one engine's measurement, policies/model/profiles.py `spec_step_overhead_s`).
     `per_token_sigma`: the per-token term's, 0.8 (its prior is fitted across published servers that
     spread 2-3x either side of it: policies/model/profiles.py). `fill_sigma` (log-space) and `gemm_slope_sigma` (beta
@@ -600,6 +600,27 @@ def for_drafter(config: CalibrationConfig, drafter: DrafterProfile) -> Calibrati
     if drafter.method != DraftMethod.DRAFT_MODEL:
         return config
     return replace(config, prior_sigma=(*config.prior_sigma[:4], config.draft_model_sigma))
+
+
+def for_other_drafter(fit: CalibrationFit, drafter: DrafterProfile, config: CalibrationConfig) -> CalibrationFit:
+    """`fit` as it prices a drafter other than the one its points ran: the draft scale back at its prior (1, with
+    `for_drafter`'s variance for `drafter`, uncorrelated with the rest), since the deployed drafter's measured
+    passes and launches are not another's; the target's scales, their covariance and the split alternative's other
+    scales stay. Example: a fit on an EAGLE-3 head with the draft scale at 1.4 (variance 0.01), pricing a draft
+    model -> draft scale 1.0, variance 0.09 (0.3^2)."""
+    draft = _PARAMS.index("draft")
+    variance = _sigmas(for_drafter(config, drafter))[draft] ** 2
+    covariance = fit.covariance
+    if covariance is not None:
+        covariance = tuple(
+            tuple((variance if i == j else 0.0) if draft in (i, j) else value for j, value in enumerate(row))
+            for i, row in enumerate(covariance)
+        )
+    alternative = fit.split_alternative
+    return replace(
+        fit, scales=replace(fit.scales, draft=1.0), covariance=covariance,
+        split_alternative=None if alternative is None else replace(alternative, draft=1.0),
+    )
 
 
 def prior_covariance(config: CalibrationConfig) -> tuple[tuple[float, ...], ...]:

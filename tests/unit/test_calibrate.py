@@ -16,6 +16,7 @@ from policies.model.calibrate import (
     StepObservation,
     add_observation,
     fit,
+    for_other_drafter,
     log_step_and_slopes,
     observation_from,
     prior_covariance,
@@ -368,6 +369,24 @@ def test_one_k_holds_a_draft_models_cost_nearer_its_prior_than_a_heads() -> None
     _, head_fit = fit(steps, make_context(), now_s=T0 + 720.0, config=CONFIG)
     assert model_fit.covariance is not None and model_fit.covariance[draft][draft] == pytest.approx(0.3**2)
     assert head_fit.covariance is not None and head_fit.covariance[draft][draft] == pytest.approx(0.5**2)
+
+
+def test_another_drafter_is_priced_at_its_own_drafting_prior_not_the_deployed_ones_fit() -> None:
+    # Seen with and without drafts, an EAGLE-3 head's drafting cost is measured (scale and a small variance,
+    # correlated with the rest). Pricing a draft model from that fit (the method audit's options) takes the draft
+    # model's prior for drafting, 1.0 with variance 0.3^2 and no correlation, and keeps what the fit measured of
+    # the target.
+    draft = PARAMS.index("draft")
+    _, measured = fit(_synthetic(CostScales(draft=1.6, memory=1.3)), make_context(), now_s=T0 + 720.0, config=CONFIG)
+    assert measured.covariance is not None and measured.covariance[draft][draft] < 0.5 * 0.5**2
+    target = model_by_name("llama-3.1-8b")
+    small = drafter_for(DraftMethod.DRAFT_MODEL, target, draft_model=model_by_name("llama-3.2-1b"))
+    other = for_other_drafter(measured, small, CONFIG)
+    assert other.scales.draft == 1.0 and other.scales.memory == measured.scales.memory
+    assert other.covariance is not None
+    assert other.covariance[draft][draft] == pytest.approx(0.3**2)
+    assert all(other.covariance[draft][j] == 0.0 for j in range(len(PARAMS)) if j != draft)
+    assert other.covariance[0][1:draft] == measured.covariance[0][1:draft]
 
 
 def test_one_k_leaves_the_split_of_the_steps_growth_open_and_the_fit_names_the_other_split() -> None:
