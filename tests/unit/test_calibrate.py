@@ -369,6 +369,9 @@ def test_one_k_holds_a_draft_models_cost_nearer_its_prior_than_a_heads() -> None
     _, head_fit = fit(steps, make_context(), now_s=T0 + 720.0, config=CONFIG)
     assert model_fit.covariance is not None and model_fit.covariance[draft][draft] == pytest.approx(0.3**2)
     assert head_fit.covariance is not None and head_fit.covariance[draft][draft] == pytest.approx(0.5**2)
+    for bad in (0.0, -0.3, math.nan):
+        with pytest.raises(ValueError, match="draft_model_sigma"):
+            CalibrationConfig(draft_model_sigma=bad)
 
 
 def test_another_drafter_is_priced_at_its_own_drafting_prior_not_the_deployed_ones_fit() -> None:
