@@ -109,6 +109,8 @@ class EngineSnapshot:
     iteration_tokens: HistogramReading | None = None
     # vllm:request_time_per_output_token_seconds: each finished request's own mean inter-token latency.
     request_itl: HistogramReading | None = None
+    # vllm:time_to_first_token_seconds: one observation per request whose prompt was prefilled (its count is used).
+    first_token_latency: HistogramReading | None = None
     # Finished requests with at most one output token (vllm:request_generation_tokens, le="1.0"), cumulative.
     # vLLM records each of them in request_itl with a mean ITL of 0.
     single_token_requests: float | None = None
@@ -212,6 +214,10 @@ class Evidence:
     # Prompt (prefill) tokens computed per engine step on average (chunked prefill shares each step with decode):
     # Δprompt_tokens / Δsteps, steps from the iteration-tokens histogram count. None when not measurable.
     prefill_tokens_per_step: float | None = None
+    # Prompt tokens computed per prefilled request: Δprompt_tokens / Δ(count of vllm:time_to_first_token_seconds,
+    # one per request whose prompt was prefilled). The chunk a prompt arrives in (a whole prompt per step under the
+    # token budget), so prefill_tokens_per_step / this is the share of steps that carry one. None when not measurable.
+    prompt_tokens_per_request: float | None = None
     # Sequences decoding per engine step on average: Δ(inter-token-latency histogram count) / Δsteps. vLLM observes
     # one inter-token latency per request per step that gave it tokens, so this is the batch each step actually
     # verified, free of the idle time and prefilling requests that the running-requests gauge averages in.

@@ -205,6 +205,7 @@ def _counters(snapshot: EngineSnapshot) -> dict[str, float]:
         "inter_token_latency": snapshot.inter_token_latency,
         "iteration_tokens": snapshot.iteration_tokens,
         "request_itl": snapshot.request_itl,
+        "first_token_latency": snapshot.first_token_latency,
     }
     for name, histogram in histograms.items():
         if histogram is not None:
@@ -268,7 +269,8 @@ def estimate(
     `waiting`: mean over the window's snapshots (requests).
     `context_tokens_per_seq` = KV usage ratio x KV capacity (tokens) / running requests, all from the newest
     snapshot. `step_time_s` = ITL Δsum / Δcount (s). Rates are Δcounter / Δt (per second). `prefill_tokens_per_step`
-    = Δprompt_tokens / Δiteration_tokens.count (tokens per engine step). `decode_seqs_per_step` = Δinter-token-
+    = Δprompt_tokens / Δiteration_tokens.count (tokens per engine step); `prompt_tokens_per_request` =
+    Δprompt_tokens / Δtime_to_first_token.count (tokens per prefilled prompt). `decode_seqs_per_step` = Δinter-token-
     latency count / Δiteration_tokens.count (sequences per engine step, >= 0; see `_decode_seqs_per_step`).
     State: STALE when there is no snapshot or the newest is older than `stale_after_s`; else
     INSUFFICIENT_DATA when speculation is on with fewer than `min_drafts` drafts; else OK (speculation off is
@@ -327,6 +329,7 @@ def estimate(
         window_s=span.elapsed_s or 0.0,
         reason=reason,
         prefill_tokens_per_step=_prefill_per_step(span, prompt_tokens_per_s, step_time_s),
+        prompt_tokens_per_request=_prompt_per_request(span),
         decode_seqs_per_step=_decode_seqs_per_step(span),
         engines=max(1, newest.engines),
         request_itl=_without_single_token(span, _histogram_change(span, lambda s: s.request_itl)),
@@ -338,6 +341,7 @@ _REQUIRED_NUMBERS = ("batch", "waiting", "step_samples", "window_s")
 _OPTIONAL_NUMBERS = (
     "kv_cache_usage_ratio", "context_tokens_per_seq", "step_time_s", "generation_tokens_per_s", "prompt_tokens_per_s",
     "achieved_flops_per_s", "achieved_read_bytes_per_s", "prefill_tokens_per_step", "decode_seqs_per_step",
+    "prompt_tokens_per_request",
 )
 _ACCEPTANCE_NUMBERS = ("mean_acceptance_length", "acceptance_rate", "mean_proposed_length", "draft_coverage")
 
@@ -479,6 +483,17 @@ def _prefill_per_step(span: _Span, prompt_tokens_per_s: float | None, step_time_
     if prompt_tokens_per_s is not None and step_time_s is not None:
         return prompt_tokens_per_s * step_time_s
     return None
+
+
+def _prompt_per_request(span: _Span) -> float | None:
+    """Prompt tokens computed per prefilled request over the span: Δprompt_tokens / Δ(count of the time-to-first-
+    token histogram, one observation per request whose prompt was prefilled). None when either is missing or no
+    prompt finished prefilling. Example: 2000 prompt tokens and 5 first tokens in the window -> 400 tokens."""
+    prompts = span.delta(lambda s: s.prompt_tokens)
+    prefilled = span.delta(lambda s: s.first_token_latency.count if s.first_token_latency is not None else None)
+    if prompts is None or not prefilled:
+        return None
+    return prompts / prefilled
 
 
 def _span(snapshots: tuple[EngineSnapshot, ...]) -> tuple[_Span, tuple[EngineSnapshot, ...]]:

@@ -228,13 +228,14 @@ class StepObservation:
     step_s: float
     memory_scale_obs: float | None = None
     compute_scale_obs: float | None = None
+    prefill_chunk_tokens: float | None = None  # the chunk the prompt tokens arrive in (roofline.Shape)
 
     @property
     def shape(self) -> Shape:
         """The target forward this window ran (policies/model/roofline.py)."""
         return Shape(
             batch=self.batch, context_tokens=self.context_tokens, tokens_per_seq=self.tokens_per_seq,
-            prefill_tokens=self.prefill_tokens,
+            prefill_tokens=self.prefill_tokens, prefill_chunk_tokens=self.prefill_chunk_tokens,
         )
 
 
@@ -325,7 +326,15 @@ def observation_from(evidence: Evidence, ctx: ModelContext, *, config: Calibrati
         step_s=step,
         memory_scale_obs=memory_obs,
         compute_scale_obs=compute_obs,
+        prefill_chunk_tokens=_chunk(point.prefill_chunk_tokens, ctx.step_token_budget),
     )
+
+
+def _chunk(prompt_tokens: float | None, budget: float | None) -> float | None:
+    """A prompt's prefill chunk (tokens): the whole prompt, at most the engine's step token budget when known."""
+    if prompt_tokens is None or budget is None:
+        return prompt_tokens
+    return min(prompt_tokens, budget)
 
 
 def _activity_scales(evidence: Evidence, ctx: ModelContext) -> tuple[float | None, float | None]:

@@ -17,7 +17,8 @@ prefilling, and on a load ramp it misdescribes the steps (132 running on average
 decoding, on the simulator). The step time paired with that batch must describe the same steps: see
 `observed_step_s`. ctx = evidence.context_tokens_per_seq, or
 DEFAULT_CONTEXT_TOKENS = 1024 when unknown (a typical chat turn: a few hundred prompt tokens plus history);
-P = evidence.prefill_tokens_per_step (prompt tokens chunked into each step, 0 when unknown) enters the
+P = evidence.prefill_tokens_per_step (prompt tokens chunked into each step, 0 when unknown), carried in chunks of
+evidence.prompt_tokens_per_request tokens (a whole prompt per step; None: P in every step), enters the
 calibration (the observed step includes it) but not S. Why: prompt tokens arrive at a rate R_p set by the
 clients, not per step, so a step carries P(gamma) = R_p T_step(gamma) of them and, prefill math being additive
 (policies/model/roofline.py), T_step = T_dec + c P = T_dec / (1 - R_p c). The factor 1 / (1 - R_p c) is the same for
@@ -103,13 +104,14 @@ class OperatingPoint:
     tokens_per_seq: float
     draft_steps: int
     prefill_tokens: float = 0.0
+    prefill_chunk_tokens: float | None = None
 
     @property
     def shape(self) -> Shape:
         """The target forward this point runs (policies/model/roofline.py)."""
         return Shape(
             batch=self.batch, context_tokens=self.context_tokens, tokens_per_seq=self.tokens_per_seq,
-            prefill_tokens=self.prefill_tokens,
+            prefill_tokens=self.prefill_tokens, prefill_chunk_tokens=self.prefill_chunk_tokens,
         )
 
 
@@ -170,9 +172,12 @@ def operating_point_with(evidence: Evidence, acceptance: AcceptanceEvidence | No
     prefill = evidence.prefill_tokens_per_step
     if prefill is None or not math.isfinite(prefill) or prefill < 0:
         prefill = 0.0
+    chunk = evidence.prompt_tokens_per_request
+    chunk = chunk if chunk is not None and math.isfinite(chunk) and chunk > 0 else None
     if not evidence.speculation_on or evidence.deployed_k <= 0:
         return OperatingPoint(
-            batch=batch, context_tokens=context, tokens_per_seq=1.0, draft_steps=0, prefill_tokens=prefill
+            batch=batch, context_tokens=context, tokens_per_seq=1.0, draft_steps=0, prefill_tokens=prefill,
+            prefill_chunk_tokens=chunk,
         )
     proposed = float(evidence.deployed_k)
     if acceptance is not None and acceptance.drafts > 0:
@@ -182,7 +187,7 @@ def operating_point_with(evidence: Evidence, acceptance: AcceptanceEvidence | No
         proposed = per_draft * (min(max(coverage, 0.0), 1.0) if math.isfinite(coverage) else 1.0)
     return OperatingPoint(
         batch=batch, context_tokens=context, tokens_per_seq=1.0 + proposed, draft_steps=evidence.deployed_k,
-        prefill_tokens=prefill,
+        prefill_tokens=prefill, prefill_chunk_tokens=chunk,
     )
 
 

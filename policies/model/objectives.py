@@ -77,7 +77,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from policies.model.acceptance import AcceptancePoint
-from policies.model.costmodel import ModelContext, curve_for, step_batch
+from policies.model.costmodel import ModelContext, curve_for, operating_point, step_batch
 from policies.model.roofline import CostScales, Shape
 from policies.model.slo_share import fit_request_itl, modelled_share, shifted_share
 from policies.model.token_budget import BudgetLoad, Regime, budget_limited, budget_limits, budget_load
@@ -139,6 +139,7 @@ class Workload:
     request_itl: HistogramReading | None = None
     budget: BudgetLoad | None = None
     max_seqs: float | None = None
+    prefill_chunk_tokens: float | None = None  # the chunk prompt tokens arrive in (roofline.Shape; None = P)
 
     @property
     def kv_capacity_tokens(self) -> float | None:
@@ -180,6 +181,7 @@ def workload_from(
         budget=budget_load(budget_tokens, evidence, tokens_per_seq=tokens_per_seq, prefill_tokens=prefill_tokens,
                            context_tokens=context_tokens, max_seqs=max_seqs),
         max_seqs=max_seqs,
+        prefill_chunk_tokens=operating_point(evidence).prefill_chunk_tokens,
     )
 
 
@@ -364,8 +366,9 @@ def _prefill_stretch(
         return 1.0
     k = min(max(workload.deployed_k, 0), len(acceptance) - 1)
     shape = Shape(batch=workload.batch, context_tokens=workload.context_tokens)
-    mixed = curve_for(ctx, acceptance[: k + 1], replace(shape, prefill_tokens=workload.prefill_tokens),
-                      scales=scales)[0][k].step_time_s
+    with_prefill = replace(shape, prefill_tokens=workload.prefill_tokens,
+                           prefill_chunk_tokens=workload.prefill_chunk_tokens)
+    mixed = curve_for(ctx, acceptance[: k + 1], with_prefill, scales=scales)[0][k].step_time_s
     plain_now = curve_for(ctx, acceptance[: k + 1], shape, scales=scales)[0][k].step_time_s
     return mixed / plain_now
 

@@ -8,7 +8,10 @@ For B sequences each verifying q tokens at mean context ctx, with P prompt (pref
                    P_stream = params minus an untied input-embedding table (a step reads N rows, not the table)
                    b_dense, b_expert: bytes per weight (policies/model/quantization.py; experts may be quantised apart)
                    E_touched(n) = E (1 - (1 - k/E)^n): expected distinct experts per layer hit by n tokens routed
-                   uniformly at random (real routers are skewed, so this is an upper bound on expert bytes)
+                   uniformly at random (real routers are skewed, so this is an upper bound on expert bytes);
+                   for a MoE, N is taken per step: a window's mean P arrives in chunks of c tokens (a whole prompt,
+                   Shape.prefill_chunk_tokens), so a share f = P / c of its steps touch E_touched(B q + c) and the
+                   rest E_touched(B q): weight bytes (1 - f) W(B q) + f W(B q + c), linear in P (below)
     kv_bytes     = kv_elements(tp) x kv_dtype_bytes x (B x ctx + P_req x ctx_p)
                    kv_elements: GQA 2 x layers x max(kv_heads / tp, 1) x head_dim; MLA layers x (latent + rope),
                    whole on every GPU (policies/model/profiles.py `AttentionShape`); P_req = 1 when P > 0; ctx is the
@@ -53,7 +56,10 @@ No draft tokens, so no per-token term; at q = 4 it adds 3 x 40 us.
 Why prefill is added outside the smooth maxes: prompts arrive in chunks of hundreds to thousands of tokens (up to
 the token budget, e.g. 8192), which are compute-bound, so each prompt token costs its full math whichever step
 carries it; P is a window mean over bursty steps (most carry 0, a few carry a big chunk), and only a term linear
-in P averages correctly (E[T(P)] = T(E[P]) needs T linear in P). Why prefill is in T at all (chunked prefill,
+in P averages correctly (E[T(P)] = T(E[P]) needs T linear in P). The same holds for a MoE's expert bytes, which
+are concave in a step's tokens: a mean of 43.5 prompt tokens in every step of 18 decode tokens would touch 125.6
+of Qwen3-30B-A3B's 128 experts per layer, while the window's steps touch 89 without a prompt chunk and 128 with
+one (11.7% of them), 93.5 on average; hence the chunk mixture above. Why prefill is in T at all (chunked prefill,
 vLLM V1's default): the server's measured step time includes it, so calibration must price it. (In S itself a
 rate-bound prompt load cancels: see policies/model/costmodel.py.)
 
@@ -133,7 +139,9 @@ class Shape:
     """What one step works on: `batch` sequences (>= 1) each verifying `tokens_per_seq` tokens (>= 1; gamma + 1
     with gamma drafts) at `context_tokens` (>= 0) mean context, plus `prefill_tokens` (>= 0) prompt tokens of
     chunked prefill attending to `prefill_context_tokens` on average (None: ctx / 2, a chunk of a prompt attends to
-    about half the prompt). Drafting reads only `batch` and `context_tokens`. Ranges are checked where it is priced.
+    about half the prompt), carried in chunks of `prefill_chunk_tokens` (None: every step carries all P; a mean P
+    below the chunk means a share P / chunk of the steps carry one, which a MoE's expert bytes tell apart: module
+    docstring). Drafting reads only `batch` and `context_tokens`. Ranges are checked where it is priced.
     Example: Shape(batch=8, tokens_per_seq=4, context_tokens=512): 8 sequences verifying 3 drafts + 1 at 512 tokens.
     """
 
@@ -142,6 +150,7 @@ class Shape:
     tokens_per_seq: float = 1.0
     prefill_tokens: float = 0.0
     prefill_context_tokens: float | None = None
+    prefill_chunk_tokens: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -380,6 +389,21 @@ def _weight_bytes_per_gpu(model: ModelProfile, tokens: float, tp: float) -> floa
     return (dense + model.moe_layers * touched * model.expert_params * model.expert_bytes_per_param) / tp
 
 
+def _mean_weight_bytes(model: ModelProfile, decode_tokens: float, shape: Shape, tp: float) -> float:
+    """Weight bytes per GPU of the mean step over a window whose steps carry P prompt tokens on average in chunks
+    of c = max(P, chunk) tokens: (1 - P / c) W(n) + (P / c) W(n + c), n = B q decode tokens (module docstring).
+    Example: 4.6 sequences x 4 tokens, P 43.5, chunk 372 on Qwen3-30B-A3B (128 experts, top-8): 11.7% of the
+    steps carry a chunk and touch all 128 experts, the rest 89: 93.5 experts on average, not the 125.6 that
+    61.9 tokens in every step would touch."""
+    prefill = shape.prefill_tokens
+    chunk = max(prefill, shape.prefill_chunk_tokens or 0.0)
+    if not model.is_moe or prefill <= 0.0 or chunk <= prefill:
+        return _weight_bytes_per_gpu(model, decode_tokens + prefill, tp)
+    share = prefill / chunk
+    return ((1.0 - share) * _weight_bytes_per_gpu(model, decode_tokens, tp)
+            + share * _weight_bytes_per_gpu(model, decode_tokens + chunk, tp))
+
+
 def _target_parts(
     hardware: HardwareProfile, model: ModelProfile, shape: Shape, *, prefill_context_tokens: float, tensor_parallel: int
 ) -> _TargetParts:
@@ -390,7 +414,7 @@ def _target_parts(
     prefill_tokens = shape.prefill_tokens
     decode_tokens = batch * tokens_per_seq
     tokens = decode_tokens + prefill_tokens
-    weight_bytes = _weight_bytes_per_gpu(model, tokens, tp)
+    weight_bytes = _mean_weight_bytes(model, decode_tokens, shape, tp)
     attention = model.attention
     per_token = kv_bytes_per_token_per_gpu(attention, model.kv_dtype_bytes, tp)
     attended = model.attended_context(context_tokens)

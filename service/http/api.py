@@ -245,6 +245,11 @@ class EvidenceOut(BaseModel):
     prefill_tokens_per_step: float | None = Field(
         description="Prompt tokens computed per engine step on average (chunked prefill shares steps with decode)."
     )
+    prompt_tokens_per_request: float | None = Field(
+        default=None,
+        description="Prompt tokens computed per prefilled request over the window (prompt tokens / time-to-first-"
+        "token count): the chunk a prompt arrives in; a MoE's expert bytes are priced per step from it.",
+    )
     decode_seqs_per_step: float | None = Field(
         default=None,
         description="Sequences each engine step decoded, mean over the window's steps: the batch the cost model "
@@ -610,6 +615,7 @@ def _evidence(status: BoardEntry) -> EvidenceOut:
         context_tokens_per_seq=evidence.context_tokens_per_seq,
         step_time_s=evidence.step_time_s,
         prefill_tokens_per_step=evidence.prefill_tokens_per_step,
+        prompt_tokens_per_request=evidence.prompt_tokens_per_request,
         decode_seqs_per_step=evidence.decode_seqs_per_step,
         engines=evidence.engines,
         window_s=evidence.window_s,

@@ -73,6 +73,7 @@ INTER_TOKEN_LATENCY = "inter_token_latency"
 REQUEST_ITL = "request_itl"
 REQUEST_GENERATION_TOKENS = "request_generation_tokens"
 ITERATION_TOKENS = "iteration_tokens"
+FIRST_TOKEN_LATENCY = "first_token_latency"
 CACHE_CONFIG = "cache_config"
 ESTIMATED_FLOPS = "estimated_flops"
 ESTIMATED_READ_BYTES = "estimated_read_bytes"
@@ -107,6 +108,9 @@ VLLM_FAMILIES: Mapping[str, Family] = MappingProxyType(
         REQUEST_GENERATION_TOKENS: Family(Kind.HISTOGRAM, ("vllm:request_generation_tokens",)),
         # Only the mean tokens per step (sum/count) is used; its 14 bucket lines were a quarter of the parser's work.
         ITERATION_TOKENS: Family(Kind.HISTOGRAM, ("vllm:iteration_tokens_total",), buckets=False),
+        # One observation per request whose prompt was prefilled: its count beside the prompt-tokens counter gives
+        # the chunk a prompt arrives in (policies/model/roofline.py, a MoE's expert bytes per step).
+        FIRST_TOKEN_LATENCY: Family(Kind.HISTOGRAM, ("vllm:time_to_first_token_seconds",), buckets=False),
         CACHE_CONFIG: Family(Kind.INFO, ("vllm:cache_config_info",)),
         ESTIMATED_FLOPS: Family(Kind.COUNTER, ("vllm:estimated_flops_per_gpu",)),
         ESTIMATED_READ_BYTES: Family(Kind.COUNTER, ("vllm:estimated_read_bytes_per_gpu",)),

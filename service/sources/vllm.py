@@ -278,6 +278,7 @@ class _ModelReader:
         itl = self._histogram(names.INTER_TOKEN_LATENCY)
         iteration = self._histogram(names.ITERATION_TOKENS)
         request_itl = self._histogram(names.REQUEST_ITL)
+        first_token = self._histogram(names.FIRST_TOKEN_LATENCY)
         single_token = _at_most_one(self._histogram(names.REQUEST_GENERATION_TOKENS))
         flops = self._counter(names.ESTIMATED_FLOPS)
         read_bytes = self._counter(names.ESTIMATED_READ_BYTES)
@@ -296,6 +297,7 @@ class _ModelReader:
             inter_token_latency=itl,
             iteration_tokens=iteration,
             request_itl=request_itl,
+            first_token_latency=first_token,
             single_token_requests=single_token,
             estimated_flops=flops,
             estimated_read_bytes=read_bytes,
