@@ -182,7 +182,7 @@ def _price(
     """S(gamma) for gamma = 0..max(gamma_max, deployed k) in the objective that applies, from the acceptance in use
     (`measured`: the window's own or the profile standing in for it) and the fitted scales, banded by the
     acceptance's and (with a covariance) the calibration's uncertainty."""
-    point = operating_point_with(evidence, measured)
+    point = operating_point_with(evidence, measured, budget=ctx.step_token_budget)
     # The curve reaches the deployed k even past gamma_max: the running setting's predicted speedup must be
     # published (the "speculation costs throughput" alert reads it), though decide never picks above gamma_max.
     acceptance = acceptance_curve(
@@ -194,6 +194,7 @@ def _price(
         evidence, context_tokens=point.context_tokens, prefill_tokens=point.prefill_tokens,
         tokens_per_seq=point.tokens_per_seq, budget_tokens=ctx.step_token_budget, max_seqs=ctx.max_num_seqs,
     )
+    workload = replace(workload, prefill_chunk_tokens=point.prefill_chunk_tokens)
     curve, chosen, why = objective_curve(ctx, acceptance, workload, config=config.objective, scales=fit.scales)
     if fit.covariance is not None:
         # The cost model's own uncertainty joins the acceptance's in every band (policies/model/uncertainty.py).

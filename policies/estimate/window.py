@@ -487,13 +487,21 @@ def _prefill_per_step(span: _Span, prompt_tokens_per_s: float | None, step_time_
 
 def _prompt_per_request(span: _Span) -> float | None:
     """Prompt tokens computed per prefilled request over the span: Δprompt_tokens / Δ(count of the time-to-first-
-    token histogram, one observation per request whose prompt was prefilled). None when either is missing or no
-    prompt finished prefilling. Example: 2000 prompt tokens and 5 first tokens in the window -> 400 tokens."""
-    prompts = span.delta(lambda s: s.prompt_tokens)
-    prefilled = span.delta(lambda s: s.first_token_latency.count if s.first_token_latency is not None else None)
-    if prompts is None or not prefilled:
+    token histogram, one observation per request whose prompt was prefilled). None when either is missing or not a
+    finite number at either end, or no prompt finished prefilling. Prefix-cache hits count in the prompt tokens,
+    as in `prefill_tokens_per_step`. Example: 2000 prompt tokens and 5 first tokens in the window -> 400 tokens."""
+    def prefilled(snapshot: EngineSnapshot) -> float | None:
+        return snapshot.first_token_latency.count if snapshot.first_token_latency is not None else None
+
+    ends = [span.newest] if span.base is None else [span.base, span.newest]
+    for snapshot in ends:
+        readings = (snapshot.prompt_tokens, prefilled(snapshot))
+        if any(value is None or not math.isfinite(value) for value in readings):
+            return None
+    prompts, requests = span.delta(lambda s: s.prompt_tokens), span.delta(prefilled)
+    if prompts is None or not requests:
         return None
-    return prompts / prefilled
+    return prompts / requests
 
 
 def _span(snapshots: tuple[EngineSnapshot, ...]) -> tuple[_Span, tuple[EngineSnapshot, ...]]:

@@ -314,7 +314,7 @@ def observation_from(evidence: Evidence, ctx: ModelContext, *, config: Calibrati
         return None
     if evidence.step_samples < config.min_step_samples or not step_batch(evidence) >= 0.5:
         return None
-    point = operating_point(evidence)
+    point = operating_point(evidence, budget=ctx.step_token_budget)
     memory_obs, compute_obs = _activity_scales(evidence, ctx)
     return StepObservation(
         at_s=evidence.at_s,
@@ -326,15 +326,8 @@ def observation_from(evidence: Evidence, ctx: ModelContext, *, config: Calibrati
         step_s=step,
         memory_scale_obs=memory_obs,
         compute_scale_obs=compute_obs,
-        prefill_chunk_tokens=_chunk(point.prefill_chunk_tokens, ctx.step_token_budget),
+        prefill_chunk_tokens=point.prefill_chunk_tokens,
     )
-
-
-def _chunk(prompt_tokens: float | None, budget: float | None) -> float | None:
-    """A prompt's prefill chunk (tokens): the whole prompt, at most the engine's step token budget when known."""
-    if prompt_tokens is None or budget is None:
-        return prompt_tokens
-    return min(prompt_tokens, budget)
 
 
 def _activity_scales(evidence: Evidence, ctx: ModelContext) -> tuple[float | None, float | None]:

@@ -150,15 +150,18 @@ class CostModelResult:
     baseline_step_s: float
 
 
-def operating_point(evidence: Evidence) -> OperatingPoint:
+def operating_point(evidence: Evidence, *, budget: float | None = None) -> OperatingPoint:
     """The (B, ctx, q, draft steps) the evidence describes, its tokens per sequence from the window's own
-    acceptance counters: `operating_point_with(evidence, evidence.acceptance)`."""
-    return operating_point_with(evidence, evidence.acceptance)
+    acceptance counters: `operating_point_with(evidence, evidence.acceptance, budget=budget)`."""
+    return operating_point_with(evidence, evidence.acceptance, budget=budget)
 
 
-def operating_point_with(evidence: Evidence, acceptance: AcceptanceEvidence | None) -> OperatingPoint:
+def operating_point_with(
+    evidence: Evidence, acceptance: AcceptanceEvidence | None, *, budget: float | None = None
+) -> OperatingPoint:
     """The (B, ctx, q, draft steps) the evidence describes, the proposed tokens per step read from `acceptance`
     (the window's own, or the profile that stands in for a thin window); see the module docstring for defaults.
+    The prompt chunk is `prefill_chunk(...)` under the step token budget `budget` (None = unknown).
 
     Example: batch 0.4, no context, speculation on at k=3 proposing 2.79 tokens per draft, no prefill measured ->
     OperatingPoint(batch=1.0, context_tokens=1024.0, tokens_per_seq=3.79, draft_steps=3, prefill_tokens=0.0);
@@ -172,23 +175,36 @@ def operating_point_with(evidence: Evidence, acceptance: AcceptanceEvidence | No
     prefill = evidence.prefill_tokens_per_step
     if prefill is None or not math.isfinite(prefill) or prefill < 0:
         prefill = 0.0
-    chunk = evidence.prompt_tokens_per_request
-    chunk = chunk if chunk is not None and math.isfinite(chunk) and chunk > 0 else None
-    if not evidence.speculation_on or evidence.deployed_k <= 0:
-        return OperatingPoint(
-            batch=batch, context_tokens=context, tokens_per_seq=1.0, draft_steps=0, prefill_tokens=prefill,
-            prefill_chunk_tokens=chunk,
-        )
-    proposed = float(evidence.deployed_k)
-    if acceptance is not None and acceptance.drafts > 0:
-        # Tokens proposed per decoding sequence-step: per draft, times the share of sequence-steps that drafted.
-        per_draft = min(max(acceptance.mean_proposed_length, 0.0), float(evidence.deployed_k))
-        coverage = acceptance.draft_coverage
-        proposed = per_draft * (min(max(coverage, 0.0), 1.0) if math.isfinite(coverage) else 1.0)
+    tokens_per_seq, steps = 1.0, 0
+    if evidence.speculation_on and evidence.deployed_k > 0:
+        proposed = float(evidence.deployed_k)
+        if acceptance is not None and acceptance.drafts > 0:
+            # Tokens proposed per decoding sequence-step: per draft, times the share of sequence-steps that drafted.
+            per_draft = min(max(acceptance.mean_proposed_length, 0.0), float(evidence.deployed_k))
+            coverage = acceptance.draft_coverage
+            proposed = per_draft * (min(max(coverage, 0.0), 1.0) if math.isfinite(coverage) else 1.0)
+        tokens_per_seq, steps = 1.0 + proposed, evidence.deployed_k
+    chunk = prefill_chunk(evidence.prompt_tokens_per_request, prefill_tokens=prefill,
+                          decode_tokens=batch * tokens_per_seq, budget=budget)
     return OperatingPoint(
-        batch=batch, context_tokens=context, tokens_per_seq=1.0 + proposed, draft_steps=evidence.deployed_k,
+        batch=batch, context_tokens=context, tokens_per_seq=tokens_per_seq, draft_steps=steps,
         prefill_tokens=prefill, prefill_chunk_tokens=chunk,
     )
+
+
+def prefill_chunk(
+    prompt_tokens: float | None, *, prefill_tokens: float, decode_tokens: float, budget: float | None
+) -> float | None:
+    """The prompt tokens one prefilling step carries (tokens; None = unknown: every step carries the mean): a whole
+    prompt (`prompt_tokens`, the window's prompt tokens per prefilled request), at most what the step token
+    budget leaves beside the decode tokens, which the engine schedules first: min(prompt, max(P, budget - B q)).
+    Never below the mean P per step (a chunk in every step). Example: prompt 2000 tokens, budget 512, 100 decode
+    tokens, P 300 -> min(2000, max(300, 412)) = 412; no budget -> 2000; prompt NaN -> None."""
+    if prompt_tokens is None or not (math.isfinite(prompt_tokens) and prompt_tokens > 0):
+        return None
+    if budget is None or not math.isfinite(budget):
+        return prompt_tokens
+    return min(prompt_tokens, max(prefill_tokens, budget - decode_tokens))
 
 
 def step_batch(evidence: Evidence) -> float:
@@ -290,7 +306,7 @@ def calibrate(evidence: Evidence, ctx: ModelContext) -> Calibration:
     P = (1.18 MB weights + 1.05 MB KV) / 14 GB/s = 0.16 ms; observed 3.2 ms -> s = (3.2 - 0.16) / 1.45 = 2.10,
     e = 1, calibrated step = 3.2 ms.
     """
-    point = operating_point(evidence)
+    point = operating_point(evidence, budget=ctx.step_token_budget)
     overhead, physics = _step_parts(ctx, point)
     predicted = overhead + physics
     observed = observed_step_s(evidence)
@@ -380,7 +396,7 @@ def evaluate(
 
 
 def _given_scales(evidence: Evidence, ctx: ModelContext, scales: CostScales) -> Calibration:
-    point = operating_point(evidence)
+    point = operating_point(evidence, budget=ctx.step_token_budget)
     overhead, physics = _step_parts(ctx, point)
     scaled = step_components(
         ctx.hardware, ctx.model, ctx.drafter, point.shape, draft_passes=point.draft_steps,

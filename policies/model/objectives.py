@@ -77,7 +77,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 
 from policies.model.acceptance import AcceptancePoint
-from policies.model.costmodel import ModelContext, curve_for, operating_point, step_batch
+from policies.model.costmodel import ModelContext, curve_for, step_batch
 from policies.model.roofline import CostScales, Shape
 from policies.model.slo_share import fit_request_itl, modelled_share, shifted_share
 from policies.model.token_budget import BudgetLoad, Regime, budget_limited, budget_limits, budget_load
@@ -159,7 +159,8 @@ def workload_from(
     max_seqs: float | None = None,
 ) -> Workload:
     """The evidence's workload with the cost model's resolved context, prefill and tokens verified per sequence
-    (costmodel.operating_point) and the engine's step token budget (None = unknown).
+    (costmodel.operating_point) and the engine's step token budget (None = unknown); the prompt chunk is the
+    caller's to set (`Workload.prefill_chunk_tokens`, the operating point's).
 
     The batch is the one the cost model prices, `costmodel.step_batch`: sequences each engine step verified
     (`decode_seqs_per_step`) when measured, else the running-requests mean; floored at 1. The objectives compare
@@ -181,7 +182,6 @@ def workload_from(
         budget=budget_load(budget_tokens, evidence, tokens_per_seq=tokens_per_seq, prefill_tokens=prefill_tokens,
                            context_tokens=context_tokens, max_seqs=max_seqs),
         max_seqs=max_seqs,
-        prefill_chunk_tokens=operating_point(evidence).prefill_chunk_tokens,
     )
 
 

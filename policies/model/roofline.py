@@ -57,7 +57,7 @@ Why prefill is added outside the smooth maxes: prompts arrive in chunks of hundr
 the token budget, e.g. 8192), which are compute-bound, so each prompt token costs its full math whichever step
 carries it; P is a window mean over bursty steps (most carry 0, a few carry a big chunk), and only a term linear
 in P averages correctly (E[T(P)] = T(E[P]) needs T linear in P). The same holds for a MoE's expert bytes, which
-are concave in a step's tokens: a mean of 43.5 prompt tokens in every step of 18 decode tokens would touch 125.6
+are concave in a step's tokens: a mean of 43.5 prompt tokens in every step of 18.4 decode tokens would touch 125.6
 of Qwen3-30B-A3B's 128 experts per layer, while the window's steps touch 89 without a prompt chunk and 128 with
 one (11.7% of them), 93.5 on average; hence the chunk mixture above. Why prefill is in T at all (chunked prefill,
 vLLM V1's default): the server's measured step time includes it, so calibration must price it. (In S itself a
@@ -716,6 +716,9 @@ def _check_prefill(shape: Shape) -> float:
     prefill_tokens, prefill_context_tokens = shape.prefill_tokens, shape.prefill_context_tokens
     if not (math.isfinite(prefill_tokens) and prefill_tokens >= 0.0):
         raise ValueError(f"prefill_tokens must be a finite number >= 0, got {prefill_tokens}")
+    chunk = shape.prefill_chunk_tokens
+    if chunk is not None and not (math.isfinite(chunk) and chunk > 0.0):
+        raise ValueError(f"prefill_chunk_tokens must be None or a finite number > 0, got {chunk}")
     if prefill_context_tokens is None:
         return 0.5 * shape.context_tokens
     if not (math.isfinite(prefill_context_tokens) and prefill_context_tokens >= 0.0):
