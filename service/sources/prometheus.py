@@ -7,7 +7,8 @@ a renamed family is one more candidate there, joined here with `or`):
     counters    sum by (model_name) (rate(<counter>_total{sel}[w]))     drafts, draft tokens, accepted, generation
                                                                          and prompt tokens
     per position  sum by (model_name, position) (rate(<per_pos>_total{sel}[w]))
-    histograms  sum by (model_name) (rate(<h>_sum{sel}[w])), and _count  inter-token latency, iteration tokens
+    histograms  sum by (model_name) (rate(<h>_sum{sel}[w])), and _count  inter-token latency, iteration tokens,
+                                                                         time to first token
     per GPU     avg by (model_name) (rate(<estimated_*>_total{sel}[w]))  vLLM's own roofline counters
     gauges      avg by (model_name) (<gauge>{sel})                       running, waiting, KV usage
     KV size     <cache_config_info>{cfg} and on (instance, engine) <running>{sel}   labels -> tokens, averaged
@@ -67,6 +68,7 @@ _DRAFTS, _DRAFT_TOKENS, _ACCEPTED = "drafts", "draft_tokens", "accepted"
 _GENERATION, _PROMPT = "generation_tokens", "prompt_tokens"
 _ITL_SUM, _ITL_COUNT = "itl_sum", "itl_count"
 _ITER_SUM, _ITER_COUNT = "iteration_sum", "iteration_count"
+_FIRST_SUM, _FIRST_COUNT = "first_token_sum", "first_token_count"
 _FLOPS, _READ_BYTES = "estimated_flops", "estimated_read_bytes"
 _RUNNING, _WAITING, _KV_USAGE, _KV_CONFIG = "running", "waiting", "kv_usage", "kv_config"
 _PER_POSITION = "per_position"
@@ -136,6 +138,8 @@ def fleet_queries(*, model: str, selector: str, rate_window_s: float) -> dict[st
         _ITL_COUNT: histogram(names.INTER_TOKEN_LATENCY, "_count"),
         _ITER_SUM: histogram(names.ITERATION_TOKENS, "_sum"),
         _ITER_COUNT: histogram(names.ITERATION_TOKENS, "_count"),
+        _FIRST_SUM: histogram(names.FIRST_TOKEN_LATENCY, "_sum"),
+        _FIRST_COUNT: histogram(names.FIRST_TOKEN_LATENCY, "_count"),
         _FLOPS: counter(names.ESTIMATED_FLOPS, op="avg"),
         _READ_BYTES: counter(names.ESTIMATED_READ_BYTES, op="avg"),
         _RUNNING: gauge(names.NUM_REQUESTS_RUNNING),
@@ -347,7 +351,7 @@ class PrometheusFleetSource:
             )
         rates: dict[str, float] = {}
         for name in (_DRAFTS, _DRAFT_TOKENS, _ACCEPTED, _GENERATION, _PROMPT, _ITL_SUM, _ITL_COUNT, _ITER_SUM,
-                     _ITER_COUNT, _FLOPS, _READ_BYTES):
+                     _ITER_COUNT, _FIRST_SUM, _FIRST_COUNT, _FLOPS, _READ_BYTES):
             value = _one(answers[name], model=model, what=f"rate of {name}")
             if value is not None:
                 rates[name] = value
@@ -436,6 +440,7 @@ class PrometheusFleetSource:
             prompt_tokens=value(_PROMPT),
             inter_token_latency=histogram(_ITL_SUM, _ITL_COUNT),
             iteration_tokens=histogram(_ITER_SUM, _ITER_COUNT),
+            first_token_latency=histogram(_FIRST_SUM, _FIRST_COUNT),
             estimated_flops=value(_FLOPS),
             estimated_read_bytes=value(_READ_BYTES),
             naming=NAMING,

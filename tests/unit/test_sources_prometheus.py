@@ -62,7 +62,9 @@ def _replay(steps: Mapping[float, Overrides]) -> httpx.MockTransport:
         assert request.url.path == "/api/v1/query"
         name = names.get(request.url.params["query"])
         assert name is not None, request.url.params["query"]
-        recorded = ANSWERS[name]
+        # The recording predates the time-to-first-token queries: Prometheus answers a family no replica exports
+        # with an empty vector, as it would have then.
+        recorded = ANSWERS.get(name, {"status_code": 200, "body": EMPTY})
         overrides = steps.get(float(request.url.params["time"]), {})
         status, body = overrides.get(name, (recorded["status_code"], recorded["body"]))
         content = body if isinstance(body, bytes) else json.dumps(body).encode()
