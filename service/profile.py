@@ -294,6 +294,7 @@ def level_report(
         step_s=observation.step_s,
         step_samples=evidence.step_samples,
         mean_accepted_length=accepted if accepted is not None and math.isfinite(accepted) else None,
+        prefill_chunk_tokens=observation.prefill_chunk_tokens,
     )
     return LevelReport(index=index, concurrency=concurrency, point=point, load=load)
 

@@ -14,7 +14,7 @@ File (JSON, `FORMAT`):
                   "engine": "vllm", "engine_version": "0.32.0", "served_model": "m"},
      "points": [{"concurrency": 8, "deployed_k": 3, "batch": 7.6, "tokens_per_seq": 4.0, "draft_passes": 3,
                  "context_tokens": 412.0, "prefill_tokens": 31.0, "step_s": 0.0123, "step_samples": 2411,
-                 "mean_accepted_length": 2.6}, ...],
+                 "mean_accepted_length": 2.6, "prefill_chunk_tokens": 396.0}, ...],
      "complete": true}
 
 Identity: a profile prices only the deployment it measured. The cost model's inputs (hardware, model profile,
@@ -77,7 +77,8 @@ class ProfileIdentity:
 class ProfilePoint:
     """One measured level: `batch` sequences per engine step (>= 0.5) at `context_tokens`, verifying
     `tokens_per_seq` tokens each (1 = speculation off) after `draft_passes` drafting passes, with `prefill_tokens`
-    prompt tokens per step, took `step_s` seconds per step on average over `step_samples` ITL samples."""
+    prompt tokens per step carried in chunks of `prefill_chunk_tokens` (None: not measured; roofline.Shape), took
+    `step_s` seconds per step on average over `step_samples` ITL samples."""
 
     concurrency: int
     deployed_k: int
@@ -89,6 +90,7 @@ class ProfilePoint:
     step_s: float
     step_samples: float
     mean_accepted_length: float | None = None
+    prefill_chunk_tokens: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -205,6 +207,7 @@ def observations(profile: MeasuredProfile, *, at_s: float) -> tuple[StepObservat
         StepObservation(
             at_s=at_s, batch=max(p.batch, 1.0), tokens_per_seq=p.tokens_per_seq, draft_passes=p.draft_passes,
             context_tokens=p.context_tokens, prefill_tokens=p.prefill_tokens, step_s=p.step_s,
+            prefill_chunk_tokens=p.prefill_chunk_tokens,
         )
         for p in profile.points
     )
@@ -256,7 +259,7 @@ def _point(item: object, path: str) -> ProfilePoint:
     q = _number(item, "tokens_per_seq", low=1.0, high=257.0, path=path)
     if (passes == 0) != (q == 1.0):
         raise ProfileError(f"{path}tokens_per_seq: {q:g} with {passes} drafting passes (plain steps verify 1)")
-    accepted = item.get("mean_accepted_length")
+    accepted, chunk = item.get("mean_accepted_length"), item.get("prefill_chunk_tokens")
     return ProfilePoint(
         concurrency=_integer(item, "concurrency", low=1, high=100_000, path=path),
         deployed_k=_integer(item, "deployed_k", low=0, high=64, path=path),
@@ -269,6 +272,8 @@ def _point(item: object, path: str) -> ProfilePoint:
         step_samples=_number(item, "step_samples", low=0.0, path=path),
         mean_accepted_length=None if accepted is None else _number(item, "mean_accepted_length", low=1.0,
                                                                    high=65.0, path=path),
+        prefill_chunk_tokens=None if chunk is None else _number(item, "prefill_chunk_tokens", low=1.0,
+                                                                high=4_194_304.0, path=path),
     )
 
 
