@@ -59,7 +59,9 @@ carries it; P is a window mean over bursty steps (most carry 0, a few carry a bi
 in P averages correctly (E[T(P)] = T(E[P]) needs T linear in P). The same holds for a MoE's expert bytes, which
 are concave in a step's tokens: a mean of 43.5 prompt tokens in every step of 18.4 decode tokens would touch 125.6
 of Qwen3-30B-A3B's 128 experts per layer, while the window's steps touch 89 without a prompt chunk and 128 with
-one (11.7% of them), 93.5 on average; hence the chunk mixture above. Why prefill is in T at all (chunked prefill,
+one (11.7% of them), 93.5 on average; hence the chunk mixture above. Prompts that arrive within one step share it
+(vLLM schedules every waiting prompt the budget holds), so a whole prompt per chunk is the smallest chunk: the
+share of steps carrying one, and the expert bytes priced, are upper bounds. Why prefill is in T at all (chunked prefill,
 vLLM V1's default): the server's measured step time includes it, so calibration must price it. (In S itself a
 rate-bound prompt load cancels: see policies/model/costmodel.py.)
 
