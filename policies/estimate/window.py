@@ -455,20 +455,36 @@ def _decode_seqs_per_step(span: _Span) -> float | None:
     Worked example (the vLLM 0.32 CPU captures, idle then after 30 requests): ITL count 0 -> 550, iteration
     count 0 -> 162, so 550 / 162 = 3.40 sequences per step, while the running gauge read 0 at both scrapes.
     """
+    return _ratio_of_changes(span, _itl_count, _steps)
+
+
+def _ratio_of_changes(
+    span: _Span,
+    numerator: Callable[[EngineSnapshot], float | None],
+    denominator: Callable[[EngineSnapshot], float | None],
+) -> float | None:
+    """Δnumerator / Δdenominator over the span; None when either reading is missing or not a finite number at
+    either end (`_Span.delta` would turn a NaN into a zero change) or the denominator did not change."""
     ends = [span.newest] if span.base is None else [span.base, span.newest]
     for snapshot in ends:
-        readings = (_itl_count(snapshot), _steps(snapshot))
-        if any(value is None or not math.isfinite(value) for value in readings):
+        if any(value is None or not math.isfinite(value) for value in (numerator(snapshot), denominator(snapshot))):
             return None
-    decode_seqs = span.delta(_itl_count)
-    steps = span.delta(_steps)
-    if decode_seqs is None or not steps:
+    top, bottom = span.delta(numerator), span.delta(denominator)
+    if top is None or not bottom:
         return None
-    return decode_seqs / steps
+    return top / bottom
 
 
 def _steps(snapshot: EngineSnapshot) -> float | None:
     return snapshot.iteration_tokens.count if snapshot.iteration_tokens is not None else None
+
+
+def _prompt_tokens(snapshot: EngineSnapshot) -> float | None:
+    return snapshot.prompt_tokens
+
+
+def _first_tokens(snapshot: EngineSnapshot) -> float | None:
+    return snapshot.first_token_latency.count if snapshot.first_token_latency is not None else None
 
 
 def _prefill_per_step(span: _Span, prompt_tokens_per_s: float | None, step_time_s: float | None) -> float | None:
@@ -490,18 +506,7 @@ def _prompt_per_request(span: _Span) -> float | None:
     token histogram, one observation per request whose prompt was prefilled). None when either is missing or not a
     finite number at either end, or no prompt finished prefilling. Prefix-cache hits count in the prompt tokens,
     as in `prefill_tokens_per_step`. Example: 2000 prompt tokens and 5 first tokens in the window -> 400 tokens."""
-    def prefilled(snapshot: EngineSnapshot) -> float | None:
-        return snapshot.first_token_latency.count if snapshot.first_token_latency is not None else None
-
-    ends = [span.newest] if span.base is None else [span.base, span.newest]
-    for snapshot in ends:
-        readings = (snapshot.prompt_tokens, prefilled(snapshot))
-        if any(value is None or not math.isfinite(value) for value in readings):
-            return None
-    prompts, requests = span.delta(lambda s: s.prompt_tokens), span.delta(prefilled)
-    if prompts is None or not requests:
-        return None
-    return prompts / requests
+    return _ratio_of_changes(span, _prompt_tokens, _first_tokens)
 
 
 def _span(snapshots: tuple[EngineSnapshot, ...]) -> tuple[_Span, tuple[EngineSnapshot, ...]]:
