@@ -198,13 +198,15 @@ def prefill_chunk(
     """The prompt tokens one prefilling step carries (tokens; None = unknown: every step carries the mean): a whole
     prompt (`prompt_tokens`, the window's prompt tokens per prefilled request), at most what the step token
     budget leaves beside the decode tokens, which the engine schedules first: min(prompt, max(P, budget - B q)).
-    Never below the mean P per step (a chunk in every step). Example: prompt 2000 tokens, budget 512, 100 decode
-    tokens, P 300 -> min(2000, max(300, 412)) = 412; no budget -> 2000; prompt NaN -> None."""
+    Never below the mean P per step (a chunk in every step); None when that leaves no token (no P, and decode
+    tokens that fill the budget). Example: prompt 2000 tokens, budget 512, 100 decode tokens, P 300 -> min(2000,
+    max(300, 412)) = 412; no budget -> 2000; prompt NaN -> None; P 0 and 600 decode tokens -> None."""
     if prompt_tokens is None or not (math.isfinite(prompt_tokens) and prompt_tokens > 0):
         return None
     if budget is None or not math.isfinite(budget):
         return prompt_tokens
-    return min(prompt_tokens, max(prefill_tokens, budget - decode_tokens))
+    chunk = min(prompt_tokens, max(prefill_tokens, budget - decode_tokens))
+    return chunk if chunk > 0 else None
 
 
 def step_batch(evidence: Evidence) -> float:

@@ -151,3 +151,9 @@ def test_the_measured_profile_carries_the_chunk_into_its_anchors() -> None:
     assert parse_profile(profile.to_json()) == profile
     with pytest.raises(ProfileError, match="prefill_chunk_tokens"):
         parse_profile({**data, "points": [{**item, "prefill_chunk_tokens": -3.0}]})
+
+
+def test_a_budget_the_decode_tokens_fill_leaves_no_chunk_rather_than_a_zero_one() -> None:
+    # No prompt token per step measured (P 0) and 600 decode tokens against a 512-token budget: a chunk of 0 tokens
+    # is no chunk, and the step model refuses a chunk that is not > 0 (it would have raised on this point).
+    assert prefill_chunk(400.0, prefill_tokens=0.0, decode_tokens=600.0, budget=512.0) is None
