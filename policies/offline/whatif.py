@@ -52,7 +52,7 @@ from policies.model.calibrate import (
     split_observed,
     unidentified,
 )
-from policies.model.costmodel import ModelContext
+from policies.model.costmodel import ModelContext, prefill_chunk
 from policies.model.kv_capacity import VLLM_GPU_MEMORY_UTILIZATION, MemoryFit, memory_fit
 from policies.model.measured_profile import MeasuredProfile, ProfileError, fit_profile, observations
 from policies.model.profiles import (
@@ -139,6 +139,7 @@ class WhatIfInput:
     tree_tokens: int | None = None
     draft_tensor_parallel: int | None = None
     max_num_batched_tokens: int | None = None
+    prompt_tokens: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -429,6 +430,7 @@ def check_grid(inp: WhatIfInput) -> None:
         raise WhatIfInputError(
             "prefill_tokens_per_step", f"must be in [0, {MAX_PREFILL_TOKENS_PER_STEP:g}], got {prefill}"
         )
+    _check_prompt(inp)
     utilization = inp.gpu_memory_utilization
     if not (math.isfinite(utilization) and 0 < utilization <= 1):
         raise WhatIfInputError("gpu_memory_utilization", f"must be in (0, 1], got {utilization}")
@@ -441,6 +443,36 @@ def check_grid(inp: WhatIfInput) -> None:
             f"{len(inp.batch_sizes)} batch sizes x {len(inp.context_lengths)} context lengths x {len(inp.gammas)} "
             f"gammas = {points} points, more than the {MAX_POINTS} one what-if may price; split the request",
         )
+
+
+def _check_prompt(inp: WhatIfInput) -> None:
+    """`prompt_tokens`, when given, is a finite number of tokens in (0, MAX_CONTEXT_TOKENS], and needs prompt tokens
+    in the steps (`prefill_tokens_per_step` > 0): it says how they are chunked. Example: prompt_tokens 2000 with
+    prefill_tokens_per_step 0 -> refused."""
+    prompt = inp.prompt_tokens
+    if prompt is None:
+        return
+    if not (math.isfinite(prompt) and 0 < prompt <= MAX_CONTEXT_TOKENS):
+        raise WhatIfInputError("prompt_tokens", f"must be in (0, {MAX_CONTEXT_TOKENS:g}], got {prompt}")
+    if inp.prefill_tokens_per_step <= 0:
+        raise WhatIfInputError(
+            "prompt_tokens", "needs prefill_tokens_per_step > 0: with no prompt tokens in the steps there is no chunk "
+            "to price")
+
+
+def grid_shape(inp: WhatIfInput, *, batch: float, context: float) -> Shape:
+    """The step shape one grid point prices: `batch` sequences at `context` tokens, P = `prefill_tokens_per_step`
+    prompt tokens per step on average, and, with `prompt_tokens` given, carried in chunks of
+    c = costmodel.prefill_chunk(prompt, P, B decode tokens, max_num_batched_tokens) = min(prompt, max(P, budget -
+    B)) tokens: a share P / c of the steps carry a chunk, the rest none (a MoE's expert bytes are priced per step,
+    policies/model/roofline.py; a dense model's step does not change). The chunk is the plain step's, shared by
+    every gamma at the point, as the live model shares the running step's. Without `prompt_tokens` every step
+    carries P. Example: prompt 2000, P 200, batch 64, budget 512 -> c = min(2000, max(200, 448)) = 448: 45% of the
+    steps carry 448 prompt tokens."""
+    prefill = inp.prefill_tokens_per_step
+    chunk = prefill_chunk(inp.prompt_tokens, prefill_tokens=prefill, decode_tokens=batch,
+                          budget=inp.max_num_batched_tokens)
+    return Shape(batch=batch, context_tokens=context, prefill_tokens=prefill, prefill_chunk_tokens=chunk)
 
 
 def _check_budget(inp: WhatIfInput) -> None:
@@ -514,13 +546,12 @@ def evaluate_whatif(inp: WhatIfInput, profile: MeasuredProfile | None = None) ->
         acceptance_evidence(positions, draft_coverage=checked_coverage(inp.acceptance)),
         method=inp.drafter_method, gamma_max=gamma_max,
     )
-    prefill = inp.prefill_tokens_per_step
     points: list[WhatIfPoint] = []
     best: list[BestGamma] = []
     pricing = WhatIfPricing(ctx, acceptance, tree_tokens=inp.tree_tokens, scales=scales)
     for context in inp.context_lengths:
         for batch in inp.batch_sizes:
-            at = Shape(batch=batch, context_tokens=context, prefill_tokens=prefill)
+            at = grid_shape(inp, batch=batch, context=context)
             curve, base = _curve(pricing, at)
             curve = with_band(pricing, curve, at, calibration=calibration)
             fits = {
@@ -537,7 +568,7 @@ def evaluate_whatif(inp: WhatIfInput, profile: MeasuredProfile | None = None) ->
     crossovers = tuple(
         crossover
         for context in inp.context_lengths
-        for crossover in _crossovers(pricing, gammas=drafting, context=context, prefill=prefill)
+        for crossover in _crossovers(pricing, inp, gammas=drafting, context=context)
     )
     return WhatIfResult(
         context=ctx,
@@ -678,7 +709,7 @@ def _speedup(pricing: WhatIfPricing, at: Shape, *, gamma: int) -> float:
     return curve[gamma].speedup
 
 
-def _crossovers(pricing: WhatIfPricing, *, gammas: Sequence[int], context: float, prefill: float) -> list[Crossover]:
+def _crossovers(pricing: WhatIfPricing, inp: WhatIfInput, *, gammas: Sequence[int], context: float) -> list[Crossover]:
     # One grid scan prices every gamma at every grid batch; each change of sign of S - 1 is bisected.
     top = CROSSOVER_SEARCH_MAX_BATCH
     grid = [1.0]
@@ -686,13 +717,13 @@ def _crossovers(pricing: WhatIfPricing, *, gammas: Sequence[int], context: float
         grid.append(min(grid[-1] * CROSSOVER_GRID_FACTOR, top))
     speedups: list[tuple[float, ...]] = []
     for batch in grid:
-        curve, _ = _curve(pricing, Shape(batch=batch, context_tokens=context, prefill_tokens=prefill))
+        curve, _ = _curve(pricing, grid_shape(inp, batch=batch, context=context))
         speedups.append(tuple(point.speedup for point in curve))
 
     def boundary(gamma: int, low: float, high: float) -> float:
         """The batch in [low, high] where S(gamma) - 1 changes sign (to CROSSOVER_RELATIVE_TOL)."""
         def speedup(batch: float) -> float:
-            return _speedup(pricing, Shape(batch=batch, context_tokens=context, prefill_tokens=prefill), gamma=gamma)
+            return _speedup(pricing, grid_shape(inp, batch=batch, context=context), gamma=gamma)
 
         helps_low = speedup(low) > 1
         while high - low > CROSSOVER_RELATIVE_TOL * high:
@@ -865,8 +896,16 @@ def _notes(
             f"mean_acceptance_length {acc.mean_acceptance_length:g} at k={acc.measured_at_k} was read as an i.i.d. "
             f"per-token acceptance alpha = {alpha:.4f} (1 + alpha + ... + alpha^k = the mean length)"
         )
-    if inp.prefill_tokens_per_step > 0:
-        notes.append("prefill tokens per step are priced into every step, with or without speculation")
+    if inp.prefill_tokens_per_step > 0 and inp.prompt_tokens is None:
+        notes.append(
+            "prefill tokens per step are priced into every step, with or without speculation; for a MoE target that "
+            "touches more experts in every step than chunks do (give prompt_tokens: the prompt a prefilling step "
+            "carries)")
+    elif inp.prefill_tokens_per_step > 0:
+        notes.append(
+            f"prefill tokens per step arrive as whole prompts of {inp.prompt_tokens:g} tokens, capped by what the step "
+            "budget leaves beside the batch's decode tokens: a share prefill / chunk of the steps carry one, the rest "
+            "none (a MoE's experts are priced per step; a dense model's step is the same either way)")
     if inp.max_num_batched_tokens is not None:
         notes.append(
             f"step budget {inp.max_num_batched_tokens} tokens (max_num_batched_tokens): the prompt tokens of a step "

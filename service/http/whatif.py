@@ -165,6 +165,13 @@ class WhatIfRequest(_Strict):
         default=0.0, ge=0.0, le=MAX_PREFILL_TOKENS_PER_STEP,
         description="Prompt tokens chunked into every step (chunked prefill); the same with and without speculation.",
     )
+    prompt_tokens: float | None = Field(
+        default=None, gt=0.0, le=MAX_CONTEXT_TOKENS,
+        description="Prompt tokens per request: the chunk a prefilling step carries (capped by what "
+        "max_num_batched_tokens leaves beside the decode tokens), so a share prefill_tokens_per_step / chunk of the "
+        "steps carry one and the rest none; a MoE's expert bytes are priced per step from it. Needs "
+        "prefill_tokens_per_step > 0. None: every step carries prefill_tokens_per_step.",
+    )
     max_num_batched_tokens: int | None = Field(
         default=None, ge=1, le=MAX_BATCHED_TOKENS, strict=True,
         description="The engine's most tokens per step (vLLM's --max-num-batched-tokens): the step's prompt tokens "
@@ -196,6 +203,7 @@ class WhatIfRequest(_Strict):
             prefill_tokens_per_step=self.prefill_tokens_per_step,
             gpu_memory_utilization=self.gpu_memory_utilization,
             max_num_batched_tokens=self.max_num_batched_tokens,
+            prompt_tokens=self.prompt_tokens,
             tree_tokens=self.drafter.tree_tokens,
             draft_tensor_parallel=self.drafter.tensor_parallel,
         )

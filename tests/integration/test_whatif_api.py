@@ -192,6 +192,8 @@ BAD_BODIES: list[tuple[str, Any, list[str | int] | None]] = [
      ["body", "drafter", "draft_model"]),
     ("typo field", with_(batch_size=[1]), ["body", "batch_size"]),
     ("negative prefill", with_(prefill_tokens_per_step=-5), ["body", "prefill_tokens_per_step"]),
+    ("prompt of no tokens", with_(prefill_tokens_per_step=100, prompt_tokens=0), ["body", "prompt_tokens"]),
+    ("prompt without prefill", with_(prompt_tokens=2000), ["body", "prompt_tokens"]),
     ("memory share 0", with_(gpu_memory_utilization=0), ["body", "gpu_memory_utilization"]),
     ("gpu numbers negative", with_(hardware={"name": "x", "bf16_dense_tflops": -1, "mem_bandwidth_gbps": 600,
                                              "memory_gb": 24}), ["body", "hardware"]),
@@ -481,6 +483,24 @@ def test_a_stated_step_budget_reaches_the_prices() -> None:
         assert free.status_code == tight.status_code == 200, tight.text
         assert speedups(tight.json())[0] < speedups(free.json())[0]
         assert any("max_num_batched_tokens" in note for note in tight.json()["notes"])
+
+    run_api(check)
+
+
+def test_a_stated_prompt_length_reaches_a_moe_targets_prices() -> None:
+    # Qwen3-30B-A3B at batch 4 with 200 prompt tokens a step: as whole 2000-token prompts in a tenth of the steps,
+    # the other steps touch fewer experts than 200 prompt tokens in every step would, so the plain step is shorter.
+    async def check(client: httpx.AsyncClient, _board: Board) -> None:
+        def plain_step(answer: dict[str, Any]) -> float:
+            return float(next(p["step_time_s"] for p in answer["points"] if p["gamma"] == 0))
+
+        body = with_(target_model="qwen3-30b-a3b", batch_sizes=[4], context_lengths=[1024], gammas=[0, 3],
+                     prefill_tokens_per_step=200)
+        every = await client.post("/v1/whatif", json=body)
+        chunked = await client.post("/v1/whatif", json={**body, "prompt_tokens": 2000})
+        assert every.status_code == chunked.status_code == 200, chunked.text
+        assert plain_step(chunked.json()) < plain_step(every.json())
+        assert any("whole prompts of 2000 tokens" in note for note in chunked.json()["notes"])
 
     run_api(check)
 

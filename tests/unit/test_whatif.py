@@ -208,6 +208,9 @@ def test_draft_model_is_required_for_draft_model_and_refused_otherwise() -> None
         ({"context_lengths": ()}, "context_lengths"),
         ({"tensor_parallel": 0}, "tensor_parallel"),
         ({"prefill_tokens_per_step": -1.0}, "prefill_tokens_per_step"),
+        ({"prefill_tokens_per_step": 100.0, "prompt_tokens": 0.0}, "prompt_tokens"),
+        ({"prefill_tokens_per_step": 100.0, "prompt_tokens": float("nan")}, "prompt_tokens"),
+        ({"prompt_tokens": 2000.0}, "prompt_tokens"),  # no prompt tokens in the steps: nothing to chunk
         ({"gpu_memory_utilization": 0.0}, "gpu_memory_utilization"),
         ({"gpu_memory_utilization": 1.5}, "gpu_memory_utilization"),
         ({"gpu_memory_utilization": float("nan")}, "gpu_memory_utilization"),
@@ -445,3 +448,47 @@ def test_the_graph_limit_follows_the_step_budget_and_the_drafts_actually_verifie
     assert "640 tokens" in _graph_notes(evaluate_whatif(half))[0]
     # A plain step already past the limit runs without a graph too: the comparison is not skewed, no note.
     assert _graph_notes(evaluate_whatif(make_input(batch_sizes=(600.0,), gammas=(0, 1)))) == []
+
+
+# ------------------------------------------------------------------------------------------------------------
+# Prompt tokens in chunks
+# ------------------------------------------------------------------------------------------------------------
+
+
+def _plain_steps(inp: WhatIfInput) -> dict[float, float]:
+    return {p.batch: p.step_time_s for p in evaluate_whatif(inp).points if p.gamma == 0}
+
+
+def test_a_moe_step_with_prompts_in_chunks_touches_fewer_experts_than_one_with_prompt_tokens_in_every_step() -> None:
+    # Qwen3-30B-A3B routes each token to 8 of 128 experts per layer: 200 prompt tokens in every step touch nearly
+    # all of them, while whole 2000-token prompts in a tenth of the steps leave the other steps' few decode tokens
+    # touching a few dozen. The mean step lies between the decode-only step and prompt tokens in every step.
+    moe = make_input(target_model="qwen3-30b-a3b", batch_sizes=(4.0,), context_lengths=(1024.0,), gammas=(0, 3))
+    every = _plain_steps(dataclasses.replace(moe, prefill_tokens_per_step=200.0))[4.0]
+    chunked = _plain_steps(dataclasses.replace(moe, prefill_tokens_per_step=200.0, prompt_tokens=2000.0))[4.0]
+    decode_only = _plain_steps(moe)[4.0]
+    assert decode_only < chunked < every
+
+
+def test_a_dense_step_is_the_same_whether_prompts_come_in_chunks_or_in_every_step() -> None:
+    dense = make_input(prefill_tokens_per_step=200.0)
+    assert _plain_steps(dataclasses.replace(dense, prompt_tokens=2000.0)) == pytest.approx(_plain_steps(dense))
+
+
+def test_the_step_budget_caps_the_chunk_a_prompt_arrives_in() -> None:
+    # Budget 1024 at batch 4: a prompt of any length arrives in chunks of 1024 - 4 = 1020 tokens.
+    moe = make_input(target_model="qwen3-30b-a3b", batch_sizes=(4.0,), context_lengths=(1024.0,), gammas=(0, 1),
+                     prefill_tokens_per_step=200.0, max_num_batched_tokens=1024)
+    long_prompt = _plain_steps(dataclasses.replace(moe, prompt_tokens=50_000.0))
+    budget_chunk = _plain_steps(dataclasses.replace(moe, prompt_tokens=1020.0))
+    assert long_prompt == pytest.approx(budget_chunk)
+    assert long_prompt != pytest.approx(_plain_steps(dataclasses.replace(moe, prompt_tokens=5000.0,
+                                                                        max_num_batched_tokens=None)))
+
+
+def test_the_notes_say_how_prompt_tokens_were_priced() -> None:
+    every = evaluate_whatif(make_input(prefill_tokens_per_step=200.0))
+    chunked = evaluate_whatif(make_input(prefill_tokens_per_step=200.0, prompt_tokens=2000.0))
+    assert any("priced into every step" in note and "prompt_tokens" in note for note in every.notes)
+    assert any("whole prompts of 2000 tokens" in note for note in chunked.notes)
+    assert not any("priced into every step" in note for note in chunked.notes)
