@@ -1,7 +1,7 @@
 """The wait clock of decide's rule (policies/decide/rule.py): a candidate is published once it has been worth a
 change for its wait, C / r clipped to [confirm_s, dwell_s], has kept its side for min(wait, confirm_s), and the last
 change is dwell_s old; then the Decision and the state for the next tick, including whether the change leaves the
-last trial (policies/decide/trial.py)."""
+last trial (`left_trial`; trials themselves are valued in policies/decide/trial.py)."""
 
 from __future__ import annotations
 

@@ -36,14 +36,16 @@ V_try(1) = 214 s, V_try(3) = 367 s: it goes on at gamma 3, after 20 / 0.64 = 31 
 Refinements, each stated where it lives: of the options as sure as the best, the likeliest (`_likeliest`); a
 turn-off kept at a measured gamma that does as well as off (`_keep_measuring`); a deployed k off the curve
 (`_choose`); where a turn-on or a move up goes (policies/decide/trial.py) and how trials are spaced
-(policies/decide/publish.py `left_trial`); a plan over the recent load (`HorizonCurve`, policies/decide/horizon.py);
+(policies/decide/publish.py `left_trial`); a plan over the recent load (policies/decide/state.py `HorizonCurve`,
+policies/decide/horizon.py);
 a probe while off on a remembered profile (policies/decide/hold.py `probe_hold`, policies/decide/probe.py);
 evidence that is not ok never flips anything (policies/decide/hold.py). The first decision publishes the current
 deployment as the baseline (not a change).
 
 Where the stages live: this file values the options and picks the candidate (`decide`, `_candidate`, `_choose`,
 `_change`); policies/decide/state.py holds the config, the carried state and the tick's inputs;
-policies/decide/publish.py runs the wait clock; policies/decide/explain.py words the reason and its causes.
+policies/decide/publish.py runs the wait clock; policies/decide/trial.py values trials; policies/decide/hold.py
+holds on without good evidence; policies/decide/explain.py words the reason and its causes.
 """
 
 from __future__ import annotations

@@ -15,7 +15,7 @@ from policies.types import CurvePoint, Decision, Evidence, Why
 class DecideConfig:
     """The narrow policy config. Gains are dimensionless shares of the service; times are seconds."""
 
-    margin: float = 0.02  # the least pessimistic gain g a change must promise (module docstring)
+    margin: float = 0.02  # the least pessimistic gain g a change must promise (policies/decide/rule.py)
     dwell_s: float = 120.0  # the longest wait, and the least time between two published changes
     confirm_s: float = 30.0  # the shortest wait: one bad scrape or window cannot change a deployment
     gamma_max: int = 8

@@ -1,5 +1,6 @@
-"""Moves whose value is a trial's (policies/decide/value.py `trial_value`): where a turn-on goes, whether a move to
-more drafts is worth trying while on, and whether a published change leaves the last trial. Running a setting
+"""Moves whose value is a trial's (policies/decide/value.py `trial_value`): where a turn-on goes, and whether a move
+to more drafts is worth trying while on (policies/decide/publish.py `left_trial` says when a published change
+leaves the last trial). Running a setting
 measures it, and a worse one can be left at one more change's cost, so the way back bounds what a trial risks:
 
     V_try = T x mu + (H - T) x E[max(g, -C / (H - T))] - C        g ~ N(mu, sigma),  T = max(dwell_s, probe_min_s)

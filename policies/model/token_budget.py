@@ -390,6 +390,8 @@ def curve_within_budget(
         share = held(tokens_per_seq)
         if share >= 1.0:
             return point.step_time_s
+        # A full step leaves no room for prompt tokens beyond P: every step carries a chunk of exactly P
+        # (costmodel.prefill_chunk: max(P, N - n q) = P), so the shape's chunk does not apply here.
         fewer = OperatingPoint(batch=share * at.batch, context_tokens=at.context_tokens, tokens_per_seq=tokens_per_seq,
                                draft_steps=point.gamma, prefill_tokens=at.prefill_tokens)  # batch >= 1: room >= q
         return step_time_at(ctx, fewer, scales=scales) / share

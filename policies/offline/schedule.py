@@ -55,7 +55,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from policies.model.acceptance import AcceptancePoint, acceptance_curve
-from policies.model.costmodel import DEFAULT_CONTEXT_TOKENS, ModelContext, evaluate
+from policies.model.costmodel import DEFAULT_CONTEXT_TOKENS, ModelContext, evaluate, prefill_chunk
 from policies.model.roofline import CostScales, Shape, dynamic_sd_k0_overhead_s
 from policies.model.token_budget import curve_within_budget, fitting_gammas
 from policies.types import DraftMethod, Evidence
@@ -153,7 +153,9 @@ def best_choice(
 class ScheduleInputs:
     """Everything a schedule is computed from: the profiles, E[L] for gamma 0..gamma_max (acceptance_curve), the
     largest batch the engine runs (`max_num_seqs`, vLLM's --max-num-seqs), the context per sequence (tokens), the
-    calibrated cost scales, prompt tokens chunked into each step, and the margin K >= 1 must clear over K = 0."""
+    calibrated cost scales, prompt tokens chunked into each step (`prefill_tokens`, in whole prompts of
+    `prompt_tokens` when known: costmodel.prefill_chunk, as a what-if prices them), and the margin K >= 1 must clear
+    over K = 0."""
 
     ctx: ModelContext
     acceptance: tuple[AcceptancePoint, ...]
@@ -162,6 +164,7 @@ class ScheduleInputs:
     scales: CostScales = field(default_factory=CostScales)
     prefill_tokens: float = 0.0
     margin: float = 0.0
+    prompt_tokens: float | None = None
 
     def capped(self, gamma_cap: int) -> ScheduleInputs:
         """The same plan allowing K <= `gamma_cap` only (>= 0)."""
@@ -187,7 +190,10 @@ def schedule_for(plan: ScheduleInputs) -> BatchSchedule:
 
     def choice(batch: int) -> BandChoice:
         if batch not in cache:
-            at = Shape(batch=float(batch), context_tokens=plan.context_tokens, prefill_tokens=plan.prefill_tokens)
+            chunk = prefill_chunk(plan.prompt_tokens, prefill_tokens=plan.prefill_tokens, decode_tokens=float(batch),
+                                  budget=plan.ctx.step_token_budget)
+            at = Shape(batch=float(batch), context_tokens=plan.context_tokens, prefill_tokens=plan.prefill_tokens,
+                       prefill_chunk_tokens=chunk)
             cache[batch] = best_choice(plan.ctx, plan.acceptance, at, scales=plan.scales, margin=plan.margin)
         return cache[batch]
 

@@ -466,9 +466,11 @@ def grid_shape(inp: WhatIfInput, *, batch: float, context: float) -> Shape:
     c = costmodel.prefill_chunk(prompt, P, B decode tokens, max_num_batched_tokens) = min(prompt, max(P, budget -
     B)) tokens: a share P / c of the steps carry a chunk, the rest none (a MoE's expert bytes are priced per step,
     policies/model/roofline.py; a dense model's step does not change). The chunk is the plain step's, shared by
-    every gamma at the point, as the live model shares the running step's. Without `prompt_tokens` every step
-    carries P. Example: prompt 2000, P 200, batch 64, budget 512 -> c = min(2000, max(200, 448)) = 448: 45% of the
-    steps carry 448 prompt tokens."""
+    every gamma at the point, as the live model shares the running step's: where a budget leaves a drafting step
+    less room (N - B q < c) its chunks are smaller and more frequent, so for a MoE its expert bytes are understated
+    there and S(gamma) is optimistic (a step the budget fills carries exactly P, token_budget.py). Without
+    `prompt_tokens` every step carries P. Example: prompt 2000, P 200, batch 64, budget 512 -> c = min(2000,
+    max(200, 448)) = 448: 45% of the steps carry 448 prompt tokens."""
     prefill = inp.prefill_tokens_per_step
     chunk = prefill_chunk(inp.prompt_tokens, prefill_tokens=prefill, decode_tokens=batch,
                           budget=inp.max_num_batched_tokens)
@@ -837,6 +839,7 @@ def whatif_schedule_plan(
     return ScheduleInputs(
         ctx=ctx, acceptance=acceptance, max_num_seqs=max_num_seqs, context_tokens=context,
         scales=_calibration(profile, ctx).scales, prefill_tokens=inp.prefill_tokens_per_step, margin=margin,
+        prompt_tokens=inp.prompt_tokens,
     )
 
 
@@ -898,14 +901,17 @@ def _notes(
         )
     if inp.prefill_tokens_per_step > 0 and inp.prompt_tokens is None:
         notes.append(
-            "prefill tokens per step are priced into every step, with or without speculation; for a MoE target that "
-            "touches more experts in every step than chunks do (give prompt_tokens: the prompt a prefilling step "
-            "carries)")
+            "prefill tokens per step are priced into every step, with or without speculation; a MoE target's steps "
+            "then touch more experts than steps that carry a whole prompt now and then (prompt_tokens prices those)")
     elif inp.prefill_tokens_per_step > 0:
+        capped = "" if inp.max_num_batched_tokens is None else (
+            ", at most what max_num_batched_tokens leaves beside the plain step's decode tokens (one chunk for every "
+            "gamma at a point)")
         notes.append(
-            f"prefill tokens per step arrive as whole prompts of {inp.prompt_tokens:g} tokens, capped by what the step "
-            "budget leaves beside the batch's decode tokens: a share prefill / chunk of the steps carry one, the rest "
-            "none (a MoE's experts are priced per step; a dense model's step is the same either way)")
+            f"prefill tokens per step arrive as whole prompts of {inp.prompt_tokens:g} tokens{capped}: a share "
+            "prefill / chunk of the steps carry one and the rest none, and where the chunk is no larger than the "
+            "prefill per step every step carries it (a MoE's experts are priced per step; a dense model's step is "
+            "the same either way)")
     if inp.max_num_batched_tokens is not None:
         notes.append(
             f"step budget {inp.max_num_batched_tokens} tokens (max_num_batched_tokens): the prompt tokens of a step "

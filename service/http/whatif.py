@@ -163,7 +163,8 @@ class WhatIfRequest(_Strict):
     )
     prefill_tokens_per_step: float = Field(
         default=0.0, ge=0.0, le=MAX_PREFILL_TOKENS_PER_STEP,
-        description="Prompt tokens chunked into every step (chunked prefill); the same with and without speculation.",
+        description="Prompt tokens computed per step on average (chunked prefill); the same with and without "
+        "speculation. Priced into every step, or in whole-prompt chunks with prompt_tokens.",
     )
     prompt_tokens: float | None = Field(
         default=None, gt=0.0, le=MAX_CONTEXT_TOKENS,

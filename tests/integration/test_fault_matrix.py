@@ -2,7 +2,7 @@
 that is switched, fault by fault, between a good vLLM page and every way a /metrics peer can fail.
 
 The contract (README "What it answers", docs/runbook.md SpecAdvisorStale, policies/estimate/window.py
-`after_failed_scrape`, policies/decide/rule.py `held`): a failed scrape is counted in
+`after_failed_scrape`, policies/decide/hold.py `held`): a failed scrape is counted in
 `specadvisor_scrape_errors_total{reason=...}` and turns the target `stale`, with "scrape failed (<reason>)" in its
 reason, while the last good recommendation is kept with a growing `age_s`; after `estimator.stale_after_s` without
 a good scrape the state is `error`, still keeping that recommendation. `/healthz` (liveness) stays 200 throughout;

@@ -1,4 +1,4 @@
-"""The re-measuring probe over many ticks (policies/decide/rule.py, the probe hold): held until measured, no
+"""The re-measuring probe over many ticks (policies/decide/hold.py, the probe hold): held until measured, no
 flip-flop."""
 
 from __future__ import annotations

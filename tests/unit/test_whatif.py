@@ -13,6 +13,7 @@ from policies.model.catalog import MODEL_ENTRIES
 from policies.model.costmodel import ModelContext, curve_for
 from policies.model.profiles import drafter_for, hardware_by_name, model_by_name
 from policies.model.roofline import Shape
+from policies.offline.schedule import schedule_for
 from policies.offline.whatif import (
     GAMMA_LIMIT,
     MAX_POINTS,
@@ -482,8 +483,22 @@ def test_the_step_budget_caps_the_chunk_a_prompt_arrives_in() -> None:
     long_prompt = _plain_steps(dataclasses.replace(moe, prompt_tokens=50_000.0))
     budget_chunk = _plain_steps(dataclasses.replace(moe, prompt_tokens=1020.0))
     assert long_prompt == pytest.approx(budget_chunk)
-    assert long_prompt != pytest.approx(_plain_steps(dataclasses.replace(moe, prompt_tokens=5000.0,
-                                                                        max_num_batched_tokens=None)))
+    # A prompt shorter than the room is carried whole, in more steps.
+    assert long_prompt != pytest.approx(_plain_steps(dataclasses.replace(moe, prompt_tokens=500.0)))
+
+
+def test_a_step_the_budget_fills_carries_the_mean_prefill_whatever_the_prompt() -> None:
+    # Budget 512 at batch 256: gamma 3 verifies 1024 tokens, so its steps are full (312 decode tokens beside 200
+    # prompt tokens) and carry exactly P; the plain step (256 + 200 < 512) carries whole prompts now and then.
+    moe = make_input(target_model="qwen3-30b-a3b", batch_sizes=(256.0,), context_lengths=(1024.0,), gammas=(0, 3),
+                     prefill_tokens_per_step=200.0, max_num_batched_tokens=512)
+
+    def steps(inp: WhatIfInput) -> dict[int, float]:
+        return {p.gamma: p.step_time_s for p in evaluate_whatif(inp).points}
+
+    every, chunked = steps(moe), steps(dataclasses.replace(moe, prompt_tokens=2000.0))
+    assert chunked[3] == pytest.approx(every[3])
+    assert chunked[0] < every[0]
 
 
 def test_the_notes_say_how_prompt_tokens_were_priced() -> None:
@@ -492,3 +507,15 @@ def test_the_notes_say_how_prompt_tokens_were_priced() -> None:
     assert any("priced into every step" in note and "prompt_tokens" in note for note in every.notes)
     assert any("whole prompts of 2000 tokens" in note for note in chunked.notes)
     assert not any("priced into every step" in note for note in chunked.notes)
+
+
+def test_a_schedule_from_a_whatif_prices_prompts_in_the_same_chunks() -> None:
+    # The schedule plan built from a what-if carries the prompt length: its bands price the same chunked steps.
+    moe = make_input(target_model="qwen3-30b-a3b", context_lengths=(1024.0,), gammas=(0, 1, 2, 3),
+                     prefill_tokens_per_step=200.0)
+    chunked = schedule_for(whatif_schedule_plan(dataclasses.replace(moe, prompt_tokens=2000.0), max_num_seqs=64))
+    every = schedule_for(whatif_schedule_plan(moe, max_num_seqs=64))
+    result = evaluate_whatif(dataclasses.replace(moe, prompt_tokens=2000.0, batch_sizes=(1.0,)))
+    best_at_1 = max((p for p in result.points if p.batch == 1.0), key=lambda p: p.speedup)
+    assert chunked.bands[0].speedup_at_lo == pytest.approx(best_at_1.speedup)
+    assert chunked.bands[0].speedup_at_lo != pytest.approx(every.bands[0].speedup_at_lo)
