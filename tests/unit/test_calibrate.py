@@ -488,3 +488,39 @@ def test_a_profile_fitted_alone_keeps_all_its_points_weight() -> None:
     sixteen = fit(with_anchors(CalibrationState(), old[:16]), make_context(), now_s=T0, config=CONFIG)[1]
     assert alone.covariance is not None and sixteen.covariance is not None
     assert alone.covariance[0][0] < sixteen.covariance[0][0]
+
+
+
+# Windows of a simulated A10-class server (service/sim/scenarios/unseen3/told-h100-runs-a10.yaml, the simulator's
+# own physics) running Mistral-7B with an EAGLE head at k=3, as the advisor measured them: (s, batch, tokens per
+# sequence, draft passes, context, prompt tokens per step, prompt chunk, step ms).
+A10_WINDOWS = (
+    (5, 2.93, 4.0, 3, 438, 25.0, 362, 47.098), (25, 10.28, 4.0, 3, 553, 41.7, 460, 56.579),
+    (45, 12.83, 4.0, 3, 657, 57.2, 457, 63.291), (65, 13.91, 4.0, 3, 584, 64.7, 466, 66.593),
+    (85, 20.68, 4.0, 3, 628, 90.0, 464, 80.214), (105, 26.77, 4.0, 3, 650, 118.5, 485, 95.238),
+    (125, 36.97, 4.0, 3, 660, 149.9, 478, 115.385), (145, 29.98, 4.0, 3, 568, 116.7, 470, 98.684),
+    (165, 23.13, 4.0, 3, 528, 87.7, 444, 82.988), (185, 21.27, 4.0, 3, 698, 80.4, 430, 78.431),
+    (205, 26.08, 4.0, 3, 588, 103.9, 437, 90.909), (225, 31.75, 4.0, 3, 500, 116.9, 433, 100.671),
+    (245, 34.02, 4.0, 3, 611, 131.9, 438, 107.527), (265, 37.12, 4.0, 3, 701, 148.8, 470, 115.163),
+    (285, 41.12, 4.0, 3, 668, 163.6, 499, 123.711), (300, 33.42, 4.0, 3, 642, 123.7, 516, 104.895),
+)
+
+
+def test_a_profile_told_the_wrong_gpu_is_fitted_tick_by_tick_to_the_steps_it_sees() -> None:
+    # Told an H100, the server is an A10-class card (5.6x less bandwidth, 7.9x less math): one window per tick,
+    # the fit warm-started each tick as the loop runs it. It needs the fixed-cost scale at its 8x bound, where a
+    # step that would carry it past the bound must stop there: clipped into a step that no longer descends, the
+    # fit stopped as if converged and its error grew with the load from 7% to 20%, while a fresh fit on the same
+    # windows was within 2%.
+    told = make_context(model="mistral-7b", method=DraftMethod.EAGLE)
+    state = CalibrationState()
+    errors = []
+    for at, batch, q, passes, context, prefill, chunk, step_ms in A10_WINDOWS:
+        point = StepObservation(at_s=T0 + at, batch=batch, tokens_per_seq=q, draft_passes=passes,
+                                context_tokens=context, prefill_tokens=prefill, prefill_chunk_tokens=chunk,
+                                step_s=step_ms / 1e3)
+        state, result = fit(add_observation(state, point, config=CONFIG), told, now_s=point.at_s, config=CONFIG)
+        errors.append(result.error_ratio)
+    fresh = fit(CalibrationState(points=state.points), told, now_s=T0 + 300.0, config=CONFIG)[1]
+    assert fresh.error_ratio is not None and fresh.error_ratio < 0.03
+    assert all(error is not None and error < 0.04 for error in errors[3:])
