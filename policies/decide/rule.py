@@ -37,10 +37,9 @@ Refinements, each stated where it lives: of the options as sure as the best, the
 turn-off kept at a measured gamma that does as well as off (`_keep_measuring`); a deployed k off the curve
 (`_choose`); where a turn-on or a move up goes (policies/decide/trial.py) and how trials are spaced
 (policies/decide/publish.py `left_trial`); a plan over the recent load (policies/decide/state.py `HorizonCurve`,
-policies/decide/horizon.py);
-a probe while off on a remembered profile (policies/decide/hold.py `probe_hold`, policies/decide/probe.py);
-evidence that is not ok never flips anything (policies/decide/hold.py). The first decision publishes the current
-deployment as the baseline (not a change).
+policies/decide/horizon.py); a probe while off on a remembered profile (policies/decide/hold.py `probe_hold`,
+policies/decide/probe.py); evidence that is not ok never flips anything (policies/decide/hold.py). The first
+decision publishes the current deployment as the baseline (not a change).
 
 Where the stages live: this file values the options and picks the candidate (`decide`, `_candidate`, `_choose`,
 `_change`); policies/decide/state.py holds the config, the carried state and the tick's inputs;
