@@ -69,10 +69,11 @@ to `cold_iterations`. Converged means the last accepted step moved no log-scale 
 (1e-3: a 0.1% scale change, far below the 5% step noise), or the next step is predicted to gain less than
 `objective_tolerance`. Scales held at a bound by the data are frozen there
 for the step (an active set), so a profile off by more than `max_scale` converges at the bound instead of
-bouncing off it; a step that would carry a scale past its bound is shortened to stop there (`_damped_step`).
-Example: a server told it is an H100 while it is an A10-class card (5.6x less bandwidth, 7.9x less math): its
-windows at batch 10-40 fit memory 0.98, compute 6.7 and overhead 1.6 at a calibration error of 0.6% ten minutes
-in. The Jacobian is analytic: with s = smooth_max(a, b) = (a^p + b^p)^(1/p),
+bouncing off it; a step that would carry a scale past its bound is shortened to stop on it (`_damped_step`), and
+a shortened step is no sign of convergence. Example: a server told it is an H100 while it is an A10-class card
+whose steps at batch 10-40 and k=3 are compute-bound: its windows fit compute 6.7 and overhead 1.6 at a
+calibration error of 0.6% ten minutes in (memory, hidden under the compute side, stays near its prior).
+The Jacobian is analytic: with s = smooth_max(a, b) = (a^p + b^p)^(1/p),
     d s / d log a = s a^p / (a^p + b^p)       (and likewise for b),
 and through the GEMM rows G = smooth_max(n + pad, N_fill x fill) and the factor (N_ref / G)^beta,
     d log gemm / d log fill = share_fill (1 - beta),    d log gemm / d beta = ln(N_ref / G)    (G < N_ref),
@@ -437,6 +438,7 @@ _Scales9 = tuple[float, float, float, float, float, float, float, float, float]
 _INV_P = 1.0 / SMOOTH_MAX_P
 _LOG_REFERENCE = math.log(GEMM_REFERENCE_TOKENS)
 _NO_ELASTICITY = 1e-9  # beta's upper bound where the hardware has no GEMM tiles (its lower bound is 0)
+_AT_BOUND = 1e-6  # a parameter this close to a bound (log-scale, or beta) is at it: a 0.0001% scale change
 
 
 def _terms(comp: StepComponents) -> _Terms:
@@ -692,36 +694,48 @@ def _normal_equations(
 def _damped_step(
     system: tuple[list[list[float]], list[float]], x: Sequence[float], damping: float, config: CalibrationConfig,
     held_at_prior: frozenset[int] = frozenset(),
-) -> list[float]:
-    """One damped Gauss-Newton step from x; returns the proposed new x (bounded). A scale at its bound that the
-    gradient, or the step solved without it held, pushes further out is held there (its row and column leave the
-    system) and the step is solved again, so the others still get a full step instead of one spoiled by
-    clipping; a step that would carry a scale past its bound is shortened to stop there. Clipped after the solve,
-    a step that counted on a scale moving past its bound is no descent at all (the Gauss-Newton model predicts a
-    rise, and the fit would stop there as if converged). Example: overhead at 7.1 (bound 8) and a step that
-    moves it to 9.5 and memory from 2.5 to 0.9: the step is cut at 7.1 -> 8, about 0.55 of the way."""
+) -> tuple[list[float], bool]:
+    """One damped Gauss-Newton step from x; returns the proposed new x (bounded) and whether the step was shortened
+    at a bound (its length then says nothing about convergence). A scale at its bound that the gradient, or the
+    step solved without it held, pushes further out is held there (its row and column leave the system) and the
+    step is solved again, so the others still get a full step instead of one spoiled by clipping; a step that
+    would carry a scale past its bound is shortened to stop on it (within `_AT_BOUND` counts as on it, so a range
+    narrower than that, beta on a CPU, is held whichever way a step pushes). Clipped after the solve, a step that
+    counted on a scale moving past its bound is no descent at all (the Gauss-Newton model predicts a rise, and the
+    fit would stop there as if converged). Example: overhead at 7.1 (bound 8) and a step that moves it to 9.5 and
+    memory from 2.5 to 0.9: the step stops at 8, ln(8 / 7.1) / ln(9.5 / 7.1) = 0.41 of the way (memory to
+    2.5 x (0.9 / 2.5)^0.41 = 1.6)."""
     normal, gradient = system
     lower, upper = _bounds(config)
     n = len(x)
+    # "At a bound" within _AT_BOUND: a scale a rounding error inside its bound is at it (a range narrower than that,
+    # beta on a CPU, is at both ends).
+    at_upper = [x[j] >= upper[j] - _AT_BOUND for j in range(n)]
+    at_lower = [x[j] <= lower[j] + _AT_BOUND for j in range(n)]
     held = [
-        j in held_at_prior or (x[j] >= upper[j] and gradient[j] < 0) or (x[j] <= lower[j] and gradient[j] > 0)
+        j in held_at_prior or (at_upper[j] and gradient[j] < 0) or (at_lower[j] and gradient[j] > 0)
         for j in range(n)
     ]
     delta = _held_step(normal, gradient, damping, held)
     for _ in range(n):  # each pass holds at least one more scale, or ends
-        outward = [j for j in range(n) if not held[j] and (
-            (x[j] >= upper[j] and delta[j] > 0) or (x[j] <= lower[j] and delta[j] < 0))]
+        outward = [j for j in range(n)
+                   if not held[j] and ((at_upper[j] and delta[j] > 0) or (at_lower[j] and delta[j] < 0))]
         if not outward:
             break
         for j in outward:
             held[j] = True
         delta = _held_step(normal, gradient, damping, held)
-    # A scale the step would carry past its bound stops there, and the whole step with it (the same direction,
-    # shortened: still a descent); the next step holds that scale at its bound if it still pushes out.
-    reach = [(hi - xj) / dj if dj > 0 else (lo - xj) / dj
-             for xj, dj, lo, hi in zip(x, delta, lower, upper, strict=True) if dj != 0.0 and not lo <= xj + dj <= hi]
-    share = min([1.0, *reach])
-    return [min(max(xj + share * dj, lo), hi) for xj, dj, lo, hi in zip(x, delta, lower, upper, strict=True)]
+    # A scale the step would carry past its bound stops there, on it, and the whole step with it (the same
+    # direction, shortened: still a descent); the next step holds that scale at its bound if it still pushes out.
+    share, limit, edge = 1.0, -1, 0.0
+    for j in range(n):
+        bound = upper[j] if delta[j] > 0 else lower[j]
+        if delta[j] != 0.0 and not lower[j] <= x[j] + delta[j] <= upper[j] and (bound - x[j]) / delta[j] < share:
+            share, limit, edge = (bound - x[j]) / delta[j], j, bound
+    step = [min(max(xj + share * dj, lo), hi) for xj, dj, lo, hi in zip(x, delta, lower, upper, strict=True)]
+    if limit >= 0:
+        step[limit] = edge
+    return step, share < 1.0
 
 
 def _held_step(normal: list[list[float]], gradient: list[float], damping: float, held: list[bool]) -> list[float]:
@@ -758,17 +772,18 @@ def _iterate(
     for _ in range(budget):
         if system is None:
             system = _normal_equations(problem, at, config)
-        candidate = _damped_step(system, at.x, damping, config, problem.held)
+        candidate, shortened = _damped_step(system, at.x, damping, config, problem.held)
         moved = max(abs(c - xj) for c, xj in zip(candidate, at.x, strict=True))
         if moved == 0.0:
             return at, damping, True  # every scale held at a bound: nothing can move
-        if damping <= 1.0 and _predicted_decrease(system, at.x, candidate) <= config.objective_tolerance:
+        small = not shortened and _predicted_decrease(system, at.x, candidate) <= config.objective_tolerance
+        if damping <= 1.0 and small:
             return at, damping, True  # the step could not gain anything that matters: no need to price it
         priced = _evaluate(problem.terms, candidate)
         candidate_value = _objective(problem, priced, config)
         if candidate_value <= value:
             # A short step is convergence only when it was not short for being damped (after rejections).
-            done = moved <= config.step_tolerance and damping <= 1.0
+            done = moved <= config.step_tolerance and damping <= 1.0 and not shortened
             at, value, damping, system = priced, candidate_value, max(damping / 3.0, _MIN_DAMPING), None
             if done:
                 return at, damping, True

@@ -14,6 +14,7 @@ from policies.model.calibrate import (
     CalibrationConfig,
     CalibrationState,
     StepObservation,
+    _damped_step,  # the bounded step itself: a numerical kernel
     add_observation,
     fit,
     for_other_drafter,
@@ -524,3 +525,50 @@ def test_a_profile_told_the_wrong_gpu_is_fitted_tick_by_tick_to_the_steps_it_see
     fresh = fit(CalibrationState(points=state.points), told, now_s=T0 + 300.0, config=CONFIG)[1]
     assert fresh.error_ratio is not None and fresh.error_ratio < 0.03
     assert all(error is not None and error < 0.04 for error in errors[3:])
+
+
+# One bounded Levenberg-Marquardt step (calibrate._damped_step) on a system whose normal matrix is the identity, so
+# that the free step is -g / (1 + damping) and what the bounds do to it is read off directly.
+_MEMORY, _OVERHEAD, _SLOPE = PARAMS.index("memory"), PARAMS.index("overhead"), PARAMS.index("gemm_slope")
+_LOG8 = math.log(8.0)
+
+
+def _step(x: list[float], gradient: list[float], config: CalibrationConfig = CONFIG) -> tuple[list[float], bool]:
+    normal = [[1.0 if i == j else 0.0 for j in range(len(PARAMS))] for i in range(len(PARAMS))]
+    return _damped_step((normal, gradient), x, 0.0, config)
+
+
+def test_a_scale_a_rounding_error_inside_its_bound_is_held_and_the_others_take_their_whole_step() -> None:
+    x = [0.0] * len(PARAMS)
+    x[_OVERHEAD] = math.nextafter(_LOG8, 0.0)  # one ulp inside the 8x bound
+    gradient = [0.0] * len(PARAMS)
+    gradient[_OVERHEAD], gradient[_MEMORY] = -1.0, 0.5  # overhead pushes out, memory wants -0.5
+    step, shortened = _step(x, gradient)
+    assert step[_OVERHEAD] == x[_OVERHEAD] and step[_MEMORY] == pytest.approx(-0.5)
+    assert not shortened
+
+
+def test_a_step_past_a_bound_stops_on_it_and_shortens_the_rest_alike() -> None:
+    # Overhead at 7.1 asked to go to 9.5 (past 8), memory from 0 to -1: both go ln(8 / 7.1) / ln(9.5 / 7.1) of
+    # the way, overhead landing exactly on its bound.
+    x = [0.0] * len(PARAMS)
+    x[_OVERHEAD] = math.log(7.1)
+    gradient = [0.0] * len(PARAMS)
+    gradient[_OVERHEAD], gradient[_MEMORY] = -math.log(9.5 / 7.1), 1.0
+    step, shortened = _step(x, gradient)
+    share = math.log(8.0 / 7.1) / math.log(9.5 / 7.1)
+    assert shortened
+    assert step[_OVERHEAD] == _LOG8
+    assert step[_MEMORY] == pytest.approx(-share)
+
+
+def test_an_elasticity_pinned_to_a_sliver_is_held_without_stalling_the_other_scales() -> None:
+    # A CPU pins beta to [0, 1e-9]: a step that pushes beta up holds it there, and memory still moves all the way.
+    pinned = replace(CONFIG, max_gemm_slope=1e-9)
+    x = [0.0] * len(PARAMS)
+    gradient = [0.0] * len(PARAMS)
+    gradient[_SLOPE], gradient[_MEMORY] = -3.0, 0.4
+    step, shortened = _step(x, gradient, pinned)
+    assert 0.0 <= step[_SLOPE] <= 1e-9
+    assert step[_MEMORY] == pytest.approx(-0.4)
+    assert not shortened
