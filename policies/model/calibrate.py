@@ -71,8 +71,10 @@ to `cold_iterations`. Converged means the last accepted step moved no log-scale 
 for the step (an active set), so a profile off by more than `max_scale` converges at the bound instead of
 bouncing off it; a step that would carry a scale past its bound is shortened to stop on it (`_damped_step`), and
 a shortened step is no sign of convergence. Example: a server told it is an H100 while it is an A10-class card
-whose steps at batch 10-40 and k=3 are compute-bound: its windows fit compute 6.7 and overhead 1.6 at a
-calibration error of 0.6% ten minutes in (memory, hidden under the compute side, stays near its prior).
+whose steps at batch 10-40 and k=3 are compute-bound: its first windows drive the overhead scale to its 8x
+bound, and a step that would take it past 8 stops there while the others move; ten minutes in its windows fit
+compute 6.7 and overhead 1.6 at a calibration error of 0.6% (memory, which compute-bound steps barely inform,
+stays near its prior).
 The Jacobian is analytic: with s = smooth_max(a, b) = (a^p + b^p)^(1/p),
     d s / d log a = s a^p / (a^p + b^p)       (and likewise for b),
 and through the GEMM rows G = smooth_max(n + pad, N_fill x fill) and the factor (N_ref / G)^beta,
@@ -438,7 +440,7 @@ _Scales9 = tuple[float, float, float, float, float, float, float, float, float]
 _INV_P = 1.0 / SMOOTH_MAX_P
 _LOG_REFERENCE = math.log(GEMM_REFERENCE_TOKENS)
 _NO_ELASTICITY = 1e-9  # beta's upper bound where the hardware has no GEMM tiles (its lower bound is 0)
-_AT_BOUND = 1e-6  # a parameter this close to a bound (log-scale, or beta) is at it: a 0.0001% scale change
+_AT_BOUND = 1e-6  # a parameter this close to a bound is at it: a 0.0001% scale change (beta: 1e-6 itself)
 
 
 def _terms(comp: StepComponents) -> _Terms:
@@ -698,9 +700,10 @@ def _damped_step(
     """One damped Gauss-Newton step from x; returns the proposed new x (bounded) and whether the step was shortened
     at a bound (its length then says nothing about convergence). A scale at its bound that the gradient, or the
     step solved without it held, pushes further out is held there (its row and column leave the system) and the
-    step is solved again, so the others still get a full step instead of one spoiled by clipping; a step that
-    would carry a scale past its bound is shortened to stop on it (within `_AT_BOUND` counts as on it, so a range
-    narrower than that, beta on a CPU, is held whichever way a step pushes). Clipped after the solve, a step that
+    step is solved again, so the others still get a full step instead of one spoiled by clipping (within
+    `_AT_BOUND` of a bound counts as at it, so a range narrower than that, beta on a CPU, is held whichever way a
+    step pushes); a step that would carry a scale past its bound is shortened to stop on it. Clipped after the
+    solve, a step that
     counted on a scale moving past its bound is no descent at all (the Gauss-Newton model predicts a rise, and the
     fit would stop there as if converged). Example: overhead at 7.1 (bound 8) and a step that moves it to 9.5 and
     memory from 2.5 to 0.9: the step stops at 8, ln(8 / 7.1) / ln(9.5 / 7.1) = 0.41 of the way (memory to
@@ -782,7 +785,8 @@ def _iterate(
         priced = _evaluate(problem.terms, candidate)
         candidate_value = _objective(problem, priced, config)
         if candidate_value <= value:
-            # A short step is convergence only when it was not short for being damped (after rejections).
+            # A short step is convergence only when it was not short for being damped (after rejections) nor
+            # shortened at a bound.
             done = moved <= config.step_tolerance and damping <= 1.0 and not shortened
             at, value, damping, system = priced, candidate_value, max(damping / 3.0, _MIN_DAMPING), None
             if done:
