@@ -703,11 +703,10 @@ def _damped_step(
     step is solved again, so the others still get a full step instead of one spoiled by clipping (within
     `_AT_BOUND` of a bound counts as at it, so a range narrower than that, beta on a CPU, is held whichever way a
     step pushes); a step that would carry a scale past its bound is shortened to stop on it. Clipped after the
-    solve, a step that
-    counted on a scale moving past its bound is no descent at all (the Gauss-Newton model predicts a rise, and the
-    fit would stop there as if converged). Example: overhead at 7.1 (bound 8) and a step that moves it to 9.5 and
-    memory from 2.5 to 0.9: the step stops at 8, ln(8 / 7.1) / ln(9.5 / 7.1) = 0.41 of the way (memory to
-    2.5 x (0.9 / 2.5)^0.41 = 1.6)."""
+    solve, a step that counted on a scale moving past its bound is no descent at all (the Gauss-Newton model
+    predicts a rise, and the fit would stop there as if converged). Example: overhead at 7.1 (bound 8) and a step
+    that moves it to 9.5 and memory from 2.5 to 0.9: the step stops at 8, ln(8 / 7.1) / ln(9.5 / 7.1) = 0.41 of the
+    way (memory to 2.5 x (0.9 / 2.5)^0.41 = 1.6)."""
     normal, gradient = system
     lower, upper = _bounds(config)
     n = len(x)
@@ -912,7 +911,7 @@ def fit(
     scales = _scales(at.x)
     # Predicted / observed - 1 per point, from the log step times the fit already has at its x.
     errors = _errors(at, cache)
-    median = _median_error(at, cache, config)
+    median = _median_error(errors, config)
     alternative = (
         _split_alternative(scales, cache.terms, cache.log_observed, weights, config) if _PER_TOKEN in held else None
     )
@@ -931,10 +930,10 @@ def _errors(at: _Evaluation, cache: _TermsCache) -> list[float]:
     return [math.exp(log_t - log_obs) - 1.0 for log_t, log_obs in zip(at.logs, cache.log_observed, strict=True)]
 
 
-def _median_error(at: _Evaluation, cache: _TermsCache, config: CalibrationConfig) -> float:
-    """The calibration error at `at.x`: the median |predicted / observed - 1| over the `error_points` newest points
-    (module docstring's worked example)."""
-    recent = sorted(abs(e) for e in _errors(at, cache)[-config.error_points :])
+def _median_error(errors: Sequence[float], config: CalibrationConfig) -> float:
+    """The calibration error: the median |predicted / observed - 1| over the `error_points` newest of `errors`
+    (`_errors`; module docstring's worked example)."""
+    recent = sorted(abs(e) for e in errors[-config.error_points :])
     middle = len(recent) // 2
     return recent[middle] if len(recent) % 2 else 0.5 * (recent[middle - 1] + recent[middle])
 

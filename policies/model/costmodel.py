@@ -209,6 +209,18 @@ def prefill_chunk(
     return chunk if chunk > 0 else None
 
 
+def chunked_shape(
+    *, batch: float, context_tokens: float, prefill_tokens: float, prompt_tokens: float | None, budget: float | None
+) -> Shape:
+    """The plain step's shape at `batch` sequences with P = `prefill_tokens` prompt tokens per step carried in
+    whole prompts of `prompt_tokens` (`prefill_chunk` with the batch's B decode tokens; None: every step carries P):
+    what an offline answer (a what-if grid point, a schedule's batch) prices for every gamma at that batch.
+    Example: batch 64, P 200, prompt 2000, budget 512 -> chunk min(2000, max(200, 448)) = 448."""
+    chunk = prefill_chunk(prompt_tokens, prefill_tokens=prefill_tokens, decode_tokens=batch, budget=budget)
+    return Shape(batch=batch, context_tokens=context_tokens, prefill_tokens=prefill_tokens,
+                 prefill_chunk_tokens=chunk)
+
+
 def step_batch(evidence: Evidence) -> float:
     """The batch an engine step verified (sequences, >= 0, not floored): `decode_seqs_per_step` when measured
     (finite, >= 0), else the running-requests mean `batch` (module docstring), else 1.0 when that is not finite.

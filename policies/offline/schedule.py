@@ -55,7 +55,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 
 from policies.model.acceptance import AcceptancePoint, acceptance_curve
-from policies.model.costmodel import DEFAULT_CONTEXT_TOKENS, ModelContext, evaluate, prefill_chunk
+from policies.model.costmodel import DEFAULT_CONTEXT_TOKENS, ModelContext, chunked_shape, evaluate
 from policies.model.roofline import CostScales, Shape, dynamic_sd_k0_overhead_s
 from policies.model.token_budget import curve_within_budget, fitting_gammas
 from policies.types import DraftMethod, Evidence
@@ -190,10 +190,9 @@ def schedule_for(plan: ScheduleInputs) -> BatchSchedule:
 
     def choice(batch: int) -> BandChoice:
         if batch not in cache:
-            chunk = prefill_chunk(plan.prompt_tokens, prefill_tokens=plan.prefill_tokens, decode_tokens=float(batch),
-                                  budget=plan.ctx.step_token_budget)
-            at = Shape(batch=float(batch), context_tokens=plan.context_tokens, prefill_tokens=plan.prefill_tokens,
-                       prefill_chunk_tokens=chunk)
+            at = chunked_shape(batch=float(batch), context_tokens=plan.context_tokens,
+                               prefill_tokens=plan.prefill_tokens, prompt_tokens=plan.prompt_tokens,
+                               budget=plan.ctx.step_token_budget)
             cache[batch] = best_choice(plan.ctx, plan.acceptance, at, scales=plan.scales, margin=plan.margin)
         return cache[batch]
 

@@ -52,7 +52,7 @@ from policies.model.calibrate import (
     split_observed,
     unidentified,
 )
-from policies.model.costmodel import ModelContext, prefill_chunk
+from policies.model.costmodel import ModelContext, chunked_shape
 from policies.model.kv_capacity import VLLM_GPU_MEMORY_UTILIZATION, MemoryFit, memory_fit
 from policies.model.measured_profile import MeasuredProfile, ProfileError, fit_profile, observations
 from policies.model.profiles import (
@@ -471,10 +471,9 @@ def grid_shape(inp: WhatIfInput, *, batch: float, context: float) -> Shape:
     there and S(gamma) is optimistic (a step the budget fills carries exactly P, token_budget.py). Without
     `prompt_tokens` every step carries P. Example: prompt 2000, P 200, batch 64, budget 512 -> c = min(2000,
     max(200, 448)) = 448: 45% of the steps carry 448 prompt tokens."""
-    prefill = inp.prefill_tokens_per_step
-    chunk = prefill_chunk(inp.prompt_tokens, prefill_tokens=prefill, decode_tokens=batch,
-                          budget=inp.max_num_batched_tokens)
-    return Shape(batch=batch, context_tokens=context, prefill_tokens=prefill, prefill_chunk_tokens=chunk)
+    budget = inp.max_num_batched_tokens
+    return chunked_shape(batch=batch, context_tokens=context, prefill_tokens=inp.prefill_tokens_per_step,
+                         prompt_tokens=inp.prompt_tokens, budget=None if budget is None else float(budget))
 
 
 def _check_budget(inp: WhatIfInput) -> None:
