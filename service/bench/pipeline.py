@@ -16,6 +16,7 @@ from typing import Any
 
 import httpx
 
+from policies.decide.rule import DecideConfig
 from policies.types import Decision
 from service.app import advisor_loop, build_sidecar, target_specs
 from service.bench.spec import BenchScenario
@@ -127,9 +128,15 @@ def bench_advisor_settings(bench: BenchScenario, *, extra: Mapping[str, Any] | N
         target=target,
         interval_s=section.decision_interval_s,
         itl_slo_s=section.itl_slo_s,
-        extra=_merge(section.advisor.settings, extra or {}),
+        # The gammas the static runs and the oracle range over are the advisor's too (never fewer than its own
+        # default); the scenario's own settings, what its operator configured, go on top.
+        extra=_merge(_merge(_bench_options(bench), section.advisor.settings), extra or {}),
         change_cost_s=change_cost_s(bench.scenario),
     )
+
+
+def _bench_options(bench: BenchScenario) -> dict[str, Any]:
+    return {"decide": {"gamma_max": max(bench.gamma_max, DecideConfig().gamma_max)}}
 
 
 class AdvisorController:

@@ -33,6 +33,28 @@ def test_tensor_parallel_reaches_the_advisor(tmp_path: Path) -> None:
     assert target.model_profile == "llama-3.1-70b"
 
 
+def _with_gamma_max(tmp_path: Path, gamma_max: int | None, settings: dict[str, Any] | None = None) -> Path:
+    data = yaml.safe_load((SCENARIOS / "bench" / "low-load.yaml").read_text(encoding="utf-8"))
+    data["bench"].pop("gamma_max", None)
+    if gamma_max is not None:
+        data["bench"]["gamma_max"] = gamma_max
+    if settings is not None:
+        data["bench"]["advisor"] = {**data["bench"].get("advisor", {}), "settings": settings}
+    path = tmp_path / "scenario.yaml"
+    path.write_text(yaml.safe_dump(data), encoding="utf-8")
+    return path
+
+
+def test_the_advisor_may_run_every_gamma_the_static_runs_do(tmp_path: Path) -> None:
+    # bench.gamma_max 12: the fixed-gamma runs and the oracle range over 0..12, and so does the advisor.
+    assert bench_advisor_settings(load_bench_scenario(_with_gamma_max(tmp_path, 12))).decide.gamma_max == 12
+    # Unset (max(k = 3, 5) = 5): never fewer than the sidecar's own default, 8.
+    assert bench_advisor_settings(load_bench_scenario(_with_gamma_max(tmp_path, None))).decide.gamma_max == 8
+    # The scenario's own advisor settings say what its operator configured, and win.
+    bench = load_bench_scenario(_with_gamma_max(tmp_path, 12, {"decide": {"gamma_max": 10}}))
+    assert bench_advisor_settings(bench).decide.gamma_max == 10
+
+
 def _draft_model_advisor(tmp_path: Path, advisor: dict[str, Any]) -> Path:
     data = yaml.safe_load((SCENARIOS / "bench" / "draft-model.yaml").read_text(encoding="utf-8"))
     data["bench"]["advisor"] = {**data["bench"]["advisor"], "tensor_parallel": 4, "model_profile": "llama-3.1-70b",
