@@ -19,16 +19,6 @@ measures AL 2.36 at k=2 and 2.79 at k=3, consistent with r = (0.78, 0.58, 0.43),
 continuation predicts AL(7) = 2.79 + 0.32 + 0.24 + 0.17 + 0.13 = 3.65, above the measured 3.54; s = 0.9
 predicts 2.79 + 0.29 + 0.19 + 0.13 + 0.09 = 3.48, just below it: conservative, as an extrapolation should be.
 
-Lookup drafters (ngram, suffix) continue i.i.d. instead: s = 1.00 (point), 0.90 (low band), 1.00 (high band). Their
-draft is the span that followed an earlier occurrence of the context, and position i + 1 is accepted when the
-repeat goes on, which does not get harder with depth: no head trained on short horizons loses its way. Measured:
-the real vLLM CPU server's n-gram k=3 (tests/fixtures/cpu-crossover/engine-levels-2026-12-04.json, every level
-summed) gives conditional acceptance (0.982, 0.896, 0.988) on the `tied` model and (0.676, 0.710, 0.793) on the
-`untied` one; llama.cpp's n-gram k=4 (tests/fixtures/llamacpp/llamacpp-b10434-ngram-simple-k4.txt: 28, 24, 22, 20
-accepted of 40 drafts) (0.70, 0.86, 0.92, 0.91). None falls with depth, so continuing the last conditional
-unshrunk is still conservative there. Example: ngram (0.676, 0.48, 0.381) at k=3, gamma 5: c_3 = 0.79, r_4 = 0.30,
-r_5 = 0.24 -> E[L] 3.08 (EAGLE's s = 0.9 would give r_4 0.27, r_5 0.19 -> 3.00).
-
 With nothing measured (speculation off, never observed) a per-method prior stands in: i.i.d. alpha per method,
 band alpha_low = 0.6 alpha, alpha_high = 1 - 0.6 (1 - alpha), every point flagged extrapolated.
 
@@ -57,9 +47,6 @@ from policies.types import AcceptanceEvidence, DraftMethod
 EXTRAPOLATION_SHRINK = 0.90
 EXTRAPOLATION_SHRINK_LOW = 0.75
 EXTRAPOLATION_SHRINK_HIGH = 1.00
-LOOKUP_SHRINK = 1.00
-LOOKUP_SHRINK_LOW = 0.90
-LOOKUP_METHODS = frozenset((DraftMethod.NGRAM, DraftMethod.SUFFIX))
 PRIOR_LOW_FACTOR = 0.6
 
 
@@ -216,10 +203,8 @@ def acceptance_curve(
         high_in = acceptance.per_position_high if len(acceptance.per_position_high) == k else point
         low = _clean([min(lo, p) for lo, p in zip(low_in, point, strict=True)])
         high = _clean([max(hi, p) for hi, p in zip(high_in, point, strict=True)])
-        lookup = method in LOOKUP_METHODS
-        r = extrapolate_positions(point, length=gamma_max, shrink=LOOKUP_SHRINK if lookup else EXTRAPOLATION_SHRINK)
-        r_low = extrapolate_positions(
-            low, length=gamma_max, shrink=LOOKUP_SHRINK_LOW if lookup else EXTRAPOLATION_SHRINK_LOW)
+        r = extrapolate_positions(point, length=gamma_max, shrink=EXTRAPOLATION_SHRINK)
+        r_low = extrapolate_positions(low, length=gamma_max, shrink=EXTRAPOLATION_SHRINK_LOW)
         r_high = extrapolate_positions(high, length=gamma_max, shrink=EXTRAPOLATION_SHRINK_HIGH)
     else:
         k = 0

@@ -57,23 +57,6 @@ def test_extrapolation_is_monotone_flagged_and_below_the_iid_continuation() -> N
         assert point.expected_length_high == pytest.approx(iid)  # the high band is the i.i.d. continuation
 
 
-@pytest.mark.parametrize("method", [DraftMethod.NGRAM, DraftMethod.SUFFIX])
-def test_a_lookup_drafter_continues_its_last_conditional_unshrunk(method: DraftMethod) -> None:
-    # The CPU server's `untied` n-gram profile. c_3 = 0.381 / 0.48 = 0.79375.
-    profile = (0.676, 0.48, 0.381)
-    lookup = acceptance_curve(make_acceptance(profile), method=method, gamma_max=5)
-    # Point, unshrunk: r_4 = 0.381 x 0.79375 = 0.302419, r_5 = 0.240045 -> 3.079464.
-    assert lookup[5].expected_length == pytest.approx(3.079464, abs=1e-5)
-    # Low band, x 0.9 per position: step 0.714375, r_4 = 0.272177, r_5 = 0.194437 -> 3.003614.
-    assert lookup[5].expected_length_low == pytest.approx(3.003614, abs=1e-5)
-    assert lookup[5].extrapolated
-    # A model head shrinks: its point is the lookup's low end, its low end x 0.75 (step 0.595313: r_4 0.226814,
-    # r_5 0.135026 -> 2.89884).
-    head = acceptance_curve(make_acceptance(profile), method=DraftMethod.EAGLE3, gamma_max=5)
-    assert head[5].expected_length == pytest.approx(3.003614, abs=1e-5)
-    assert head[5].expected_length_low == pytest.approx(2.89884, abs=1e-5)
-
-
 def test_extrapolation_is_conservative_on_the_published_eagle3_sweep() -> None:
     # vllm-eagle-k-sweep-bs1.csv: eagle3 AL(3) = 2.79, measured AL(7) = 3.54 with k=7 deployed.
     curve = acceptance_curve(make_acceptance((0.78, 0.58, 0.43)), method=DraftMethod.EAGLE3, gamma_max=7)
