@@ -97,8 +97,8 @@ class BenchSection(_Section):
         "run must deliver to be graded on latency alone; below it, its score falls in proportion.",
     )
     gamma_max: int | None = Field(
-        default=None, ge=1, le=MAX_SPECULATIVE_TOKENS, description="Largest gamma of the grids and the oracle; "
-        "None = max(the scenario's k, 5).",
+        default=None, ge=1, le=MAX_SPECULATIVE_TOKENS, description="Largest gamma of the grids and the oracle, "
+        "and the advisor's decide.gamma_max where above its default (8); None = max(the scenario's k, 5).",
     )
     batch_thresholds: tuple[int, ...] | None = Field(
         default=None, min_length=1, description="disable_by_batch_size values tried; None = powers of 4 below "
