@@ -7,7 +7,7 @@ import asyncio
 import contextlib
 import multiprocessing
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 
@@ -250,6 +250,46 @@ def deployed_oracle_spec(bench: BenchScenario, duration_s: float, objective: Obj
     return spec, oracle
 
 
+@dataclass(frozen=True, slots=True)
+class StaticRuns:
+    """The static policies of one scenario, each run from the start on the same world seed: every fixed gamma
+    0..gamma_max (`fixed[g]`), always-on at the deployed k, each engine-native batch threshold, and the objective
+    they set (its latency floor is the best static goodput's share)."""
+
+    fixed_specs: tuple[PolicySpec, ...]
+    fixed: tuple[RunResult, ...]
+    always_on: RunResult
+    threshold_specs: tuple[PolicySpec, ...]
+    thresholds: tuple[RunResult, ...]
+    objective: Objective
+
+    def headline(self) -> float:
+        """The best static policy's headline figure (the scenario's objective)."""
+        runs = (*self.fixed, self.always_on, *self.thresholds)
+        return max(headline_of(run, self.objective) for run in runs)
+
+
+async def run_statics(bench: BenchScenario, run: Callable[[PolicySpec], Awaitable[RunResult]]) -> StaticRuns:
+    """Every static policy of `bench`, each through `run` (one policy, one run)."""
+    fixed_specs = tuple(PolicySpec(name=f"fixed gamma={g}", initial_k=g) for g in range(bench.gamma_max + 1))
+    fixed = tuple([await run(spec) for spec in fixed_specs])
+    k = bench.drafter_k
+    always_on = fixed[k] if k < len(fixed) else await run(PolicySpec(name=ALWAYS_ON, initial_k=k))
+    threshold_specs = tuple(PolicySpec(name=f"threshold B*={b}", initial_k=k, disable_by_batch_size=b)
+                            for b in bench.batch_thresholds)
+    thresholds = tuple([await run(spec) for spec in threshold_specs])
+    objective = scenario_objective(bench, [*fixed, always_on, *thresholds])
+    return StaticRuns(fixed_specs, fixed, always_on, threshold_specs, thresholds, objective)
+
+
+def advisor_spec(bench: BenchScenario) -> tuple[PolicySpec, Settings]:
+    """The advisor policy of `bench` (the sidecar pipeline from the deployed k) and its settings. Raises
+    SettingsError on bad advisor settings."""
+    factory, settings = _advisor_factory(bench)
+    deployed_k = bench.scenario.drafter.num_speculative_tokens
+    return PolicySpec(name=ADVISOR, initial_k=deployed_k, controller=factory), settings
+
+
 async def run_scenario(bench: BenchScenario, *, duration_s: float | None = None,
                        progress: Progress | None = None) -> ScenarioResult:
     """Every policy on one scenario, the same world seed for each. Raises on a bug or bad advisor settings; the
@@ -258,21 +298,17 @@ async def run_scenario(bench: BenchScenario, *, duration_s: float | None = None,
     slo = bench.bench.itl_slo_s
     say = progress or (lambda _msg: None)
     # Bad advisor settings fail here, before any run, with the settings' own message.
-    advisor_factory, settings = _advisor_factory(bench)
+    advisor_policy, settings = advisor_spec(bench)
 
     async def run(spec: PolicySpec) -> RunResult:
         result = await run_policy(bench, spec, duration_s=duration)
         say(f"  {bench.name}: {spec.name} done")
         return result
 
-    fixed_specs = [PolicySpec(name=f"fixed gamma={g}", initial_k=g) for g in range(bench.gamma_max + 1)]
-    fixed = [await run(spec) for spec in fixed_specs]
+    statics_run = await run_statics(bench, run)
+    fixed, always_on, thresholds = statics_run.fixed, statics_run.always_on, statics_run.thresholds
+    objective = statics_run.objective
     k = bench.drafter_k
-    always_on = fixed[k] if k < len(fixed) else await run(PolicySpec(name=ALWAYS_ON, initial_k=k))
-    threshold_specs = [PolicySpec(name=f"threshold B*={b}", initial_k=k, disable_by_batch_size=b)
-                       for b in bench.batch_thresholds]
-    thresholds = [await run(spec) for spec in threshold_specs]
-    objective = scenario_objective(bench, [*fixed, always_on, *thresholds])
     best_fixed = best_of(fixed, objective)
     best_threshold = best_of(thresholds, objective)
     grid = PlanGrid(start_s=EPOCH_S, interval_s=bench.bench.decision_interval_s, duration_s=duration)
@@ -280,12 +316,13 @@ async def run_scenario(bench: BenchScenario, *, duration_s: float | None = None,
     # SLO no setting meets (graded on throughput) is not planned for either.
     planned_slo = slo if objective.kind == "slo_goodput" else None
     planner = SteadyStatePlanner(bench.scenario, grid, gamma_max=bench.gamma_max, itl_slo_s=planned_slo)
-    statics = [*zip(fixed_specs, fixed, strict=True), *zip(threshold_specs, thresholds, strict=True)]
+    statics = [*zip(statics_run.fixed_specs, fixed, strict=True),
+               *zip(statics_run.threshold_specs, thresholds, strict=True)]
     if k >= len(fixed):  # always-on ran on its own (the deployed k is past gamma_max): a start like the others
         statics.append((PolicySpec(name=ALWAYS_ON, initial_k=k), always_on))
     plan = plan_policy(planner, start_s=EPOCH_S, interval_s=bench.bench.decision_interval_s)
     deployed_k = bench.scenario.drafter.num_speculative_tokens
-    advisor = await run(PolicySpec(name=ADVISOR, initial_k=deployed_k, controller=advisor_factory))
+    advisor = await run(advisor_policy)
     actuated = await run(actuated_advisor_policy(bench))
     oracle = await run(hindsight_spec(bench, duration, statics, objective, plan)[0])
     # The run from the deployed k may start as either advisor's run replayed: an upper bound on both.
